@@ -1,0 +1,32 @@
+"""Declarative windowed features on Spark, served by Feast.
+
+Definitions (this module's names) import no Spark, Feast, MLflow or Great Expectations; the engines and
+stores are imported only where they are used.
+"""
+
+from features.errors import ConfigError, DataError, DefinitionError, FeaturesError, SchemaError
+from features.spec import Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, Tumble, agg
+
+__all__ = [
+    "ConfigError",
+    "DataError",
+    "DefinitionError",
+    "Entity",
+    "EventSource",
+    "Feature",
+    "FeatureGroup",
+    "FeaturesError",
+    "Hop",
+    "Lifetime",
+    "SchemaError",
+    "Tumble",
+    "agg",
+    "to_feast",
+]
+
+
+def to_feast(group: FeatureGroup, **kwargs: object) -> list[object]:
+    """Feast objects (Entity, FileSource, FeatureView) for a group; see `features.feast_objects.to_feast`."""
+    from features.feast_objects import to_feast as _to_feast
+
+    return _to_feast(group, **kwargs)  # type: ignore[arg-type]

@@ -1,0 +1,1 @@
+"""Spark engines: batch backfill (`batch`) and, built on the same compiler, streaming."""

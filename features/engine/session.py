@@ -1,0 +1,71 @@
+"""The SparkSession: reuse an active one (Databricks, notebooks), else start a small local one."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from typing import TYPE_CHECKING
+
+from features.errors import EnvironmentProblem
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+JAVA_HELP = (
+    "Spark needs Java 17 or newer. Install it (Debian/Ubuntu: `apt-get install openjdk-17-jre-headless`; "
+    "macOS: `brew install openjdk@17`) and make sure `java` is on PATH or JAVA_HOME is set."
+)
+
+
+def java_version() -> int | None:
+    """The major version of the Java that Spark would start, or None if there is none."""
+    home = os.environ.get("JAVA_HOME")
+    java = os.path.join(home, "bin", "java") if home else shutil.which("java")
+    if not java or not os.path.exists(java):
+        return None
+    out = subprocess.run([java, "-version"], capture_output=True, text=True, check=False).stderr
+    for token in out.replace('"', " ").split():
+        head = token.split(".")[0]
+        if head.isdigit() and ("." in token or token.isdigit()):
+            major = int(head)
+            return int(token.split(".")[1]) if major == 1 else major
+    return None
+
+
+def check_java() -> None:
+    version = java_version()
+    if version is None:
+        raise EnvironmentProblem(f"Java was not found. {JAVA_HELP}")
+    if version < 17:
+        raise EnvironmentProblem(f"Java {version} was found. {JAVA_HELP}")
+
+
+def get_spark(app_name: str = "features", shuffle_partitions: int | None = None) -> SparkSession:
+    """The active SparkSession if there is one, else a local one configured for this package.
+
+    Sessions are always UTC so that epoch-aligned windows mean the same thing everywhere.
+    """
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        active.conf.set("spark.sql.session.timeZone", "UTC")
+        return active
+    check_java()
+    cores = os.cpu_count() or 2
+    builder = (
+        SparkSession.builder.appName(app_name)
+        .master(os.environ.get("FEATURES_SPARK_MASTER", f"local[{cores}]"))
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.shuffle.partitions", str(shuffle_partitions or max(4, cores * 2)))
+        .config("spark.sql.adaptive.enabled", "true")
+        .config("spark.driver.memory", os.environ.get("FEATURES_DRIVER_MEMORY", "4g"))
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.sql.sources.partitionOverwriteMode", "dynamic")
+    )
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark

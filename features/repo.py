@@ -1,0 +1,118 @@
+"""A feature repository: a Feast repo folder whose Python files also declare FeatureGroups.
+
+Layout conventions (all relative to the repo root unless given as absolute paths or URIs):
+    feature_store.yaml          Feast's configuration (project, registry, online and offline stores)
+    *.py                        definitions; every module-level FeatureGroup is picked up
+    data/offline/<group>/       the offline change-point table, Parquet partitioned by date=YYYY-MM-DD
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from features.errors import ConfigError
+from features.spec import FeatureGroup
+
+if TYPE_CHECKING:
+    from feast import FeatureStore
+
+OFFLINE_DIR = Path("data") / "offline"
+_SKIP_DIRS = {"data", "__pycache__", ".ipynb_checkpoints"}
+
+
+def resolve(root: Path, path: str) -> str:
+    """`path` as given if absolute or a URI (s3://, dbfs:/, ...), else relative to `root`."""
+    if "://" in path or path.startswith("dbfs:") or Path(path).is_absolute():
+        return path
+    return str((root / path).resolve())
+
+
+def offline_table_path(root: Path | str, group_name: str) -> str:
+    """Where a group's offline table lives under a repo root."""
+    return str((Path(root) / OFFLINE_DIR / group_name).resolve())
+
+
+@dataclass
+class Repo:
+    root: Path
+    config: dict[str, Any]
+    groups: dict[str, FeatureGroup] = field(default_factory=dict)
+
+    @property
+    def project(self) -> str:
+        return str(self.config.get("project", ""))
+
+    @property
+    def online_store_type(self) -> str:
+        return str((self.config.get("online_store") or {}).get("type", "sqlite"))
+
+    def source_path(self, group: FeatureGroup) -> str:
+        return resolve(self.root, group.source.path)
+
+    def offline_path(self, group: FeatureGroup | str) -> str:
+        name = group if isinstance(group, str) else group.name
+        return offline_table_path(self.root, name)
+
+    def select(self, names: list[str] | None) -> list[FeatureGroup]:
+        """The named groups (all of them when `names` is empty), or a ConfigError naming the unknown one."""
+        if not names:
+            return list(self.groups.values())
+        unknown = [n for n in names if n not in self.groups]
+        if unknown:
+            raise ConfigError(
+                f"--group: no feature group named {', '.join(map(repr, unknown))} in {self.root}; "
+                f"the repo defines {', '.join(sorted(self.groups)) or 'none'}"
+            )
+        return [self.groups[n] for n in names]
+
+    def feature_store(self) -> FeatureStore:
+        from feast import FeatureStore
+
+        return FeatureStore(repo_path=str(self.root))
+
+    @classmethod
+    def load(cls, path: str | Path) -> Repo:
+        root = Path(path).expanduser().resolve()
+        config_file = root / "feature_store.yaml"
+        if not config_file.is_file():
+            raise ConfigError(
+                f"--repo: {root} has no feature_store.yaml; point --repo at a Feast feature repository "
+                "(the folder holding feature_store.yaml and the definitions)"
+            )
+        config = yaml.safe_load(config_file.read_text()) or {}
+        repo = cls(root=root, config=config)
+        for module_file in sorted(root.rglob("*.py")):
+            if _SKIP_DIRS.intersection(module_file.relative_to(root).parts[:-1]):
+                continue
+            for value in vars(_import(module_file, root)).values():
+                if isinstance(value, FeatureGroup):
+                    other = repo.groups.setdefault(value.name, value)
+                    if other is not value and other != value:
+                        raise ConfigError(f"{module_file}: a second feature group is named {value.name!r}; rename one")
+        return repo
+
+
+def _import(module_file: Path, root: Path) -> Any:
+    """Import a repo file under the module name Feast gives it, so both see the same objects."""
+    name = ".".join(module_file.relative_to(root).with_suffix("").parts)
+    if name in sys.modules and getattr(sys.modules[name], "__file__", None) == str(module_file):
+        return sys.modules[name]
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    spec = importlib.util.spec_from_file_location(name, module_file)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"cannot import {module_file}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception:
+        del sys.modules[name]
+        raise
+    return module

@@ -1,0 +1,22 @@
+"""Inert feature definitions. Imports no Spark, Feast, MLflow or Great Expectations."""
+
+from features.spec.aggregations import AggKind, Aggregation, agg
+from features.spec.definitions import WINDOW_END, Entity, EventSource, Feature, FeatureGroup
+from features.spec.types import DType
+from features.spec.windows import Hop, Lifetime, Tumble, Window
+
+__all__ = [
+    "WINDOW_END",
+    "AggKind",
+    "Aggregation",
+    "DType",
+    "Entity",
+    "EventSource",
+    "Feature",
+    "FeatureGroup",
+    "Hop",
+    "Lifetime",
+    "Tumble",
+    "Window",
+    "agg",
+]

@@ -1,0 +1,246 @@
+"""Entities, sources, features and feature groups: immutable, validated when constructed."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from features.errors import DefinitionError, SchemaError
+from features.spec.aggregations import Aggregation
+from features.spec.durations import Duration, parse_duration
+from features.spec.types import TYPE_NAMES, DType
+from features.spec.windows import Window
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+FORMATS = ("parquet", "json", "kafka")
+# Columns every change-point row carries besides the join keys and features.
+WINDOW_END = "window_end"
+RESERVED_COLUMNS = frozenset({WINDOW_END, "date"})
+
+
+def check_name(value: object, field_name: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise DefinitionError(field_name, "the name is empty", "give a name of letters, digits and _")
+    if not _NAME.match(value):
+        raise DefinitionError(
+            field_name,
+            f"{value!r} is not a valid name",
+            "use letters, digits and _ only, starting with a letter or _ (it becomes a column name)",
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class Entity:
+    """What features are about; `join_keys` are the source columns that identify one instance."""
+
+    name: str
+    join_keys: tuple[str, ...]
+    description: str = ""
+
+    def __init__(self, name: str, join_keys: Sequence[str], description: str = "") -> None:
+        check_name(name, "Entity.name")
+        if isinstance(join_keys, str) or not join_keys:
+            raise DefinitionError(
+                f"Entity({name!r}).join_keys",
+                "expected a non-empty list of column names",
+                f'write join_keys=["{name}_id"] (or several columns for a composite key)',
+            )
+        keys = tuple(check_name(k, f"Entity({name!r}).join_keys") for k in join_keys)
+        if len(set(keys)) != len(keys):
+            raise DefinitionError(f"Entity({name!r}).join_keys", "a key is listed twice", "list each column once")
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "join_keys", keys)
+        object.__setattr__(self, "description", description)
+
+
+@dataclass(frozen=True)
+class EventSource:
+    """Timestamped events: a folder of Parquet or JSON-lines files (or a Kafka topic).
+
+    `path` is relative to the feature repository unless absolute or a URI. `schema` (column -> type name)
+    is optional for Parquet, where it is read from the files, and needed for streams of JSON or Kafka.
+    """
+
+    name: str
+    path: str
+    timestamp: str
+    format: str = "parquet"
+    watermark_s: int = 600
+    schema: Mapping[str, DType] | None = None
+    options: Mapping[str, str] = field(default_factory=dict)
+
+    def __init__(
+        self,
+        name: str,
+        path: str,
+        timestamp: str,
+        format: str = "parquet",  # noqa: A002 - the public spelling
+        watermark: Duration = "10m",
+        schema: Mapping[str, str] | None = None,
+        options: Mapping[str, str] | None = None,
+    ) -> None:
+        check_name(name, "EventSource.name")
+        where = f"EventSource({name!r})"
+        if format not in FORMATS:
+            raise DefinitionError(f"{where}.format", f"unknown format {format!r}", f"use one of {', '.join(FORMATS)}")
+        if format != "kafka" and (not isinstance(path, str) or not path.strip()):
+            raise DefinitionError(f"{where}.path", "the path is empty", "give the folder that holds the event files")
+        check_name(timestamp, f"{where}.timestamp")
+        parsed = None
+        if schema is not None:
+            parsed = {}
+            for column, type_name in schema.items():
+                check_name(column, f"{where}.schema")
+                dtype = TYPE_NAMES.get(str(type_name).lower())
+                if dtype is None:
+                    raise DefinitionError(
+                        f"{where}.schema[{column!r}]",
+                        f"unknown type {type_name!r}",
+                        f"use one of {', '.join(sorted(set(TYPE_NAMES)))}",
+                    )
+                parsed[column] = dtype
+            if parsed.get(timestamp) is not DType.TIMESTAMP:
+                raise DefinitionError(
+                    f"{where}.schema", f"the timestamp column {timestamp!r} is not declared as timestamp",
+                    f'add "{timestamp}": "timestamp" to the schema',
+                )
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "path", path)
+        object.__setattr__(self, "timestamp", timestamp)
+        object.__setattr__(self, "format", format)
+        object.__setattr__(self, "watermark_s", parse_duration(watermark, f"{where}.watermark"))
+        object.__setattr__(self, "schema", None if parsed is None else MappingProxyType(parsed))
+        object.__setattr__(self, "options", MappingProxyType(dict(options or {})))
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.path, self.timestamp, self.format))
+
+
+@dataclass(frozen=True)
+class Feature:
+    """One named value: `aggregation` over the rows of `window`, after the optional `where` filter."""
+
+    name: str
+    aggregation: Aggregation
+    window: Window
+    where: str | None = None
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        check_name(self.name, "Feature.name")
+        if not isinstance(self.aggregation, Aggregation):
+            raise DefinitionError(
+                f"Feature({self.name!r}).aggregation",
+                f"expected an aggregation, got {type(self.aggregation).__name__}",
+                'build it with features.agg, e.g. agg.sum("amount")',
+            )
+        if not isinstance(self.window, Window):
+            raise DefinitionError(
+                f"Feature({self.name!r}).window",
+                f"expected a window, got {type(self.window).__name__}",
+                'use Hop("24h", every="5m"), Tumble("1h") or Lifetime(every="1h")',
+            )
+        if self.where is not None and (not isinstance(self.where, str) or not self.where.strip()):
+            raise DefinitionError(
+                f"Feature({self.name!r}).where",
+                "the filter is empty",
+                "write a Spark SQL condition such as \"status = 'FAILED'\", or leave where out",
+            )
+
+
+@dataclass(frozen=True)
+class FeatureGroup:
+    """Features of one entity from one source, computed together and stored as one Feast FeatureView."""
+
+    name: str
+    entity: Entity
+    source: EventSource
+    features: tuple[Feature, ...]
+    description: str = ""
+
+    def __init__(
+        self,
+        name: str,
+        entity: Entity,
+        source: EventSource,
+        features: Sequence[Feature],
+        description: str = "",
+    ) -> None:
+        check_name(name, "FeatureGroup.name")
+        where = f"FeatureGroup({name!r})"
+        if not isinstance(entity, Entity):
+            raise DefinitionError(f"{where}.entity", "expected an Entity", 'pass Entity("user", join_keys=["user_id"])')
+        if not isinstance(source, EventSource):
+            raise DefinitionError(f"{where}.source", "expected an EventSource", "pass the EventSource to read")
+        if not features:
+            raise DefinitionError(f"{where}.features", "the group has no features", "list at least one Feature")
+        seen: set[str] = set()
+        for feat in features:
+            if not isinstance(feat, Feature):
+                raise DefinitionError(f"{where}.features", f"{feat!r} is not a Feature", "list Feature(...) objects")
+            if feat.name in seen:
+                raise DefinitionError(
+                    f"{where}.features", f"the feature name {feat.name!r} is used twice", "give each feature its own name"
+                )
+            if feat.name in entity.join_keys or feat.name in RESERVED_COLUMNS:
+                raise DefinitionError(
+                    f"Feature({feat.name!r}).name",
+                    "clashes with a join key or a reserved column (window_end, date)",
+                    "rename the feature",
+                )
+            seen.add(feat.name)
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "entity", entity)
+        object.__setattr__(self, "source", source)
+        object.__setattr__(self, "features", tuple(features))
+        object.__setattr__(self, "description", description)
+
+    @property
+    def join_keys(self) -> tuple[str, ...]:
+        return self.entity.join_keys
+
+    def feature(self, name: str) -> Feature:
+        for feat in self.features:
+            if feat.name == name:
+                return feat
+        raise DefinitionError(
+            f"FeatureGroup({self.name!r})", f"has no feature {name!r}", f"use one of {[f.name for f in self.features]}"
+        )
+
+    def check_schema(self, schema: Mapping[str, DType]) -> None:
+        """Raise a SchemaError naming the field if the group reads a column the source does not have."""
+        where = f"FeatureGroup({self.name!r})"
+
+        def need(column: str, field_name: str) -> DType:
+            if column not in schema:
+                raise SchemaError(
+                    field_name,
+                    f"column {column!r} is not in source {self.source.name!r} (columns: {', '.join(sorted(schema))})",
+                    "use one of the source's columns, or add the column to the source data",
+                )
+            return schema[column]
+
+        if need(self.source.timestamp, f"EventSource({self.source.name!r}).timestamp") is not DType.TIMESTAMP:
+            raise SchemaError(
+                f"EventSource({self.source.name!r}).timestamp",
+                f"column {self.source.timestamp!r} is not a timestamp",
+                "point timestamp= at a timestamp column (or cast it upstream)",
+            )
+        for key in self.join_keys:
+            need(key, f"{where}.entity.join_keys")
+        for feat in self.features:
+            agg = feat.aggregation
+            if agg.column is not None:
+                agg.check_input(need(agg.column, f"Feature({feat.name!r}).aggregation.column"), feat.name)
+
+    def output_types(self, schema: Mapping[str, DType]) -> dict[str, DType]:
+        """The logical type of every output column: join keys, then features."""
+        self.check_schema(schema)
+        types = {key: schema[key] for key in self.join_keys}
+        for feat in self.features:
+            column = feat.aggregation.column
+            types[feat.name] = feat.aggregation.output_type(None if column is None else schema[column])
+        return types

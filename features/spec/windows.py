@@ -1,0 +1,75 @@
+"""Window definitions: `Hop`, `Tumble` and `Lifetime` (inert; arithmetic lives in `features.panes`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from features.errors import DefinitionError
+from features.spec.durations import Duration, format_duration, parse_duration
+
+
+@dataclass(frozen=True, init=False)
+class Window:
+    """A window ending at every multiple of `every`; `size` is None for Lifetime (unbounded)."""
+
+    size_s: int | None
+    every_s: int
+
+    @property
+    def is_lifetime(self) -> bool:
+        return self.size_s is None
+
+    @property
+    def panes(self) -> int | None:
+        """How many panes of length `every` one window spans (None for Lifetime)."""
+        return None if self.size_s is None else self.size_s // self.every_s
+
+    def describe(self) -> str:
+        if self.size_s is None:
+            return f"Lifetime(every={format_duration(self.every_s)!r})"
+        return f"Hop({format_duration(self.size_s)!r}, every={format_duration(self.every_s)!r})"
+
+
+@dataclass(frozen=True, init=False)
+class Hop(Window):
+    """Windows of length `size` ending at every multiple of `every` (epoch-aligned, UTC)."""
+
+    size_s: int = field()
+    every_s: int = field()
+
+    def __init__(self, size: Duration, every: Duration) -> None:
+        size_s = parse_duration(size, "Hop.size")
+        every_s = parse_duration(every, "Hop.every")
+        if size_s % every_s:
+            raise DefinitionError(
+                "Hop.size",
+                f"{format_duration(size_s)} is not a whole multiple of every={format_duration(every_s)}",
+                f"choose a size that is a multiple of {format_duration(every_s)}, "
+                f"e.g. Hop(\"{format_duration(every_s * max(1, size_s // every_s))}\", "
+                f"every=\"{format_duration(every_s)}\")",
+            )
+        object.__setattr__(self, "size_s", size_s)
+        object.__setattr__(self, "every_s", every_s)
+
+    def __repr__(self) -> str:
+        return self.describe()
+
+
+def Tumble(size: Duration) -> Hop:  # noqa: N802 - reads as a constructor in definitions
+    """Non-overlapping windows: `Hop(size, every=size)`."""
+    return Hop(size, every=size)
+
+
+@dataclass(frozen=True, init=False)
+class Lifetime(Window):
+    """Everything since the beginning of the data, refreshed at every multiple of `every`."""
+
+    size_s: None = field()
+    every_s: int = field()
+
+    def __init__(self, every: Duration) -> None:
+        object.__setattr__(self, "size_s", None)
+        object.__setattr__(self, "every_s", parse_duration(every, "Lifetime.every"))
+
+    def __repr__(self) -> str:
+        return self.describe()
