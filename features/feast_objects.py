@@ -1,0 +1,229 @@
+"""Feast objects (Entity, FileSource, FeatureView) generated from a FeatureGroup.
+
+One group becomes one FeatureView named like the group, whose batch source is the group's offline table of
+change points (Parquet partitioned by `date=YYYY-MM-DD`, timestamp column `window_end`). The ttl is 0
+(unbounded) because the change-point series carries its own expiry rows: a point-in-time lookup of the
+latest row with `window_end <= t` is already the exact value at t.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from features.errors import ConfigError, DataError
+from features.repo import offline_table_path, resolve
+from features.spec import WINDOW_END, DType, Feature, FeatureGroup
+
+if TYPE_CHECKING:
+    from feast import Entity, FeatureView, FileSource, ValueType
+    from feast.types import FeastType
+
+# DuckDB (Feast's offline store) reads the FileSource path with read_parquet, which globs. A recursive glob
+# reads every date=... partition, skips Spark's _SUCCESS / .crc side files, and needs no directory support.
+PARQUET_GLOB = "**/*.parquet"
+
+
+def dtype_of_arrow(arrow_type: pa.DataType) -> DType | None:
+    """The logical type of an Arrow column, or None if the package cannot use it (structs, maps, ...)."""
+    if pa.types.is_dictionary(arrow_type):
+        return dtype_of_arrow(arrow_type.value_type)
+    if pa.types.is_integer(arrow_type):
+        return DType.INT64
+    if pa.types.is_floating(arrow_type) or pa.types.is_decimal(arrow_type):
+        return DType.FLOAT64
+    if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type) or _is_string_view(arrow_type):
+        return DType.STRING
+    if pa.types.is_boolean(arrow_type):
+        return DType.BOOL
+    if pa.types.is_timestamp(arrow_type):
+        return DType.TIMESTAMP
+    return None
+
+
+def _is_string_view(arrow_type: pa.DataType) -> bool:
+    is_view = getattr(pa.types, "is_string_view", None)  # pyarrow >= 16
+    return bool(is_view and is_view(arrow_type))
+
+
+def schema_of_arrow(schema: pa.Schema) -> dict[str, DType]:
+    """Column -> DType for the columns of an Arrow schema that have a logical type."""
+    types = {name: dtype_of_arrow(schema.field(name).type) for name in schema.names}
+    return {name: dtype for name, dtype in types.items() if dtype is not None}
+
+
+def feast_type(dtype: DType) -> FeastType:
+    """The Feast schema type (`feast.types`) of a logical type."""
+    from feast.types import Array, Bool, Float64, Int64, String, UnixTimestamp
+
+    scalars = {
+        DType.INT64: Int64,
+        DType.FLOAT64: Float64,
+        DType.STRING: String,
+        DType.BOOL: Bool,
+        DType.TIMESTAMP: UnixTimestamp,
+    }
+    lists = {
+        DType.INT64_LIST: Int64,
+        DType.FLOAT64_LIST: Float64,
+        DType.STRING_LIST: String,
+        DType.BOOL_LIST: Bool,
+    }
+    if dtype in scalars:
+        return scalars[dtype]
+    return Array(lists[dtype])
+
+
+def feast_value_type(dtype: DType) -> ValueType:
+    """The Feast ValueType (entity types, ValueProto fields) of a logical type."""
+    from feast import ValueType
+
+    return {
+        DType.INT64: ValueType.INT64,
+        DType.FLOAT64: ValueType.DOUBLE,
+        DType.STRING: ValueType.STRING,
+        DType.BOOL: ValueType.BOOL,
+        DType.TIMESTAMP: ValueType.UNIX_TIMESTAMP,
+        DType.INT64_LIST: ValueType.INT64_LIST,
+        DType.FLOAT64_LIST: ValueType.DOUBLE_LIST,
+        DType.STRING_LIST: ValueType.STRING_LIST,
+        DType.BOOL_LIST: ValueType.BOOL_LIST,
+    }[dtype]
+
+
+def source_schema(
+    group: FeatureGroup, repo_root: str | Path | None = None, schema: Mapping[str, DType] | None = None
+) -> dict[str, DType]:
+    """The source columns and their types: `schema`, else the declared one, else read from the files."""
+    if schema is not None:
+        return dict(schema)
+    if group.source.schema is not None:
+        return dict(group.source.schema)
+    inferred = None
+    if group.source.format in ("parquet", "json"):
+        path = resolve(Path(repo_root or "."), group.source.path)
+        inferred = _infer_parquet(path) if group.source.format == "parquet" else _infer_json(path)
+    if not inferred:
+        raise ConfigError(
+            f"EventSource({group.source.name!r}).schema: the source schema is unknown (no schema declared and no "
+            f"{group.source.format} files found at {group.source.path!r}). Fix: declare schema={{column: type, ...}} "
+            "on the EventSource, or land data in the source folder first"
+        )
+    return inferred
+
+
+def _infer_parquet(path: str) -> dict[str, DType] | None:
+    import pyarrow.dataset as ds
+
+    try:
+        dataset = ds.dataset(path, format="parquet", partitioning="hive", ignore_prefixes=[".", "_"])
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except pa.ArrowException as exc:
+        raise DataError(f"cannot read the Parquet schema of {path}: {exc}") from exc
+    if not dataset.files:
+        return None
+    return schema_of_arrow(dataset.schema)
+
+
+def _infer_json(path: str) -> dict[str, DType] | None:
+    import pyarrow.json as pj
+
+    first = _first_data_file(Path(path))
+    if first is None:
+        return None
+    try:
+        return schema_of_arrow(pj.read_json(first).schema)
+    except pa.ArrowException as exc:
+        raise DataError(f"cannot read JSON lines from {first}: {exc}") from exc
+
+
+def _first_data_file(folder: Path) -> Path | None:
+    """The first file (in name order) under `folder`, skipping hidden and _-prefixed side files."""
+    if folder.is_file():
+        return folder
+    if not folder.is_dir():
+        return None
+    for candidate in sorted(folder.rglob("*")):
+        parts = candidate.relative_to(folder).parts
+        if candidate.is_file() and not any(p.startswith((".", "_")) for p in parts):
+            return candidate
+    return None
+
+
+def offline_source_path(offline_path: str) -> str:
+    """The FileSource path of an offline table folder: a recursive Parquet glob DuckDB can read."""
+    return f"{offline_path.rstrip('/')}/{PARQUET_GLOB}"
+
+
+def feast_entities(group: FeatureGroup, types: Mapping[str, DType]) -> list[Entity]:
+    """One Feast Entity per join key: Feast entities hold a single join key, so a composite key becomes
+    several entities (named `<entity>__<key>`) that the FeatureView lists together."""
+    from feast import Entity as FeastEntity
+
+    keys = group.join_keys
+    return [
+        FeastEntity(
+            name=group.entity.name if len(keys) == 1 else f"{group.entity.name}__{key}",
+            join_keys=[key],
+            value_type=feast_value_type(types[key]),
+            description=group.entity.description,
+        )
+        for key in keys
+    ]
+
+
+def _describe(feat: Feature) -> str:
+    text = f"{feat.aggregation.describe()} over {feat.window.describe()}"
+    if feat.where:
+        text += f" where {feat.where}"
+    return f"{feat.description} ({text})" if feat.description else text
+
+
+def to_feast(
+    group: FeatureGroup,
+    *,
+    offline_path: str | None = None,
+    repo_root: str | Path | None = None,
+    schema: Mapping[str, DType] | None = None,
+) -> list[Entity | FileSource | FeatureView]:
+    """Feast objects for one group: its entities (one per join key), the offline FileSource, the FeatureView.
+
+    Unpack them into module-level names in the repo (`feast apply` only picks up module attributes, not
+    objects inside a list), e.g. `user_entity, user_source, user_view = to_feast(group, repo_root=HERE)`.
+    """
+    from feast import FeatureView, Field, FileSource
+    from feast.data_format import ParquetFormat
+
+    root = Path(repo_root) if repo_root is not None else Path.cwd()
+    types = group.output_types(source_schema(group, root, schema))
+    # Feast's DuckDB store reads relative paths against the process's cwd, not the repo, so pass it absolute.
+    table = resolve(root, offline_path) if offline_path else offline_table_path(root, group.name)
+    entities = feast_entities(group, types)
+    source = FileSource(
+        name=f"{group.name}_offline",
+        path=offline_source_path(table),
+        file_format=ParquetFormat(),
+        timestamp_field=WINDOW_END,
+        description=f"Change points of feature group {group.name!r}, Parquet partitioned by date",
+    )
+    fields = [Field(name=key, dtype=feast_type(types[key])) for key in group.join_keys]
+    fields += [
+        Field(name=feat.name, dtype=feast_type(types[feat.name]), description=_describe(feat))
+        for feat in group.features
+    ]
+    view = FeatureView(
+        name=group.name,
+        entities=entities,
+        ttl=timedelta(0),
+        schema=fields,
+        source=source,
+        online=True,
+        description=group.description,
+        tags={"features.source": group.source.name},
+    )
+    return [*entities, source, view]
