@@ -247,14 +247,16 @@ def generate_transactions(
     normal = _normal_events(rng, pop, n_events - len(bursts["ts"]), start_us, span_us)
     cols = {name: np.concatenate([normal[name], bursts[name]]) for name in normal}
     by_time = np.argsort(cols["ts"], kind="stable")
-    cols = {name: values[by_time] for name, values in cols.items()}
+    order = _delivery_order(rng, cols["ts"][by_time], late_fraction)
+    # One gather straight into delivery order; order[i] is row i's rank in event time.
+    cols = {name: values[by_time[order]] for name, values in cols.items()}
 
     amount = np.maximum(np.round(cols["amount"], 2), 0.01)
     amount[rng.random(n_events) < null_amount_rate] = np.nan
-    # txn ids follow event time, so a reader can tell how far a delivered row is out of order.
     frame = pd.DataFrame(
         {
-            "txn_id": _ids("t", n_events, 9),
+            # txn ids follow event time, so a reader can tell how far a delivered row is out of order.
+            "txn_id": _ids("t", n_events, 9)[order],
             "user_id": _ids("u", pop.n_users, 6)[cols["user"]],
             "card_id": _ids("c", pop.n_cards, 7)[cols["card"]],
             "merchant_id": _ids("m", pop.n_merchants, 5)[cols["merchant"]],
@@ -265,8 +267,7 @@ def generate_transactions(
         }
     )
     frame["event_ts"] = frame["event_ts"].dt.tz_localize("UTC")
-    order = _delivery_order(rng, cols["ts"], late_fraction)
-    return frame.iloc[order].reset_index(drop=True)
+    return frame
 
 
 def _utc_iso(values: pd.Series) -> pd.Series:
@@ -281,10 +282,7 @@ def _write_parquet(chunk: pd.DataFrame, target: Path) -> None:
     table = pa.Table.from_pandas(chunk, preserve_index=False)
     # Naive timestamps are read as UTC; every timestamp is stored as microseconds UTC.
     schema = pa.schema(
-        [
-            pa.field(f.name, pa.timestamp("us", tz="UTC")) if pa.types.is_timestamp(f.type) else f
-            for f in table.schema
-        ]
+        [pa.field(f.name, pa.timestamp("us", tz="UTC")) if pa.types.is_timestamp(f.type) else f for f in table.schema]
     )
     pq.write_table(table.cast(schema), target)
 

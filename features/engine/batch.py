@@ -27,6 +27,7 @@ PANE = "_pane"  # pane start, integer microseconds since the epoch
 T = "_t"  # position of a phase-2 row on the time axis: a pane start or a probe time
 E = "_e"  # the window end a probe row computes
 KIND = "_kind"
+ROWS = "_rows"  # events per pane
 _PANE_ROW, _PREFIX, _SUFFIX = 0, 1, 2
 
 
@@ -70,7 +71,9 @@ def compile_group(group: FeatureGroup, events: DataFrame) -> list[Compiled]:
     out = []
     for feat in group.features:
         column = feat.aggregation.column
-        out.append(Compiled(feat, partial_for(feat, None if column is None else schema[column]), conds.index(feat.where)))
+        out.append(
+            Compiled(feat, partial_for(feat, None if column is None else schema[column]), conds.index(feat.where))
+        )
     return out
 
 
@@ -92,7 +95,8 @@ def phase1(group: FeatureGroup, events: DataFrame, compiled: list[Compiled]) -> 
     keys = list(group.join_keys)
     ts = F.unix_micros(F.col(group.source.timestamp).cast("timestamp"))
     where_cols = [F.lit(True) if w is None else F.coalesce(F.expr(w), F.lit(False)) for w in conditions(group)]
-    aggs = [F.count_if(c).alias(f"_n{i}") for i, c in enumerate(where_cols)]
+    aggs = [F.count(F.lit(1)).alias(ROWS)]
+    aggs += [F.count_if(c).alias(f"_n{i}") for i, c in enumerate(where_cols)]
     for c in compiled:
         column = c.feature.aggregation.column
         value = None if column is None else F.col(column)
@@ -140,7 +144,10 @@ def _frame_values(
     """For each (key, E): the merged partial of the panes in E's prefix block (panes in
     [block start, E)) or suffix block (panes in [E - size, block end)), per feature of this shape."""
     pane_rows = panes.select(
-        *keys, F.col(PANE).alias(T), F.lit(None).cast("long").alias(E), F.lit(_PANE_ROW).alias(KIND),
+        *keys,
+        F.col(PANE).alias(T),
+        F.lit(None).cast("long").alias(E),
+        F.lit(_PANE_ROW).alias(KIND),
         *[F.col(c.p) for c in used],
     )
     probes = _probe_rows(ends, keys, shape, kind)
@@ -183,7 +190,16 @@ def phase2(panes: DataFrame, ends: DataFrame, group: FeatureGroup, compiled: lis
     return merged.select(*keys, F.timestamp_micros(F.col(E)).alias(WINDOW_END), *values)
 
 
-def change_points(group: FeatureGroup, events: DataFrame, start_us: int, end_us: int) -> DataFrame:
+@dataclass(frozen=True)
+class ChangePoints:
+    rows: DataFrame  # keys, window_end, one column per feature
+    panes: DataFrame  # phase 1 output, cached
+
+    def events_read(self) -> int:
+        return int(self.panes.agg(F.sum(ROWS)).first()[0] or 0)
+
+
+def change_points(group: FeatureGroup, events: DataFrame, start_us: int, end_us: int) -> ChangePoints:
     """The change-point series with window ends in [start, end] (end included, so the last row of each
     key is its value as of `end`), from events before `end`. Panes are cached: phase 2 reads them often."""
     keys = list(group.join_keys)
@@ -195,4 +211,4 @@ def change_points(group: FeatureGroup, events: DataFrame, start_us: int, end_us:
     compiled = compile_group(group, events)
     panes = phase1(group, events.where(in_range), compiled).repartition(*keys).cache()
     ends = candidate_ends(panes, group, compiled, start_us, end_us)
-    return phase2(panes, ends, group, compiled)
+    return ChangePoints(phase2(panes, ends, group, compiled), panes)

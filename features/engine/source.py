@@ -101,5 +101,5 @@ def check_columns(group: FeatureGroup, events: DataFrame) -> None:
             raise SchemaError(
                 f"Feature({feat.name!r}).where",
                 f"{feat.where!r} is a {data_type.simpleString()}, not a condition",
-                "write an expression that is true or false, e.g. \"amount > 100\"",
+                'write an expression that is true or false, e.g. "amount > 100"',
             )

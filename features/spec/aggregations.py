@@ -62,9 +62,7 @@ class Aggregation:
         if self.kind is AggKind.APPROX_PERCENTILE:
             q = self.quantile
             if not isinstance(q, int | float) or isinstance(q, bool) or not 0.0 <= q <= 1.0:
-                raise DefinitionError(
-                    f"{name}.q", f"{q!r} is not a quantile", "use a number from 0 to 1, e.g. 0.95"
-                )
+                raise DefinitionError(f"{name}.q", f"{q!r} is not a quantile", "use a number from 0 to 1, e.g. 0.95")
         if self.kind is AggKind.LAST_K:
             k = self.k
             if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 1000:

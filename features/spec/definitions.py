@@ -104,7 +104,8 @@ class EventSource:
                 parsed[column] = dtype
             if parsed.get(timestamp) is not DType.TIMESTAMP:
                 raise DefinitionError(
-                    f"{where}.schema", f"the timestamp column {timestamp!r} is not declared as timestamp",
+                    f"{where}.schema",
+                    f"the timestamp column {timestamp!r} is not declared as timestamp",
                     f'add "{timestamp}": "timestamp" to the schema',
                 )
         object.__setattr__(self, "name", name)
@@ -183,7 +184,9 @@ class FeatureGroup:
                 raise DefinitionError(f"{where}.features", f"{feat!r} is not a Feature", "list Feature(...) objects")
             if feat.name in seen:
                 raise DefinitionError(
-                    f"{where}.features", f"the feature name {feat.name!r} is used twice", "give each feature its own name"
+                    f"{where}.features",
+                    f"the feature name {feat.name!r} is used twice",
+                    "give each feature its own name",
                 )
             if feat.name in entity.join_keys or feat.name in RESERVED_COLUMNS:
                 raise DefinitionError(

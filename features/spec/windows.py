@@ -45,8 +45,8 @@ class Hop(Window):
                 "Hop.size",
                 f"{format_duration(size_s)} is not a whole multiple of every={format_duration(every_s)}",
                 f"choose a size that is a multiple of {format_duration(every_s)}, "
-                f"e.g. Hop(\"{format_duration(every_s * max(1, size_s // every_s))}\", "
-                f"every=\"{format_duration(every_s)}\")",
+                f'e.g. Hop("{format_duration(every_s * max(1, size_s // every_s))}", '
+                f'every="{format_duration(every_s)}")',
             )
         object.__setattr__(self, "size_s", size_s)
         object.__setattr__(self, "every_s", every_s)
