@@ -101,22 +101,26 @@ def source_schema(
     """The source columns and their types: `schema`, else the declared one, else read from the files."""
     if schema is not None:
         return dict(schema)
-    if group.source.schema is not None:
-        return dict(group.source.schema)
+    source = group.source
+    if source.schema is not None:
+        return dict(source.schema)
+    where = f"EventSource({source.name!r})"
     inferred = None
-    if group.source.format in ("parquet", "json"):
-        path = resolve(Path(repo_root or "."), group.source.path)
-        inferred = _infer_parquet(path) if group.source.format == "parquet" else _infer_json(path)
+    if source.format in ("parquet", "json"):
+        path = resolve(Path(repo_root or "."), source.path)
+        inferred = _infer_parquet(path, where) if source.format == "parquet" else _infer_json(path, where)
+        problem = f"no schema is declared and no {source.format} files were found at {source.path!r}"
+    else:
+        problem = f"no schema is declared, and a {source.format} source has no files to read it from"
     if not inferred:
         raise ConfigError(
-            f"EventSource({group.source.name!r}).schema: the source schema is unknown (no schema declared and no "
-            f"{group.source.format} files found at {group.source.path!r}). Fix: declare schema={{column: type, ...}} "
-            "on the EventSource, or land data in the source folder first"
+            f"{where}.schema: {problem}. Fix: declare schema={{column: type, ...}} on the EventSource, "
+            "or land data in the source folder first"
         )
     return inferred
 
 
-def _infer_parquet(path: str) -> dict[str, DType] | None:
+def _infer_parquet(path: str, where: str) -> dict[str, DType] | None:
     import pyarrow.dataset as ds
 
     try:
@@ -124,13 +128,13 @@ def _infer_parquet(path: str) -> dict[str, DType] | None:
     except (FileNotFoundError, NotADirectoryError):
         return None
     except pa.ArrowException as exc:
-        raise DataError(f"cannot read the Parquet schema of {path}: {exc}") from exc
+        raise _unreadable(where, path, exc) from exc
     if not dataset.files:
         return None
     return schema_of_arrow(dataset.schema)
 
 
-def _infer_json(path: str) -> dict[str, DType] | None:
+def _infer_json(path: str, where: str) -> dict[str, DType] | None:
     import pyarrow.json as pj
 
     first = _first_data_file(Path(path))
@@ -139,7 +143,14 @@ def _infer_json(path: str) -> dict[str, DType] | None:
     try:
         return schema_of_arrow(pj.read_json(first).schema)
     except pa.ArrowException as exc:
-        raise DataError(f"cannot read JSON lines from {first}: {exc}") from exc
+        raise _unreadable(where, str(first), exc) from exc
+
+
+def _unreadable(where: str, path: str, exc: Exception) -> DataError:
+    return DataError(
+        f"{where}.path: cannot read the schema from {path} ({exc}). Fix: check the files match format=, "
+        "or declare schema= on the EventSource"
+    )
 
 
 def _first_data_file(folder: Path) -> Path | None:

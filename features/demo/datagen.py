@@ -17,7 +17,9 @@ What the data looks like:
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -45,11 +47,15 @@ _BASE_FRAUD_RATE = 0.0005
 # Fraud bursts: about this share of all events, from at most this share of all cards.
 _BURST_SHARE = 0.004
 _MAX_COMPROMISED_SHARE = 0.05
-_MEAN_BURST_SIZE = 7.5  # 3-8 attempts plus 1-3 charges
+_MEAN_BURST_SIZE = 8.5  # 3-10 attempts plus 1-3 charges
 _MAX_BURST_US = 30 * 60 * _S
 
 # Late delivery: most late events by up to 5 minutes, the rest by 10-30 minutes.
 _VERY_LATE_SHARE = 0.05
+
+# JSON lines are built column by column with numpy strings; these characters need the json module.
+_TEXT = np.dtypes.StringDType()
+_JSON_ESCAPES = re.compile(r'["\\\x00-\x1f]')
 
 
 @dataclass(frozen=True)
@@ -145,7 +151,7 @@ def _fraud_bursts(rng: np.random.Generator, pop: _Population, n_events: int, spa
     """Compromised cards: FAILED/DECLINED attempts within minutes at new merchants, then large charges."""
     n_bursts = _burst_count(n_events, pop.n_cards)
     cards = rng.choice(pop.n_cards, size=n_bursts, replace=False)
-    attempts = rng.integers(3, 9, n_bursts)
+    attempts = rng.integers(3, 11, n_bursts)
     sizes = attempts + rng.integers(1, 4, n_bursts)
     # Tiny data sets: keep the bursts to at most half of the events.
     keep = np.cumsum(sizes) <= n_events // 2
@@ -171,12 +177,24 @@ def _fraud_bursts(rng: np.random.Generator, pop: _Population, n_events: int, spa
     return {
         "user": pop.card_owner[cards][burst],
         "card": cards[burst],
-        "merchant": rng.integers(0, pop.n_merchants, total),  # uniform: almost always new to the user
+        "merchant": _unfamiliar_merchants(rng, pop, pop.card_owner[cards][burst]),
         "amount": amount,
         "status": status,
         "ts": np.minimum(compromised_at[burst] + offset, span_us - 1),
         "fraud": np.ones(total, dtype=np.int64),
     }
+
+
+def _unfamiliar_merchants(rng: np.random.Generator, pop: _Population, users: np.ndarray) -> np.ndarray:
+    """Merchants a user is unlikely to have seen: the less popular half, never one of the user's favourites."""
+    tail = np.flatnonzero(pop.merchant_p <= np.median(pop.merchant_p))
+    merchants = tail[rng.integers(0, len(tail), len(users))]
+    for _ in range(20):  # redraw the few that hit a favourite; each round leaves a small fraction
+        clash = (pop.favourites[users] == merchants[:, None]).any(axis=1)
+        if not clash.any():
+            break
+        merchants[clash] = tail[rng.integers(0, len(tail), int(clash.sum()))]
+    return merchants
 
 
 def _delivery_order(rng: np.random.Generator, ts: np.ndarray, late_fraction: float) -> np.ndarray:
@@ -233,8 +251,9 @@ def generate_transactions(
 ) -> pd.DataFrame:
     """`n_events` card transactions with event_ts in [start, start + days), in delivery order.
 
-    Columns: txn_id, user_id, card_id, merchant_id, status (str), amount (float64, some NaN),
-    event_ts (datetime64[us, UTC]), is_fraud (int64 0/1). A naive `start` is read as UTC.
+    Columns, in this order (`COLUMNS`): txn_id, user_id, card_id, merchant_id (str), amount (float64, NaN
+    where null), status (str, one of `STATUSES`), event_ts (datetime64[us, UTC]), is_fraud (int64 0/1).
+    A naive `start` is read as UTC. txn ids number the events in event-time order.
     """
     n_merchants = max(50, n_users // 5) if n_merchants is None else n_merchants
     _check(n_events, n_users, days, n_merchants, {"null_amount_rate": null_amount_rate, "late_fraction": late_fraction})
@@ -264,18 +283,46 @@ def generate_transactions(
             "status": np.array(STATUSES, dtype=object)[cols["status"]],
             "event_ts": (start_us + cols["ts"]).astype("datetime64[us]"),
             "is_fraud": cols["fraud"].astype(np.int64),
-        }
+        },
+        copy=False,  # the arrays are fresh; skip pandas' copy into consolidated blocks
     )
     frame["event_ts"] = frame["event_ts"].dt.tz_localize("UTC")
     return frame
 
 
-def _utc_iso(values: pd.Series) -> pd.Series:
-    """ISO-8601 UTC strings with microseconds and a Z, e.g. 2026-01-01T00:00:00.123456Z (null stays null)."""
-    ts = values.dt.tz_convert("UTC").dt.tz_localize(None) if values.dt.tz is not None else values
-    text = np.datetime_as_string(ts.to_numpy().astype("datetime64[us]"), unit="us")
-    out = pd.Series(np.char.add(text, "Z").astype(object), index=values.index)
-    return out.where(values.notna(), None)
+def _json_literals(values: pd.Series) -> np.ndarray:
+    """Every value of a column as JSON text ("null" when missing), vectorized with numpy strings.
+
+    Floats use numpy's shortest round-trip repr, so they read back bit for bit; timestamps become
+    ISO-8601 UTC with microseconds and a Z, e.g. "2026-01-01T00:00:00.123456Z" (naive ones are read as UTC).
+    """
+    missing = values.isna().to_numpy()
+    if pd.api.types.is_datetime64_any_dtype(values):
+        naive = values.dt.tz_convert("UTC").dt.tz_localize(None) if values.dt.tz is not None else values
+        iso = np.datetime_as_string(naive.to_numpy().astype("datetime64[us]"), unit="us").astype(_TEXT)
+        text = np.strings.add(np.strings.add('"', iso), 'Z"')
+    elif pd.api.types.is_bool_dtype(values):
+        text = np.where(values.fillna(False).to_numpy(bool), "true", "false").astype(_TEXT)
+    elif pd.api.types.is_integer_dtype(values):
+        text = values.fillna(0).to_numpy(np.int64).astype(_TEXT)
+    elif pd.api.types.is_float_dtype(values):
+        floats = values.to_numpy(np.float64, na_value=np.nan)
+        missing |= ~np.isfinite(floats)  # JSON has no NaN or Infinity
+        text = floats.astype(_TEXT)
+    else:
+        text = _json_strings(values, missing)
+    return np.where(missing, "null", text).astype(_TEXT)
+
+
+def _json_strings(values: pd.Series, missing: np.ndarray) -> np.ndarray:
+    plain = values.to_numpy(object)
+    present = plain[~missing]
+    if pd.api.types.infer_dtype(present) in ("string", "empty") and not _JSON_ESCAPES.search("".join(present)):
+        # The common case (ids, codes): nothing to escape, so quoting is enough.
+        quoted = np.where(missing, "", plain).astype(_TEXT)
+        return np.strings.add(np.strings.add('"', quoted), '"')
+    # Quotes, backslashes, control characters or non-strings: let the json module escape each value.
+    return np.array([json.dumps(v, ensure_ascii=False, default=str) for v in plain], dtype=_TEXT)
 
 
 def _write_parquet(chunk: pd.DataFrame, target: Path) -> None:
@@ -288,15 +335,12 @@ def _write_parquet(chunk: pd.DataFrame, target: Path) -> None:
 
 
 def _write_json(chunk: pd.DataFrame, target: Path) -> None:
-    chunk = chunk.copy()
-    for name in chunk.columns:
-        if pd.api.types.is_datetime64_any_dtype(chunk[name]):
-            chunk[name] = _utc_iso(chunk[name])
-    # 15 decimals is pandas' maximum; exact for amounts in cents.
-    text = chunk.to_json(orient="records", lines=True, double_precision=15, force_ascii=False) if len(chunk) else ""
-    if text and not text.endswith("\n"):
-        text += "\n"
-    target.write_text(text, encoding="utf-8")
+    lines = np.full(len(chunk), "{", dtype=_TEXT)
+    for i, name in enumerate(chunk.columns):
+        key = ("," if i else "") + json.dumps(str(name)) + ":"
+        lines = np.strings.add(np.strings.add(lines, key), _json_literals(chunk[name]))
+    with open(target, "w", encoding="utf-8") as out:
+        out.writelines(np.strings.add(lines, "}\n").tolist())
 
 
 _WRITERS = {"parquet": _write_parquet, "json": _write_json}

@@ -21,7 +21,7 @@ from pyspark.sql import functions as F
 from features.engine.partials import Partial, partial_for
 from features.engine.source import schema_of
 from features.panes import MICROS, WindowShape, lookback_us, pane_length_us, shapes
-from features.spec import WINDOW_END, Feature, FeatureGroup
+from features.spec import WINDOW_END, AggKind, Feature, FeatureGroup
 
 PANE = "_pane"  # pane start, integer microseconds since the epoch
 T = "_t"  # position of a phase-2 row on the time axis: a pane start or a probe time
@@ -42,6 +42,17 @@ class Compiled:
     @property
     def shape(self) -> WindowShape:
         return WindowShape.of(self.feature.window)
+
+    @property
+    def signed(self) -> bool:
+        """Exact integer sums take the cheaper path: +partial when a pane enters, -partial when it leaves,
+        and one running sum per key. (Float sums stay on the block path, which cannot accumulate drift.)"""
+        agg = self.feature.aggregation
+        return agg.kind is AggKind.COUNT or (agg.kind is AggKind.SUM and self.partial.integral)
+
+    @property
+    def has_suffix(self) -> bool:
+        return self.shape.size_us is not None and not self.signed
 
     @property
     def p(self) -> str:
@@ -165,27 +176,51 @@ def _frame_values(
     return merged.where(F.col(KIND) == kind).drop(KIND)
 
 
+def _signed_values(
+    panes: DataFrame, ends: DataFrame, keys: list[str], shape: WindowShape, used: list[Compiled]
+) -> DataFrame:
+    """For each (key, E): the running sum of +partial at pane entries and -partial at pane exits."""
+    coarse = _floor(F.col(PANE), shape.every_us)
+    moves = [F.struct((coarse + shape.every_us).alias("at"), F.lit(1).alias("sign"))]
+    if shape.size_us is not None:
+        moves.append(F.struct((coarse + shape.size_us + shape.every_us).alias("at"), F.lit(-1).alias("sign")))
+    deltas = panes.select(*keys, *[F.col(c.p) for c in used], F.explode(F.array(*moves)).alias("_m")).select(
+        *keys,
+        F.col("_m.at").alias(T),
+        F.lit(None).cast("long").alias(E),
+        F.lit(_PANE_ROW).alias(KIND),
+        *[(F.col(c.p) * F.col("_m.sign")).alias(c.p) for c in used],
+    )
+    rows = deltas.unionByName(_probe_rows(ends, keys, shape, _PREFIX), allowMissingColumns=True)
+    w = Window.partitionBy(*keys).orderBy(F.col(T)).rangeBetween(Window.unboundedPreceding, Window.currentRow)
+    merged = rows.select(*keys, E, KIND, *[F.sum(c.p).over(w).alias(c.pre) for c in used])
+    return merged.where(F.col(KIND) == _PREFIX).drop(KIND)
+
+
 def phase2(panes: DataFrame, ends: DataFrame, group: FeatureGroup, compiled: list[Compiled]) -> DataFrame:
     """The value of every feature at every candidate end: (keys, window_end, features)."""
     keys = list(group.join_keys)
     parts = []
     for shape in shapes(group):
-        used = [c for c in compiled if c.shape == shape]
-        parts.append(_frame_values(panes, ends, keys, shape, used, _PREFIX))
-        if shape.size_us is not None:
-            parts.append(_frame_values(panes, ends, keys, shape, used, _SUFFIX))
-    rows = parts[0]
-    for part in parts[1:]:
-        rows = rows.unionByName(part, allowMissingColumns=True)
-    combined = []
-    for c in compiled:
-        combined.append(F.first(c.pre, ignorenulls=True).alias(c.pre))
-        if c.shape.size_us is not None:
-            combined.append(F.first(c.suf, ignorenulls=True).alias(c.suf))
-    merged = rows.groupBy(*keys, E).agg(*combined)
+        signed = [c for c in compiled if c.shape == shape and c.signed]
+        blocks = [c for c in compiled if c.shape == shape and not c.signed]
+        if signed:
+            parts.append(_signed_values(panes, ends, keys, shape, signed))
+        if blocks:
+            parts.append(_frame_values(panes, ends, keys, shape, blocks, _PREFIX))
+        if blocks and shape.size_us is not None:
+            parts.append(_frame_values(panes, ends, keys, shape, blocks, _SUFFIX))
+    merged = parts[0]
+    if len(parts) > 1:  # every part has one row per (key, E): bring each E's parts together
+        rows = parts[0]
+        for part in parts[1:]:
+            rows = rows.unionByName(part, allowMissingColumns=True)
+        combined = [F.first(c.pre, ignorenulls=True).alias(c.pre) for c in compiled]
+        combined += [F.first(c.suf, ignorenulls=True).alias(c.suf) for c in compiled if c.has_suffix]
+        merged = rows.groupBy(*keys, E).agg(*combined)
     values = []
     for c in compiled:
-        partial = F.col(c.pre) if c.shape.size_us is None else c.partial.merge2(F.col(c.pre), F.col(c.suf))
+        partial = c.partial.merge2(F.col(c.pre), F.col(c.suf)) if c.has_suffix else F.col(c.pre)
         values.append(c.partial.finalize(partial).alias(c.feature.name))
     return merged.select(*keys, F.timestamp_micros(F.col(E)).alias(WINDOW_END), *values)
 

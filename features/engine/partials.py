@@ -28,6 +28,7 @@ class Partial:
     merge_over: Callable[[Column, WindowSpec], Column]
     merge2: Callable[[Column, Column], Column]
     finalize: Callable[[Column], Column]
+    integral: bool = False  # an exact integer sum, which can be subtracted again
 
 
 def _null_add(a: Column, b: Column) -> Column:
@@ -89,6 +90,7 @@ def _count() -> Partial:
         merge_over=lambda p, w: F.sum(p).over(w),
         merge2=_null_add,
         finalize=lambda p: F.coalesce(p, F.lit(0)).cast("long"),
+        integral=True,
     )
 
 
@@ -99,6 +101,7 @@ def _sum(dtype: DType) -> Partial:
         merge_over=lambda p, w: F.sum(p).over(w),
         merge2=_null_add,
         finalize=lambda p: F.coalesce(p, zero),
+        integral=dtype is DType.INT64,
     )
 
 
