@@ -123,105 +123,112 @@ def phase1(group: FeatureGroup, events: DataFrame, compiled: list[Compiled]) -> 
     )
 
 
-def candidate_ends(panes: DataFrame, group: FeatureGroup, compiled: list[Compiled], lo: int, hi: int) -> DataFrame:
-    """(key, E) for every window end in [lo, hi] at which some feature can change, plus E = lo for every
-    key with earlier panes, so that a range's first row carries the value it starts with."""
-    keys = list(group.join_keys)
-    pane = F.col(PANE)
-    ends = []
-    for shape in shapes(group):
-        used = [c for c in compiled if c.shape == shape]
-        has_rows = F.lit(False)
-        for c in used:
-            has_rows = has_rows | (F.col(f"_n{c.condition}") > 0)
-        coarse = _floor(pane, shape.every_us)
-        ends.append(F.when(has_rows, coarse + shape.every_us))
-        if shape.size_us is not None:
-            ends.append(F.when(has_rows, coarse + shape.size_us + shape.every_us))
-    ends.append(F.when(pane < lo, F.lit(lo)))
-    exploded = panes.select(*keys, F.explode(F.array(*ends)).alias(E))
-    return exploded.where(F.col(E).between(lo, hi)).distinct()
+def _has_rows(used: list[Compiled]) -> Column:
+    """True for panes that hold a row for any of these features (after their `where`)."""
+    cond = F.lit(False)
+    for c in used:
+        cond = cond | (F.col(f"_n{c.condition}") > 0)
+    return cond
 
 
-def _probe_rows(ends: DataFrame, keys: list[str], shape: WindowShape, kind: int) -> DataFrame:
-    at = _floor(F.col(E), shape.every_us)
-    t = at if kind == _PREFIX else at - F.lit(shape.size_us)
-    return ends.select(*keys, t.alias(T), F.col(E), F.lit(kind).alias(KIND))
+def _moves(shape: WindowShape, used: list[Compiled], lo: int) -> list[Column]:
+    """(at, sign) of the window ends where a pane enters (+1) and leaves (-1) this shape's windows, and a
+    zero move at `lo` for panes before it, so that a range's first row carries the value it starts with."""
+    coarse = _floor(F.col(PANE), shape.every_us)
+    has_rows = _has_rows(used)
+
+    def move(at: Column, sign: int) -> Column:
+        return F.struct(at.alias("at"), F.lit(sign).alias("sign"))
+
+    moves = [F.when(has_rows, move(coarse + shape.every_us, 1))]
+    if shape.size_us is not None:
+        moves.append(F.when(has_rows, move(coarse + shape.size_us + shape.every_us, -1)))
+    moves.append(F.when(F.col(PANE) < lo, move(F.lit(lo), 0)))
+    return moves
 
 
-def _frame_values(
+def _signed_part(panes: DataFrame, keys: list[str], shape: WindowShape, used: list[Compiled], lo: int, hi: int):
+    """Exact integer sums: + partial where a pane enters, - where it leaves, one running sum per key."""
+    moved = panes.select(*keys, *[F.col(c.p) for c in used], F.explode(F.array(*_moves(shape, used, lo))).alias("m"))
+    deltas = moved.where(F.col("m").isNotNull()).select(
+        *keys, F.col("m.at").alias(E), *[(F.col(c.p) * F.col("m.sign")).alias(c.p) for c in used]
+    )
+    per_end = deltas.groupBy(*keys, E).agg(*[F.sum(c.p).alias(c.p) for c in used])
+    running = Window.partitionBy(*keys).orderBy(E).rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    values = per_end.select(*keys, E, *[F.sum(c.p).over(running).alias(c.pre) for c in used])
+    return values.where(F.col(E).between(lo, hi))
+
+
+def _block_part(panes: DataFrame, keys: list[str], shape: WindowShape, used: list[Compiled], lo: int, hi: int):
+    """Any mergeable aggregation: each window = suffix of one size-aligned block (+) prefix of the next."""
+    ends = (
+        panes.select(*keys, F.explode(F.array(*_moves(shape, used, lo))).alias("m"))
+        .select(*keys, F.col("m.at").alias(E))
+        .where(F.col(E).between(lo, hi))
+        .distinct()
+    )
+    prefix = _block_frame(panes, ends, keys, shape, used, _PREFIX)
+    if shape.size_us is None:  # Lifetime: everything before E is one running prefix
+        return prefix.select(*keys, E, *[F.col(c.pre) for c in used])
+    suffix = _block_frame(panes, ends, keys, shape, used, _SUFFIX)
+    both = prefix.unionByName(suffix, allowMissingColumns=True).groupBy(*keys, E)
+    merged = both.agg(*[F.first(n, ignorenulls=True).alias(n) for c in used for n in (c.pre, c.suf)])
+    return merged.select(*keys, E, *[c.partial.merge2(F.col(c.pre), F.col(c.suf)).alias(c.pre) for c in used])
+
+
+def _block_frame(
     panes: DataFrame, ends: DataFrame, keys: list[str], shape: WindowShape, used: list[Compiled], kind: int
 ) -> DataFrame:
-    """For each (key, E): the merged partial of the panes in E's prefix block (panes in
-    [block start, E)) or suffix block (panes in [E - size, block end)), per feature of this shape."""
-    pane_rows = panes.select(
-        *keys,
-        F.col(PANE).alias(T),
-        F.lit(None).cast("long").alias(E),
-        F.lit(_PANE_ROW).alias(KIND),
-        *[F.col(c.p) for c in used],
-    )
-    probes = _probe_rows(ends, keys, shape, kind)
-    rows = pane_rows.unionByName(probes, allowMissingColumns=True)
+    """For each (key, E): the merged partial of the panes in [block start, E) (prefix) or in
+    [E - size, block end) (suffix), where blocks are the size-aligned stretches of time."""
+    at = _floor(F.col(E), shape.every_us)  # the value at E is the value of the window ending at `at`
+    probes = ends.select(*keys, (at if kind == _PREFIX else at - F.lit(shape.size_us)).alias(T), E)
+    pane_rows = panes.select(*keys, F.col(PANE).alias(T), *[F.col(c.p) for c in used])
+    rows = pane_rows.unionByName(probes.withColumn(KIND, F.lit(kind)), allowMissingColumns=True)
     partition = [F.col(k) for k in keys]
     if shape.size_us is not None:
         partition.append(_floor(F.col(T), shape.size_us))
     w = Window.partitionBy(*partition)
     if kind == _PREFIX:
         w = w.orderBy(F.col(T)).rangeBetween(Window.unboundedPreceding, -1)
-    else:  # a suffix is a running aggregate in descending time order, so Spark evaluates it incrementally
+    else:  # a suffix is a running aggregate in descending time, which Spark evaluates incrementally
         w = w.orderBy(F.col(T).desc()).rangeBetween(Window.unboundedPreceding, Window.currentRow)
-    name = (lambda c: c.pre) if kind == _PREFIX else (lambda c: c.suf)
-    merged = rows.select(*keys, E, KIND, *[c.partial.merge_over(F.col(c.p), w).alias(name(c)) for c in used])
-    return merged.where(F.col(KIND) == kind).drop(KIND)
+    out = (lambda c: c.pre) if kind == _PREFIX else (lambda c: c.suf)
+    merged = rows.select(*keys, E, KIND, *[c.partial.merge_over(F.col(c.p), w).alias(out(c)) for c in used])
+    return merged.where(F.col(KIND).isNotNull()).drop(KIND)
 
 
-def _signed_values(
-    panes: DataFrame, ends: DataFrame, keys: list[str], shape: WindowShape, used: list[Compiled]
-) -> DataFrame:
-    """For each (key, E): the running sum of +partial at pane entries and -partial at pane exits."""
-    coarse = _floor(F.col(PANE), shape.every_us)
-    moves = [F.struct((coarse + shape.every_us).alias("at"), F.lit(1).alias("sign"))]
-    if shape.size_us is not None:
-        moves.append(F.struct((coarse + shape.size_us + shape.every_us).alias("at"), F.lit(-1).alias("sign")))
-    deltas = panes.select(*keys, *[F.col(c.p) for c in used], F.explode(F.array(*moves)).alias("_m")).select(
-        *keys,
-        F.col("_m.at").alias(T),
-        F.lit(None).cast("long").alias(E),
-        F.lit(_PANE_ROW).alias(KIND),
-        *[(F.col(c.p) * F.col("_m.sign")).alias(c.p) for c in used],
-    )
-    rows = deltas.unionByName(_probe_rows(ends, keys, shape, _PREFIX), allowMissingColumns=True)
-    w = Window.partitionBy(*keys).orderBy(F.col(T)).rangeBetween(Window.unboundedPreceding, Window.currentRow)
-    merged = rows.select(*keys, E, KIND, *[F.sum(c.p).over(w).alias(c.pre) for c in used])
-    return merged.where(F.col(KIND) == _PREFIX).drop(KIND)
+def _as_of_union(parts: list[DataFrame], keys: list[str], compiled: list[Compiled]) -> DataFrame:
+    """Parts change at different ends: at every end of any part, carry each part's latest value forward."""
+    rows = None
+    for i, part in enumerate(parts):
+        marked = part.withColumn(f"_part{i}", F.lit(True))
+        rows = marked if rows is None else rows.unionByName(marked, allowMissingColumns=True)
+    assert rows is not None
+    upto = Window.partitionBy(*keys).orderBy(E).rangeBetween(Window.unboundedPreceding, Window.currentRow)
+    filled = []
+    for i, part in enumerate(parts):
+        for c in compiled:
+            if c.pre in part.columns:
+                # Wrapped in a struct so that a null value is carried too (only rows of other parts are skipped).
+                mine = F.when(F.col(f"_part{i}"), F.struct(F.col(c.pre).alias("v")))
+                filled.append(F.last(mine, ignorenulls=True).over(upto)["v"].alias(c.pre))
+    return rows.select(*keys, E, *filled).dropDuplicates([*keys, E])
 
 
-def phase2(panes: DataFrame, ends: DataFrame, group: FeatureGroup, compiled: list[Compiled]) -> DataFrame:
-    """The value of every feature at every candidate end: (keys, window_end, features)."""
+def phase2(panes: DataFrame, group: FeatureGroup, compiled: list[Compiled], lo: int, hi: int) -> DataFrame:
+    """The value of every feature at every end in [lo, hi] where one may change: (keys, window_end, ...)."""
     keys = list(group.join_keys)
     parts = []
     for shape in shapes(group):
         signed = [c for c in compiled if c.shape == shape and c.signed]
         blocks = [c for c in compiled if c.shape == shape and not c.signed]
         if signed:
-            parts.append(_signed_values(panes, ends, keys, shape, signed))
+            parts.append(_signed_part(panes, keys, shape, signed, lo, hi))
         if blocks:
-            parts.append(_frame_values(panes, ends, keys, shape, blocks, _PREFIX))
-        if blocks and shape.size_us is not None:
-            parts.append(_frame_values(panes, ends, keys, shape, blocks, _SUFFIX))
-    merged = parts[0]
-    if len(parts) > 1:  # every part has one row per (key, E): bring each E's parts together
-        rows = parts[0]
-        for part in parts[1:]:
-            rows = rows.unionByName(part, allowMissingColumns=True)
-        combined = [F.first(c.pre, ignorenulls=True).alias(c.pre) for c in compiled]
-        combined += [F.first(c.suf, ignorenulls=True).alias(c.suf) for c in compiled if c.has_suffix]
-        merged = rows.groupBy(*keys, E).agg(*combined)
-    values = []
-    for c in compiled:
-        partial = c.partial.merge2(F.col(c.pre), F.col(c.suf)) if c.has_suffix else F.col(c.pre)
-        values.append(c.partial.finalize(partial).alias(c.feature.name))
+            parts.append(_block_part(panes, keys, shape, blocks, lo, hi))
+    merged = parts[0] if len(parts) == 1 else _as_of_union(parts, keys, compiled)
+    values = [c.partial.finalize(F.col(c.pre)).alias(c.feature.name) for c in compiled]
     return merged.select(*keys, F.timestamp_micros(F.col(E)).alias(WINDOW_END), *values)
 
 
@@ -245,5 +252,4 @@ def change_points(group: FeatureGroup, events: DataFrame, start_us: int, end_us:
         in_range = in_range & (ts >= F.timestamp_micros(F.lit(lower)))
     compiled = compile_group(group, events)
     panes = phase1(group, events.where(in_range), compiled).repartition(*keys).cache()
-    ends = candidate_ends(panes, group, compiled, start_us, end_us)
-    return ChangePoints(phase2(panes, ends, group, compiled), panes)
+    return ChangePoints(phase2(panes, group, compiled, start_us, end_us), panes)
