@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from typing import TYPE_CHECKING
 
 from features.errors import EnvironmentProblem
@@ -53,6 +54,9 @@ def get_spark(app_name: str = "features", shuffle_partitions: int | None = None)
         active.conf.set("spark.sql.session.timeZone", "UTC")
         return active
     check_java()
+    # Local workers must run this interpreter (with this package and its dependencies), not `python3` on PATH.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     cores = os.cpu_count() or 2
     builder = (
         SparkSession.builder.appName(app_name)
