@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from features.errors import EnvironmentProblem
@@ -17,6 +18,8 @@ JAVA_HELP = (
     "Spark needs Java 17 or newer. Install it (Debian/Ubuntu: `apt-get install openjdk-17-jre-headless`; "
     "macOS: `brew install openjdk@17`) and make sure `java` is on PATH or JAVA_HOME is set."
 )
+# Errors-only logging for the local session started here (Spark's default logs INFO/WARN lines at startup).
+LOG4J2_CONFIG = Path(__file__).with_name("log4j2.properties")
 
 
 def java_version() -> int | None:
@@ -69,7 +72,14 @@ def get_spark(app_name: str = "features", shuffle_partitions: int | None = None)
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.sql.sources.partitionOverwriteMode", "dynamic")
+        # Keep the hash partitioning of cached panes visible, so phase 2 does not shuffle them again.
+        .config("spark.sql.optimizer.canChangeCachedPlanOutputPartitioning", "false")
     )
+    if LOG4J2_CONFIG.is_file() and "PYSPARK_GATEWAY_PORT" not in os.environ:
+        # Only when this process starts the JVM (not under spark-submit, whose JVM already runs).
+        builder = builder.config(
+            "spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={LOG4J2_CONFIG.as_uri()}"
+        )
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark

@@ -1,0 +1,186 @@
+"""`features demo`: generate transactions, register the groups with Feast, backfill, and read features back.
+
+Everything the demo does is what a user would do by hand:
+
+    1. land event files in each source folder     (here: synthetic card transactions)
+    2. features apply --repo PATH                 (Feast objects for every FeatureGroup)
+    3. features backfill --repo PATH --start ... --end ...
+    4. FeatureStore.get_online_features / get_historical_features
+
+The data is deterministic (fixed seed and start date) and the demo owns the repo's data: every run replaces
+the source files, the offline tables and the online store, so it can be re-run with other sizes.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import warnings
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+
+from features.demo.datagen import generate_transactions, write_events
+from features.errors import ConfigError
+from features.feast_objects import schema_of_arrow
+from features.repo import Repo
+from features.spec import FeatureGroup
+
+START = datetime(2026, 1, 1, tzinfo=UTC)
+SEED = 20260101
+FILES_PER_SOURCE = 4
+ONLINE_GROUP = "user_transactions"  # the view whose values the demo reads back
+LABEL = "is_fraud"
+SHOW_USERS = 5
+SHOW_TRANSACTIONS = 10
+
+
+def run_demo(repo: str, *, events: int, users: int, days: float) -> None:
+    """Run the whole loop on `repo` (normally the example `feature_repo/`) and print what each step gives."""
+    from features.backfill import backfill
+    from features.cli import apply
+
+    _check_sizes(events, users, days)
+    loaded = Repo.load(repo)
+    group = _online_group(loaded)
+    end = START + timedelta(hours=math.ceil(days * 24))  # whole hours, so every window end lines up
+
+    _step(1, f"Generating {events:,} card transactions of {users:,} users from {START:%Y-%m-%d} for {days:g} days")
+    transactions = generate_transactions(events, users, START, days, seed=SEED)
+    for group_ in loaded.groups.values():
+        group_.check_schema(schema_of_arrow(pa.Schema.from_pandas(transactions, preserve_index=False)))
+    for folder in _write_sources(loaded, transactions):
+        print(f"   wrote {FILES_PER_SOURCE} files to {_shown(folder)}")
+    _clear_outputs(loaded)
+
+    _step(2, f"Registering the feature groups with Feast: features apply --repo {_shown(loaded.root)}")
+    names = apply(str(loaded.root))
+    print(f"   feature views: {', '.join(names)}")
+
+    _step(3, f"Backfilling [{START:%Y-%m-%d %H:%M}, {end:%Y-%m-%d %H:%M}) UTC with Spark (two-phase, pane partials)")
+    for result in backfill(loaded, START, end):
+        print(f"   {result.summary()}")
+
+    store = loaded.feature_store()
+    refs = [f"{group.name}:{feat.name}" for feat in group.features]
+    key = group.join_keys[0]
+
+    _step(4, f"Online values (FeatureStore.get_online_features) as of {end:%Y-%m-%d %H:%M} UTC")
+    recent = _most_recent(transactions[key], transactions["event_ts"], SHOW_USERS)
+    online = store.get_online_features(features=refs, entity_rows=[{key: k} for k in recent]).to_df()
+    _table(online[[key, *[f.name for f in group.features]]])
+
+    _step(5, "A point-in-time training set (FeatureStore.get_historical_features)")
+    print("   each row: a labelled transaction and its user's features at that time, from earlier events only")
+    entity_df = _labelled_sample(transactions, key, SHOW_TRANSACTIONS)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # from Feast's DuckDB backend, not actionable here
+        training = store.get_historical_features(entity_df=entity_df, features=refs).to_df()
+    training = training.sort_values("event_timestamp", kind="stable").reset_index(drop=True)
+    _table(training[[key, "event_timestamp", LABEL, *[f.name for f in group.features]]])
+
+    root = _shown(loaded.root)
+    print(
+        f"\nNext: change the definitions in {root}/*.py, then run `features apply --repo {root}` and "
+        f"`features backfill --repo {root} --start {_iso(START)} --end {_iso(end)}`."
+    )
+
+
+def _check_sizes(events: int, users: int, days: float) -> None:
+    if events < 1:
+        raise ConfigError(f"--events: {events} is too small; generate at least 1 event (e.g. --events 20000)")
+    if users < 1:
+        raise ConfigError(f"--users: {users} is too small; use at least 1 user (e.g. --users 200)")
+    if not (math.isfinite(days) and days > 0):
+        raise ConfigError(f"--days: {days} is not a positive number of days; write e.g. --days 3 or --days 0.5")
+
+
+def _online_group(repo: Repo) -> FeatureGroup:
+    group = repo.groups.get(ONLINE_GROUP)
+    if group is None:
+        raise ConfigError(
+            f"--repo: {repo.root} has no feature group {ONLINE_GROUP!r}, which the demo reads back; "
+            "run the demo on the example repository (feature_repo/) or a copy of it"
+        )
+    return group
+
+
+def _write_sources(repo: Repo, transactions: pd.DataFrame) -> list[Path]:
+    """Replace the files of every source folder the groups read (each folder once)."""
+    folders: dict[str, str] = {}
+    for group in repo.groups.values():
+        if group.source.format == "kafka":
+            continue  # a stream: nothing to land for a backfill
+        folders.setdefault(repo.source_path(group), group.source.format)
+    for folder, fmt in folders.items():
+        shutil.rmtree(folder, ignore_errors=True)
+        write_events(transactions, folder, format=fmt, n_files=FILES_PER_SOURCE)
+    return [Path(f) for f in folders]
+
+
+def _clear_outputs(repo: Repo) -> None:
+    """Forget earlier demo runs: their offline rows and online values may be newer than this run's.
+
+    Removes the groups' offline tables and, when they are local files, the SQLite online store and the Feast
+    registry (Feast only creates online tables for views it has not registered yet); `apply` makes both anew.
+    """
+    for group in repo.groups.values():
+        shutil.rmtree(repo.offline_path(group), ignore_errors=True)
+    online = repo.config.get("online_store") or {}
+    registry = repo.config.get("registry", "data/registry.db")
+    registry = registry if isinstance(registry, dict) else {"path": registry}
+    local_files = []
+    if repo.online_store_type == "sqlite":
+        local_files.append(str(online.get("path", "data/online_store.db")))
+    if registry.get("registry_type", "file") == "file":
+        local_files.append(str(registry.get("path", "")))
+    for name in local_files:
+        if name and "://" not in name:
+            path = Path(name) if Path(name).is_absolute() else repo.root / name
+            path.unlink(missing_ok=True)
+
+
+def _most_recent(keys: pd.Series, times: pd.Series, n: int) -> list[str]:
+    """The `n` keys with the latest events (their short windows still hold something at the end)."""
+    latest = times.groupby(keys).max().sort_values(ascending=False, kind="stable")
+    return sorted(latest.index[:n].tolist())
+
+
+def _labelled_sample(transactions: pd.DataFrame, key: str, n: int) -> pd.DataFrame:
+    """About `n` transactions of different users, half of them fraud when there is any, as Feast entity rows."""
+    shuffled = transactions.sample(frac=1.0, random_state=SEED).drop_duplicates(subset=[key, LABEL])
+    fraud = shuffled[shuffled[LABEL] == 1]
+    n_fraud = min(len(fraud), n // 2)
+    picked = pd.concat([fraud.head(n_fraud), shuffled[shuffled[LABEL] == 0].head(n - n_fraud)])
+    entity_df = picked[[key, "event_ts", LABEL]].rename(columns={"event_ts": "event_timestamp"})
+    return entity_df.sort_values("event_timestamp", kind="stable").reset_index(drop=True)
+
+
+def _step(number: int, text: str) -> None:
+    print(f"\n[{number}/5] {text}", flush=True)
+
+
+def _table(frame: pd.DataFrame) -> None:
+    frame = frame.copy()
+    for column in frame.columns:
+        if pd.api.types.is_datetime64_any_dtype(frame[column]):
+            frame[column] = frame[column].dt.tz_convert("UTC").dt.strftime("%Y-%m-%d %H:%M:%S")
+    with pd.option_context(
+        "display.width", 250, "display.max_columns", None, "display.max_colwidth", 60, "display.precision", 2
+    ):
+        print("\n".join("   " + line for line in frame.to_string(index=False).splitlines()), flush=True)
+
+
+def _iso(t: datetime) -> str:
+    return t.strftime("%Y-%m-%d" if t == t.replace(hour=0, minute=0, second=0, microsecond=0) else "%Y-%m-%dT%H:%M")
+
+
+def _shown(path: Path | str) -> str:
+    """A path as the user would type it: relative to the working directory when inside it."""
+    path = Path(path)
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve())) or "."
+    except ValueError:
+        return str(path)
