@@ -412,7 +412,9 @@ def check_percentiles(
     picks = rng.choice(len(looked_up), min(max_checks, len(looked_up)), replace=False)
     # A window's values depend on its key's events only: hand the reference just those (much faster).
     keys = list(group.join_keys)
-    by_key = {tuple(_native(v) for v in (k if isinstance(k, tuple) else (k,))): part for k, part in events.groupby(keys)}
+    by_key = {
+        tuple(_native(v) for v in (k if isinstance(k, tuple) else (k,))): part for k, part in events.groupby(keys)
+    }
     checked, problems = 0, []
     for feat in group.features:
         agg_ = feat.aggregation
@@ -462,6 +464,7 @@ def test_every_aggregation_matches_reference(computed, range_name: str) -> None:
         nulls = looked_up[(looked_up["user_id"] == "u_null") & (looked_up["n"] > 0)]
         assert len(nulls) > 10 and nulls["amount_avg"].isna().all()  # rows in the window, all values null
         assert (looked_up["n"] == 0).sum() > 20
+        assert (~looked_up["_found"]).sum() > 5  # lookups before a key's first change point
 
 
 @pytest.mark.parametrize("range_name", ["full", "odd"])
@@ -690,3 +693,29 @@ def test_randomized_small_cases(spark, events: pd.DataFrame, start_offset: int) 
             problem = compare_value(feat, found[i], got.loc[i, feat.name], want.loc[i, feat.name])
             assert problem is None, f"{feat.name} {want.loc[i, 'user_id']} t={want.loc[i, 't']}: {problem}"
     assert not rows.duplicated(["user_id", WINDOW_END]).any()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Numerical accuracy
+
+
+def test_stddev_is_numerically_stable(spark) -> None:
+    """stddev of values with a large mean and a small spread (balances, epoch seconds) is the sample stddev.
+
+    Spark's own stddev_samp gets these right to ~1e-9; a (count, sum, sum of squares) partial cancels
+    catastrophically in `ss - s*s/n` and returns 0.1013 for the first key and 0.0 for the second.
+    """
+    group = FeatureGroup("sd", USER, SOURCE, [Feature("sd", agg.stddev("amount"), window=Tumble("1h"))])
+    events = pd.DataFrame(
+        {
+            "user_id": ["balance"] * 3 + ["epoch_s"] * 3,
+            "amount": [1e6 + 0.1, 1e6 + 0.2, 1e6 + 0.3, 1.7e9 + 1, 1.7e9 + 2, 1.7e9 + 3],
+            "event_ts": pd.DatetimeIndex([BASE + k * M for k in range(6)]).as_unit("us"),
+        }
+    )
+    rows = collect_change_points(group, spark.createDataFrame(events), BASE, BASE + 2 * H)
+    at = rows[rows[WINDOW_END] == BASE + H].set_index("user_id")["sd"]
+    want = reference_frame(events, group, [(("balance",), BASE + H), (("epoch_s",), BASE + H)])["sd"].tolist()
+    assert want == pytest.approx([0.1, 1.0], rel=1e-9)
+    assert at["balance"] == pytest.approx(want[0], rel=1e-6)
+    assert at["epoch_s"] == pytest.approx(want[1], rel=1e-6)

@@ -26,7 +26,7 @@ from features.demo.datagen import generate_transactions, write_events
 from features.errors import ConfigError
 from features.feast_objects import schema_of_arrow
 from features.repo import Repo
-from features.spec import FeatureGroup
+from features.spec import DType, FeatureGroup
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
 SEED = 20260101
@@ -49,10 +49,11 @@ def run_demo(repo: str, *, events: int, users: int, days: float) -> None:
 
     _step(1, f"Generating {events:,} card transactions of {users:,} users from {START:%Y-%m-%d} for {days:g} days")
     transactions = generate_transactions(events, users, START, days, seed=SEED)
+    schema = schema_of_arrow(pa.Schema.from_pandas(transactions, preserve_index=False))
     for group_ in loaded.groups.values():
-        group_.check_schema(schema_of_arrow(pa.Schema.from_pandas(transactions, preserve_index=False)))
-    for folder in _write_sources(loaded, transactions):
-        print(f"   wrote {FILES_PER_SOURCE} files to {_shown(folder)}")
+        group_.check_schema(schema)
+    for folder, files in _write_sources(loaded, transactions).items():
+        print(f"   wrote {files} files to {_shown(folder)}")
     _clear_outputs(loaded)
 
     _step(2, f"Registering the feature groups with Feast: features apply --repo {_shown(loaded.root)}")
@@ -70,16 +71,19 @@ def run_demo(repo: str, *, events: int, users: int, days: float) -> None:
     _step(4, f"Online values (FeatureStore.get_online_features) as of {end:%Y-%m-%d %H:%M} UTC")
     recent = _most_recent(transactions[key], transactions["event_ts"], SHOW_USERS)
     online = store.get_online_features(features=refs, entity_rows=[{key: k} for k in recent]).to_df()
-    _table(online[[key, *[f.name for f in group.features]]])
+    _table(_with_types(online[[key, *[f.name for f in group.features]]], group, schema))
 
     _step(5, "A point-in-time training set (FeatureStore.get_historical_features)")
     print("   each row: a labelled transaction and its user's features at that time, from earlier events only")
-    entity_df = _labelled_sample(transactions, key, SHOW_TRANSACTIONS)
+    # From the later part of the data, when most users have some history (before a user's first event,
+    # Feast has no row for them yet and returns nulls).
+    later = transactions[transactions["event_ts"] >= START + timedelta(days=min(1.0, days / 2))]
+    entity_df = _labelled_sample(later if len(later) >= SHOW_TRANSACTIONS else transactions, key, SHOW_TRANSACTIONS)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # from Feast's DuckDB backend, not actionable here
         training = store.get_historical_features(entity_df=entity_df, features=refs).to_df()
     training = training.sort_values("event_timestamp", kind="stable").reset_index(drop=True)
-    _table(training[[key, "event_timestamp", LABEL, *[f.name for f in group.features]]])
+    _table(_with_types(training[[key, "event_timestamp", LABEL, *[f.name for f in group.features]]], group, schema))
 
     root = _shown(loaded.root)
     print(
@@ -107,17 +111,19 @@ def _online_group(repo: Repo) -> FeatureGroup:
     return group
 
 
-def _write_sources(repo: Repo, transactions: pd.DataFrame) -> list[Path]:
-    """Replace the files of every source folder the groups read (each folder once)."""
+def _write_sources(repo: Repo, transactions: pd.DataFrame) -> dict[Path, int]:
+    """Replace the files of every source folder the groups read (each folder once); returns files per folder."""
     folders: dict[str, str] = {}
     for group in repo.groups.values():
         if group.source.format == "kafka":
             continue  # a stream: nothing to land for a backfill
         folders.setdefault(repo.source_path(group), group.source.format)
+    written = {}
     for folder, fmt in folders.items():
         shutil.rmtree(folder, ignore_errors=True)
-        write_events(transactions, folder, format=fmt, n_files=FILES_PER_SOURCE)
-    return [Path(f) for f in folders]
+        n_files = min(FILES_PER_SOURCE, len(transactions))  # never an empty file
+        written[Path(folder)] = len(write_events(transactions, folder, format=fmt, n_files=n_files))
+    return written
 
 
 def _clear_outputs(repo: Repo) -> None:
@@ -156,6 +162,15 @@ def _labelled_sample(transactions: pd.DataFrame, key: str, n: int) -> pd.DataFra
     picked = pd.concat([fraud.head(n_fraud), shuffled[shuffled[LABEL] == 0].head(n - n_fraud)])
     entity_df = picked[[key, "event_ts", LABEL]].rename(columns={"event_ts": "event_timestamp"})
     return entity_df.sort_values("event_timestamp", kind="stable").reset_index(drop=True)
+
+
+def _with_types(frame: pd.DataFrame, group: FeatureGroup, schema: dict[str, DType]) -> pd.DataFrame:
+    """Integer features as integers (pandas turns them into floats when a value is null)."""
+    frame = frame.copy()
+    for name, dtype in group.output_types(schema).items():
+        if dtype is DType.INT64 and name in frame and pd.api.types.is_float_dtype(frame[name]):
+            frame[name] = frame[name].astype("Int64")
+    return frame
 
 
 def _step(number: int, text: str) -> None:

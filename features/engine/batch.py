@@ -105,9 +105,9 @@ def phase1(group: FeatureGroup, events: DataFrame, compiled: list[Compiled]) -> 
     """One row per (key, pane): every feature's partial and, per distinct `where`, its row count."""
     keys = list(group.join_keys)
     ts = F.unix_micros(F.col(group.source.timestamp).cast("timestamp"))
-    where_cols = [F.lit(True) if w is None else F.coalesce(F.expr(w), F.lit(False)) for w in conditions(group)]
+    where_cols = [None if w is None else F.coalesce(F.expr(w), F.lit(False)) for w in conditions(group)]
     aggs = [F.count(F.lit(1)).alias(ROWS)]
-    aggs += [F.count_if(c).alias(f"_n{i}") for i, c in enumerate(where_cols)]
+    aggs += [F.count(F.lit(1) if c is None else F.when(c, 1)).alias(f"_n{i}") for i, c in enumerate(where_cols)]
     for c in compiled:
         column = c.feature.aggregation.column
         value = None if column is None else F.col(column)
@@ -132,18 +132,19 @@ def _has_rows(used: list[Compiled]) -> Column:
 
 
 def _moves(shape: WindowShape, used: list[Compiled], lo: int) -> list[Column]:
-    """(at, sign) of the window ends where a pane enters (+1) and leaves (-1) this shape's windows, and a
-    zero move at `lo` for panes before it, so that a range's first row carries the value it starts with."""
+    """(at, sign) of the window ends where a pane enters (+1) and leaves (-1) this shape's windows.
+
+    Moves before `lo` are moved to `lo`: the value at `lo` still sums all of them, and a range's first row
+    (at `lo`) then carries the value the range starts with, without a row for every earlier end."""
     coarse = _floor(F.col(PANE), shape.every_us)
     has_rows = _has_rows(used)
 
     def move(at: Column, sign: int) -> Column:
-        return F.struct(at.alias("at"), F.lit(sign).alias("sign"))
+        return F.when(has_rows, F.struct(F.greatest(at, F.lit(lo)).alias("at"), F.lit(sign).alias("sign")))
 
-    moves = [F.when(has_rows, move(coarse + shape.every_us, 1))]
+    moves = [move(coarse + shape.every_us, 1)]
     if shape.size_us is not None:
-        moves.append(F.when(has_rows, move(coarse + shape.size_us + shape.every_us, -1)))
-    moves.append(F.when(F.col(PANE) < lo, move(F.lit(lo), 0)))
+        moves.append(move(coarse + shape.size_us + shape.every_us, -1))
     return moves
 
 
@@ -189,6 +190,12 @@ def _block_frame(
     if shape.size_us is not None:
         partition.append(_floor(F.col(T), shape.size_us))
     w = Window.partitionBy(*partition)
+    prepared = [c for c in used if c.partial.prepare is not None]
+    if prepared:
+        rows = rows.select(
+            *[c for c in rows.columns if c not in {p.p for p in prepared}],
+            *[p.partial.prepare(F.col(p.p), w).alias(p.p) for p in prepared],  # type: ignore[misc]
+        )
     if kind == _PREFIX:
         w = w.orderBy(F.col(T)).rangeBetween(Window.unboundedPreceding, -1)
     else:  # a suffix is a running aggregate in descending time, which Spark evaluates incrementally
@@ -251,5 +258,5 @@ def change_points(group: FeatureGroup, events: DataFrame, start_us: int, end_us:
     if lower is not None:
         in_range = in_range & (ts >= F.timestamp_micros(F.lit(lower)))
     compiled = compile_group(group, events)
-    panes = phase1(group, events.where(in_range), compiled).repartition(*keys).cache()
+    panes = phase1(group, events.where(in_range), compiled).repartition(*keys)
     return ChangePoints(phase2(panes, group, compiled, start_us, end_us), panes)

@@ -24,11 +24,14 @@ from features.spec.aggregations import DEFAULT_HLL_LG_K, DEFAULT_KLL_K
 class Partial:
     """The Spark expressions of one feature's aggregation."""
 
-    phase1: Callable[[Column, Column | None, Column], Column]  # (where, value, ts_us) -> aggregate
+    # (where, value, ts_us) -> aggregate; `where` is None when every row counts
+    phase1: Callable[[Column | None, Column | None, Column], Column]
     merge_over: Callable[[Column, WindowSpec], Column]
     merge2: Callable[[Column, Column], Column]
     finalize: Callable[[Column], Column]
     integral: bool = False  # an exact integer sum, which can be subtracted again
+    # Computed over the whole window partition before merge_over (window functions cannot nest).
+    prepare: Callable[[Column, WindowSpec], Column] | None = None
 
 
 def _null_add(a: Column, b: Column) -> Column:
@@ -40,53 +43,72 @@ def _either(a: Column, b: Column, both: Column) -> Column:
     return F.when(a.isNull(), b).when(b.isNull(), a).otherwise(both)
 
 
-def _kept(where: Column, value: Column) -> Column:
-    """The value on rows that pass `where` and are not null; null elsewhere (so aggregates skip it)."""
-    return F.when(where & value.isNotNull(), value)
+def _kept(where: Column | None, value: Column) -> Column:
+    """The value on rows that pass `where`, null elsewhere (aggregates skip nulls)."""
+    return value if where is None else F.when(where, value)
 
 
-def _sum_fields(names: tuple[str, ...]) -> Partial:
-    """Partials that are structs of sums: avg (n, s) and stddev (n, s, ss)."""
-
-    def phase1(where: Column, value: Column | None, ts: Column) -> Column:
-        x = _kept(where, value.cast("double"))  # type: ignore[union-attr]
-        parts = {"n": F.count(x), "s": F.sum(x), "ss": F.sum(x * x)}
-        return F.struct(*[parts[n].alias(n) for n in names])
-
-    def merge_over(p: Column, w: WindowSpec) -> Column:
-        return F.struct(*[F.sum(p[n]).over(w).alias(n) for n in names])
-
-    def merge2(a: Column, b: Column) -> Column:
-        return F.struct(*[_null_add(a[n], b[n]).alias(n) for n in names])
-
-    return Partial(phase1, merge_over, merge2, lambda p: p)
+def _kept_item(where: Column | None, value: Column, ts: Column) -> Column:
+    """(ts, value) on rows that pass `where` and hold a value; null elsewhere."""
+    keep = value.isNotNull() if where is None else where & value.isNotNull()
+    return F.when(keep, F.struct(ts.alias("ts"), value.alias("v")))
 
 
 def _avg() -> Partial:
-    base = _sum_fields(("n", "s"))
+    def phase1(where: Column | None, value: Column | None, ts: Column) -> Column:
+        x = _kept(where, value.cast("double"))  # type: ignore[union-attr]
+        return F.struct(F.count(x).alias("n"), F.sum(x).alias("s"))
+
     return Partial(
-        base.phase1,
-        base.merge_over,
-        base.merge2,
-        lambda p: F.when(F.coalesce(p["n"], F.lit(0)) > 0, p["s"] / p["n"]),
+        phase1=phase1,
+        merge_over=lambda p, w: F.struct(F.sum(p["n"]).over(w).alias("n"), F.sum(p["s"]).over(w).alias("s")),
+        merge2=lambda a, b: F.struct(_null_add(a["n"], b["n"]).alias("n"), _null_add(a["s"], b["s"]).alias("s")),
+        finalize=lambda p: F.when(F.coalesce(p["n"], F.lit(0)) > 0, p["s"] / p["n"]),
     )
 
 
+def _moments(n: Column, mean: Column, m2: Column) -> Column:
+    return F.struct(n.alias("n"), mean.alias("mean"), m2.alias("m2"))
+
+
 def _stddev() -> Partial:
-    base = _sum_fields(("n", "s", "ss"))
+    """Partials (n, mean, M2) as in Welford/Chan: a sum of squares would cancel catastrophically for values
+    with a large mean and a small spread (balances, epoch seconds)."""
+
+    def phase1(where: Column | None, value: Column | None, ts: Column) -> Column:
+        x = _kept(where, value.cast("double"))  # type: ignore[union-attr]
+        return _moments(F.count(x), F.avg(x), F.var_pop(x) * F.count(x))
+
+    def prepare(p: Column, whole: WindowSpec) -> Column:
+        # A shift constant per window partition (any pane mean will do) keeps the frame sums below small.
+        return F.struct(
+            p["n"].alias("n"), p["mean"].alias("mean"), p["m2"].alias("m2"), F.min(p["mean"]).over(whole).alias("c")
+        )
+
+    def merge_over(p: Column, w: WindowSpec) -> Column:
+        d = p["mean"] - p["c"]
+        n = F.sum(p["n"]).over(w)
+        a = F.sum(p["n"] * d).over(w)
+        b = F.sum(p["m2"] + p["n"] * d * d).over(w)
+        return _moments(n, F.first(p["c"]).over(w) + a / n, b - a * a / n)
+
+    def merge2(a: Column, b: Column) -> Column:
+        n = a["n"] + b["n"]
+        delta = b["mean"] - a["mean"]
+        both = _moments(n, a["mean"] + delta * b["n"] / n, a["m2"] + b["m2"] + delta * delta * a["n"] * b["n"] / n)
+        empty_a, empty_b = F.coalesce(a["n"], F.lit(0)) == 0, F.coalesce(b["n"], F.lit(0)) == 0
+        return F.when(empty_a, b).when(empty_b, a).otherwise(both)
 
     def finalize(p: Column) -> Column:
-        n, s, ss = p["n"], p["s"], p["ss"]
-        # max(0, .) because rounding can make a zero variance slightly negative.
-        var = F.greatest(F.lit(0.0), (ss - s * s / n) / (n - 1))
-        return F.when(F.coalesce(n, F.lit(0)) > 1, F.sqrt(var))
+        # max(0, .) because rounding can make a zero M2 slightly negative.
+        return F.when(F.coalesce(p["n"], F.lit(0)) > 1, F.sqrt(F.greatest(F.lit(0.0), p["m2"] / (p["n"] - 1))))
 
-    return Partial(base.phase1, base.merge_over, base.merge2, finalize)
+    return Partial(phase1, merge_over, merge2, finalize, prepare=prepare)
 
 
 def _count() -> Partial:
     return Partial(
-        phase1=lambda where, value, ts: F.count_if(where),
+        phase1=lambda where, value, ts: F.count(F.lit(1)) if where is None else F.count_if(where),
         merge_over=lambda p, w: F.sum(p).over(w),
         merge2=_null_add,
         finalize=lambda p: F.coalesce(p, F.lit(0)).cast("long"),
@@ -119,8 +141,8 @@ def _by_time(earliest: bool) -> Partial:
     """first/last: the extreme (ts, value) struct; comparing structs breaks timestamp ties by value."""
     extreme = _extreme(smallest=earliest)
 
-    def phase1(where: Column, value: Column | None, ts: Column) -> Column:
-        item = F.when(where & value.isNotNull(), F.struct(ts.alias("ts"), value.alias("v")))  # type: ignore[union-attr]
+    def phase1(where: Column | None, value: Column | None, ts: Column) -> Column:
+        item = _kept_item(where, value, ts)  # type: ignore[arg-type]
         return (F.min if earliest else F.max)(item)
 
     return Partial(phase1, extreme.merge_over, extreme.merge2, lambda p: p["v"])
@@ -131,9 +153,8 @@ def _last_k(k: int) -> Partial:
         # Structs sort by ts, then value: newest first, ties on ts -> larger value first.
         return F.slice(F.sort_array(items, asc=False), 1, k)
 
-    def phase1(where: Column, value: Column | None, ts: Column) -> Column:
-        item = F.when(where & value.isNotNull(), F.struct(ts.alias("ts"), value.alias("v")))  # type: ignore[union-attr]
-        return newest(F.collect_list(item))
+    def phase1(where: Column | None, value: Column | None, ts: Column) -> Column:
+        return newest(F.collect_list(_kept_item(where, value, ts)))  # type: ignore[arg-type]
 
     def merge_over(p: Column, w: WindowSpec) -> Column:
         return newest(F.flatten(F.collect_list(p).over(w)))
@@ -145,7 +166,7 @@ def _last_k(k: int) -> Partial:
 
 
 def _hll(dtype: DType) -> Partial:
-    def phase1(where: Column, value: Column | None, ts: Column) -> Column:
+    def phase1(where: Column | None, value: Column | None, ts: Column) -> Column:
         # HLL sketches take integers, strings and bytes; floats and booleans are hashed by their text.
         x = value if dtype in (DType.INT64, DType.STRING) else value.cast("string")  # type: ignore[union-attr]
         return F.hll_sketch_agg(_kept(where, x), DEFAULT_HLL_LG_K)
@@ -159,7 +180,7 @@ def _hll(dtype: DType) -> Partial:
 
 
 def _kll(quantile: float) -> Partial:
-    def phase1(where: Column, value: Column | None, ts: Column) -> Column:
+    def phase1(where: Column | None, value: Column | None, ts: Column) -> Column:
         return F.kll_sketch_agg_double(_kept(where, value.cast("double")), DEFAULT_KLL_K)  # type: ignore[union-attr]
 
     def finalize(p: Column) -> Column:

@@ -45,41 +45,51 @@ def check_java() -> None:
         raise EnvironmentProblem(f"Java {version} was found. {JAVA_HELP}")
 
 
-def get_spark(app_name: str = "features", shuffle_partitions: int | None = None) -> SparkSession:
-    """The active SparkSession if there is one, else a local one configured for this package.
+# Settings the package relies on for correct results, applied to every session it uses (also an active one).
+REQUIRED_CONF = {
+    "spark.sql.session.timeZone": "UTC",  # epoch-aligned windows mean the same thing everywhere
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",  # not the deprecated INT96
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+}
 
-    Sessions are always UTC so that epoch-aligned windows mean the same thing everywhere.
-    """
+
+def get_spark(app_name: str = "features", shuffle_partitions: int | None = None) -> SparkSession:
+    """The active SparkSession if there is one (Databricks, notebooks, spark-submit), else a local one."""
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
     if active is not None:
-        active.conf.set("spark.sql.session.timeZone", "UTC")
+        for key, value in REQUIRED_CONF.items():
+            active.conf.set(key, value)
         return active
+    builder = SparkSession.builder.appName(app_name)
+    for key, value in REQUIRED_CONF.items():
+        builder = builder.config(key, value)
+    if shuffle_partitions is not None:
+        builder = builder.config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:
+        # This process starts the JVM itself; under spark-submit the user's master and memory settings stand.
+        builder = _local_defaults(builder, shuffle_partitions)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def _local_defaults(builder: SparkSession.Builder, shuffle_partitions: int | None) -> SparkSession.Builder:
     check_java()
     # Local workers must run this interpreter (with this package and its dependencies), not `python3` on PATH.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     cores = os.cpu_count() or 2
     builder = (
-        SparkSession.builder.appName(app_name)
-        .master(os.environ.get("FEATURES_SPARK_MASTER", f"local[{cores}]"))
-        .config("spark.sql.session.timeZone", "UTC")
+        builder.master(os.environ.get("FEATURES_SPARK_MASTER", f"local[{cores}]"))
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions or max(4, cores * 2)))
-        .config("spark.sql.adaptive.enabled", "true")
         .config("spark.driver.memory", os.environ.get("FEATURES_DRIVER_MEMORY", "4g"))
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .config("spark.sql.sources.partitionOverwriteMode", "dynamic")
-        # Keep the hash partitioning of cached panes visible, so phase 2 does not shuffle them again.
-        .config("spark.sql.optimizer.canChangeCachedPlanOutputPartitioning", "false")
     )
-    if LOG4J2_CONFIG.is_file() and "PYSPARK_GATEWAY_PORT" not in os.environ:
-        # Only when this process starts the JVM (not under spark-submit, whose JVM already runs).
+    if LOG4J2_CONFIG.is_file():
         builder = builder.config(
             "spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={LOG4J2_CONFIG.as_uri()}"
         )
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
+    return builder
