@@ -7,6 +7,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 import pandas as pd
 from pyspark.sql import DataFrame, SparkSession, Window
@@ -14,11 +15,14 @@ from pyspark.sql import functions as F
 
 from features.engine.batch import change_points
 from features.engine.session import get_spark
-from features.engine.source import read_events, schema_of
+from features.engine.source import read_events
 from features.errors import ConfigError
 from features.offline import replace_range
 from features.progress import spark_progress
 from features.repo import Repo
+
+if TYPE_CHECKING:
+    from features.online import OnlineWriter
 from features.spec import WINDOW_END, FeatureGroup
 
 
@@ -73,8 +77,21 @@ def backfill(
     if start_t >= end_t:
         raise ConfigError(f"--start {start_t.isoformat()} is not before --end {end_t.isoformat()}; swap them")
     selected = repo.select(groups)
+    if online:  # fail before Spark starts when a store cannot take writes (e.g. the repo was never applied)
+        for group in selected:
+            ready_writer(repo, group)
     spark = spark or get_spark()
     return [backfill_group(spark, repo, g, start_t, end_t, online=online, progress=progress) for g in selected]
+
+
+def ready_writer(repo: Repo, group: FeatureGroup) -> OnlineWriter:
+    """The group's online writer, checked to be able to write (types from the declared or stored schema)."""
+    from features.feast_objects import source_schema
+    from features.online import online_writer
+
+    writer = online_writer(repo, group, group.output_types(source_schema(group, repo.root)))
+    writer.check_ready()
+    return writer
 
 
 def backfill_group(
@@ -89,16 +106,16 @@ def backfill_group(
 ) -> BackfillResult:
     began = time.perf_counter()
     events = read_events(spark, group, repo.source_path(group))
+    writer = ready_writer(repo, group) if online else None
     with spark_progress(spark, f"backfill {group.name}", progress):
         computed = change_points(group, events, micros(start), micros(end))
         points = computed.rows.persist()
         try:
-            rows_in = computed.events_read()
             rows_out = replace_range(spark, points, repo.offline_path(group), start, end)
-            online_rows = write_latest(repo, group, points, schema_of(events.schema)) if online else 0
+            online_rows = 0 if writer is None else write_latest(writer, group, points)
         finally:
             points.unpersist()
-            computed.panes.unpersist()
+    rows_in = computed.events_read()
     return BackfillResult(group.name, start, end, rows_in, rows_out, online_rows, time.perf_counter() - began)
 
 
@@ -109,14 +126,11 @@ def latest_rows(group: FeatureGroup, points: DataFrame) -> DataFrame:
     return points.withColumn("_rank", F.row_number().over(newest)).where(F.col("_rank") == 1).drop("_rank")
 
 
-def write_latest(repo: Repo, group: FeatureGroup, points: DataFrame, schema: dict) -> int:
+def write_latest(writer: OnlineWriter, group: FeatureGroup, points: DataFrame) -> int:
     """Write each key's newest value to the online store from the executors; returns rows written."""
-    from features.online import online_writer
-
-    writer = online_writer(repo, group, group.output_types(schema))
     rows = latest_rows(group, points)
-    if not getattr(writer, "parallel", False):
-        rows = rows.coalesce(1)  # SQLite takes one writer at a time
+    if not writer.parallel:
+        rows = rows.coalesce(1)  # a serial store (SQLite) takes one writer at a time
 
     def write(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         total = 0

@@ -42,11 +42,13 @@ def read_table(spark: SparkSession, table: str) -> DataFrame | None:
 
 
 def replace_range(spark: SparkSession, rows: DataFrame, table: str, start: datetime, end: datetime) -> int:
-    """Make `rows` (window ends in [start, end)) the table's content for that range. Returns rows written."""
+    """Make `rows` (window ends in [start, end)) the table's content for that range; returns how many rows
+    the range now holds. `rows` should be persisted: it is read twice."""
     days = dates_between(start, end)
     start_ts, end_ts = F.lit(start).cast("timestamp"), F.lit(end).cast("timestamp")
     new = rows.where((F.col(WINDOW_END) >= start_ts) & (F.col(WINDOW_END) < end_ts))
     new = new.withColumn(DATE, F.date_format(F.col(WINDOW_END), "yyyy-MM-dd"))
+    in_range = new.count()
     existing = read_table(spark, table)
     if existing is not None:
         keep = existing.where(
@@ -57,14 +59,11 @@ def replace_range(spark: SparkSession, rows: DataFrame, table: str, start: datet
     staging = Path(table) / f"_staging-{uuid.uuid4().hex}"
     # One task per date, so that every partition is exactly one file that can be swapped atomically.
     new.repartition(DATE).write.partitionBy(DATE).parquet(str(staging))
-    written = _swap_in(staging, table, days)
-    return written
+    _swap_in(staging, table, days)
+    return in_range
 
 
-def _swap_in(staging: Path, table: str, days: list[date]) -> int:
-    import pyarrow.parquet as pq
-
-    written = 0
+def _swap_in(staging: Path, table: str, days: list[date]) -> None:
     try:
         for day in days:
             produced = sorted((staging / f"{DATE}={day.isoformat()}").glob("*.parquet"))
@@ -72,7 +71,6 @@ def _swap_in(staging: Path, table: str, days: list[date]) -> int:
             if not produced:
                 _drop_partition(target)
                 continue
-            written += pq.ParquetFile(produced[0]).metadata.num_rows
             target.mkdir(parents=True, exist_ok=True)
             # A dot-name is invisible to readers' "*.parquet" globs until the rename makes it the partition.
             tmp = target / f".{PART_FILE}.{uuid.uuid4().hex}.tmp"
@@ -83,7 +81,6 @@ def _swap_in(staging: Path, table: str, days: list[date]) -> int:
                     other.unlink()
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return written
 
 
 def _drop_partition(target: Path) -> None:

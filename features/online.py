@@ -71,6 +71,10 @@ class OnlineWriter(ABC):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @abstractmethod
+    def check_ready(self) -> None:
+        """Raise a ConfigError now if the store cannot take writes (so jobs fail before any Spark work)."""
+
     def check_columns(self, rows: pd.DataFrame) -> None:
         missing = [c for c in [*self.join_keys, WINDOW_END, *self.features] if c not in rows.columns]
         if missing:
@@ -114,6 +118,10 @@ class SqliteOnlineWriter(OnlineWriter):
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+    def check_ready(self) -> None:
+        self._connection()
+        self.close()
 
     def write(self, rows: pd.DataFrame) -> int:
         self.check_columns(rows)

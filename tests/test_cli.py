@@ -182,14 +182,6 @@ def test_demo_sizes(repo: Path, tmp_path: Path, option: str, value: str):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "features/backfill.py: the online store is first opened inside a Spark task (write_latest -> mapInPandas "
-        "-> SqliteOnlineWriter._connection), so the ConfigError 'run features apply' reaches the driver wrapped "
-        "in a PythonException with a traceback, after the offline table was already written"
-    ),
-)
 def test_backfill_before_apply(repo: Path, tmp_path: Path):
     events = generate_transactions(2_000, 50, "2026-01-01", 1, seed=3)
     write_events(events, repo / "data" / "transactions", n_files=2)

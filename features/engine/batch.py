@@ -27,7 +27,6 @@ PANE = "_pane"  # pane start, integer microseconds since the epoch
 T = "_t"  # position of a phase-2 row on the time axis: a pane start or a probe time
 E = "_e"  # the window end a probe row computes
 KIND = "_kind"
-ROWS = "_rows"  # events per pane
 _PANE_ROW, _PREFIX, _SUFFIX = 0, 1, 2
 
 
@@ -106,8 +105,7 @@ def phase1(group: FeatureGroup, events: DataFrame, compiled: list[Compiled]) -> 
     keys = list(group.join_keys)
     ts = F.unix_micros(F.col(group.source.timestamp).cast("timestamp"))
     where_cols = [None if w is None else F.coalesce(F.expr(w), F.lit(False)) for w in conditions(group)]
-    aggs = [F.count(F.lit(1)).alias(ROWS)]
-    aggs += [F.count(F.lit(1) if c is None else F.when(c, 1)).alias(f"_n{i}") for i, c in enumerate(where_cols)]
+    aggs = [F.count(F.lit(1) if c is None else F.when(c, 1)).alias(f"_n{i}") for i, c in enumerate(where_cols)]
     for c in compiled:
         column = c.feature.aggregation.column
         value = None if column is None else F.col(column)
@@ -242,15 +240,17 @@ def phase2(panes: DataFrame, group: FeatureGroup, compiled: list[Compiled], lo: 
 @dataclass(frozen=True)
 class ChangePoints:
     rows: DataFrame  # keys, window_end, one column per feature
-    panes: DataFrame  # phase 1 output, cached
+    panes: DataFrame  # phase 1 output
+    events: DataFrame  # the events read
 
     def events_read(self) -> int:
-        return int(self.panes.agg(F.sum(ROWS)).first()[0] or 0)
+        """How many events the computation read (a separate job that only scans timestamps)."""
+        return self.events.count()
 
 
 def change_points(group: FeatureGroup, events: DataFrame, start_us: int, end_us: int) -> ChangePoints:
     """The change-point series with window ends in [start, end] (end included, so the last row of each
-    key is its value as of `end`), from events before `end`. Panes are cached: phase 2 reads them often."""
+    key is its value as of `end`), from events before `end`."""
     keys = list(group.join_keys)
     lower = read_lower_bound(group, start_us)
     ts = F.col(group.source.timestamp)
@@ -258,5 +258,6 @@ def change_points(group: FeatureGroup, events: DataFrame, start_us: int, end_us:
     if lower is not None:
         in_range = in_range & (ts >= F.timestamp_micros(F.lit(lower)))
     compiled = compile_group(group, events)
-    panes = phase1(group, events.where(in_range), compiled).repartition(*keys)
-    return ChangePoints(phase2(panes, group, compiled, start_us, end_us), panes)
+    events = events.where(in_range)
+    panes = phase1(group, events, compiled).repartition(*keys)
+    return ChangePoints(phase2(panes, group, compiled, start_us, end_us), panes, events)
