@@ -4,7 +4,7 @@ Definitions (this module's names) import no Spark, Feast, MLflow or Great Expect
 stores are imported only where they are used.
 """
 
-from features.errors import ConfigError, DataError, DefinitionError, FeaturesError, SchemaError
+from features.errors import ConfigError, DataError, DefinitionError, FeaturesError, SchemaError, ValidationFailed
 from features.spec import Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, Tumble, agg
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "Lifetime",
     "SchemaError",
     "Tumble",
+    "ValidationFailed",
     "agg",
     "to_feast",
 ]

@@ -4,18 +4,18 @@ the online store up to each key's value as of `end`."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 import pandas as pd
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from features.engine.batch import change_points
+from features.engine.batch import change_points, read_lower_bound
 from features.engine.session import get_spark
-from features.engine.source import read_events
+from features.engine.source import quarantine_records, read_source
 from features.errors import ConfigError
 from features.offline import replace_range
 from features.progress import spark_progress
@@ -23,6 +23,7 @@ from features.repo import Repo
 
 if TYPE_CHECKING:
     from features.online import OnlineWriter
+    from features.quality import ValidationReport
 from features.spec import WINDOW_END, FeatureGroup
 
 
@@ -35,13 +36,36 @@ class BackfillResult:
     rows_out: int
     online_rows: int
     seconds: float
+    # Bad source records set aside (per reason) and where; the validation of the change points; and, when they
+    # failed it under the "quarantine" policy, where the batch went instead of the stores.
+    quarantined: Mapping[str, int] = field(default_factory=dict)
+    quarantine_path: str | None = None
+    validation: ValidationReport | None = None
+    batch_quarantined: str | None = None
+
+    @property
+    def records_quarantined(self) -> int:
+        return sum(self.quarantined.values())
 
     def summary(self) -> str:
-        return (
-            f"{self.group}: {self.rows_in:,} events in, {self.rows_out:,} change points out "
-            f"for [{self.start.isoformat()}, {self.end.isoformat()}), "
-            f"{self.online_rows:,} keys online, {self.seconds:.1f}s"
-        )
+        span = f"[{self.start.isoformat()}, {self.end.isoformat()})"
+        if self.batch_quarantined is not None:
+            failed = ", ".join(repr(n) for n in self.validation.failed_names()) if self.validation else ""
+            text = (
+                f"{self.group}: {self.rows_in:,} events in; the change points for {span} failed validation "
+                f"({failed}) and were quarantined in {self.batch_quarantined}, nothing written, {self.seconds:.1f}s"
+            )
+        else:
+            text = (
+                f"{self.group}: {self.rows_in:,} events in, {self.rows_out:,} change points out for {span}, "
+                f"{self.online_rows:,} keys online, {self.seconds:.1f}s"
+            )
+        if self.quarantined:
+            reasons = ", ".join(f"{n:,} {reason}" for reason, n in self.quarantined.items())
+            text += (
+                f"; {self.records_quarantined:,} bad source records quarantined ({reasons}) in {self.quarantine_path}"
+            )
+        return text
 
 
 def parse_time(value: str | datetime, field: str) -> datetime:
@@ -71,8 +95,13 @@ def backfill(
     spark: SparkSession | None = None,
     online: bool = True,
     progress: bool | None = None,
+    on_invalid: str | None = None,
+    now: datetime | None = None,
 ) -> list[BackfillResult]:
-    """Backfill the named groups (all by default) over [start, end)."""
+    """Backfill the named groups (all by default) over [start, end).
+
+    `on_invalid` overrides each group's policy for change points that fail validation ("fail", the default,
+    or "quarantine"); `now` is the current time for the source's `max_future` check (default: the clock)."""
     start_t, end_t = parse_time(start, "--start"), parse_time(end, "--end")
     if start_t >= end_t:
         raise ConfigError(f"--start {start_t.isoformat()} is not before --end {end_t.isoformat()}; swap them")
@@ -81,7 +110,10 @@ def backfill(
         for group in selected:
             ready_writer(repo, group)
     spark = spark or get_spark()
-    return [backfill_group(spark, repo, g, start_t, end_t, online=online, progress=progress) for g in selected]
+    return [
+        backfill_group(spark, repo, g, start_t, end_t, online=online, progress=progress, on_invalid=on_invalid, now=now)
+        for g in selected
+    ]
 
 
 def ready_writer(repo: Repo, group: FeatureGroup) -> OnlineWriter:
@@ -103,27 +135,69 @@ def backfill_group(
     *,
     online: bool = True,
     progress: bool | None = None,
+    on_invalid: str | None = None,
+    now: datetime | None = None,
+    validate: bool = True,
 ) -> BackfillResult:
+    """Backfill one group. Bad source records go to the group's quarantine folder; the change points are
+    validated (features.quality) before either store is written, and a failure does what the policy says:
+    raise ValidationFailed ("fail", writing nothing) or set the batch aside ("quarantine", writing nothing of
+    it). `validate=False` skips the validation (benchmarks measure its cost that way)."""
+    from features import quality
+
     began = time.perf_counter()
-    events = read_events(spark, group, repo.source_path(group))
+    chosen = quality.policy(group, quality.BACKFILL_DEFAULT, on_invalid)
+    source = read_source(spark, group, repo.source_path(group), now=now)
     writer = ready_writer(repo, group) if online else None
+    records = quality.quarantine_root(repo.root, group.name) / "records" / quality.new_run_id()
+    quarantined = quarantine_records(source.rejected_for(read_lower_bound(group, micros(start)), micros(end)), records)
+    report: ValidationReport | None = None
+    batch_quarantined: str | None = None
+    online_rows = 0
+
+    def check_then_write_online(staged: DataFrame) -> bool:
+        """Validate every row about to reach a store; on success write the online store (the offline swap
+        follows), on failure act as the policy says and write nothing."""
+        nonlocal report, batch_quarantined, online_rows
+        if validate:
+            report = quality.validate_batch(group, staged, range_start=start)
+            if not report.success:
+                what = f"change points for [{start.isoformat()}, {end.isoformat()}]"
+                batch_quarantined = quality.handle_invalid(report, staged, group, repo.root, chosen, what)
+                return False
+        if writer is not None:
+            online_rows = write_latest(writer, group, staged)
+        return True
+
     with spark_progress(spark, f"backfill {group.name}", progress):
-        computed = change_points(group, events, micros(start), micros(end))
-        points = computed.rows.persist()
+        computed = change_points(group, source.events, micros(start), micros(end))
+        table = repo.offline_path(group)
         try:
-            rows_out = replace_range(spark, points, repo.offline_path(group), start, end)
-            online_rows = 0 if writer is None else write_latest(writer, group, points)
+            rows_out = replace_range(spark, computed.rows, table, start, end, check_then_write_online)
         finally:
-            points.unpersist()
+            computed.release()
     rows_in = computed.events_read()
-    return BackfillResult(group.name, start, end, rows_in, rows_out, online_rows, time.perf_counter() - began)
+    return BackfillResult(
+        group.name,
+        start,
+        end,
+        rows_in,
+        rows_out,
+        online_rows,
+        time.perf_counter() - began,
+        quarantined=quarantined,
+        quarantine_path=str(records) if quarantined else None,
+        validation=report,
+        batch_quarantined=batch_quarantined,
+    )
 
 
 def latest_rows(group: FeatureGroup, points: DataFrame) -> DataFrame:
-    """Each key's newest change point: its value as of the range end."""
+    """Each key's newest change point: its value as of the range end (a hash aggregation, no sort)."""
     keys = list(group.join_keys)
-    newest = Window.partitionBy(*keys).orderBy(F.col(WINDOW_END).desc())
-    return points.withColumn("_rank", F.row_number().over(newest)).where(F.col("_rank") == 1).drop("_rank")
+    values = [c for c in points.columns if c not in keys]
+    newest = F.max_by(F.struct(*values), F.col(WINDOW_END)).alias("_newest")
+    return points.groupBy(*keys).agg(newest).select(*keys, "_newest.*")
 
 
 def write_latest(writer: OnlineWriter, group: FeatureGroup, points: DataFrame) -> int:

@@ -1,4 +1,4 @@
-"""The `features` command line: apply, backfill, demo."""
+"""The `features` command line: apply, backfill, validate, demo, serve."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from features.errors import FeaturesError
+from features.errors import ConfigError, FeaturesError
 
 DEFAULT_REPO = "feature_repo"
 
@@ -31,12 +31,32 @@ def build_parser() -> argparse.ArgumentParser:
     backfill.add_argument("--end", required=True, help="end of the range (exclusive), ISO-8601 UTC")
     backfill.add_argument("--group", action="append", default=[], help="only this group (repeatable)")
     backfill.add_argument("--no-online", action="store_true", help="write the offline table only")
+    backfill.add_argument(
+        "--on-invalid",
+        choices=["fail", "quarantine"],
+        help="what change points failing validation do, for every group: fail (stop, write nothing; the default) "
+        "or quarantine (set them aside, write nothing of them, carry on); default: each group's on_invalid",
+    )
+
+    validate = sub.add_parser("validate", help="validate groups' offline tables and write Great Expectations Data Docs")
+    _repo_arg(validate)
+    validate.add_argument("--group", action="append", default=[], help="only this group (repeatable)")
 
     demo = sub.add_parser("demo", help="generate transactions, apply, backfill, and show features")
     _repo_arg(demo)
     demo.add_argument("--events", type=int, default=200_000, help="events to generate (default 200000)")
     demo.add_argument("--users", type=int, default=2_000, help="users to generate (default 2000)")
     demo.add_argument("--days", type=float, default=3.0, help="days of history (default 3)")
+
+    serve = sub.add_parser(
+        "serve",
+        help="start Feast's HTTP feature server for the repo (POST /get-online-features), tuned for latency",
+    )
+    _repo_arg(serve)
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    serve.add_argument("--port", type=int, default=6566, help="port to listen on (default 6566)")
+    serve.add_argument("--workers", type=int, default=None, help="worker processes (default: one per CPU, at most 4)")
+    serve.add_argument("--access-log", action="store_true", help="log every request (off by default: it costs latency)")
     return parser
 
 
@@ -81,17 +101,53 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     if args.command == "backfill":
         from features.backfill import backfill
+        from features.errors import ValidationFailed
         from features.repo import Repo
 
-        for result in backfill(Repo.load(args.repo), args.start, args.end, args.group, online=not args.no_online):
+        repo = Repo.load(args.repo)
+        try:
+            results = backfill(
+                repo, args.start, args.end, args.group, online=not args.no_online, on_invalid=args.on_invalid
+            )
+        except ValidationFailed as exc:  # the data failed, not the command: status 1
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        for result in results:
             print(result.summary())
         return 0
+    if args.command == "validate":
+        return _validate(args.repo, args.group)
     if args.command == "demo":
         from features.demo.run import run_demo
 
         run_demo(args.repo, events=args.events, users=args.users, days=args.days)
         return 0
+    if args.command == "serve":
+        from features.serving import serve
+
+        if args.workers is not None and args.workers < 1:
+            raise ConfigError(f"--workers: {args.workers} is not a positive number of worker processes")
+        if not 0 < args.port < 65536:
+            raise ConfigError(f"--port: {args.port} is not a TCP port (1-65535)")
+        serve(args.repo, host=args.host, port=args.port, workers=args.workers, access_log=args.access_log)
+        return 0
     raise AssertionError(args.command)  # argparse only accepts the commands above
+
+
+def _validate(repo_path: str, groups: list[str]) -> int:
+    """`features validate`: each group's offline table against its suite; 1 if any expectation failed."""
+    from features.quality import validate_table
+    from features.repo import Repo
+
+    repo = Repo.load(repo_path)
+    failed = False
+    for report in validate_table(repo, groups):
+        print(report.summary())
+        for outcome in report.failures:
+            print(f"  FAILED {'user expectation' if outcome.user else 'expectation'} {outcome.name!r}")
+        print(f"  Data Docs: {report.docs_path}")
+        failed |= not report.success
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -35,3 +35,13 @@ class EnvironmentProblem(FeaturesError):
 
 class DataError(FeaturesError):
     """Input data cannot be processed as declared."""
+
+
+class ValidationFailed(DataError):
+    """A batch of feature rows failed its expectation suite under the `fail` policy: nothing was written.
+
+    `report` is the `features.quality.ValidationReport` (with Great Expectations' own result object)."""
+
+    def __init__(self, message: str, report: object = None) -> None:
+        self.report = report
+        super().__init__(message)

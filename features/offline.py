@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
+from collections.abc import Callable
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
@@ -41,46 +42,77 @@ def read_table(spark: SparkSession, table: str) -> DataFrame | None:
     return spark.read.option("basePath", table).parquet(str(Path(table) / f"{DATE}=*" / "*.parquet"))
 
 
-def replace_range(spark: SparkSession, rows: DataFrame, table: str, start: datetime, end: datetime) -> int:
-    """Make `rows` (window ends in [start, end)) the table's content for that range; returns how many rows
-    the range now holds. `rows` should be persisted: it is read twice."""
+ONLINE_ONLY = "online"  # staged rows at E == end: each key's value as of `end`, not part of the range
+
+
+def _owned_partially(days: list[date], start: datetime, end: datetime) -> list[str]:
+    """Dates whose partition also holds rows outside [start, end) (the range starts or ends mid-day)."""
+    out = []
+    if start != datetime.combine(days[0], datetime.min.time(), UTC):
+        out.append(days[0].isoformat())
+    if end != datetime.combine(days[-1] + timedelta(days=1), datetime.min.time(), UTC):
+        out.append(days[-1].isoformat())
+    return out
+
+
+def replace_range(
+    spark: SparkSession,
+    rows: DataFrame,
+    table: str,
+    start: datetime,
+    end: datetime,
+    on_staged: Callable[[DataFrame], bool] | None = None,
+) -> int:
+    """Make `rows` with window ends in [start, end) the table's content for that range; returns their count.
+
+    The new partitions are staged beside the table (never under it, where readers' globs would see them),
+    then swapped in. `on_staged` gets the staged rows with window ends in [start, end] (those at `end`
+    included) before the swap, so that one computation feeds validation and both stores; when it returns
+    False, the staged rows are dropped and the table is left as it was (the result is then 0)."""
     days = dates_between(start, end)
     start_ts, end_ts = F.lit(start).cast("timestamp"), F.lit(end).cast("timestamp")
-    new = rows.where((F.col(WINDOW_END) >= start_ts) & (F.col(WINDOW_END) < end_ts))
-    new = new.withColumn(DATE, F.date_format(F.col(WINDOW_END), "yyyy-MM-dd"))
-    in_range = new.count()
+    at_end = F.col(WINDOW_END) == end_ts
+    staged = rows.where((F.col(WINDOW_END) >= start_ts) & (F.col(WINDOW_END) <= end_ts)).withColumn(
+        DATE, F.when(at_end, F.lit(ONLINE_ONLY)).otherwise(F.date_format(F.col(WINDOW_END), "yyyy-MM-dd"))
+    )
     existing = read_table(spark, table)
-    if existing is not None:
+    partial = _owned_partially(days, start, end)
+    if existing is not None and partial:
         keep = existing.where(
-            F.col(DATE).cast("string").isin([d.isoformat() for d in days])
-            & ((F.col(WINDOW_END) < start_ts) | (F.col(WINDOW_END) >= end_ts))
+            F.col(DATE).cast("string").isin(partial) & ((F.col(WINDOW_END) < start_ts) | (F.col(WINDOW_END) >= end_ts))
         ).withColumn(DATE, F.col(DATE).cast("string"))
-        new = new.unionByName(keep.select(*new.columns))
-    staging = Path(table) / f"_staging-{uuid.uuid4().hex}"
-    # One task per date, so that every partition is exactly one file that can be swapped atomically.
-    new.repartition(DATE).write.partitionBy(DATE).parquet(str(staging))
-    _swap_in(staging, table, days)
-    return in_range
+        staged = staged.unionByName(keep.select(*staged.columns))
+    staging = Path(table).parent / "_staging" / f"{Path(table).name}-{uuid.uuid4().hex}"
+    try:
+        # One task per date, so that every partition is exactly one file that can be swapped atomically.
+        staged.repartition(DATE).write.partitionBy(DATE).parquet(str(staging))
+        written = spark.read.parquet(str(staging)).where(
+            (F.col(WINDOW_END) >= start_ts) & (F.col(WINDOW_END) <= end_ts)
+        )
+        if on_staged is not None and not on_staged(written.drop(DATE)):
+            return 0
+        count = written.where(F.col(DATE) != ONLINE_ONLY).count()
+        _swap_in(staging, table, days)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return count
 
 
 def _swap_in(staging: Path, table: str, days: list[date]) -> None:
-    try:
-        for day in days:
-            produced = sorted((staging / f"{DATE}={day.isoformat()}").glob("*.parquet"))
-            target = partition_dir(table, day)
-            if not produced:
-                _drop_partition(target)
-                continue
-            target.mkdir(parents=True, exist_ok=True)
-            # A dot-name is invisible to readers' "*.parquet" globs until the rename makes it the partition.
-            tmp = target / f".{PART_FILE}.{uuid.uuid4().hex}.tmp"
-            shutil.move(produced[0], tmp)
-            os.replace(tmp, target / PART_FILE)
-            for other in target.glob("*.parquet"):
-                if other.name != PART_FILE:
-                    other.unlink()
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    for day in days:
+        produced = sorted((staging / f"{DATE}={day.isoformat()}").glob("*.parquet"))
+        target = partition_dir(table, day)
+        if not produced:
+            _drop_partition(target)
+            continue
+        target.mkdir(parents=True, exist_ok=True)
+        # A dot-name is invisible to readers' "*.parquet" globs until the rename makes it the partition.
+        tmp = target / f".{PART_FILE}.{uuid.uuid4().hex}.tmp"
+        shutil.move(produced[0], tmp)
+        os.replace(tmp, target / PART_FILE)
+        for other in target.glob("*.parquet"):
+            if other.name != PART_FILE:
+                other.unlink()
 
 
 def _drop_partition(target: Path) -> None:

@@ -3,18 +3,30 @@
 Feast reads what these write (`FeatureStore.get_online_features`, `feast serve`); nothing here is a parallel
 store. Unlike Feast's own writes, every write is guarded by event time: a stored value with a newer
 `window_end` is never replaced by an older one, so replays, backfills and restarts cannot move a key back.
+A value with the same `window_end` is replaced (a replay may carry a corrected value).
 
 Writers are built from plain data (paths, names, types) and open their connection lazily, so they can be
-pickled to Spark executors and used inside `foreachPartition`.
+pickled to Spark executors and used inside `mapInPandas` / `foreachPartition`. They encode a whole pandas
+batch at once (entity keys and Feast's `ValueProto` bytes are built column by column, not through one protobuf
+object per value), then hand it to the store in bulk:
+
+- SQLite (`SqliteOnlineWriter`): one `executemany` upsert per batch in the B-tree order of the table's key,
+  in one transaction. SQLite takes one writer at a time (`parallel = False`).
+- Redis (`RedisOnlineWriter`): pipelined `EVALSHA` calls of a Lua script that, for each key, compares the
+  stored `_ts:<view>` field with the new event time and writes the view's fields only if the new one is newer
+  or equal. Each check-and-write is atomic in Redis, so any number of executors may write at once
+  (`parallel = True`).
 """
 
 from __future__ import annotations
 
 import math
 import sqlite3
+import struct
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
+from itertools import chain, repeat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import quote
@@ -32,8 +44,11 @@ if TYPE_CHECKING:
     from features.repo import Repo
 
 SQLITE_TYPES = ("sqlite", "feast.infra.online_stores.sqlite.SqliteOnlineStore")
+REDIS_TYPES = ("redis", "feast.infra.online_stores.redis.RedisOnlineStore")
 # How long a writer waits for another writer's lock (other Spark tasks, `feast materialize`) before failing.
 SQLITE_BUSY_TIMEOUT_S = 60.0
+# Page cache of a writer's connection (KiB): big batches touch many B-tree pages of the table and its indexes.
+SQLITE_CACHE_KIB = 65_536
 
 
 class OnlineWriter(ABC):
@@ -59,7 +74,7 @@ class OnlineWriter(ABC):
 
     @abstractmethod
     def write(self, rows: pd.DataFrame) -> int:
-        """Write the rows (newer-wins per key and feature); return how many input rows were processed."""
+        """Write the rows (newer-wins per key); return how many input rows were processed."""
 
     @abstractmethod
     def close(self) -> None:
@@ -84,11 +99,20 @@ class OnlineWriter(ABC):
             )
 
 
+# ---------------------------------------------------------------------------------------------------------
+# SQLite
+
+
 class SqliteOnlineWriter(OnlineWriter):
     """Writes into the table Feast's SQLite online store created for the view (`feast apply`).
 
     SQLite takes one writer at a time (others wait up to SQLITE_BUSY_TIMEOUT_S), hence `parallel = False`.
+    A batch is one transaction of multi-row upserts (ROWS_PER_STATEMENT rows each) in the order of the table's
+    primary key: SQLite then does far less work per row than for one statement per (key, feature) in random
+    order, as Feast does.
     """
+
+    ROWS_PER_STATEMENT: ClassVar[int] = 128
 
     def __init__(
         self,
@@ -107,12 +131,11 @@ class SqliteOnlineWriter(OnlineWriter):
         self.entity_key_serialization_version = entity_key_serialization_version
         self.repo_path = repo_path
         self._conn: sqlite3.Connection | None = None
-        self._sql: str = ""
-        self._has_value_num = False
+        self._columns: list[str] = []
 
     def __getstate__(self) -> dict[str, Any]:
         # A connection cannot cross processes; each executor opens its own on first write.
-        return {**self.__dict__, "_conn": None, "_sql": "", "_has_value_num": False}
+        return {**self.__dict__, "_conn": None, "_columns": []}
 
     def close(self) -> None:
         if self._conn is not None:
@@ -128,55 +151,55 @@ class SqliteOnlineWriter(OnlineWriter):
         if rows.empty:
             return 0
         conn = self._connection()
+        flat = self._flat_parameters(rows)
+        per_statement = self.ROWS_PER_STATEMENT * len(self._columns)
+        whole = len(flat) - len(flat) % per_statement
         with conn:  # one transaction per call: a failed batch leaves the store as it was
-            conn.executemany(self._sql, self._parameters(rows))
+            if whole:
+                statements = (flat[i : i + per_statement] for i in range(0, whole, per_statement))
+                conn.executemany(self._upsert_sql(self.ROWS_PER_STATEMENT), statements)
+            if whole < len(flat):
+                conn.execute(self._upsert_sql((len(flat) - whole) // len(self._columns)), flat[whole:])
         return len(rows)
 
-    def _parameters(self, rows: pd.DataFrame) -> Iterator[tuple[Any, ...]]:
-        from feast.infra.online_stores.helpers import extract_text_and_num
+    def _flat_parameters(self, rows: pd.DataFrame) -> list[Any]:
+        """The values of every (key, feature) row, one after the other, in the order of the primary key.
 
-        keys = self._entity_keys(rows)
+        Upserting in B-tree order touches each page of the table and its indexes once instead of at random.
+        The sort is stable, so rows of one key keep their batch order (the event-time guard keeps the newest
+        anyway; between equal times the later row wins).
+        """
+        keys = entity_keys(rows, self.join_keys, self.entity_key_serialization_version)
+        order = sorted(range(len(keys)), key=keys.__getitem__)
+        keys = [keys[i] for i in order]
+        rows = rows.take(order)
+        names = sorted(self.features)
+        num = "value_num" in self._columns
+        encoded = [encode_values(rows[n], self.features[n], f"feature {n!r}", text=True, num=num) for n in names]
+        width = len(names)
+        columns: list[Any] = [
+            chain.from_iterable(map(repeat, keys, repeat(width))),
+            chain.from_iterable(repeat(names, len(keys))),
+            chain.from_iterable(zip(*(e.values for e in encoded), strict=True)),
+            chain.from_iterable(zip(*(e.text for e in encoded), strict=True)),  # type: ignore[misc]
+        ]
+        if num:
+            columns.append(chain.from_iterable(zip(*(e.num for e in encoded), strict=True)))  # type: ignore[misc]
         event_ts = _feast_epoch_seconds(rows[WINDOW_END])
-        created_ts = _feast_epoch(datetime.now(UTC))
-        for name, dtype in self.features.items():
-            convert = _proto_converter(dtype, f"feature {name!r}")
-            for key, value, ts in zip(keys, rows[name].tolist(), event_ts, strict=True):
-                proto = convert(value)
-                text, num = extract_text_and_num(proto, self._has_value_num)
-                row: tuple[Any, ...] = (key, name, proto.SerializeToString(), text)
-                if self._has_value_num:
-                    row += (num,)
-                yield (*row, ts, created_ts)
-
-    def _entity_keys(self, rows: pd.DataFrame) -> list[bytes]:
-        """The serialized entity key of every row, serialized once per distinct key."""
-        from feast.infra.key_encoding_utils import serialize_entity_key
-        from feast.protos.feast.types.EntityKey_pb2 import EntityKey as EntityKeyProto
-
-        names = list(self.join_keys)
-        converters = [_proto_converter(self.join_keys[k], f"join key {k!r}", nullable=False) for k in names]
-        columns = [rows[k].tolist() for k in names]
-        cache: dict[tuple[Any, ...], bytes] = {}
-        out = []
-        for values in zip(*columns, strict=True):
-            key = cache.get(values)
-            if key is None:
-                proto = EntityKeyProto(
-                    join_keys=names, entity_values=[c(v) for c, v in zip(converters, values, strict=True)]
-                )
-                key = serialize_entity_key(
-                    proto, entity_key_serialization_version=self.entity_key_serialization_version
-                )
-                cache[values] = key
-            out.append(key)
-        return out
+        columns.append(chain.from_iterable(map(repeat, event_ts, repeat(width))))
+        columns.append(repeat(_feast_epoch(datetime.now(UTC))))
+        # The last column (created_ts) repeats forever; the others end together.
+        return list(chain.from_iterable(zip(*columns, strict=False)))
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
             conn = self._open()
-            columns = self._table_columns(conn)
-            self._has_value_num = "value_num" in columns
-            self._sql = self._upsert_sql(columns)
+            existing = self._table_columns(conn)
+            self._columns = ["entity_key", "feature_name", "value", "value_text"]
+            if "value_num" in existing:  # created by Feast when enable_openai_compatible_store is on
+                self._columns.append("value_num")
+            self._columns += ["event_ts", "created_ts"]
+            conn.execute(f"PRAGMA cache_size = -{SQLITE_CACHE_KIB}")  # this connection only; no durability change
             self._conn = conn
         return self._conn
 
@@ -202,19 +225,242 @@ class SqliteOnlineWriter(OnlineWriter):
             "(or `feast apply` in the repo) to create the feature views' tables, then write again"
         )
 
-    def _upsert_sql(self, columns: set[str]) -> str:
-        """An upsert that only replaces a stored value whose event time is not newer than the new one."""
-        names = ["entity_key", "feature_name", "value", "value_text"]
-        if "value_num" in columns:  # created by Feast when enable_openai_compatible_store is on
-            names.append("value_num")
-        names += ["event_ts", "created_ts"]
+    def _upsert_sql(self, n_rows: int) -> str:
+        """An upsert of `n_rows` rows that only replaces a stored value whose event time is not newer.
+
+        Rows of one statement are applied in order, so a later row of the same key meets the guard too.
+        """
         table = _quote_id(self.table)
-        updates = ", ".join(f"{c} = excluded.{c}" for c in names[2:])
+        row = f"({', '.join('?' * len(self._columns))})"
+        updates = ", ".join(f"{c} = excluded.{c}" for c in self._columns[2:])
         return (
-            f"INSERT INTO {table} ({', '.join(names)}) VALUES ({', '.join('?' * len(names))}) "
+            f"INSERT INTO {table} ({', '.join(self._columns)}) VALUES {', '.join([row] * n_rows)} "
             f"ON CONFLICT(entity_key, feature_name) DO UPDATE SET {updates} "
             f"WHERE {table}.event_ts IS NULL OR excluded.event_ts >= {table}.event_ts"
         )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Redis
+
+# Feast's Redis layout (feast/infra/online_stores/redis.py): one hash per entity key, named
+# serialize_entity_key(key) + project; per view, field mmh3("<view>:<feature>") holds the serialized ValueProto
+# and field "_ts:<view>" the serialized google.protobuf.Timestamp of the row. Other views' fields in the same
+# hash are left alone.
+#
+# The script that writes them, for a view with F features: KEYS are the n hashes; ARGV holds "_ts:<view>", the
+# key ttl in seconds (0: none), the F field names, then column by column: n timestamps, n values of feature 1,
+# ..., n values of feature F. A key is written only if it has no timestamp for the view yet, or the new one is
+# newer or equal. It returns how many keys it wrote.
+_LUA_HEAD = """
+local function seconds_nanos(ts)
+  local seconds, nanos, i, n = 0, 0, 1, #ts
+  while i <= n do
+    local tag = string.byte(ts, i)
+    i = i + 1
+    local value, scale = 0, 1
+    repeat
+      local b = string.byte(ts, i)
+      i = i + 1
+      value = value + (b % 128) * scale
+      scale = scale * 128
+    until b < 128
+    if tag == 8 then
+      if value >= 9223372036854775808 then value = value - 18446744073709551616 end
+      seconds = value
+    elseif tag == 16 then
+      nanos = value
+    end
+  end
+  return {seconds, nanos}
+end
+local decoded = {}
+local function time_of(ts)
+  local t = decoded[ts]
+  if not t then
+    t = seconds_nanos(ts)
+    decoded[ts] = t
+  end
+  return t
+end
+local ts_field = ARGV[1]
+local ttl = tonumber(ARGV[2])
+local n = #KEYS
+local written = 0
+for i = 1, n do
+  local key = KEYS[i]
+  local new = ARGV[FIRST + i]
+  local old = redis.call('HGET', key, ts_field)
+  local write = true
+  if old and old ~= new then
+    local o, t = time_of(old), time_of(new)
+    write = t[1] > o[1] or (t[1] == o[1] and t[2] >= o[2])
+  end
+  if write then
+"""
+_LUA_TAIL = """
+    if ttl > 0 then
+      redis.call('EXPIRE', key, ttl)
+    end
+    written = written + 1
+  end
+end
+return written
+"""
+
+
+def guarded_hset_lua(n_features: int) -> str:
+    """The Lua script that writes the rows of a view with `n_features` features (one HSET per key)."""
+    first = 2 + n_features  # ARGV[FIRST + i]: the timestamp of key i
+    pairs = "".join(f", ARGV[{3 + j}], ARGV[{first} + {j + 1} * n + i]" for j in range(n_features))
+    body = f"    redis.call('HSET', key, ts_field, new{pairs})"
+    return _LUA_HEAD.replace("FIRST", str(first)) + body + _LUA_TAIL
+
+
+class RedisOnlineWriter(OnlineWriter):
+    """Writes into Feast's Redis online store, in Feast's key and hash layout, with an atomic event-time guard.
+
+    `keys_per_call` keys go into one script call, which holds Redis for well under a millisecond, so reads
+    are not held up; all calls of a batch go into one pipeline.
+    """
+
+    parallel: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        connection_string: str,
+        project: str,
+        view: str,
+        join_keys: Mapping[str, DType],
+        features: Mapping[str, DType],
+        *,
+        view_name: str | None = None,
+        redis_type: str = "redis",
+        sentinel_master: str = "mymaster",
+        key_ttl_seconds: int | None = None,
+        entity_key_serialization_version: int = 3,
+        keys_per_call: int = 256,
+    ) -> None:
+        super().__init__(view, join_keys, features)
+        if redis_type not in ("redis", "redis_sentinel"):
+            raise ConfigError(
+                f"feature_store.yaml online_store.redis_type: {redis_type!r} is not supported by the online writer "
+                "(its multi-key script calls need one Redis node). Fix: use redis_type redis or redis_sentinel"
+            )
+        self.connection_string = connection_string
+        self.project = project
+        self.view_name = view_name or view  # the name in the hash fields (with Feast's version suffix, if any)
+        self.redis_type = redis_type
+        self.sentinel_master = sentinel_master
+        self.key_ttl_seconds = int(key_ttl_seconds or 0)
+        self.entity_key_serialization_version = entity_key_serialization_version
+        self.keys_per_call = max(1, int(keys_per_call))
+        self._client: Any = None
+        self._sha: str = ""
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_client": None, "_sha": ""}
+
+    @property
+    def address(self) -> str:
+        """Where the writer connects, without credentials (for messages)."""
+        return ",".join(part for part in self.connection_string.split(",") if "=" not in part)
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+            self._sha = ""
+
+    def check_ready(self) -> None:
+        self._connection()
+        self.close()
+
+    def write(self, rows: pd.DataFrame) -> int:
+        self.check_columns(rows)
+        if rows.empty:
+            return 0
+        client = self._connection()
+        version = self.entity_key_serialization_version
+        keys = entity_keys(rows, self.join_keys, version, suffix=self.project.encode("utf8"))
+        stamps = timestamp_protos(rows[WINDOW_END])
+        values = [encode_values(rows[n], t, f"feature {n!r}").values for n, t in self.features.items()]
+        header = [f"_ts:{self.view_name}", self.key_ttl_seconds, *self._fields()]
+        calls = []
+        for lo in range(0, len(keys), self.keys_per_call):
+            hi = min(lo + self.keys_per_call, len(keys))
+            args: list[Any] = [hi - lo, *keys[lo:hi], *header, *stamps[lo:hi]]
+            for column in values:
+                args += column[lo:hi]
+            calls.append(args)
+        self._run(client, calls)
+        return len(rows)
+
+    def _fields(self) -> list[bytes]:
+        from feast.infra.online_stores.helpers import _mmh3
+
+        return [_mmh3(f"{self.view_name}:{name}") for name in self.features]
+
+    def _run(self, client: Any, calls: list[list[Any]]) -> None:
+        """Send every script call on one connection, then read the replies: one pipeline, in which Redis runs
+        the first calls while the later ones are still being packed and sent."""
+        from redis.exceptions import NoScriptError, ResponseError
+
+        for attempt in (1, 2):
+            pool = client.connection_pool
+            try:
+                connection = pool.get_connection()
+            except TypeError:  # redis-py < 5.3 wants a command name
+                connection = pool.get_connection("EVALSHA")
+            errors: list[ResponseError] = []
+            try:
+                for args in calls:
+                    connection.send_command("EVALSHA", self._sha, *args)
+                for _ in calls:
+                    try:
+                        connection.read_response()
+                    except ResponseError as exc:  # an error reply: the connection stays in step
+                        errors.append(exc)
+            except BaseException:
+                connection.disconnect()  # replies may be pending: never hand this connection out again
+                raise
+            finally:
+                pool.release(connection)
+            if not errors:
+                return
+            if attempt == 1 and all(isinstance(e, NoScriptError) for e in errors):
+                # The server restarted or flushed its scripts: load it again and resend (writes are idempotent).
+                self._sha = client.script_load(guarded_hset_lua(len(self.features)))
+                continue
+            raise errors[0]
+
+    def _connection(self) -> Any:
+        if self._client is None:
+            from feast.infra.online_stores.redis import RedisOnlineStore
+            from redis import Redis
+            from redis.exceptions import RedisError
+            from redis.sentinel import Sentinel
+
+            nodes, options = RedisOnlineStore._parse_connection_string(self.connection_string)
+            try:
+                if self.redis_type == "redis_sentinel":
+                    sentinel = Sentinel([(n["host"], int(n["port"])) for n in nodes], **options)
+                    client = sentinel.master_for(self.sentinel_master)
+                else:
+                    client = Redis(host=nodes[0]["host"], port=int(nodes[0]["port"]), **options)
+                self._sha = client.script_load(guarded_hset_lua(len(self.features)))
+            except RedisError as exc:
+                raise ConfigError(
+                    f"online store of feature view {self.view!r}: cannot use Redis at {self.address} ({exc}). "
+                    "Fix: start redis-server there, or set online_store.connection_string in feature_store.yaml "
+                    "to a reachable Redis (host:port[,db=N,password=...])"
+                ) from exc
+            self._client = client
+        return self._client
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The factory
 
 
 def online_writer(
@@ -231,16 +477,30 @@ def online_writer(
     if kind in SQLITE_TYPES:
         return SqliteOnlineWriter(
             db_path=_sqlite_path(config),
-            table=_table_id(store, config, group.name),
+            table=f"{config.project}_{_online_name(store, config, group.name)}",
             view=group.name,
             join_keys=join_keys,
             features=features,
             entity_key_serialization_version=config.entity_key_serialization_version,
             repo_path=repo_path,
         )
+    if kind in REDIS_TYPES:
+        online = config.online_store
+        return RedisOnlineWriter(
+            connection_string=online.connection_string,
+            project=config.project,
+            view=group.name,
+            view_name=_online_name(store, config, group.name),
+            join_keys=join_keys,
+            features=features,
+            redis_type=str(getattr(online.redis_type, "value", online.redis_type)),
+            sentinel_master=online.sentinel_master,
+            key_ttl_seconds=online.key_ttl_seconds,
+            entity_key_serialization_version=config.entity_key_serialization_version,
+        )
     raise ConfigError(
         f"feature_store.yaml online_store.type: {kind!r} is not supported by the online writer yet. "
-        "Fix: use online_store type sqlite"
+        "Fix: use online_store type sqlite or redis"
     )
 
 
@@ -272,22 +532,266 @@ def _sqlite_path(config: RepoConfig) -> str:
     return str(path.absolute())
 
 
-def _table_id(store: FeatureStore | None, config: RepoConfig, view: str) -> str:
-    """Feast's online table name: `<project>_<view>`, with a version suffix when versioning is on."""
-    from feast.infra.online_stores.helpers import compute_table_id
+def _online_name(store: FeatureStore | None, config: RepoConfig, view: str) -> str:
+    """The view's name in the online store: its name, with Feast's version suffix when versioning is on."""
+    from feast.infra.online_stores.helpers import compute_versioned_name
 
     if not config.registry.enable_online_feature_view_versioning:
-        return f"{config.project}_{view}"
+        return view
     # The suffix depends on the registered version, so ask the registry (driver side, once).
     if store is None:
         from feast import FeatureStore
 
         store = FeatureStore(config=config)
-    return compute_table_id(config.project, store.get_feature_view(view), True)
+    return compute_versioned_name(store.get_feature_view(view), True)
 
 
 def _quote_id(identifier: str) -> str:
     return '"' + identifier.replace('"', '""') + '"'
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Feast's storage format, a column at a time
+
+
+def entity_keys(
+    rows: pd.DataFrame, join_keys: Mapping[str, DType], version: int = 3, suffix: bytes = b""
+) -> list[bytes]:
+    """`feast.infra.key_encoding_utils.serialize_entity_key` of every row's key (+ `suffix`), column-wise.
+
+    String and integer keys (the types Feast can serialize) are encoded here byte for byte like Feast does
+    (version 3: key count, sorted key names, then each value's type, length and bytes); anything else goes
+    through Feast's own function.
+    """
+    from feast.value_type import ValueType
+
+    names = sorted(join_keys)
+    if version < 3 or any(join_keys[k] not in (DType.STRING, DType.INT64) for k in names):
+        return [key + suffix for key in _entity_keys_by_feast(rows, join_keys, version)]
+    header = [struct.pack("<I", len(names))]
+    for name in names:
+        encoded = name.encode("utf8")
+        header.append(struct.pack("<II", ValueType.STRING.value, len(encoded)) + encoded)
+    head = b"".join(header)
+    parts: list[list[bytes]] = []
+    for name in names:
+        what = f"join key {name!r}"
+        column = rows[name]
+        if join_keys[name] is DType.STRING:
+            if _null_mask(column).any():
+                raise DataError(f"{what}: null value; change points need a non-null key")
+            string_type, size = struct.pack("<I", ValueType.STRING.value), struct.Struct("<I").pack
+            if len(names) == 1:  # the common case, in one pass
+                return [head + string_type + size(len(e)) + e + suffix for e in map(_utf8, column.tolist())]
+            parts.append([string_type + size(len(e)) + e for e in map(_utf8, column.tolist())])
+        else:
+            ints, null = _int_array(column, what)
+            if null.any():
+                raise DataError(f"{what}: null value; change points need a non-null key")
+            record = np.zeros(len(ints), dtype=[("type", "<u4"), ("size", "<u4"), ("value", "<i8")])
+            record["type"] = ValueType.INT64.value
+            record["size"] = 8
+            record["value"] = ints
+            parts.append(_split_fixed(record.tobytes(), 16, len(ints)))
+    return [head + b"".join(values) + suffix for values in zip(*parts, strict=True)]
+
+
+def _utf8(value: Any) -> bytes:
+    return (value if isinstance(value, str) else str(value)).encode("utf8")
+
+
+def _entity_keys_by_feast(rows: pd.DataFrame, join_keys: Mapping[str, DType], version: int) -> list[bytes]:
+    from feast.infra.key_encoding_utils import serialize_entity_key
+    from feast.protos.feast.types.EntityKey_pb2 import EntityKey as EntityKeyProto
+
+    names = list(join_keys)
+    converters = [_proto_converter(join_keys[k], f"join key {k!r}", nullable=False) for k in names]
+    cache: dict[tuple[Any, ...], bytes] = {}
+    out = []
+    for values in zip(*(rows[k].tolist() for k in names), strict=True):
+        key = cache.get(values)
+        if key is None:
+            proto = EntityKeyProto(
+                join_keys=names, entity_values=[c(v) for c, v in zip(converters, values, strict=True)]
+            )
+            key = serialize_entity_key(proto, entity_key_serialization_version=version)
+            cache[values] = key
+        out.append(key)
+    return out
+
+
+class Encoded:
+    """A column as Feast stores it: serialized ValueProto bytes (b"" for null), and for the SQL stores the
+    `value_text` / `value_num` columns Feast fills with `extract_text_and_num`."""
+
+    __slots__ = ("num", "text", "values")
+
+    def __init__(self, values: list[bytes], text: list[Any] | None = None, num: list[Any] | None = None) -> None:
+        self.values = values
+        self.text = text
+        self.num = num
+
+
+_TAG_STRING = 0x12  # field 2, length-delimited
+_TAG_INT64 = 0x20  # field 4, varint
+_TAG_DOUBLE = 0x29  # field 5, 64-bit
+_TAG_BOOL = 0x38  # field 7, varint
+
+
+def encode_values(column: pd.Series, dtype: DType, what: str, *, text: bool = False, num: bool = False) -> Encoded:
+    """Serialized `feast.types.Value` of every value of a column, byte for byte what protobuf writes; with
+    `text` / `num`, also what Feast's SQL stores put in `value_text` / `value_num` (`extract_text_and_num`)."""
+    n = len(column)
+    out = Encoded([])
+    null: np.ndarray | None = None
+    if dtype is DType.INT64:
+        ints, null = _int_array(column, what)
+        out.values = _varint_field(_TAG_INT64, ints)
+        if text:
+            out.text = _strings(ints)
+        if num:
+            out.num = ints.astype(np.float64).tolist()
+    elif dtype is DType.FLOAT64:
+        floats, null = _float_array(column, what)
+        out.values = _fixed64_field(_TAG_DOUBLE, floats)
+        if text:
+            out.text = list(map(str, floats.tolist()))
+        if num:
+            out.num = floats.tolist()
+    elif dtype is DType.BOOL:
+        bools, null = _bool_array(column, what)
+        out.values = [b"\x38\x01" if b else b"\x38\x00" for b in bools.tolist()]
+        if text:
+            out.text = [str(b) for b in bools.tolist()]
+        if num:
+            out.num = bools.astype(np.float64).tolist()
+    elif dtype is DType.STRING:
+        null = _null_mask(column)
+        strings = ["" if isnull else str(v) for v, isnull in zip(column.tolist(), null.tolist(), strict=True)]
+        encoded = [s.encode("utf8") for s in strings]
+        out.values = [b"\x12" + _varint(len(e)) + e for e in encoded]
+        out.text = strings if text else None
+        out.num = [None] * n if num else None
+    else:
+        convert = _proto_converter(dtype, what)
+        out.values = [convert(v).SerializeToString() for v in column.tolist()]
+        out.text = [None] * n if text else None
+        out.num = [None] * n if num else None
+    if null is not None and null.any():
+        for i in np.flatnonzero(null).tolist():
+            out.values[i] = b""
+            if out.text is not None:
+                out.text[i] = None
+            if out.num is not None:
+                out.num[i] = None
+    return out
+
+
+def _strings(ints: np.ndarray) -> list[str]:
+    """str() of every integer, once per distinct value (counts repeat a lot)."""
+    cache: dict[int, str] = {}
+    return [cache.get(i) or cache.setdefault(i, str(i)) for i in ints.tolist()]
+
+
+def timestamp_protos(ends: pd.Series) -> list[bytes]:
+    """Each window end as the serialized google.protobuf.Timestamp Feast's Redis store keeps in `_ts:<view>`.
+
+    Feast builds it with `Timestamp.FromDatetime` from a Python datetime, i.e. at microsecond precision.
+    """
+    from google.protobuf.timestamp_pb2 import Timestamp
+
+    codes, uniques = pd.factorize(_utc(ends))
+    if (codes < 0).any():
+        raise DataError(f"column {WINDOW_END!r}: null window end; every change point needs its window end")
+    protos = []
+    for end in uniques:
+        micros = end.value // 1000
+        seconds, rest = divmod(micros, 1_000_000)
+        protos.append(Timestamp(seconds=seconds, nanos=rest * 1000).SerializeToString())
+    return [protos[c] for c in codes.tolist()]
+
+
+def _utc(ends: pd.Series) -> pd.Series:
+    values = ends if pd.api.types.is_datetime64_any_dtype(ends) else pd.to_datetime(ends)
+    return values.dt.tz_localize("UTC") if values.dt.tz is None else values.dt.tz_convert("UTC")
+
+
+def _null_mask(column: pd.Series) -> np.ndarray:
+    return np.asarray(column.isna(), dtype=bool)
+
+
+def _int_array(column: pd.Series, what: str) -> tuple[np.ndarray, np.ndarray]:
+    if isinstance(column.dtype, np.dtype) and column.dtype.kind in "iu":
+        return column.to_numpy(dtype=np.int64), np.zeros(len(column), dtype=bool)
+    try:
+        array = pd.array(column, dtype="Int64")
+    except (TypeError, ValueError) as exc:
+        raise DataError(f"{what}: expected integers or nulls ({exc})") from exc
+    return array.to_numpy(dtype=np.int64, na_value=0), np.asarray(array.isna(), dtype=bool)
+
+
+def _float_array(column: pd.Series, what: str) -> tuple[np.ndarray, np.ndarray]:
+    if isinstance(column.dtype, np.dtype) and column.dtype.kind in "fiu":
+        values = column.to_numpy(dtype=np.float64)
+    else:
+        try:
+            values = pd.array(column, dtype="Float64").to_numpy(dtype=np.float64, na_value=np.nan)
+        except (TypeError, ValueError) as exc:
+            raise DataError(f"{what}: expected numbers or nulls ({exc})") from exc
+    return values, np.isnan(values)
+
+
+def _bool_array(column: pd.Series, what: str) -> tuple[np.ndarray, np.ndarray]:
+    try:
+        array = pd.array(column, dtype="boolean")
+    except (TypeError, ValueError) as exc:
+        raise DataError(f"{what}: expected booleans or nulls ({exc})") from exc
+    return array.to_numpy(dtype=bool, na_value=False), np.asarray(array.isna(), dtype=bool)
+
+
+def _split_fixed(data: bytes, width: int, n: int) -> list[bytes]:
+    return [data[i : i + width] for i in range(0, width * n, width)]
+
+
+def _fixed64_field(tag: int, values: np.ndarray) -> list[bytes]:
+    """tag + 8 little-endian bytes per value (a double field of ValueProto)."""
+    n = len(values)
+    buffer = np.empty((n, 9), dtype=np.uint8)
+    buffer[:, 0] = tag
+    buffer[:, 1:] = np.ascontiguousarray(values, dtype="<f8").view(np.uint8).reshape(n, 8)
+    return _split_fixed(buffer.tobytes(), 9, n)
+
+
+def _varint_field(tag: int, values: np.ndarray) -> list[bytes]:
+    """tag + base-128 varint per value (an int64 field: negatives as their 64-bit two's complement)."""
+    n = len(values)
+    rest = np.ascontiguousarray(values, dtype=np.int64).view(np.uint64).copy()
+    columns = [np.full(n, tag, dtype=np.uint8)]
+    length = np.ones(n, dtype=np.int64)
+    active = np.ones(n, dtype=bool)
+    seven, low_bits = np.uint64(7), np.uint64(0x7F)
+    while active.any():
+        low = (rest & low_bits).astype(np.uint8)
+        rest >>= seven
+        more = rest != 0
+        columns.append(np.where(active, low | (more.astype(np.uint8) << 7), 0).astype(np.uint8))
+        length += active
+        active = more
+    width = len(columns)
+    data = np.stack(columns, axis=1).tobytes()
+    starts = range(0, width * n, width)
+    return [data[s : s + size] for s, size in zip(starts, length.tolist(), strict=True)]
+
+
+def _varint(value: int) -> bytes:
+    if value < 0x80:
+        return bytes((value,))
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
 
 
 def _feast_epoch(ts: datetime) -> int:
@@ -302,14 +806,11 @@ def _feast_epoch(ts: datetime) -> int:
 
 def _feast_epoch_seconds(ends: pd.Series) -> list[int]:
     """`_feast_epoch` of every row, computed once per distinct window end (a batch has few)."""
-    values = pd.to_datetime(ends)
-    if values.dt.tz is None:
-        values = values.dt.tz_localize("UTC")
-    codes, uniques = pd.factorize(values)
+    codes, uniques = pd.factorize(_utc(ends))
     if (codes < 0).any():
         raise DataError(f"column {WINDOW_END!r}: null window end; every change point needs its window end")
     seconds = [_feast_epoch(ts.to_pydatetime(warn=False)) for ts in uniques]
-    return [seconds[c] for c in codes]
+    return [seconds[c] for c in codes.tolist()]
 
 
 def _is_null(value: Any) -> bool:

@@ -60,7 +60,15 @@ def _event_source_code(group: FeatureGroup) -> str:
         args.append(f"schema={ {column: dtype.value for column, dtype in source.schema.items()}!r}")
     if source.options:
         args.append(f"options={dict(source.options)!r}")
+    if source.max_future_s != 86400:
+        args.append(f"max_future={'None' if source.max_future_s is None else repr(f'{source.max_future_s}s')}")
     return f"EventSource({', '.join(args)})"
+
+
+def _expectation_code(expectation) -> str:
+    """A Great Expectations expectation as source, e.g. gx.expectations.ExpectColumnValuesToBeBetween(**{...})."""
+    kwargs = expectation.dict(exclude_defaults=True, exclude={"id"})
+    return f"gx.expectations.{type(expectation).__name__}(**{kwargs!r})"
 
 
 def _feature_code(feature) -> str:
@@ -81,6 +89,7 @@ def definitions_code(groups: Sequence[FeatureGroup]) -> str:
         "from pathlib import Path",
         "",
         "from features import Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, agg, to_feast",
+        *(["", "import great_expectations as gx"] if any(g.expectations for g in groups) else []),
         "",
         "HERE = Path(__file__).resolve().parent",
     ]
@@ -97,6 +106,12 @@ def definitions_code(groups: Sequence[FeatureGroup]) -> str:
             *[f"        {_feature_code(feature)}," for feature in group.features],
             "    ],",
             f"    description={group.description!r},",
+            *([f"    on_invalid={group.on_invalid!r},"] if group.on_invalid is not None else []),
+            *(
+                ["    expectations=[", *[f"        {_expectation_code(e)}," for e in group.expectations], "    ],"]
+                if group.expectations
+                else []
+            ),
             ")",
         ]
         # Feast's apply only sees module attributes, not objects inside a list: one name per object.

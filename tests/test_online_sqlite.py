@@ -283,9 +283,9 @@ def test_unsupported_online_store_type(repo: Path) -> None:
     from feast.repo_config import load_repo_config
 
     config = load_repo_config(repo, repo / "feature_store.yaml")
-    config.online_config = {"type": "redis", "connection_string": "localhost:6379"}
+    config.online_config = {"type": "remote", "path": "http://feature-server:6566"}
     config._online_store = None
-    with pytest.raises(ConfigError, match=r"online_store.type: 'redis'"):
+    with pytest.raises(ConfigError, match=r"online_store.type: 'remote'.*sqlite or redis"):
         online_writer(config, USER, USER.output_types(SOURCE.schema))
 
 

@@ -1,10 +1,10 @@
 """Per-aggregation Spark expressions for the two phases, shared by the batch and streaming engines.
 
 Every aggregation is a mergeable partial (a monoid):
-    phase1    rows of one (key, pane) -> partial              (an aggregate expression)
-    merge_over  partials in a window frame -> partial           (aggregate expressions over a WindowSpec)
-    merge2    partial (+) partial -> partial                   (a scalar expression)
-    finalize  partial -> feature value, with DESIGN.md's meaning of an empty window
+    phase1      rows of one (key, pane) -> partial          (an aggregate expression)
+    merge_over  partials in a window frame -> partial       (aggregate expressions over a WindowSpec)
+    merge2      partial (+) partial -> partial              (a scalar expression)
+    finalize    partial -> feature value, with DESIGN.md's meaning of an empty window
 All of them ignore null partials, which is how rows that carry no data (probes) pass through frames.
 """
 
@@ -34,13 +34,13 @@ class Partial:
     prepare: Callable[[Column, WindowSpec], Column] | None = None
 
 
-def _null_add(a: Column, b: Column) -> Column:
-    """a + b where null means 'nothing yet' (so null + null stays null)."""
-    return F.when(a.isNull(), b).when(b.isNull(), a).otherwise(a + b)
-
-
 def _either(a: Column, b: Column, both: Column) -> Column:
+    """Merge two partials where null means 'nothing yet': the other one, or `both` when both are there."""
     return F.when(a.isNull(), b).when(b.isNull(), a).otherwise(both)
+
+
+def _null_add(a: Column, b: Column) -> Column:
+    return _either(a, b, a + b)
 
 
 def _kept(where: Column | None, value: Column) -> Column:

@@ -50,6 +50,9 @@ REQUIRED_CONF = {
     "spark.sql.session.timeZone": "UTC",  # epoch-aligned windows mean the same thing everywhere
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",  # not the deprecated INT96
     "spark.sql.execution.arrow.pyspark.enabled": "true",
+    # With adaptive execution, a union of key-partitioned inputs that claims their partitioning gave duplicate
+    # (key, window_end) rows in Spark 4.3: the engines' unions must be re-partitioned by Spark itself.
+    "spark.sql.unionOutputPartitioning": "false",
 }
 
 

@@ -6,6 +6,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 from features.errors import DefinitionError, SchemaError
 from features.spec.aggregations import Aggregation
@@ -15,6 +16,9 @@ from features.spec.windows import Window
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 FORMATS = ("parquet", "json", "kafka")
+# What a group does with a batch of feature rows that fails validation (features.quality); None = the engine's
+# default (fail for backfills, quarantine for streams).
+ON_INVALID = ("fail", "quarantine")
 # Columns every change-point row carries besides the join keys and features.
 WINDOW_END = "window_end"
 RESERVED_COLUMNS = frozenset({WINDOW_END, "date"})
@@ -62,6 +66,7 @@ class EventSource:
 
     `path` is relative to the feature repository unless absolute or a URI. `schema` (column -> type name)
     is optional for Parquet, where it is read from the files, and needed for streams of JSON or Kafka.
+    Records stamped more than `max_future` after the current time are set aside as bad data (None: never).
     """
 
     name: str
@@ -71,6 +76,7 @@ class EventSource:
     watermark_s: int = 600
     schema: Mapping[str, DType] | None = None
     options: Mapping[str, str] = field(default_factory=dict)
+    max_future_s: int | None = 86400
 
     def __init__(
         self,
@@ -81,6 +87,7 @@ class EventSource:
         watermark: Duration = "10m",
         schema: Mapping[str, str] | None = None,
         options: Mapping[str, str] | None = None,
+        max_future: Duration | None = "1d",
     ) -> None:
         check_name(name, "EventSource.name")
         where = f"EventSource({name!r})"
@@ -115,6 +122,9 @@ class EventSource:
         object.__setattr__(self, "watermark_s", parse_duration(watermark, f"{where}.watermark"))
         object.__setattr__(self, "schema", None if parsed is None else MappingProxyType(parsed))
         object.__setattr__(self, "options", MappingProxyType(dict(options or {})))
+        object.__setattr__(
+            self, "max_future_s", None if max_future is None else parse_duration(max_future, f"{where}.max_future")
+        )
 
     def __hash__(self) -> int:
         return hash((self.name, self.path, self.timestamp, self.format))
@@ -152,6 +162,25 @@ class Feature:
             )
 
 
+def _check_expectations(expectations: Sequence[Any], where: str) -> tuple[Any, ...]:
+    """The user's Great Expectations expectations, checked by shape only (this module never imports GE)."""
+    if isinstance(expectations, str) or not isinstance(expectations, Sequence):
+        raise DefinitionError(
+            f"{where}.expectations",
+            f"expected a list of expectations, got {type(expectations).__name__}",
+            "pass a list, e.g. expectations=[gx.expectations.ExpectColumnValuesToBeBetween(column=..., max_value=...)]",
+        )
+    for item in expectations:
+        if not isinstance(getattr(item, "expectation_type", None), str) or not hasattr(item, "configuration"):
+            raise DefinitionError(
+                f"{where}.expectations",
+                f"{item!r} is not a Great Expectations expectation",
+                "list objects from great_expectations.expectations, e.g. "
+                'gx.expectations.ExpectColumnValuesToBeBetween(column="amount_sum_1h", max_value=10000)',
+            )
+    return tuple(expectations)
+
+
 @dataclass(frozen=True)
 class FeatureGroup:
     """Features of one entity from one source, computed together and stored as one Feast FeatureView."""
@@ -161,6 +190,10 @@ class FeatureGroup:
     source: EventSource
     features: tuple[Feature, ...]
     description: str = ""
+    # Great Expectations expectations the user adds to the group's derived suite (held as given, never
+    # imported here), and what a failed validation does: "fail", "quarantine", or None for the engine's default.
+    expectations: tuple[Any, ...] = ()
+    on_invalid: str | None = None
 
     def __init__(
         self,
@@ -169,6 +202,8 @@ class FeatureGroup:
         source: EventSource,
         features: Sequence[Feature],
         description: str = "",
+        expectations: Sequence[Any] = (),
+        on_invalid: str | None = None,
     ) -> None:
         check_name(name, "FeatureGroup.name")
         where = f"FeatureGroup({name!r})"
@@ -195,11 +230,19 @@ class FeatureGroup:
                     "rename the feature",
                 )
             seen.add(feat.name)
+        if on_invalid is not None and on_invalid not in ON_INVALID:
+            raise DefinitionError(
+                f"{where}.on_invalid",
+                f"unknown policy {on_invalid!r}",
+                'use "fail" (stop, write nothing), "quarantine" (set the batch aside, keep going) or leave it out',
+            )
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "entity", entity)
         object.__setattr__(self, "source", source)
         object.__setattr__(self, "features", tuple(features))
         object.__setattr__(self, "description", description)
+        object.__setattr__(self, "expectations", _check_expectations(expectations, where))
+        object.__setattr__(self, "on_invalid", on_invalid)
 
     @property
     def join_keys(self) -> tuple[str, ...]:
