@@ -86,12 +86,14 @@ def replace_range(
     try:
         # One task per date, so that every partition is exactly one file that can be swapped atomically.
         staged.repartition(DATE).write.partitionBy(DATE).parquet(str(staging))
-        written = spark.read.parquet(str(staging)).where(
-            (F.col(WINDOW_END) >= start_ts) & (F.col(WINDOW_END) <= end_ts)
-        )
-        if on_staged is not None and not on_staged(written.drop(DATE)):
+        # The range's rows and its rows at `end`, not rows kept from a partition at or after `end` (they
+        # belong to another range). The staged schema keeps `date` a string: Spark would infer a date type.
+        written = spark.read.schema(staged.schema).parquet(str(staging))
+        online_only = F.col(DATE) == ONLINE_ONLY
+        new_rows = written.where(online_only | (F.col(WINDOW_END) >= start_ts) & (F.col(WINDOW_END) < end_ts))
+        if on_staged is not None and not on_staged(new_rows.drop(DATE)):
             return 0
-        count = written.where(F.col(DATE) != ONLINE_ONLY).count()
+        count = new_rows.where(~online_only).count()
         _swap_in(staging, table, days)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -24,11 +24,11 @@ import math
 import sqlite3
 import struct
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
-from itertools import chain, repeat
+from itertools import accumulate, chain, repeat
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 from urllib.parse import quote
 
 import numpy as np
@@ -42,6 +42,8 @@ if TYPE_CHECKING:
     from feast.protos.feast.types.Value_pb2 import Value as ValueProto
 
     from features.repo import Repo
+
+T = TypeVar("T")
 
 SQLITE_TYPES = ("sqlite", "feast.infra.online_stores.sqlite.SqliteOnlineStore")
 REDIS_TYPES = ("redis", "feast.infra.online_stores.redis.RedisOnlineStore")
@@ -113,6 +115,7 @@ class SqliteOnlineWriter(OnlineWriter):
     """
 
     ROWS_PER_STATEMENT: ClassVar[int] = 128
+    ROWS_PER_ENCODE: ClassVar[int] = 8192
 
     def __init__(
         self,
@@ -147,32 +150,43 @@ class SqliteOnlineWriter(OnlineWriter):
         self.close()
 
     def write(self, rows: pd.DataFrame) -> int:
+        """Upsert the rows in one transaction: a failed batch leaves the store as it was.
+
+        Rows go in the order of the table's primary key: SQLite then touches each page of the table and its
+        indexes once instead of at random. The sort is stable, so rows of one key keep their batch order (the
+        event-time guard keeps the newest anyway; between equal times the later row wins). A big batch is
+        encoded ROWS_PER_ENCODE rows at a time, each part while SQLite writes the previous one.
+        """
         self.check_columns(rows)
         if rows.empty:
             return 0
         conn = self._connection()
-        flat = self._flat_parameters(rows)
-        per_statement = self.ROWS_PER_STATEMENT * len(self._columns)
-        whole = len(flat) - len(flat) % per_statement
-        with conn:  # one transaction per call: a failed batch leaves the store as it was
-            if whole:
-                statements = (flat[i : i + per_statement] for i in range(0, whole, per_statement))
-                conn.executemany(self._upsert_sql(self.ROWS_PER_STATEMENT), statements)
-            if whole < len(flat):
-                conn.execute(self._upsert_sql((len(flat) - whole) // len(self._columns)), flat[whole:])
-        return len(rows)
-
-    def _flat_parameters(self, rows: pd.DataFrame) -> list[Any]:
-        """The values of every (key, feature) row, one after the other, in the order of the primary key.
-
-        Upserting in B-tree order touches each page of the table and its indexes once instead of at random.
-        The sort is stable, so rows of one key keep their batch order (the event-time guard keeps the newest
-        anyway; between equal times the later row wins).
-        """
         keys = entity_keys(rows, self.join_keys, self.entity_key_serialization_version)
         order = sorted(range(len(keys)), key=keys.__getitem__)
         keys = [keys[i] for i in order]
         rows = rows.take(order)
+        created = _feast_epoch(datetime.now(UTC))
+        step = self.ROWS_PER_ENCODE
+        parts = (
+            self._flat_parameters(rows.iloc[i : i + step], keys[i : i + step], created)
+            for i in range(0, len(keys), step)
+        )
+        with conn:
+            _overlapped(parts, self._upsert)
+        return len(rows)
+
+    def _upsert(self, flat: list[Any]) -> None:
+        per_statement = self.ROWS_PER_STATEMENT * len(self._columns)
+        whole = len(flat) - len(flat) % per_statement
+        conn = self._connection()
+        if whole:
+            statements = (flat[i : i + per_statement] for i in range(0, whole, per_statement))
+            conn.executemany(self._upsert_sql(self.ROWS_PER_STATEMENT), statements)
+        if whole < len(flat):
+            conn.execute(self._upsert_sql((len(flat) - whole) // len(self._columns)), flat[whole:])
+
+    def _flat_parameters(self, rows: pd.DataFrame, keys: list[bytes], created: int) -> list[Any]:
+        """The values of every (key, feature) row of the table, one row after the other."""
         names = sorted(self.features)
         num = "value_num" in self._columns
         encoded = [encode_values(rows[n], self.features[n], f"feature {n!r}", text=True, num=num) for n in names]
@@ -187,7 +201,7 @@ class SqliteOnlineWriter(OnlineWriter):
             columns.append(chain.from_iterable(zip(*(e.num for e in encoded), strict=True)))  # type: ignore[misc]
         event_ts = _feast_epoch_seconds(rows[WINDOW_END])
         columns.append(chain.from_iterable(map(repeat, event_ts, repeat(width))))
-        columns.append(repeat(_feast_epoch(datetime.now(UTC))))
+        columns.append(repeat(created))
         # The last column (created_ts) repeats forever; the others end together.
         return list(chain.from_iterable(zip(*columns, strict=False)))
 
@@ -238,6 +252,31 @@ class SqliteOnlineWriter(OnlineWriter):
             f"ON CONFLICT(entity_key, feature_name) DO UPDATE SET {updates} "
             f"WHERE {table}.event_ts IS NULL OR excluded.event_ts >= {table}.event_ts"
         )
+
+
+def _overlapped(parts: Iterator[T], consume: Callable[[T], None]) -> None:
+    """consume(part) for every part, in order; from the second part on, in a worker thread while the next part
+    is produced here (SQLite lets other threads run while it writes). Errors of either side propagate, after
+    the worker has stopped."""
+    first = next(parts, None)
+    if first is None:
+        return
+    second = next(parts, None)
+    if second is None:
+        consume(first)
+        return
+    from concurrent.futures import ThreadPoolExecutor, wait
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="online-writer") as worker:
+        pending = worker.submit(consume, first)
+        try:
+            for part in chain([second], parts):
+                pending.result()
+                pending = worker.submit(consume, part)
+        except BaseException:
+            wait([pending])
+            raise
+        pending.result()
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -321,10 +360,12 @@ class RedisOnlineWriter(OnlineWriter):
     """Writes into Feast's Redis online store, in Feast's key and hash layout, with an atomic event-time guard.
 
     `keys_per_call` keys go into one script call, which holds Redis for well under a millisecond, so reads
-    are not held up; all calls of a batch go into one pipeline.
+    are not held up; all calls of a batch go into one pipeline. A batch is not one transaction (each key's
+    check-and-write is): if it fails half-way, writing it again completes it, since writes are idempotent.
     """
 
     parallel: ClassVar[bool] = True
+    ROWS_PER_ENCODE: ClassVar[int] = 8192
 
     def __init__(
         self,
@@ -381,29 +422,37 @@ class RedisOnlineWriter(OnlineWriter):
         if rows.empty:
             return 0
         client = self._connection()
-        version = self.entity_key_serialization_version
-        keys = entity_keys(rows, self.join_keys, version, suffix=self.project.encode("utf8"))
-        stamps = timestamp_protos(rows[WINDOW_END])
-        values = [encode_values(rows[n], t, f"feature {n!r}").values for n, t in self.features.items()]
-        header = [f"_ts:{self.view_name}", self.key_ttl_seconds, *self._fields()]
-        calls = []
-        for lo in range(0, len(keys), self.keys_per_call):
-            hi = min(lo + self.keys_per_call, len(keys))
-            args: list[Any] = [hi - lo, *keys[lo:hi], *header, *stamps[lo:hi]]
-            for column in values:
-                args += column[lo:hi]
-            calls.append(args)
-        self._run(client, calls)
+        self._run(client, lambda: self._calls(rows))
         return len(rows)
+
+    def _calls(self, rows: pd.DataFrame) -> Iterator[tuple[int, bytes]]:
+        """The script calls for the rows as (number of keys, RESP-encoded arguments after the key count),
+        encoded ROWS_PER_ENCODE rows at a time, so Redis runs the first calls while later rows are encoded.
+
+        The arguments are Redis protocol bulk strings built a column at a time (`resp_values`): no Python
+        object per value, no per-argument packing.
+        """
+        version, suffix = self.entity_key_serialization_version, self.project.encode("utf8")
+        header = b"".join(_resp_bulk(a) for a in [f"_ts:{self.view_name}".encode(), b"%d" % self.key_ttl_seconds])
+        header += b"".join(_resp_bulk(field) for field in self._fields())
+        for start in range(0, len(rows), self.ROWS_PER_ENCODE):
+            part = rows.iloc[start : start + self.ROWS_PER_ENCODE]
+            keys = resp_bulks(entity_keys(part, self.join_keys, version, suffix=suffix))
+            stamps = resp_bulks(timestamp_protos(part[WINDOW_END]))
+            values = [resp_values(part[n], t, f"feature {n!r}") for n, t in self.features.items()]
+            for lo in range(0, len(part), self.keys_per_call):
+                hi = min(lo + self.keys_per_call, len(part))
+                chunks = [keys.slice(lo, hi), header, stamps.slice(lo, hi), *(v.slice(lo, hi) for v in values)]
+                yield hi - lo, b"".join(chunks)
 
     def _fields(self) -> list[bytes]:
         from feast.infra.online_stores.helpers import _mmh3
 
         return [_mmh3(f"{self.view_name}:{name}") for name in self.features]
 
-    def _run(self, client: Any, calls: list[list[Any]]) -> None:
+    def _run(self, client: Any, calls: Callable[[], Iterator[tuple[int, bytes]]]) -> None:
         """Send every script call on one connection, then read the replies: one pipeline, in which Redis runs
-        the first calls while the later ones are still being packed and sent."""
+        the first calls while the later ones are still being encoded and sent."""
         from redis.exceptions import NoScriptError, ResponseError
 
         for attempt in (1, 2):
@@ -413,10 +462,15 @@ class RedisOnlineWriter(OnlineWriter):
             except TypeError:  # redis-py < 5.3 wants a command name
                 connection = pool.get_connection("EVALSHA")
             errors: list[ResponseError] = []
+            sent = 0
             try:
-                for args in calls:
-                    connection.send_command("EVALSHA", self._sha, *args)
-                for _ in calls:
+                head = b"$7\r\nEVALSHA\r\n" + _resp_bulk(self._sha.encode())
+                fixed = 5 + len(self.features)  # EVALSHA, sha, key count, ts field, ttl, the field names
+                for n_keys, arguments in calls():
+                    count = b"*%d\r\n" % (fixed + n_keys * (2 + len(self.features)))  # + keys, times, values
+                    connection.send_packed_command([count + head + _resp_bulk(b"%d" % n_keys) + arguments], False)
+                    sent += 1
+                for _ in range(sent):
                     try:
                         connection.read_response()
                     except ResponseError as exc:  # an error reply: the connection stays in step
@@ -580,10 +634,12 @@ def entity_keys(
         if join_keys[name] is DType.STRING:
             if _null_mask(column).any():
                 raise DataError(f"{what}: null value; change points need a non-null key")
-            string_type, size = struct.pack("<I", ValueType.STRING.value), struct.Struct("<I").pack
+            encoded = list(map(_utf8, column.tolist()))
             if len(names) == 1:  # the common case, in one pass
-                return [head + string_type + size(len(e)) + e + suffix for e in map(_utf8, column.tolist())]
-            parts.append([string_type + size(len(e)) + e for e in map(_utf8, column.tolist())])
+                prefix = _LengthPrefixes(head + struct.pack("<I", ValueType.STRING.value))
+                return [prefix[len(e)] + e + suffix for e in encoded]
+            prefix = _LengthPrefixes(struct.pack("<I", ValueType.STRING.value))
+            parts.append([prefix[len(e)] + e for e in encoded])
         else:
             ints, null = _int_array(column, what)
             if null.any():
@@ -594,6 +650,18 @@ def entity_keys(
             record["value"] = ints
             parts.append(_split_fixed(record.tobytes(), 16, len(ints)))
     return [head + b"".join(values) + suffix for values in zip(*parts, strict=True)]
+
+
+class _LengthPrefixes(dict):
+    """`start + <4-byte little-endian length>` per length, built once per distinct length."""
+
+    def __init__(self, start: bytes) -> None:
+        super().__init__()
+        self.start = start
+
+    def __missing__(self, length: int) -> bytes:
+        prefix = self[length] = self.start + struct.pack("<I", length)
+        return prefix
 
 
 def _utf8(value: Any) -> bytes:
@@ -693,6 +761,78 @@ def _strings(ints: np.ndarray) -> list[str]:
     return [cache.get(i) or cache.setdefault(i, str(i)) for i in ints.tolist()]
 
 
+class RespColumn:
+    """Values as consecutive Redis protocol bulk strings (`$<length>\\r\\n<bytes>\\r\\n`), with where each starts."""
+
+    __slots__ = ("data", "offsets")
+
+    def __init__(self, data: bytes, offsets: list[int]) -> None:
+        self.data = data
+        self.offsets = offsets  # len(values) + 1 positions
+
+    def slice(self, lo: int, hi: int) -> bytes:
+        return self.data[self.offsets[lo] : self.offsets[hi]]
+
+
+def _resp_bulk(value: bytes) -> bytes:
+    return b"$%d\r\n%b\r\n" % (len(value), value)
+
+
+class _BulkHeads(dict):
+    def __missing__(self, length: int) -> bytes:
+        head = self[length] = b"$%d\r\n" % length
+        return head
+
+
+def resp_bulks(values: list[bytes]) -> RespColumn:
+    """Any byte strings as bulk strings (one Python concatenation per value)."""
+    heads = _BulkHeads()
+    parts = [heads[len(v)] + v + b"\r\n" for v in values]
+    return RespColumn(b"".join(parts), [0, *accumulate(map(len, parts))])
+
+
+_NULL_BULK = np.frombuffer(b"$0\r\n\r\n", dtype=np.uint8)
+
+
+def resp_values(column: pd.Series, dtype: DType, what: str) -> RespColumn:
+    """`encode_values` of a column as bulk strings; integers and doubles built as one byte matrix."""
+    if dtype is DType.FLOAT64:
+        floats, null = _float_array(column, what)
+        n = len(floats)
+        matrix = np.empty((n, 15), dtype=np.uint8)  # $9 CR LF, tag, 8 bytes, CR LF
+        matrix[:, :4] = np.frombuffer(b"$9\r\n", dtype=np.uint8)
+        matrix[:, 4] = _TAG_DOUBLE
+        matrix[:, 5:13] = np.ascontiguousarray(floats, dtype="<f8").view(np.uint8).reshape(n, 8)
+        matrix[:, 13:] = np.frombuffer(b"\r\n", dtype=np.uint8)
+        lengths = np.full(n, 15, dtype=np.int64)
+    elif dtype is DType.INT64:
+        ints, null = _int_array(column, what)
+        data, size = _varint_matrix(_TAG_INT64, ints)  # size: 2 to 11 bytes
+        n, width = data.shape
+        digits = 1 + (size >= 10)  # of the length: "$9" or "$11"
+        matrix = np.zeros((n, width + 7), dtype=np.uint8)
+        rows = np.arange(n)
+        matrix[:, 0] = ord("$")
+        matrix[rows, 1] = np.where(digits == 1, 48 + size, 48 + size // 10)
+        matrix[digits == 2, 2] = 48 + size[digits == 2] % 10
+        matrix[rows, digits + 1] = 13
+        matrix[rows, digits + 2] = 10
+        body = digits + 3  # where the value starts
+        matrix[rows[:, None], body[:, None] + np.arange(width)] = data
+        matrix[rows, body + size] = 13
+        matrix[rows, body + size + 1] = 10
+        lengths = body + size + 2
+    else:
+        return resp_bulks(encode_values(column, dtype, what).values)
+    if null.any():
+        matrix[null, :6] = _NULL_BULK
+        lengths[null] = 6
+    keep = np.arange(matrix.shape[1]) < lengths[:, None]
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return RespColumn(matrix[keep].tobytes(), offsets.tolist())
+
+
 def timestamp_protos(ends: pd.Series) -> list[bytes]:
     """Each window end as the serialized google.protobuf.Timestamp Feast's Redis store keeps in `_ts:<view>`.
 
@@ -762,8 +902,9 @@ def _fixed64_field(tag: int, values: np.ndarray) -> list[bytes]:
     return _split_fixed(buffer.tobytes(), 9, n)
 
 
-def _varint_field(tag: int, values: np.ndarray) -> list[bytes]:
-    """tag + base-128 varint per value (an int64 field: negatives as their 64-bit two's complement)."""
+def _varint_matrix(tag: int, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """tag + base-128 varint per value (an int64 field: negatives as their 64-bit two's complement), as rows
+    of a byte matrix, and each row's length."""
     n = len(values)
     rest = np.ascontiguousarray(values, dtype=np.int64).view(np.uint64).copy()
     columns = [np.full(n, tag, dtype=np.uint8)]
@@ -777,10 +918,16 @@ def _varint_field(tag: int, values: np.ndarray) -> list[bytes]:
         columns.append(np.where(active, low | (more.astype(np.uint8) << 7), 0).astype(np.uint8))
         length += active
         active = more
-    width = len(columns)
-    data = np.stack(columns, axis=1).tobytes()
-    starts = range(0, width * n, width)
-    return [data[s : s + size] for s, size in zip(starts, length.tolist(), strict=True)]
+    if n == 0:
+        return np.zeros((0, 2), dtype=np.uint8), length
+    return np.stack(columns, axis=1), length
+
+
+def _varint_field(tag: int, values: np.ndarray) -> list[bytes]:
+    matrix, length = _varint_matrix(tag, values)
+    width = matrix.shape[1]
+    data = matrix.tobytes()
+    return [data[s : s + size] for s, size in zip(range(0, width * len(values), width), length.tolist(), strict=True)]
 
 
 def _varint(value: int) -> bytes:

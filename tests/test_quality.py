@@ -138,6 +138,10 @@ def test_policy_and_expectations_are_checked_when_defined() -> None:
     with pytest.raises(DefinitionError) as info:
         FeatureGroup("g", USER, SOURCE, list(ROWS_GROUP.features), expectations=["sum_1h < 10"])
     assert info.value.field == "FeatureGroup('g').expectations" and "gx.expectations" in info.value.fix
+    typo = gx.expectations.ExpectColumnValuesToNotBeNull(column="sum_1hh")
+    with pytest.raises(DefinitionError) as info:
+        FeatureGroup("g", USER, SOURCE, list(ROWS_GROUP.features), expectations=[typo])
+    assert "'sum_1hh'" in info.value.problem and "sum_1h" in info.value.fix
     assert EventSource("s", path="p", timestamp="ts", max_future="2h").max_future_s == 7200
     assert EventSource("s", path="p", timestamp="ts", max_future=None).max_future_s is None
     with pytest.raises(DefinitionError) as info:

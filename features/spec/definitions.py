@@ -162,8 +162,9 @@ class Feature:
             )
 
 
-def _check_expectations(expectations: Sequence[Any], where: str) -> tuple[Any, ...]:
-    """The user's Great Expectations expectations, checked by shape only (this module never imports GE)."""
+def _check_expectations(expectations: Sequence[Any], where: str, columns: Sequence[str]) -> tuple[Any, ...]:
+    """The user's Great Expectations expectations, checked by shape and by the columns they name (this module
+    never imports Great Expectations; the objects are only inspected)."""
     if isinstance(expectations, str) or not isinstance(expectations, Sequence):
         raise DefinitionError(
             f"{where}.expectations",
@@ -177,6 +178,16 @@ def _check_expectations(expectations: Sequence[Any], where: str) -> tuple[Any, .
                 f"{item!r} is not a Great Expectations expectation",
                 "list objects from great_expectations.expectations, e.g. "
                 'gx.expectations.ExpectColumnValuesToBeBetween(column="amount_sum_1h", max_value=10000)',
+            )
+        kwargs = item.configuration.kwargs
+        named = [kwargs.get(k) for k in ("column", "column_A", "column_B")] + list(kwargs.get("column_list") or [])
+        unknown = [c for c in named if isinstance(c, str) and c not in columns]
+        if unknown:
+            raise DefinitionError(
+                f"{where}.expectations",
+                f"{item.expectation_type} reads column(s) {', '.join(map(repr, unknown))}, which the group's rows "
+                f"do not have",
+                f"name one of the group's columns: {', '.join(columns)}",
             )
     return tuple(expectations)
 
@@ -241,7 +252,8 @@ class FeatureGroup:
         object.__setattr__(self, "source", source)
         object.__setattr__(self, "features", tuple(features))
         object.__setattr__(self, "description", description)
-        object.__setattr__(self, "expectations", _check_expectations(expectations, where))
+        columns = [*entity.join_keys, WINDOW_END, *(f.name for f in features)]
+        object.__setattr__(self, "expectations", _check_expectations(expectations, where, columns))
         object.__setattr__(self, "on_invalid", on_invalid)
 
     @property

@@ -1,0 +1,21 @@
+"""Keep each benchmark's latest output as one `## <title>` section of bench/RESULTS.md."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
+HEADER = (
+    "# Benchmark results\n\nThe latest output of each benchmark under `bench/`. "
+    "Only ratios measured within one run compare: the machines are shared and noisy.\n"
+)
+
+
+def update_section(title: str, body: str) -> None:
+    """Replace (or append) the section `## title` with `body`, leaving the other sections as they are."""
+    text = RESULTS.read_text() if RESULTS.exists() else HEADER
+    section = f"## {title}\n\n{body.strip()}\n"
+    pattern = re.compile(rf"^## {re.escape(title)}\n.*?(?=^## |\Z)", re.S | re.M)
+    text = pattern.sub(lambda _: section + "\n", text) if pattern.search(text) else text.rstrip() + "\n\n" + section
+    RESULTS.write_text(text.rstrip() + "\n")
