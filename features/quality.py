@@ -470,10 +470,6 @@ def _outcome(result: ExpectationValidationResult) -> Outcome:
     if unexpected is None and isinstance(observed, int) and getattr(config, "type", "") == UNEXPECTED_ROWS:
         unexpected = observed
     examples = details.get("partial_unexpected_list") or details.get("details", {}).get("unexpected_rows") or []
-    info = result.exception_info or {}
-    error = None
-    if info.get("raised_exception"):
-        error = str(info.get("exception_message") or "raised an exception").splitlines()[0]
     return Outcome(
         name=_config_name(config) if config is not None else "?",
         expectation_type=config.type if config is not None else "?",
@@ -482,8 +478,21 @@ def _outcome(result: ExpectationValidationResult) -> Outcome:
         check=meta[ORIGIN].get("check") if isinstance(meta.get(ORIGIN), dict) else None,
         unexpected=None if unexpected is None else int(unexpected),
         examples=tuple(examples[:5]),
-        error=error,
+        error=_exception(result.exception_info),
     )
+
+
+def _exception(info: Any) -> str | None:
+    """The first line of the exception Great Expectations caught, if any (its info is either one record or
+    one record per metric)."""
+    if not isinstance(info, dict):
+        return None
+    records = [info] if "raised_exception" in info else [v for v in info.values() if isinstance(v, dict)]
+    for record in records:
+        if record.get("raised_exception"):
+            message = str(record.get("exception_message") or "raised an exception").strip()
+            return message.splitlines()[0] if message else "raised an exception"
+    return None
 
 
 def _report(

@@ -187,8 +187,6 @@ def test_http_composite_keys_and_one_entity(served: Server) -> None:
 
 def test_workers_are_not_recycled(served: Server) -> None:
     """`feast serve` restarts a worker after ~1000 requests (max_requests); `features serve` must not."""
-    if served.root.parent.name.startswith("serve-sqlite"):
-        pytest.skip("checked once, on the Redis server")
     if not Path(f"/proc/{served.process.pid}/task").is_dir():
         pytest.skip("needs Linux's /proc to list the server's worker processes")
     before = served.workers()
@@ -208,9 +206,13 @@ def test_workers_are_not_recycled(served: Server) -> None:
 # The DataFrame helper
 
 
+def frame_columns(with_window_end: bool = False) -> list[str]:
+    return ["user_id", *(f.name for f in USER.features), *(["window_end"] if with_window_end else [])]
+
+
 def test_online_features_as_a_typed_dataframe(served: Server) -> None:
     frame = online_features(served.root, USER, EVERY_TYPE_KEYS, with_window_end=True)
-    assert list(frame.columns) == ["user_id", *(f.name for f in USER.features), "window_end"]
+    assert list(frame.columns) == frame_columns(with_window_end=True)
     assert frame["user_id"].tolist() == EVERY_TYPE_KEYS
     assert str(frame["txn_count"].dtype) == "Int64" and str(frame["merchants"].dtype) == "Int64"
     assert frame["amount_sum"].dtype == np.float64 and str(frame["last_ok"].dtype) == "boolean"
@@ -235,6 +237,9 @@ def test_online_features_key_forms(served: Server) -> None:
     cards = online_features(store, CARD_MERCHANT, [("c1", 8), ("c2", 7)], with_window_end=True)
     assert cards["txn_count"].tolist() == [2, 3]
     assert cards["window_end"].tolist() == [T1, T0]
+    empty = online_features(store, USER, [], with_window_end=True)
+    assert empty.empty and list(empty.columns) == list(frame_columns(with_window_end=True))
+    assert str(empty["txn_count"].dtype) == "Int64" and empty["last_status"].dtype == object
     with pytest.raises(ConfigError, match="'nope' not in feature view"):
         online_features(store, USER, ["u1"], features=["nope"])
     with pytest.raises(ConfigError, match="not a tuple of"):
