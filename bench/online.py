@@ -104,6 +104,12 @@ class Redis:
     def version(self) -> str:
         return str(self.client().info("server").get("redis_version", "?"))
 
+    def server_pid(self) -> int | None:
+        """The server's process id, if it runs on this machine (for its CPU time)."""
+        if self.host not in ("127.0.0.1", "localhost"):
+            return None
+        return int(self.client().info("server")["process_id"])
+
     def delete_project(self, project: str) -> None:
         client = self.client()
         keys = list(client.scan_iter(match=b"*" + project.encode(), count=5000))
@@ -206,14 +212,26 @@ def change_points(n: int, window_end: pd.Timestamp, seed: int = 7) -> pd.DataFra
 class WriteResult:
     store: str
     phase: str  # "load" (empty store) or "update" (every key again, newer window end)
-    seconds: dict[str, float] = field(default_factory=dict)  # writer name -> seconds
+    seconds: dict[str, float] = field(default_factory=dict)  # writer name -> seconds of its best run
+    cpu: dict[str, float] = field(default_factory=dict)  # writer name -> CPU seconds of that run
 
 
-def timed(fn: Callable[[], Any]) -> float:
+def timed(fn: Callable[[], Any], server_pid: int | None = None) -> tuple[float, float]:
+    """Wall seconds, and CPU seconds used by this process plus the Redis server (if it runs on this machine)."""
     gc.collect()
-    began = time.perf_counter()
+    began, began_cpu, began_server = time.perf_counter(), time.process_time(), process_cpu(server_pid)
     fn()
-    return time.perf_counter() - began
+    wall, cpu = time.perf_counter() - began, time.process_time() - began_cpu
+    return wall, cpu + process_cpu(server_pid) - began_server
+
+
+def process_cpu(pid: int | None) -> float:
+    """User + system CPU seconds of a process of this machine (0 if unknown)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError, TypeError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def bench_writes(work: Path, redis: Redis, n_rows: int, rounds: int) -> tuple[list[WriteResult], list[str], list[str]]:
@@ -222,7 +240,7 @@ def bench_writes(work: Path, redis: Redis, n_rows: int, rounds: int) -> tuple[li
     from feast import FeatureStore
 
     load, update = change_points(n_rows, T0), change_points(n_rows, T1, seed=8)
-    best: dict[tuple[str, str], dict[str, float]] = {}
+    best: dict[tuple[str, str], WriteResult] = {}
     checks, projects = [], []
     for round_ in range(rounds):
         for kind in ("sqlite", "redis"):
@@ -244,16 +262,18 @@ def bench_writes(work: Path, redis: Redis, n_rows: int, rounds: int) -> tuple[li
                     provider, view = raw._get_provider(), raw.get_feature_view(GROUP.name)
                     rows = provider._prep_rows_to_write_for_ingestion(feature_view=view, df=frame)
                     jobs["feast_raw"] = partial(provider.online_write_batch, raw.config, view, rows, None)
-                times = best.setdefault((kind, phase), {})
+                result = best.setdefault((kind, phase), WriteResult(kind, phase))
+                pid = redis.server_pid() if kind == "redis" else None
                 for name, job in jobs.items():
                     print(f"  round {round_ + 1}, {kind} {phase}: {name} ...", flush=True)
-                    times[name] = min(times.get(name, float("inf")), timed(job))
+                    wall, cpu = timed(job, pid)
+                    if wall < result.seconds.get(name, float("inf")):
+                        result.seconds[name], result.cpu[name] = wall, cpu
                 jobs.clear()
             if round_ == 0:
                 checks.append(same_values(kind, stores["feast"], stores["ours"], update))
             writer.close()
-    results = [WriteResult(kind, phase, seconds) for (kind, phase), seconds in best.items()]
-    return results, checks, projects
+    return list(best.values()), checks, projects
 
 
 def same_values(kind: str, feast_store: Any, ours_store: Any, frame: pd.DataFrame, n: int = 500) -> str:
@@ -416,18 +436,19 @@ def report(args, writes: list[WriteResult], checks: list[str], reads: list[Laten
         "",
         "Each writer writes into a store of its own: first empty (load), then every key again with a newer",
         f"window end (update). Rows per second, the best of {args.rounds} rounds (new stores each round);",
-        "ratio = writer / Feast `write_to_online_store`.",
+        "ratio = writer / Feast `write_to_online_store`. CPU: seconds of CPU the run used, in this process and",
+        "(Redis) in redis-server: the work each way needs, whatever else the machine was doing.",
         "",
         "| store | phase | Feast `write_to_online_store` | Feast `online_write_batch` (protos prebuilt) "
-        "| `features` writer | ratio |",
-        "|---|---|---:|---:|---:|---:|",
+        "| `features` writer | ratio | CPU s, Feast / writer | CPU ratio |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for w in writes:
         raw = f"{rows / w.seconds['feast_raw']:,.0f}" if "feast_raw" in w.seconds else "-"
-        ratio = w.seconds["feast"] / w.seconds["ours"]
+        ratio, cpu_ratio = w.seconds["feast"] / w.seconds["ours"], w.cpu["feast"] / w.cpu["ours"]
         lines.append(
             f"| {w.store} | {w.phase} | {rows / w.seconds['feast']:,.0f} | {raw} | {rows / w.seconds['ours']:,.0f} | "
-            f"{ratio:.1f}x |"
+            f"{ratio:.1f}x | {w.cpu['feast']:.2f} / {w.cpu['ours']:.2f} | {cpu_ratio:.1f}x |"
         )
     lines += ["", *(f"- {c}" for c in checks), ""]
     lines += [

@@ -1,6 +1,6 @@
 """Validation cost: the same batch of about 500k feature rows, processed with and without validation.
 
-    python bench/quality.py [--events 800000] [--users 5000] [--repeats 3]
+    python bench/quality.py [--events 820000] [--users 5000] [--repeats 5]
 
 The streaming engine does not exist yet, so a micro-batch is what it will do per trigger, done by the batch
 backfill: read the events, compute the change points of one range, write the offline table and the online
@@ -84,7 +84,7 @@ def make_repo(args: argparse.Namespace, work: Path) -> Repo:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=800_000)
+    parser.add_argument("--events", type=int, default=820_000)
     parser.add_argument("--users", type=int, default=5_000)
     parser.add_argument("--days", type=float, default=2.0)
     parser.add_argument("--repeats", type=int, default=5)

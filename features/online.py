@@ -452,7 +452,7 @@ class RedisOnlineWriter(OnlineWriter):
         for start in range(0, len(rows), self.ROWS_PER_ENCODE):
             part = rows.iloc[start : start + self.ROWS_PER_ENCODE]
             keys = resp_bulks(entity_keys(part, self.join_keys, version, suffix=suffix, resp=True), framed=True)
-            stamps = resp_bulks(timestamp_protos(part[WINDOW_END]))
+            stamps = timestamp_resp(part[WINDOW_END])
             values = [resp_values(part[n], t, f"feature {n!r}") for n, t in self.features.items()]
             for lo in range(0, len(part), self.keys_per_call):
                 hi = min(lo + self.keys_per_call, len(part))
@@ -870,7 +870,9 @@ def resp_values(column: pd.Series, dtype: DType, what: str) -> RespColumn:
         matrix[rows, digits + 1] = 13
         matrix[rows, digits + 2] = 10
         body = digits + 3  # where the value starts
-        matrix[rows[:, None], body[:, None] + np.arange(width)] = data
+        for count in (1, 2):  # rows whose value starts at the same column: plain slice assignments
+            rows_of = digits == count
+            matrix[rows_of, count + 3 : count + 3 + width] = data[rows_of]
         matrix[rows, body + size] = 13
         matrix[rows, body + size + 1] = 10
         lengths = body + size + 2
@@ -885,11 +887,27 @@ def resp_values(column: pd.Series, dtype: DType, what: str) -> RespColumn:
     return RespColumn(matrix[keep].tobytes(), offsets.tolist())
 
 
+def timestamp_resp(ends: pd.Series) -> RespColumn:
+    """`timestamp_protos` as bulk strings, each distinct window end framed once (a batch has few)."""
+    codes, protos = _timestamp_codes(ends)
+    framed = [_resp_bulk(p) for p in protos]
+    lengths = np.array([len(f) for f in framed], dtype=np.int64)[codes]
+    offsets = np.zeros(len(codes) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return RespColumn(b"".join(list(map(framed.__getitem__, codes.tolist()))), offsets.tolist())
+
+
 def timestamp_protos(ends: pd.Series) -> list[bytes]:
     """Each window end as the serialized google.protobuf.Timestamp Feast's Redis store keeps in `_ts:<view>`.
 
     Feast builds it with `Timestamp.FromDatetime` from a Python datetime, i.e. at microsecond precision.
     """
+    codes, protos = _timestamp_codes(ends)
+    return [protos[c] for c in codes.tolist()]
+
+
+def _timestamp_codes(ends: pd.Series) -> tuple[np.ndarray, list[bytes]]:
+    """(index of each row's window end among the distinct ones, the distinct ones' Timestamp protos)."""
     from google.protobuf.timestamp_pb2 import Timestamp
 
     codes, uniques = pd.factorize(_utc(ends))
@@ -900,7 +918,7 @@ def timestamp_protos(ends: pd.Series) -> list[bytes]:
         micros = end.value // 1000
         seconds, rest = divmod(micros, 1_000_000)
         protos.append(Timestamp(seconds=seconds, nanos=rest * 1000).SerializeToString())
-    return [protos[c] for c in codes.tolist()]
+    return codes, protos
 
 
 def _utc(ends: pd.Series) -> pd.Series:

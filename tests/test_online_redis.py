@@ -44,7 +44,7 @@ from online_repos import (
 from redis_server import RedisServer
 
 from features import ConfigError, DataError
-from features.online import RedisOnlineWriter, encode_values, entity_keys, online_writer
+from features.online import RedisOnlineWriter, encode_values, entity_keys, online_writer, resp_values
 from features.spec import DType
 
 redis_server = redis_fixtures.redis_server  # the session's real Redis (a fixture)
@@ -81,6 +81,7 @@ def test_entity_keys_are_feasts_serialization() -> None:
     cases = [{"user_id": string}, {"merchant_id": integer}, {"user_id": string, "merchant_id": integer}]
     for join_keys in [*cases, {"merchant_id": integer, "card_id": string}]:
         got = entity_keys(rows, join_keys, suffix=b"proj")
+        assert entity_keys(rows, join_keys, suffix=b"proj", resp=True) == [b"$%d\r\n%b\r\n" % (len(k), k) for k in got]
         for i, key in enumerate(got):
             values = [
                 ValueProto(string_val=rows.loc[i, k])
@@ -110,6 +111,12 @@ def test_values_are_protobufs_serialization(dtype: DType, values: list, proto) -
     column = pd.Series([*values, None], dtype=object)
     encoded = encode_values(column, dtype, "feature", text=True, num=True)
     assert encoded.values == [proto(v).SerializeToString() for v in values] + [b""]
+    # What the Redis writer sends: the same bytes as Redis protocol bulk strings, built column-wise.
+    resp = resp_values(column, dtype, "feature")
+    assert resp.data == b"".join(b"$%d\r\n%b\r\n" % (len(v), v) for v in encoded.values)
+    assert [resp.slice(i, i + 1) for i in range(len(column))] == [
+        b"$%d\r\n%b\r\n" % (len(v), v) for v in encoded.values
+    ]
     assert encoded.text[-1] is None and encoded.num[-1] is None
     if dtype in (DType.INT64, DType.FLOAT64, DType.STRING, DType.BOOL):
         from feast.infra.online_stores.helpers import extract_text_and_num
