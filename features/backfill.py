@@ -106,12 +106,22 @@ def backfill(
     if start_t >= end_t:
         raise ConfigError(f"--start {start_t.isoformat()} is not before --end {end_t.isoformat()}; swap them")
     selected = repo.select(groups)
-    if online:  # fail before Spark starts when a store cannot take writes (e.g. the repo was never applied)
-        for group in selected:
-            ready_writer(repo, group)
+    # Fail before Spark starts when a store cannot take writes (e.g. the repo was never applied).
+    writers = {g.name: ready_writer(repo, g) for g in selected} if online else {}
     spark = spark or get_spark()
     return [
-        backfill_group(spark, repo, g, start_t, end_t, online=online, progress=progress, on_invalid=on_invalid, now=now)
+        backfill_group(
+            spark,
+            repo,
+            g,
+            start_t,
+            end_t,
+            online=online,
+            progress=progress,
+            on_invalid=on_invalid,
+            now=now,
+            writer=writers.get(g.name),
+        )
         for g in selected
     ]
 
@@ -138,6 +148,7 @@ def backfill_group(
     on_invalid: str | None = None,
     now: datetime | None = None,
     validate: bool = True,
+    writer: OnlineWriter | None = None,
 ) -> BackfillResult:
     """Backfill one group. Bad source records go to the group's quarantine folder; the change points are
     validated (features.quality) before either store is written, and a failure does what the policy says:
@@ -148,7 +159,8 @@ def backfill_group(
     began = time.perf_counter()
     chosen = quality.policy(group, quality.BACKFILL_DEFAULT, on_invalid)
     source = read_source(spark, group, repo.source_path(group), now=now)
-    writer = ready_writer(repo, group) if online else None
+    if online and writer is None:
+        writer = ready_writer(repo, group)
     records = quality.quarantine_root(repo.root, group.name) / "records" / quality.new_run_id()
     quarantined = quarantine_records(source.rejected_for(read_lower_bound(group, micros(start)), micros(end)), records)
     report: ValidationReport | None = None
