@@ -4,6 +4,9 @@ Layout conventions (all relative to the repo root unless given as absolute paths
     feature_store.yaml          Feast's configuration (project, registry, online and offline stores)
     *.py                        definitions; every module-level FeatureGroup is picked up
     data/offline/<group>/       the offline change-point table, Parquet partitioned by date=YYYY-MM-DD
+    data/late/<group>/          events the stream received behind its watermark, batch=<id>/*.parquet with the
+                                source's columns: the next backfill of their dates makes the offline table exact
+    data/checkpoints/<group>/   the stream's checkpoint and state (default; the user can set another root)
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ if TYPE_CHECKING:
     from feast import FeatureStore
 
 OFFLINE_DIR = Path("data") / "offline"
+LATE_DIR = Path("data") / "late"
+CHECKPOINT_DIR = Path("data") / "checkpoints"
 _SKIP_DIRS = {"data", "__pycache__", ".ipynb_checkpoints"}
 
 
@@ -58,6 +63,17 @@ class Repo:
     def offline_path(self, group: FeatureGroup | str) -> str:
         name = group if isinstance(group, str) else group.name
         return offline_table_path(self.root, name)
+
+    def late_path(self, group: FeatureGroup | str) -> str:
+        name = group if isinstance(group, str) else group.name
+        return str((self.root / LATE_DIR / name).resolve())
+
+    def checkpoint_path(self, group: FeatureGroup | str, root: str | None = None) -> str:
+        """The stream's checkpoint folder for a group: under `root` if given, else under the repo."""
+        name = group if isinstance(group, str) else group.name
+        if root:
+            return str(Path(resolve(self.root, root)) / name)
+        return str((self.root / CHECKPOINT_DIR / name).resolve())
 
     def select(self, names: list[str] | None) -> list[FeatureGroup]:
         """The named groups (all of them when `names` is empty), or a ConfigError naming the unknown one."""
