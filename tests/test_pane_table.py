@@ -33,7 +33,7 @@ def processor_input(plan: pt.StreamPlan, group: FeatureGroup, events: pd.DataFra
     frame[pt.TS] = [to_micros(t) for t in events["event_ts"]]
     for i, cond in enumerate(plan.conditions):
         if cond is not None:
-            frame[f"_c{i}"] = where_mask(events, cond)
+            frame[f"fx_c{i}"] = where_mask(events, cond)
     for calc in plan.calcs:
         if calc.value is None:
             continue

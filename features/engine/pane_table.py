@@ -2,9 +2,9 @@
 change points between two watermarks. Pure Python (no Spark), so it is tested without a cluster; the
 Spark streaming engine (`features.engine.stream`) runs it inside `transformWithStateInPandas`.
 
-A pane table holds one row per (key, pane): the join keys, `_pane` (pane start, µs), `_n<i>` (rows passing
+A pane table holds one row per (key, pane): the join keys, `fx_pane` (pane start, µs), `fx_n<i>` (rows passing
 the group's i-th distinct `where`, which decide where values may change, exactly as the batch engine does),
-and each feature's partial columns `<feature>.<part>`. One row per key may have `_pane == BASE`: the merged
+and each feature's partial columns `<feature>.<part>`. One row per key may have `fx_pane == BASE`: the merged
 partials of panes that only Lifetime windows still read.
 
 The meaning of every value is DESIGN.md section 2; the window and pane arithmetic is `features.panes`.
@@ -25,9 +25,9 @@ from features.panes import MICROS, pane_length_us
 from features.spec import AggKind, DType, FeatureGroup
 from features.spec.aggregations import DEFAULT_HLL_LG_K, DEFAULT_KLL_K
 
-PANE = "_pane"
-TS = "_ts"
-BASE = np.iinfo(np.int64).min  # the `_pane` of a key's folded Lifetime partials
+PANE = "fx_pane"
+TS = "fx_ts"  # Spark renames pandas columns that start with "_", so the processor's start with fx_
+BASE = np.iinfo(np.int64).min  # the `fx_pane` of a key's folded Lifetime partials
 _I64_MAX = np.iinfo(np.int64).max
 
 
@@ -55,7 +55,7 @@ class StreamPlan:
     """What the processor needs to know about a group (built on the driver, shipped to the workers)."""
 
     keys: tuple[str, ...]
-    conditions: tuple[str | None, ...]  # distinct `where`s; input column `_c<i>` holds each one's truth
+    conditions: tuple[str | None, ...]  # distinct `where`s; input column `fx_c<i>` holds each one's truth
     calcs: tuple[Calc, ...]
     pane_us: int
 
@@ -86,12 +86,12 @@ class StreamPlan:
         return cls(tuple(group.join_keys), tuple(conds), tuple(calcs), pane_length_us(f.window for f in group.features))
 
     def condition_column(self, i: int) -> str | None:
-        return None if self.conditions[i] is None else f"_c{i}"
+        return None if self.conditions[i] is None else f"fx_c{i}"
 
     @property
     def columns(self) -> list[str]:
         """The pane table's columns."""
-        cols = [*self.keys, PANE, *(f"_n{i}" for i in range(len(self.conditions)))]
+        cols = [*self.keys, PANE, *(f"fx_n{i}" for i in range(len(self.conditions)))]
         for calc in self.calcs:
             cols.extend(calc.col(p) for p in _KINDS[calc.kind].parts)
         return cols
@@ -99,7 +99,7 @@ class StreamPlan:
 
 def value_column(kind: AggKind, column: str) -> str:
     """The processor's input column for a source column, named by how Spark casts it for this kind."""
-    return f"_v_{_CAST.get(kind, 'raw')}_{column}"
+    return f"fx_v_{_CAST.get(kind, 'raw')}_{column}"
 
 
 _CAST = {AggKind.AVG: "double", AggKind.STDDEV: "double", AggKind.APPROX_PERCENTILE: "double"}
@@ -467,7 +467,7 @@ class Sketch(Kind):
                 out[i] = 0 if blob is None else round(self._load(blob).get_estimate())
             elif blob is not None:
                 sketch = self._load(blob)
-                out[i] = None if sketch.is_empty() else sketch.get_quantile(calc.quantile)
+                out[i] = None if sketch.is_empty() else sketch.get_quantile(calc.quantile, True)  # as Spark: inclusive
         return out.astype(np.int64) if self.hll else out
 
 
@@ -509,7 +509,7 @@ def _nullable(values: np.ndarray, present: np.ndarray) -> np.ndarray:
 
 
 def phase1(plan: StreamPlan, events: pd.DataFrame) -> pd.DataFrame:
-    """Reduce events (keys, `_ts` µs, `_c<i>` conditions, `_v_*` values) to one row per (key, pane)."""
+    """Reduce events (keys, `fx_ts` µs, `fx_c<i>` conditions, `fx_v_*` values) to one row per (key, pane)."""
     if events.empty:
         return empty_table(plan)
     ts = events[TS].to_numpy(dtype=np.int64)
@@ -523,7 +523,7 @@ def phase1(plan: StreamPlan, events: pd.DataFrame) -> pd.DataFrame:
         column = plan.condition_column(i)
         mask = np.ones(len(events), dtype=bool) if column is None else events[column].fillna(False).to_numpy(bool)
         masks.append(mask)
-        out[f"_n{i}"] = _bincount(codes[mask], groups).astype(np.int64)
+        out[f"fx_n{i}"] = _bincount(codes[mask], groups).astype(np.int64)
     for calc in plan.calcs:
         parts = _KINDS[calc.kind].phase1(calc, codes, groups, masks[calc.condition], events)
         out.update({calc.col(p): v for p, v in parts.items()})
@@ -541,7 +541,7 @@ def _factorize(frame: pd.DataFrame) -> tuple[np.ndarray, pd.DataFrame]:
 
 def empty_table(plan: StreamPlan) -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(dtype=object) for c in plan.columns}).astype(
-        {**{PANE: np.int64}, **{f"_n{i}": np.int64 for i in range(len(plan.conditions))}}
+        {**{PANE: np.int64}, **{f"fx_n{i}": np.int64 for i in range(len(plan.conditions))}}
     )
 
 
@@ -598,7 +598,7 @@ def _reduce(plan: StreamPlan, s: Sorted, starts: np.ndarray, ends: np.ndarray, h
     """Rows of `head` (keys, pane) with every partial merged over rows [start, end) of `s`."""
     out = {c: head[c].to_numpy() for c in (*plan.keys, PANE)}
     for i in range(len(plan.conditions)):
-        out[f"_n{i}"] = _ranges_add(s.table[f"_n{i}"].to_numpy(dtype=np.int64), starts, ends)
+        out[f"fx_n{i}"] = _ranges_add(s.table[f"fx_n{i}"].to_numpy(dtype=np.int64), starts, ends)
     for calc in plan.calcs:
         merged = _KINDS[calc.kind].merge(calc, s.columns(calc), starts, ends, s.key_code, same_pane=True)
         out.update({calc.col(p): v for p, v in merged.items()})
@@ -611,7 +611,7 @@ def change_ends(plan: StreamPlan, table: pd.DataFrame, after_us: int | None, upt
     pane = table[PANE].to_numpy(dtype=np.int64)
     rows, ends = [], []
     for calc in plan.calcs:
-        has = (table[f"_n{calc.condition}"].to_numpy(dtype=np.int64) > 0) & (pane != BASE)
+        has = (table[f"fx_n{calc.condition}"].to_numpy(dtype=np.int64) > 0) & (pane != BASE)
         idx = np.flatnonzero(has)
         coarse = pane[idx] - pane[idx] % calc.every_us
         moves = [coarse + calc.every_us]
@@ -661,12 +661,14 @@ def next_change(plan: StreamPlan, table: pd.DataFrame, after_us: int) -> int | N
     return None if points.empty else int(points["E"].min())
 
 
-def prune(plan: StreamPlan, table: pd.DataFrame, upto_us: int) -> pd.DataFrame:
+def prune(plan: StreamPlan, table: pd.DataFrame, upto_us: int, align_us: int | None = None) -> pd.DataFrame:
     """Drop panes that no window ending after `upto` reads; fold those only Lifetime windows still read into
-    each key's BASE row."""
+    each key's BASE row. With `align_us`, only whole stretches of that length go (stored chunks)."""
     cut = min(
         (upto_us - upto_us % c.every_us) - (c.size_us if c.size_us is not None else c.every_us) for c in plan.calcs
     )
+    if align_us:
+        cut -= cut % align_us
     pane = table[PANE].to_numpy(dtype=np.int64)
     old = pane < cut
     if not old.any():
@@ -678,7 +680,7 @@ def prune(plan: StreamPlan, table: pd.DataFrame, upto_us: int) -> pd.DataFrame:
     folded[PANE] = BASE
     base = combine(plan, [folded])
     for i in range(len(plan.conditions)):  # the base row never makes a change point
-        base[f"_n{i}"] = 0
+        base[f"fx_n{i}"] = 0
     for calc in plan.calcs:  # nor carries a Hop feature's data
         if calc.size_us is not None:
             base = _clear(calc, base)
@@ -732,7 +734,14 @@ class Step:
     next_change: int | None  # the first window end after `upto` where a value may change
 
 
-def step(plan: StreamPlan, table: pd.DataFrame, events: pd.DataFrame, after: int | None, upto: int) -> Step:
+def step(
+    plan: StreamPlan,
+    table: pd.DataFrame,
+    events: pd.DataFrame,
+    after: int | None,
+    upto: int,
+    align_us: int | None = None,
+) -> Step:
     """One micro-batch for one set of keys: merge the events' pane partials into the table, emit the change
     points whose window end the watermark passed, and drop what no later window reads.
 
@@ -741,5 +750,5 @@ def step(plan: StreamPlan, table: pd.DataFrame, events: pd.DataFrame, after: int
     late = np.zeros(len(events), dtype=bool) if after is None else events[TS].to_numpy(dtype=np.int64) < after
     table = combine(plan, [table, phase1(plan, events[~late])])
     rows = emit(plan, table, after, upto) if after is None or upto > after else emit(plan, table.iloc[:0], None, 0)
-    table = prune(plan, table, upto)
+    table = prune(plan, table, upto, align_us)
     return Step(table, rows, events[late], next_change(plan, table, upto))

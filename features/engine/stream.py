@@ -1,0 +1,362 @@
+"""The Spark Structured Streaming engine: a group's source read as a stream, both phases in
+`transformWithStateInPandas`, and the change points written to the offline table and the online store once
+per micro-batch, exactly once across restarts.
+
+Layout of the query:
+    source (file landing folder or Kafka) -> bad records marked with their reason (features.engine.source)
+    -> event-time watermark on the source timestamp -> projection to what the features read
+    -> groupBy(hash bucket of the key) -> transformWithStateInPandas(PaneProcessor)  [RocksDB state]
+    -> foreachBatch(sink): validate, then offline files + online store; late events and bad records aside
+
+Why hash buckets: a Python call per entity key and batch costs about half a millisecond; one call per bucket
+handles all its keys with vectorized pandas (features.engine.pane_table). Each bucket keeps its pane table in
+a MapState split into time chunks, so a batch rewrites only the chunks it touched; one event-time timer per
+bucket wakes it when its next change point is due, so expiry rows come out for keys without new events.
+
+Why the timestamp leaves the projection as a number: Spark drops rows behind the watermark before a stateful
+operator when the operator's input carries the watermark column. Here the processor decides lateness itself
+(an event is late when its change points were already emitted) and hands late events to the sink, which
+writes them to the late-events folder instead of losing them silently.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
+
+from features.engine import pane_table as pt
+from features.engine.source import CORRUPT, _reason, check_columns, declared_spark_schema, schema_of
+from features.errors import ConfigError, DefinitionError, EnvironmentProblem
+from features.spec import WINDOW_END, DType, FeatureGroup
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import StructType
+
+BUCKET = "fx_bucket"
+KIND = "fx_kind"  # what an output row is: a change point, a late event, a bad record, or a bucket's state size
+ROW, LATE, BAD, STAT = "row", "late", "bad", "stat"
+REASON = "fx_reason"
+RECORD = "fx_record"  # a late event or bad record as JSON
+STATE_ROWS, STATE_BYTES, EVENTS = "fx_state_rows", "fx_state_bytes", "fx_events"  # per bucket, on STAT rows
+CHUNK_US = 3600 * 1_000_000  # pane tables are stored in chunks of one hour of panes
+STATE_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+KAFKA_PACKAGE = "org.apache.spark:spark-sql-kafka-0-10_2.13:{version}"
+
+_SPARK_TYPES = {
+    DType.INT64: "bigint",
+    DType.FLOAT64: "double",
+    DType.STRING: "string",
+    DType.BOOL: "boolean",
+    DType.INT64_LIST: "array<bigint>",
+    DType.FLOAT64_LIST: "array<double>",
+    DType.STRING_LIST: "array<string>",
+    DType.BOOL_LIST: "array<boolean>",
+}
+
+
+def configure(spark: SparkSession) -> None:
+    """RocksDB state with changelog checkpointing: transformWithState needs RocksDB, and the changelog makes
+    a checkpoint write only what a batch changed."""
+    spark.conf.set("spark.sql.streaming.stateStore.providerClass", STATE_PROVIDER)
+    spark.conf.set("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Source
+
+
+def source_schema(spark: SparkSession, group: FeatureGroup, path: str) -> StructType:
+    """The stream's schema: the declared one, else the one of the Parquet files already landed."""
+    declared = declared_spark_schema(group)
+    if declared is not None:
+        return declared
+    source = group.source
+    if source.format != "parquet":
+        raise DefinitionError(
+            f"EventSource({source.name!r}).schema",
+            f"a {source.format} stream needs a declared schema",
+            'add schema={"column": "type", ...} to the EventSource',
+        )
+    if "://" not in path and not any(Path(path).rglob("*.parquet")):
+        raise ConfigError(
+            f"EventSource({source.name!r}).path: no Parquet files in {path} to take the stream's schema from; "
+            'land a first file there, or declare schema={"column": "type", ...} on the EventSource'
+        )
+    return spark.read.option("recursiveFileLookup", "true").parquet(path).schema
+
+
+def read_stream(spark: SparkSession, group: FeatureGroup, path: str, max_files: int | None) -> DataFrame:
+    """The group's source as a streaming DataFrame with the source's columns (plus `_corrupt_record` for JSON)."""
+    from pyspark.sql import types as T
+
+    source = group.source
+    if source.format == "kafka":
+        return _read_kafka(spark, group)
+    schema = source_schema(spark, group, path)
+    reader = spark.readStream.option("recursiveFileLookup", "true")
+    if max_files:
+        reader = reader.option("maxFilesPerTrigger", max_files)
+    if source.format == "json":
+        with_corrupt = T.StructType([*schema.fields, T.StructField(CORRUPT, T.StringType())])
+        events = reader.schema(with_corrupt).option("mode", "PERMISSIVE").json(path)
+    else:
+        events = reader.schema(schema).parquet(path)
+    check_columns(group, events)
+    return events
+
+
+def _read_kafka(spark: SparkSession, group: FeatureGroup) -> DataFrame:
+    """Kafka through Spark's connector: JSON values parsed with the declared schema."""
+    source = group.source
+    declared = declared_spark_schema(group)
+    if declared is None:
+        raise DefinitionError(
+            f"EventSource({source.name!r}).schema",
+            "a Kafka source needs a declared schema for its JSON values",
+            'add schema={"column": "type", ...} to the EventSource',
+        )
+    try:
+        raw = spark.readStream.format("kafka").options(**dict(source.options)).load()
+    except Exception as exc:
+        if "kafka" in str(exc).lower() and ("not found" in str(exc).lower() or "find data source" in str(exc).lower()):
+            package = KAFKA_PACKAGE.format(version=spark.version)
+            raise EnvironmentProblem(
+                f"EventSource({source.name!r}).format: Spark's Kafka connector is not on the classpath; start "
+                f"Spark with --packages {package} (or set spark.jars.packages to it)"
+            ) from None
+        raise
+    from pyspark.sql import types as T
+
+    with_corrupt = T.StructType([*declared.fields, T.StructField(CORRUPT, T.StringType())])
+    text = F.col("value").cast("string")
+    parsed = F.from_json(text, with_corrupt, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})
+    return raw.select(parsed.alias("r")).select("r.*")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Plan: what the processor reads and writes
+
+
+@dataclass(frozen=True)
+class Projection:
+    plan: pt.StreamPlan
+    columns: list[Column]  # the processor's input, besides the bucket
+    output_schema: str
+    feature_types: dict[str, DType]
+
+
+def project(group: FeatureGroup, events: DataFrame, buckets: int) -> tuple[DataFrame, Projection]:
+    """The processor's input: bucket, keys, `_ts` (µs), one truth column per `where`, the cast value columns,
+    and for bad records their reason and JSON; with the watermark on the source timestamp of good records."""
+    types = schema_of(events.schema)
+    output = group.output_types(types)
+    plan = pt.StreamPlan.of(group, types)
+    source = group.source
+    reason = _reason(group, events, datetime.now().astimezone())
+    source_columns = [c for c in events.columns if c != CORRUPT]
+    raw = F.to_json(F.struct(*[F.col(c) for c in source_columns]))
+    if CORRUPT in events.columns:
+        raw = F.coalesce(F.col(CORRUPT), raw)
+    marked = events.select(
+        *[F.col(c) for c in source_columns],
+        reason.alias(REASON),
+        F.when(reason.isNotNull(), raw).alias(RECORD),
+        # Bad records never move the watermark (a timestamp years ahead would make everything late).
+        F.when(reason.isNull(), F.col(source.timestamp).cast("timestamp")).alias("fx_wm"),
+    ).withWatermark("fx_wm", f"{source.watermark_s} seconds")
+    keys = list(group.join_keys)
+    cols: list[Column] = [F.col(k) for k in keys]
+    cols.append(F.unix_micros(F.col(source.timestamp).cast("timestamp")).alias(pt.TS))
+    for i, cond in enumerate(plan.conditions):
+        if cond is not None:
+            cols.append(F.coalesce(F.expr(cond), F.lit(False)).alias(f"fx_c{i}"))
+    seen = set()
+    for calc, feat in zip(plan.calcs, group.features, strict=True):
+        if calc.value is None or calc.value in seen:
+            continue
+        seen.add(calc.value)
+        column = F.col(feat.aggregation.column)  # type: ignore[arg-type]
+        if pt.hll_cast(calc.kind, types[feat.aggregation.column]):  # type: ignore[index]
+            column = column.cast("string")
+        elif calc.value_type is DType.FLOAT64:
+            column = column.cast("double")
+        cols.append(column.alias(calc.value))
+    cols += [F.col(REASON), F.col(RECORD)]
+    bucket = F.pmod(F.xxhash64(*[F.col(k) for k in keys]), F.lit(buckets)).alias(BUCKET)
+    projected = marked.select(bucket, *cols)
+    key_types = ", ".join(f"`{k}` {_SPARK_TYPES[output[k]]}" for k in keys)
+    feature_types = {f.name: output[f.name] for f in group.features}
+    features = ", ".join(f"`{n}` {_SPARK_TYPES[t]}" for n, t in feature_types.items())
+    schema = (
+        f"{KIND} string, {key_types}, {WINDOW_END} bigint, {features}, {REASON} string, {RECORD} string, "
+        f"{BUCKET} bigint, {STATE_ROWS} bigint, {STATE_BYTES} bigint, {EVENTS} bigint"
+    )
+    return projected, Projection(plan, cols, schema, feature_types)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Processor
+
+
+class PaneProcessor(StatefulProcessor):
+    """One hash bucket of keys: its pane table in chunks, the watermark it emitted up to, one timer."""
+
+    def __init__(self, plan: pt.StreamPlan, group_name: str, output_columns: list[str]) -> None:
+        self.plan = plan
+        self.group_name = group_name
+        self.output_columns = output_columns
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.handle = handle
+        self.meta = handle.getValueState("meta", "emitted_upto long")
+        self.chunks = handle.getMapState("chunks", "chunk long", "blob binary")
+
+    def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any) -> Iterator[pd.DataFrame]:  # noqa: N802, N803
+        frames = list(rows)
+        events = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+        bad = events[REASON].notna().to_numpy()
+        if bad.any():
+            yield self._side(BAD, events[bad], events[bad][REASON].to_numpy(), events[bad][RECORD].to_numpy())
+        yield from self._advance(key[0], events[~bad], timerValues, len(events))
+
+    def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Iterator[pd.DataFrame]:  # noqa: N802, N803
+        upto = timerValues.getCurrentWatermarkInMs() * 1000
+        meta = self.meta.get() if self.meta.exists() else None
+        if meta is not None and meta[0] is not None and meta[0] >= upto:
+            return  # this batch's input already brought the bucket up to the watermark
+        yield from self._advance(key[0], None, timerValues, 0)
+
+    def _advance(self, bucket: int, events: pd.DataFrame | None, timer_values: Any, n: int) -> Iterator[pd.DataFrame]:
+        plan = self.plan
+        upto = timer_values.getCurrentWatermarkInMs() * 1000
+        meta = self.meta.get() if self.meta.exists() else None
+        after = None if meta is None else meta[0]
+        stored = {int(k[0]): v[0] for k, v in self.chunks.iterator()}
+        table = pt.combine(plan, [pt.from_bytes(plan, blob) for blob in stored.values()])
+        if events is None:
+            events = pd.DataFrame({c: [] for c in (*plan.keys, pt.TS)}).astype({pt.TS: np.int64})
+        if after is not None and upto <= after:
+            upto = after  # the watermark never moves back; nothing new to emit
+        step = pt.step(plan, table, events, after, upto, align_us=CHUNK_US)
+        ts = events[pt.TS].to_numpy(dtype=np.int64)
+        touched = set(_chunk_ids(ts - ts % plan.pane_us))
+        self._store(step.table, stored, touched)
+        self.meta.update((upto,))
+        if step.next_change is not None:
+            self.handle.registerTimer(step.next_change // 1000)
+        if len(step.rows):
+            yield self._rows(step.rows)
+        if len(step.late):
+            late = step.late
+            record = late[[*plan.keys, pt.TS]].to_json(orient="records", lines=True).splitlines()
+            yield self._side(LATE, late, np.full(len(late), "late"), np.array(record, dtype=object))
+        yield self._stat(bucket, step.table, upto, n)
+
+    def _store(self, table: pd.DataFrame, stored: dict[int, bytes], touched: set[int]) -> None:
+        """Write the chunks whose rows changed; remove the ones pruned."""
+        current = dict(pt.iter_chunks(table, CHUNK_US))
+        for chunk, rows in current.items():
+            if chunk not in stored or chunk in touched or chunk == pt.BASE:
+                self.chunks.updateValue((chunk,), (pt.to_bytes(rows.reset_index(drop=True)),))
+        for chunk in stored:
+            if chunk not in current:
+                self.chunks.removeKey((chunk,))
+
+    def _frame(self, kind: str, n: int) -> dict[str, Any]:
+        out: dict[str, Any] = {c: np.full(n, None, dtype=object) for c in self.output_columns}
+        out[KIND] = np.full(n, kind, dtype=object)
+        return out
+
+    def _rows(self, rows: pd.DataFrame) -> pd.DataFrame:
+        out = self._frame(ROW, len(rows))
+        for c in rows.columns:
+            out[c] = rows[c].to_numpy()
+        return pd.DataFrame(out)[self.output_columns]
+
+    def _side(self, kind: str, events: pd.DataFrame, reasons: np.ndarray, records: np.ndarray) -> pd.DataFrame:
+        out = self._frame(kind, len(events))
+        out[REASON], out[RECORD] = reasons, records
+        return pd.DataFrame(out)[self.output_columns]
+
+    def _stat(self, bucket: int, table: pd.DataFrame, upto: int, events: int) -> pd.DataFrame:
+        """The bucket's state size, watermark and events read, for the progress report."""
+        out = self._frame(STAT, 1)
+        for column, value in (
+            (BUCKET, bucket),
+            (STATE_ROWS, len(table)),
+            (STATE_BYTES, int(table.memory_usage(deep=True).sum())),
+            (EVENTS, events),
+            (WINDOW_END, upto),
+        ):
+            out[column] = np.array([value], dtype=object)
+        return pd.DataFrame(out)[self.output_columns]
+
+    def close(self) -> None:
+        pass
+
+
+def _chunk_ids(panes: np.ndarray) -> list[int]:
+    return [int(c) for c in np.unique(panes - panes % CHUNK_US)]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Sink helpers (run on the driver, once per micro-batch)
+
+
+def write_offline_batch(rows: DataFrame, table: str, batch_id: int) -> int:
+    """Append a micro-batch's change points to the offline table: one file per date partition, named by the
+    batch id, moved into place atomically. A replayed batch rewrites the same files, so no row is doubled."""
+    staging = Path(table).parent / "_staging" / f"{Path(table).name}-stream-{batch_id}-{uuid.uuid4().hex[:8]}"
+    dated = rows.withColumn("date", F.date_format(F.col(WINDOW_END), "yyyy-MM-dd"))
+    dated.repartition("date").write.partitionBy("date").parquet(str(staging))
+    written = 0
+    try:
+        for part in sorted(staging.glob("date=*")):
+            files = sorted(part.glob("*.parquet"))
+            target = Path(table) / part.name
+            target.mkdir(parents=True, exist_ok=True)
+            for i, f in enumerate(files):  # one file per date (repartition by date); more if Spark splits it
+                os.replace(f, target / f"stream-b{batch_id:010d}-{i:03d}.parquet")
+                written += 1
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return written
+
+
+def write_json_records(frame: DataFrame, folder: Path, schema: str | None) -> None:
+    """Late events or bad records of one batch into `folder` (replaced whole on a replay)."""
+    staging = folder.parent / f".{folder.name}-{uuid.uuid4().hex[:8]}"
+    if schema is not None:
+        frame = frame.select(F.from_json(F.col(RECORD), schema).alias("r")).select("r.*")
+    frame.coalesce(1).write.parquet(str(staging))
+    if folder.exists():
+        shutil.rmtree(folder)
+    os.replace(staging, folder)
+
+
+def late_schema(group: FeatureGroup, key_types: dict[str, DType]) -> str:
+    keys = ", ".join(f"`{k}` {_SPARK_TYPES[key_types[k]]}" for k in group.join_keys)
+    return f"{keys}, `{pt.TS}` bigint"
+
+
+def save_definition(checkpoint: Path, description: dict[str, Any]) -> None:
+    checkpoint.mkdir(parents=True, exist_ok=True)
+    (checkpoint / "features-definition.json").write_text(json.dumps(description, indent=2, sort_keys=True))
+
+
+def saved_definition(checkpoint: Path) -> dict[str, Any] | None:
+    path = checkpoint / "features-definition.json"
+    return json.loads(path.read_text()) if path.is_file() else None

@@ -1,0 +1,352 @@
+"""`features stream`: run feature groups as Spark Structured Streaming queries that keep the offline table and
+the online store fresh (the engine is `features.engine.stream`).
+
+    run = stream(Repo.load("feature_repo"), available_now=True)   # process what has landed, then stop
+    run.await_termination()
+    run.progress()            # one StreamProgress per group: rates, watermark, state, rows, late events
+
+Per micro-batch, in this order: the change points are validated (features.quality; a failing batch is
+quarantined by default and nothing of it is written), appended to the offline table as files named by the
+batch id, and each key's newest value is written to the online store with the event-time guard. A batch
+replayed after a crash rewrites the same files and cannot move an online value back in time, so both stores
+end up as if each batch ran once. Late events go to `Repo.late_path(group)/batch=<id>`, bad source records to
+the group's quarantine folder, both with the batch id.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from features.errors import ConfigError, ValidationFailed
+from features.repo import Repo
+from features.spec import WINDOW_END, FeatureGroup
+from features.spec.fingerprint import definition_hash, describe
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming import StreamingQuery
+
+    from features.online import OnlineWriter
+
+DEFAULT_BUCKETS = 64
+
+
+@dataclass(frozen=True)
+class StreamProgress:
+    """Where one group's stream stands after its latest micro-batch (totals since this run started)."""
+
+    group: str
+    batch_id: int = -1
+    events: int = 0  # read by the latest batch
+    input_rate: float = 0.0  # events per second arriving, as Spark measures it
+    processing_rate: float = 0.0  # events per second processed
+    watermark: datetime | None = None
+    state_rows: int = 0  # pane rows held in state, all buckets
+    state_bytes: int = 0
+    rows_emitted: int = 0  # change points written by the latest batch
+    rows_total: int = 0
+    late: int = 0  # events behind the watermark in the latest batch (written to the late-events folder)
+    late_total: int = 0
+    bad_records_total: int = 0  # bad source records quarantined
+    batches_quarantined: int = 0  # micro-batches that failed validation (nothing of them written)
+    batch_seconds: float = 0.0
+    freshness_seconds: float | None = None  # from the newest event's landing to its values being online
+
+    def line(self) -> str:
+        wm = self.watermark.strftime("%Y-%m-%d %H:%M:%S") if self.watermark else "-"
+        text = (
+            f"{self.group} batch {self.batch_id}: {self.events:,} events in {self.batch_seconds:.1f}s "
+            f"({self.processing_rate:,.0f}/s), watermark {wm}, {self.rows_emitted:,} rows out "
+            f"({self.rows_total:,} total), state {self.state_rows:,} panes, late {self.late_total:,}"
+        )
+        if self.bad_records_total:
+            text += f", bad records {self.bad_records_total:,}"
+        if self.batches_quarantined:
+            text += f", batches quarantined {self.batches_quarantined}"
+        return text
+
+
+@dataclass
+class StreamRun:
+    """The running queries of one `stream()` call, one per group."""
+
+    queries: dict[str, StreamingQuery]
+    latest: dict[str, StreamProgress]
+    history: list[StreamProgress] = field(default_factory=list)
+    errors: dict[str, BaseException] = field(default_factory=dict)
+
+    def progress(self) -> list[StreamProgress]:
+        return [self.latest[name] for name in self.queries]
+
+    def status(self) -> Any:
+        """Every batch's progress so far as a pandas DataFrame (for notebooks)."""
+        import pandas as pd
+
+        return pd.DataFrame([p.__dict__ for p in self.history])
+
+    def await_termination(self, timeout: float | None = None) -> bool:
+        """Wait for every query to stop (available-now runs stop by themselves); re-raise a query's failure
+        as the features error that caused it when there is one."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for name, query in self.queries.items():
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                done = query.awaitTermination(None if left is None else left)
+            except Exception as exc:
+                raise self.errors.get(name, exc) from None
+            if done is False:
+                return False
+            if name in self.errors:
+                raise self.errors[name]
+        return True
+
+    def stop(self) -> None:
+        for query in self.queries.values():
+            query.stop()
+
+
+def stream(
+    repo: Repo,
+    groups: list[str] | None = None,
+    *,
+    spark: SparkSession | None = None,
+    trigger: str = "5s",
+    available_now: bool = False,
+    checkpoint_root: str | None = None,
+    reset: bool = False,
+    online: bool = True,
+    validate: bool = True,
+    buckets: int = DEFAULT_BUCKETS,
+    max_files_per_trigger: int | None = None,
+    progress: bool | None = None,
+) -> StreamRun:
+    """Start one streaming query per group (all by default) and return without waiting."""
+    from features.backfill import ready_writer
+    from features.engine import stream as engine
+    from features.engine.session import get_spark
+
+    if buckets < 1:
+        raise ConfigError(f"--buckets: {buckets} is not a positive number of hash buckets")
+    selected = repo.select(groups)
+    writers = {g.name: ready_writer(repo, g) for g in selected} if online else {}
+    spark = spark or get_spark()
+    engine.configure(spark)
+    show = sys.stderr.isatty() if progress is None else progress
+    run = StreamRun({}, {})
+    for group in selected:
+        checkpoint = Path(repo.checkpoint_path(group, checkpoint_root))
+        _check_checkpoint(repo, group, checkpoint, buckets, reset)
+        events = engine.read_stream(spark, group, repo.source_path(group), max_files_per_trigger)
+        projected, projection = engine.project(group, events, buckets)
+        columns = [f.name for f in _output_fields(projection.output_schema)]
+        processor = engine.PaneProcessor(projection.plan, group.name, columns)
+        out = projected.groupBy(engine.BUCKET).transformWithStateInPandas(
+            processor, projection.output_schema, "append", "EventTime"
+        )
+        sink = _Sink(repo, group, writers.get(group.name), validate, run, show, spark)
+        writer = out.writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint / "query"))
+        writer = writer.queryName(f"features_{group.name}")
+        writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=trigger)
+        run.latest[group.name] = StreamProgress(group.name)
+        run.queries[group.name] = writer.start()
+        sink.query = run.queries[group.name]
+    return run
+
+
+def _output_fields(schema: str) -> list[Any]:
+    from pyspark.sql.types import StructType
+
+    return list(StructType.fromDDL(schema).fields)
+
+
+def _check_checkpoint(repo: Repo, group: FeatureGroup, checkpoint: Path, buckets: int, reset: bool) -> None:
+    """Stop when the saved state was built for another definition; `reset` starts over from the source."""
+    from features.engine import stream as engine
+
+    current = {"definition_hash": definition_hash(group), "buckets": buckets, "definition": describe(group)}
+    saved = engine.saved_definition(checkpoint)
+    if reset:
+        shutil.rmtree(checkpoint, ignore_errors=True)
+        for old in Path(repo.offline_path(group)).glob("date=*/stream-b*.parquet"):
+            old.unlink()  # the replay writes every change point again
+        shutil.rmtree(repo.late_path(group), ignore_errors=True)
+    elif saved is not None and (saved["definition_hash"], saved["buckets"]) != (current["definition_hash"], buckets):
+        before = {f["name"] for f in saved["definition"]["features"]}
+        now = {f.name for f in group.features}
+        changes = []
+        if now - before:
+            changes.append(f"added {', '.join(sorted(now - before))}")
+        if before - now:
+            changes.append(f"removed {', '.join(sorted(before - now))}")
+        if saved["buckets"] != buckets:
+            changes.append(f"--buckets {saved['buckets']} -> {buckets}")
+        what = "; ".join(changes) or "changed a feature's aggregation, window or filter"
+        raise ConfigError(
+            f"{group.name}: the stream's saved state in {checkpoint} was built for another definition ({what}), "
+            f"so it cannot continue. Start over with `features stream --repo {repo.root} --group {group.name} "
+            "--reset`, which deletes that state and rebuilds it by replaying the source"
+        )
+    engine.save_definition(checkpoint, current)
+
+
+class _Sink:
+    """foreachBatch: validate, write the offline table and the online store, set aside late and bad rows."""
+
+    def __init__(
+        self,
+        repo: Repo,
+        group: FeatureGroup,
+        writer: OnlineWriter | None,
+        validate: bool,
+        run: StreamRun,
+        show: bool,
+        spark: SparkSession,
+    ) -> None:
+        from features import quality
+
+        self.repo, self.group, self.writer, self.validate = repo, group, writer, validate
+        self.run, self.show = run, show
+        self.policy = quality.policy(group, quality.STREAM_DEFAULT)
+        self.state: dict[int, tuple[int, int]] = {}  # bucket -> (pane rows, bytes)
+        self.query: StreamingQuery | None = None
+        self.lock = threading.Lock()
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        try:
+            self._batch(batch, batch_id)
+        except Exception as exc:
+            self.run.errors[self.group.name] = exc
+            raise
+
+    def _batch(self, batch: DataFrame, batch_id: int) -> None:
+        from pyspark.sql import functions as F
+
+        from features.engine import stream as engine
+
+        began = time.perf_counter()
+        batch = batch.persist()
+        try:
+            stats = batch.where(F.col(engine.KIND) == engine.STAT).select(
+                engine.BUCKET, engine.STATE_ROWS, engine.STATE_BYTES, engine.EVENTS, WINDOW_END
+            )
+            counts = {r[0]: r[1] for r in batch.groupBy(engine.KIND).count().collect()}
+            stat_rows = stats.collect()
+            rows_out = self._write_rows(batch, batch_id) if counts.get(engine.ROW) else 0
+            late = counts.get(engine.LATE, 0)
+            if late:
+                self._write_late(batch, batch_id)
+            bad = counts.get(engine.BAD, 0)
+            if bad:
+                self._write_bad(batch, batch_id)
+        finally:
+            batch.unpersist()
+        self._report(batch_id, stat_rows, rows_out, late, bad, time.perf_counter() - began)
+
+    def _write_rows(self, batch: DataFrame, batch_id: int) -> int:
+        from pyspark.sql import functions as F
+
+        from features import quality
+        from features.backfill import write_latest
+        from features.engine import stream as engine
+
+        keys = list(self.group.join_keys)
+        rows = batch.where(F.col(engine.KIND) == engine.ROW).select(
+            *keys,
+            F.timestamp_micros(F.col(WINDOW_END)).alias(WINDOW_END),
+            *[f.name for f in self.group.features],
+        )
+        n = None
+        if self.validate:
+            report = quality.validate_batch(self.group, rows)
+            n = report.rows
+            if not report.success:
+                if self.policy == quality.FAIL:
+                    quality.handle_invalid(report, rows, self.group, self.repo.root, quality.FAIL, "change points")
+                folder = quality.quarantine_root(self.repo.root, self.group.name) / "batches" / f"stream-b{batch_id}"
+                quality.quarantine_batch(report, rows, folder)
+                self.quarantined = getattr(self, "quarantined", 0) + 1
+                return 0
+        engine.write_offline_batch(rows, self.repo.offline_path(self.group), batch_id)
+        if self.writer is not None:
+            write_latest(self.writer, self.group, rows)
+        return n if n is not None else rows.count()
+
+    def _write_late(self, batch: DataFrame, batch_id: int) -> None:
+        from pyspark.sql import functions as F
+
+        from features.engine import stream as engine
+        from features.engine.pane_table import TS
+
+        key_types = {k: t for k, t in self._key_types().items()}
+        late = batch.where(F.col(engine.KIND) == engine.LATE).select(
+            F.from_json(F.col(engine.RECORD), engine.late_schema(self.group, key_types)).alias("r")
+        )
+        late = late.select(
+            *[F.col(f"r.{k}").alias(k) for k in self.group.join_keys],
+            F.timestamp_micros(F.col(f"r.{TS}")).alias(self.group.source.timestamp),
+            F.lit(batch_id).alias("batch_id"),
+        )
+        engine.write_json_records(late, Path(self.repo.late_path(self.group)) / f"batch={batch_id}", None)
+
+    def _write_bad(self, batch: DataFrame, batch_id: int) -> None:
+        from pyspark.sql import functions as F
+
+        from features import quality
+        from features.engine import stream as engine
+
+        bad = batch.where(F.col(engine.KIND) == engine.BAD).select(
+            F.col(engine.REASON).alias("reason"),
+            F.lit(batch_id).alias("batch_id"),
+            F.col(engine.RECORD).alias("record"),
+        )
+        folder = quality.quarantine_root(self.repo.root, self.group.name) / "records" / f"stream-b{batch_id}"
+        engine.write_json_records(bad, folder, None)
+
+    def _key_types(self) -> dict[str, Any]:
+        from features.feast_objects import source_schema
+
+        types = self.group.output_types(source_schema(self.group, self.repo.root))
+        return {k: types[k] for k in self.group.join_keys}
+
+    def _report(self, batch_id: int, stats: list[Any], rows_out: int, late: int, bad: int, seconds: float) -> None:
+        events = 0
+        watermark = None
+        for r in stats:
+            self.state[int(r[0])] = (int(r[1]), int(r[2]))
+            events += int(r[3])
+            watermark = max(watermark or 0, int(r[4]))
+        before = self.run.latest[self.group.name]
+        spark_progress = self.query.lastProgress if self.query is not None else None
+        input_rate = float((spark_progress or {}).get("inputRowsPerSecond") or 0.0)
+        now = replace(
+            before,
+            batch_id=batch_id,
+            events=events,
+            input_rate=input_rate,
+            processing_rate=events / seconds if seconds > 0 else 0.0,
+            watermark=None if not watermark else datetime.fromtimestamp(watermark / 1e6, UTC),
+            state_rows=sum(v[0] for v in self.state.values()),
+            state_bytes=sum(v[1] for v in self.state.values()),
+            rows_emitted=rows_out,
+            rows_total=before.rows_total + rows_out,
+            late=late,
+            late_total=before.late_total + late,
+            bad_records_total=before.bad_records_total + bad,
+            batches_quarantined=getattr(self, "quarantined", 0),
+            batch_seconds=seconds,
+        )
+        with self.lock:
+            self.run.latest[self.group.name] = now
+            self.run.history.append(now)
+        if self.show:
+            print(now.line(), file=sys.stderr, flush=True)
+
+
+__all__ = ["StreamProgress", "StreamRun", "ValidationFailed", "stream"]
