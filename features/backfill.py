@@ -97,33 +97,41 @@ def backfill(
     progress: bool | None = None,
     on_invalid: str | None = None,
     now: datetime | None = None,
+    track: bool = True,
 ) -> list[BackfillResult]:
     """Backfill the named groups (all by default) over [start, end).
 
     `on_invalid` overrides each group's policy for change points that fail validation ("fail", the default,
-    or "quarantine"); `now` is the current time for the source's `max_future` check (default: the clock)."""
+    or "quarantine"); `now` is the current time for the source's `max_future` check (default: the clock).
+    `track`: record the run in MLflow (features.tracking: definitions, range, counts, validation)."""
     start_t, end_t = parse_time(start, "--start"), parse_time(end, "--end")
     if start_t >= end_t:
         raise ConfigError(f"--start {start_t.isoformat()} is not before --end {end_t.isoformat()}; swap them")
     selected = repo.select(groups)
     # Fail before Spark starts when a store cannot take writes (e.g. the repo was never applied).
     writers = {g.name: ready_writer(repo, g) for g in selected} if online else {}
-    spark = spark or get_spark()
-    return [
-        backfill_group(
-            spark,
-            repo,
-            g,
-            start_t,
-            end_t,
-            online=online,
-            progress=progress,
-            on_invalid=on_invalid,
-            now=now,
-            writer=writers.get(g.name),
-        )
-        for g in selected
-    ]
+    from features import tracking
+
+    params = {"start": start_t, "end": end_t, "online": online, "on_invalid": on_invalid or "group default"}
+    with tracking.start_run(repo, kind="backfill", groups=selected, params=params, enabled=track) as run:
+        spark = spark or get_spark()
+        results = []
+        for g in selected:
+            result = backfill_group(
+                spark,
+                repo,
+                g,
+                start_t,
+                end_t,
+                online=online,
+                progress=progress,
+                on_invalid=on_invalid,
+                now=now,
+                writer=writers.get(g.name),
+            )
+            run.log_result(result)
+            results.append(result)
+    return results
 
 
 def ready_writer(repo: Repo, group: FeatureGroup) -> OnlineWriter:

@@ -1,0 +1,551 @@
+"""MLflow tracking: every backfill and stream run is an MLflow run; training sets log their lineage.
+
+This module and features.model are the only ones that import MLflow, and only when tracking is on.
+
+Where runs go: `MLFLOW_TRACKING_URI` when it is set; on Databricks, the workspace ("databricks"); otherwise a
+SQLite store under the feature repo, `sqlite:///<repo>/data/mlflow.db`, with artifacts in
+`<repo>/data/mlartifacts`. Runs land in the experiment `MLFLOW_EXPERIMENT_NAME`, by default `features-<project>`
+(`/Shared/features-<project>` on Databricks). Look at them with
+`mlflow ui --backend-store-uri sqlite:///feature_repo/data/mlflow.db`.
+
+The API the engines use (one run per backfill or stream; `enabled=False` gives a run that records nothing):
+
+    from features import tracking
+
+    with tracking.start_run(repo, kind="backfill", groups=[group, ...], params={"start": ..., "end": ...}) as run:
+        run.log_metrics({"rows_in": 10, "late": 2}, step=None, group=None)  # group="g" names them "g.rows_in"
+        run.log_validation(report, step=None)  # a features.quality.ValidationReport
+        run.log_result(result)                  # a features.backfill.BackfillResult (or any result like it)
+
+What a run holds:
+- tags `features.kind` (backfill | stream), `features.groups`, `features.project`, `features.repo`, and per group
+  `features.definition_hash.<group>` and `features.feature.<group>.<feature>` (the feature's hash); the same
+  hashes as params `definition_hash.<group>`; the caller's `params` (the range, options);
+- artifact `features/definitions.json`: each group's definition (features.spec.fingerprint.describe) and hashes;
+- metrics `<group>.rows_in`, `.rows_out`, `.online_rows`, `.seconds`, `.records_quarantined`,
+  `.quarantined.<reason>`, `.batch_quarantined` (1 when a batch failed validation and was set aside),
+  whatever else the caller logs (a stream's `late` counts, per micro-batch with `step`);
+- per validation: metrics `<group>.validation.success` (1/0), `.expectations`, `.failed`, `.rows`, `.seconds`,
+  and the artifact `validation/<group>/<report run id>.json` (the outcomes and Great Expectations' result);
+- status FINISHED, or FAILED with the error in tag `features.error` (a ValidationFailed's report is logged).
+
+A run in progress when an MLflow run is active in the same thread and store becomes its child run.
+If tracking cannot start (a bad `MLFLOW_TRACKING_URI`, an unwritable store), `start_run` raises ConfigError
+naming `MLFLOW_TRACKING_URI`; errors while logging are raised too, never swallowed.
+
+Training sets (features.training) call `log_training_lineage` on the active run: tags `features.training.features`,
+`.start`, `.end`, `.rows`, the same `features.definition_hash.<group>` / `features.feature.<group>.<feature>`
+tags as above, and the artifact `features/training_set.json`. `find_runs` queries them later.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from features.errors import ConfigError, ValidationFailed
+from features.spec import FeatureGroup
+from features.spec.fingerprint import definition_hash, describe, feature_hashes
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from mlflow import MlflowClient
+
+    from features.quality import ValidationReport
+    from features.repo import Repo
+    from features.training import Lineage
+
+KINDS = ("backfill", "stream")
+ENV_URI = "MLFLOW_TRACKING_URI"
+ENV_EXPERIMENT = "MLFLOW_EXPERIMENT_NAME"
+STORE_FILE = Path("data") / "mlflow.db"
+ARTIFACT_DIR = Path("data") / "mlartifacts"
+DEFINITIONS_ARTIFACT = "features/definitions.json"
+TRAINING_ARTIFACT = "features/training_set.json"
+# Numeric attributes of a result object that become `<group>.<name>` metrics (whichever it has).
+RESULT_METRICS = (
+    "rows_in",
+    "rows_out",
+    "online_rows",
+    "seconds",
+    "records_quarantined",
+    "late",
+    "late_events",
+    "batches",
+)
+_TAG_LIMIT = 8000
+_UNSAFE = re.compile(r"[^\w.\- /]")
+
+
+def _is_databricks() -> bool:
+    return "DATABRICKS_RUNTIME_VERSION" in os.environ
+
+
+def default_uri(repo: Repo) -> str:
+    """The repo's own store: SQLite under its data folder."""
+    return f"sqlite:///{(repo.root / STORE_FILE).resolve()}"
+
+
+def tracking_uri(repo: Repo) -> str:
+    """MLFLOW_TRACKING_URI if set, "databricks" on Databricks, else the repo's SQLite store."""
+    configured = os.environ.get(ENV_URI, "").strip()
+    if configured:
+        return configured
+    return "databricks" if _is_databricks() else default_uri(repo)
+
+
+def experiment_name(repo: Repo) -> str:
+    configured = os.environ.get(ENV_EXPERIMENT, "").strip()
+    if configured:
+        return configured
+    name = f"features-{repo.project or repo.root.name}"
+    return f"/Shared/{name}" if _is_databricks() else name
+
+
+def _quiet_mlflow() -> None:
+    # Creating a SQLite store logs its schema migrations at INFO on stderr: noise in a CLI's error output.
+    for name in ("mlflow.store.db.utils", "alembic.runtime.migration", "alembic"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    # MLflow's own use of SQLAlchemy warns on every process start; nothing a user can act on.
+    warnings.filterwarnings("ignore", message=r"The ``noload`` loader strategy is deprecated")
+
+
+def _start_failed(uri: str, repo: Repo, exc: BaseException) -> ConfigError:
+    where = f"{ENV_URI}={uri}" if os.environ.get(ENV_URI, "").strip() else f"the default store {uri}"
+    return ConfigError(
+        f"{ENV_URI}: MLflow tracking could not start with {where} ({type(exc).__name__}: {exc}). Fix: set "
+        f"{ENV_URI} to a reachable tracking server or a writable store (unset it to use {default_uri(repo)}), "
+        "or turn tracking off (--no-tracking, track=False)"
+    )
+
+
+def client_for(repo: Repo) -> tuple[MlflowClient, str, str]:
+    """An MlflowClient for the repo's tracking store, the URI, and the id of the repo's experiment (created
+    when missing, with artifacts under the repo for the default store). ConfigError if that fails."""
+    uri = tracking_uri(repo)
+    try:
+        _quiet_mlflow()
+        from mlflow import MlflowClient
+
+        if uri == default_uri(repo):
+            (repo.root / STORE_FILE).parent.mkdir(parents=True, exist_ok=True)
+        client = MlflowClient(tracking_uri=uri)
+        return client, uri, _experiment_id(client, repo, uri)
+    except ConfigError:
+        raise
+    except Exception as exc:  # any failure of the store: a bad URI, a locked or unwritable file, a server down
+        raise _start_failed(uri, repo, exc) from exc
+
+
+def _experiment_id(client: MlflowClient, repo: Repo, uri: str) -> str:
+    from mlflow.exceptions import MlflowException
+
+    name = experiment_name(repo)
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        return str(found.experiment_id)
+    location = (repo.root / ARTIFACT_DIR).resolve().as_uri() if uri == default_uri(repo) else None
+    try:
+        return str(client.create_experiment(name, artifact_location=location))
+    except MlflowException:
+        found = client.get_experiment_by_name(name)  # another process created it meanwhile
+        if found is None:
+            raise
+        return str(found.experiment_id)
+
+
+def use(repo: Repo | str | Path) -> str:
+    """Point MLflow's own API (mlflow.start_run, mlflow.log_metric, ...) at the repo's store and experiment;
+    returns the experiment id. Notebooks call it before `mlflow.start_run()` for a training run."""
+    import mlflow
+
+    loaded = _load(repo)
+    _client, uri, experiment_id = client_for(loaded)
+    # mlflow.set_tracking_uri also exports MLFLOW_TRACKING_URI to the environment, where `tracking_uri` would
+    # later take it for the user's choice (for every other repo too): keep the environment as it was.
+    before = os.environ.get(ENV_URI)
+    try:
+        mlflow.set_tracking_uri(uri)
+        mlflow.set_experiment(experiment_id=experiment_id)
+    finally:
+        if before is None:
+            os.environ.pop(ENV_URI, None)
+        else:
+            os.environ[ENV_URI] = before
+    return experiment_id
+
+
+def _load(repo: Repo | str | Path) -> Repo:
+    from features.repo import Repo
+
+    return repo if isinstance(repo, Repo) else Repo.load(repo)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Runs
+
+
+def _key(*parts: str) -> str:
+    """A metric, param or tag name MLflow accepts (letters, digits, _ - . space /)."""
+    return ".".join(_UNSAFE.sub("_", str(p)) for p in parts if p)
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, int | float):
+        return float(value)
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def definition_tags(groups: Sequence[FeatureGroup]) -> dict[str, str]:
+    """Tags naming each group's definition hash and each feature's hash (queryable with `find_runs`)."""
+    tags = {}
+    for group in groups:
+        tags[_key("features.definition_hash", group.name)] = definition_hash(group)
+        for feature, digest in feature_hashes(group).items():
+            tags[_key("features.feature", group.name, feature)] = digest
+    return tags
+
+
+def definitions_document(groups: Sequence[FeatureGroup]) -> dict[str, Any]:
+    return {
+        g.name: {"definition_hash": definition_hash(g), "feature_hashes": feature_hashes(g), "definition": describe(g)}
+        for g in groups
+    }
+
+
+class Run:
+    """One MLflow run of a backfill or stream, written through an MlflowClient (thread-safe, no global state)."""
+
+    enabled = True
+
+    def __init__(self, client: MlflowClient, run_id: str, experiment_id: str, uri: str) -> None:
+        self.client = client
+        self.run_id = run_id
+        self.experiment_id = experiment_id
+        self.tracking_uri = uri
+
+    def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None, group: str | None = None) -> None:
+        """Numeric values as metrics (named `<group>.<name>` when `group` is given); others are ignored."""
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        batch = [
+            Metric(_key(group or "", name), number, now, step or 0)
+            for name, value in metrics.items()
+            if (number := _number(value)) is not None
+        ]
+        if batch:
+            self.client.log_batch(self.run_id, metrics=batch)
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        batch = [Param(_key(name), _text(value, 6000)) for name, value in params.items() if value is not None]
+        if batch:
+            self.client.log_batch(self.run_id, params=batch)
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        from mlflow.entities import RunTag
+
+        batch = [RunTag(_key(name), _text(value, _TAG_LIMIT)) for name, value in tags.items() if value is not None]
+        if batch:
+            self.client.log_batch(self.run_id, tags=batch)
+
+    def log_dict(self, data: Mapping[str, Any], artifact_file: str) -> None:
+        self.client.log_dict(self.run_id, dict(data), artifact_file)
+
+    def log_validation(self, report: ValidationReport, step: int | None = None, artifact: bool = True) -> None:
+        """A validation's outcome as `<group>.validation.*` metrics and (by default) a JSON artifact."""
+        prefix = _key(report.group, "validation")
+        self.log_metrics(
+            {
+                "success": 1.0 if report.success else 0.0,
+                "expectations": len(report.outcomes),
+                "failed": len(report.failures),
+                "rows": report.rows,
+                "seconds": report.seconds,
+            },
+            step=step,
+            group=prefix,
+        )
+        if artifact:
+            self.log_dict(validation_document(report), f"validation/{_key(report.group)}/{_key(report.run_id)}.json")
+
+    def log_result(self, result: Any, step: int | None = None) -> None:
+        """A BackfillResult (or a stream's result with the same attribute names) as `<group>.*` metrics."""
+        group = str(result.group)
+        metrics = {name: getattr(result, name) for name in RESULT_METRICS if hasattr(result, name)}
+        quarantined = getattr(result, "quarantined", None) or {}
+        metrics.update({f"quarantined.{reason}": n for reason, n in quarantined.items()})
+        if hasattr(result, "batch_quarantined"):
+            metrics["batch_quarantined"] = 0.0 if result.batch_quarantined is None else 1.0
+        self.log_metrics(metrics, step=step, group=group)
+        self.set_tags(
+            {
+                _key(group, "quarantine_path"): getattr(result, "quarantine_path", None),
+                _key(group, "batch_quarantined_path"): getattr(result, "batch_quarantined", None),
+            }
+        )
+        validation = getattr(result, "validation", None)
+        if validation is not None:
+            self.log_validation(validation, step=step)
+
+    def __repr__(self) -> str:
+        return f"Run(run_id={self.run_id!r}, experiment_id={self.experiment_id!r}, tracking_uri={self.tracking_uri!r})"
+
+
+class DisabledRun(Run):
+    """Tracking turned off: the same methods, recording nothing (MLflow is never imported)."""
+
+    enabled = False
+
+    def __init__(self) -> None:
+        self.client = None  # type: ignore[assignment]
+        self.run_id = None  # type: ignore[assignment]
+        self.experiment_id = None  # type: ignore[assignment]
+        self.tracking_uri = None  # type: ignore[assignment]
+
+    def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None, group: str | None = None) -> None:
+        return None
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        return None
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        return None
+
+    def log_dict(self, data: Mapping[str, Any], artifact_file: str) -> None:
+        return None
+
+    def log_validation(self, report: ValidationReport, step: int | None = None, artifact: bool = True) -> None:
+        return None
+
+    def log_result(self, result: Any, step: int | None = None) -> None:
+        return None
+
+
+def _text(value: Any, limit: int) -> str:
+    text = value.isoformat() if hasattr(value, "isoformat") else str(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def validation_document(report: ValidationReport) -> dict[str, Any]:
+    return {
+        "group": report.group,
+        "success": report.success,
+        "rows": report.rows,
+        "evaluated_by": report.evaluated_by,
+        "seconds": report.seconds,
+        "summary": report.summary(),
+        "outcomes": report.to_pandas().to_dict(orient="records"),
+        "result": report.to_json_dict(),
+    }
+
+
+@contextmanager
+def start_run(
+    repo: Repo,
+    kind: str,
+    groups: Sequence[FeatureGroup],
+    params: Mapping[str, Any] | None = None,
+    *,
+    enabled: bool = True,
+    run_name: str | None = None,
+    tags: Mapping[str, Any] | None = None,
+) -> Iterator[Run]:
+    """An MLflow run for one backfill or stream over `groups`, ended when the block ends (FINISHED, or FAILED
+    with the error when the block raises; the error propagates). See the module docstring for its contents."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    if not enabled:
+        yield DisabledRun()
+        return
+    run = _create_run(repo, kind, groups, params or {}, run_name, tags or {})
+    try:
+        yield run
+    except BaseException as exc:
+        _record_failure(run, exc)
+        raise
+    run.client.set_terminated(run.run_id, status="FINISHED")
+
+
+def _create_run(
+    repo: Repo,
+    kind: str,
+    groups: Sequence[FeatureGroup],
+    params: Mapping[str, Any],
+    run_name: str | None,
+    tags: Mapping[str, Any],
+) -> Run:
+    client, uri, experiment_id = client_for(repo)
+    names = [g.name for g in groups]
+    all_tags = {
+        "features.kind": kind,
+        "features.groups": ",".join(names),
+        "features.project": repo.project,
+        "features.repo": str(repo.root),
+        **definition_tags(groups),
+        **tags,
+    }
+    parent = _active_parent(uri)
+    if parent is not None:
+        all_tags["mlflow.parentRunId"] = parent
+    try:
+        created = client.create_run(
+            experiment_id,
+            run_name=run_name or f"{kind} {', '.join(names)}",
+            tags={k: str(v) for k, v in all_tags.items()},
+        )
+    except Exception as exc:
+        raise _start_failed(uri, repo, exc) from exc
+    run = Run(client, created.info.run_id, experiment_id, uri)
+    try:
+        run.log_params({**{_key("definition_hash", g.name): definition_hash(g) for g in groups}, **params})
+        run.log_dict(definitions_document(groups), DEFINITIONS_ARTIFACT)
+    except BaseException as exc:
+        _record_failure(run, exc)
+        raise
+    return run
+
+
+def _active_parent(uri: str) -> str | None:
+    """The run id of the MLflow run active in this thread, if it writes to the same store."""
+    import mlflow
+
+    active = mlflow.active_run()
+    if active is None or mlflow.get_tracking_uri() != uri:
+        return None
+    return str(active.info.run_id)
+
+
+def _record_failure(run: Run, exc: BaseException) -> None:
+    """End the run FAILED (KILLED on interrupt) with the error; a failure to record it is added to `exc`."""
+    try:
+        report = getattr(exc, "report", None) if isinstance(exc, ValidationFailed) else None
+        if report is not None:
+            run.log_validation(report)
+        run.set_tags({"features.error": f"{type(exc).__name__}: {exc}"})
+        status = "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"
+        run.client.set_terminated(run.run_id, status=status)
+    except Exception as tracking_error:
+        exc.add_note(f"(MLflow run {run.run_id} could not record this failure: {tracking_error})")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Training-set lineage
+
+
+def log_training_lineage(lineage: Lineage) -> str | None:
+    """Record a training set's lineage on the active MLflow run (in whatever store it is); its run id, or None
+    when no run is active (then nothing is logged)."""
+    import mlflow
+
+    active = mlflow.active_run()
+    if active is None:
+        return None
+    run_id = active.info.run_id
+    client = mlflow.MlflowClient()
+    existing = client.get_run(run_id).data.tags
+    count = int(existing.get("features.training.sets", "0")) + 1
+    features = _merge(existing.get("features.training.features"), lineage.features)
+    start = _earliest(existing.get("features.training.start"), lineage.start, min)
+    end = _earliest(existing.get("features.training.end"), lineage.end, max)
+    rows = int(existing.get("features.training.rows", "0")) + lineage.rows
+    tags = {
+        "features.training.sets": count,
+        "features.training.features": ",".join(features),
+        "features.training.start": start,
+        "features.training.end": end,
+        "features.training.rows": rows,
+        "features.training.timestamp_column": lineage.timestamp_column,
+    }
+    for ref in lineage.features:
+        group, feature = ref.split(":", 1)
+        tags[_key("features.feature", group, feature)] = lineage.feature_hashes[ref]
+    for group, digest in lineage.definition_hashes.items():
+        tags[_key("features.definition_hash", group)] = digest
+    mlflow.set_tags({k: _text(v, _TAG_LIMIT) for k, v in tags.items() if v is not None})
+    artifact = TRAINING_ARTIFACT if count == 1 else TRAINING_ARTIFACT.replace(".json", f"_{count}.json")
+    mlflow.log_dict(lineage.to_dict(), artifact)
+    return str(run_id)
+
+
+def _merge(existing: str | None, features: Sequence[str]) -> list[str]:
+    merged = [f for f in (existing or "").split(",") if f]
+    return merged + [f for f in features if f not in merged]
+
+
+def _earliest(existing: str | None, value: Any, pick: Any) -> str | None:
+    from datetime import datetime
+
+    values = [v for v in (existing and datetime.fromisoformat(existing), value) if v]
+    return pick(values).isoformat() if values else None
+
+
+def find_runs(
+    repo: Repo | str | Path,
+    *,
+    group: str | None = None,
+    definition_hash: str | None = None,
+    feature: str | None = None,
+    kind: str | None = None,
+) -> pd.DataFrame:
+    """Runs in the repo's store (every experiment) that used a group (optionally with this exact definition
+    hash) or a feature ("group:feature"), or of a kind ("backfill", "stream"), newest first; columns as
+    mlflow.search_runs gives them (run_id, status, start_time, tags.*, params.*, metrics.*)."""
+    import pandas as pd
+
+    client, _uri, _experiment = client_for(_load(repo))
+    conditions = []
+    if group is not None:
+        key = _key("features.definition_hash", group)
+        conditions.append(f"tags.`{key}` = '{definition_hash}'" if definition_hash else f"tags.`{key}` != ''")
+    elif definition_hash is not None:
+        raise ValueError("definition_hash needs group= (the group it is a hash of)")
+    if feature is not None:
+        group_name, _, feature_name = feature.partition(":")
+        conditions.append(f"tags.`{_key('features.feature', group_name, feature_name)}` != ''")
+    if kind is not None:
+        conditions.append(f"tags.`features.kind` = '{kind}'")
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    rows, token = [], None
+    while True:
+        page = client.search_runs(
+            experiments, " and ".join(conditions), order_by=["attributes.start_time DESC"], page_token=token
+        )
+        rows += [_run_row(run) for run in page]
+        token = page.token
+        if not token:
+            break
+    frame = pd.DataFrame(rows)
+    for column in ("start_time", "end_time"):
+        if column in frame:
+            frame[column] = pd.to_datetime(frame[column], unit="ms", utc=True)
+    return frame
+
+
+def _run_row(run: Any) -> dict[str, Any]:
+    info, data = run.info, run.data
+    return {
+        "run_id": info.run_id,
+        "experiment_id": info.experiment_id,
+        "run_name": info.run_name,
+        "status": info.status,
+        "start_time": info.start_time,
+        "end_time": info.end_time,
+        **{f"metrics.{k}": v for k, v in data.metrics.items()},
+        **{f"params.{k}": v for k, v in data.params.items()},
+        **{f"tags.{k}": v for k, v in data.tags.items()},
+    }
