@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from features.errors import ConfigError, FeaturesError
+from features.errors import ConfigError, DataError, FeaturesError
 
 DEFAULT_REPO = "feature_repo"
 
@@ -24,19 +24,57 @@ def build_parser() -> argparse.ArgumentParser:
 
     apply = sub.add_parser("apply", help="register the repo's feature groups with Feast (like `feast apply`)")
     _repo_arg(apply)
+    apply.add_argument(
+        "--prune",
+        action="store_true",
+        help="also remove feature views of groups no longer defined (from the registry and the online store)",
+    )
 
-    backfill = sub.add_parser("backfill", help="compute change points for a time range into both stores")
+    backfill = sub.add_parser(
+        "backfill", help="compute change points for a time range, a day, or every day not done yet, into both stores"
+    )
     _repo_arg(backfill)
-    backfill.add_argument("--start", required=True, help="first window end, ISO-8601 UTC (e.g. 2026-01-01)")
-    backfill.add_argument("--end", required=True, help="end of the range (exclusive), ISO-8601 UTC")
+    backfill.add_argument("--start", help="first window end, ISO-8601 UTC (e.g. 2026-01-01); with --end")
+    backfill.add_argument("--end", help="end of the range (exclusive), ISO-8601 UTC")
+    backfill.add_argument(
+        "--date", help="one UTC day, YYYY-MM-DD, unless already completed; also recomputes stale partitions"
+    )
+    backfill.add_argument(
+        "--since-last",
+        action="store_true",
+        help="every day after the last completed one up to the last complete day, and the stale partitions",
+    )
+    backfill.add_argument("--force", action="store_true", help="with --date: recompute the day even if completed")
+    backfill.add_argument(
+        "--days-per-run", default="1", help="consecutive days computed per Spark run (default 1: each day on its own)"
+    )
+    backfill.add_argument("--dry-run", action="store_true", help="print what would be computed, and stop")
     backfill.add_argument("--group", action="append", default=[], help="only this group (repeatable)")
     backfill.add_argument("--no-online", action="store_true", help="write the offline table only")
+    backfill.add_argument(
+        "--no-tracking", action="store_true", help="do not record the run in MLflow (e.g. for benchmarks)"
+    )
     backfill.add_argument(
         "--on-invalid",
         choices=["fail", "quarantine"],
         help="what change points failing validation do, for every group: fail (stop, write nothing; the default) "
         "or quarantine (set them aside, write nothing of them, carry on); default: each group's on_invalid",
     )
+
+    stream = sub.add_parser("stream", help="run groups as Spark streams that keep both stores fresh")
+    _repo_arg(stream)
+    stream.add_argument("--group", action="append", default=[], help="only this group (repeatable)")
+    stream.add_argument("--trigger", default="5s", help="how often a micro-batch starts (default 5s)")
+    stream.add_argument(
+        "--available-now", action="store_true", help="process what has landed, then stop (bounded runs, tests)"
+    )
+    stream.add_argument("--checkpoint-dir", help="root of the per-group checkpoints (default: <repo>/data/checkpoints)")
+    stream.add_argument(
+        "--reset", action="store_true", help="delete the saved state and rebuild it by replaying the source"
+    )
+    stream.add_argument("--max-files-per-trigger", type=int, help="at most this many new files per micro-batch")
+    stream.add_argument("--buckets", type=int, default=64, help="hash buckets of keys the state is split into")
+    stream.add_argument("--no-online", action="store_true", help="write the offline table only")
 
     validate = sub.add_parser("validate", help="validate groups' offline tables and write Great Expectations Data Docs")
     _repo_arg(validate)
@@ -70,14 +108,19 @@ def _in_dir(path: Path):
         os.chdir(before)
 
 
-def apply(repo_path: str) -> list[str]:
-    """Register the repo with Feast (same as `feast apply` in that folder); returns the group names."""
+def apply(repo_path: str, *, prune: bool = False) -> list[str]:
+    """Register the repo with Feast (same as `feast apply` in that folder); returns the group names.
+
+    Feature views of groups that are no longer defined are removed only with `prune` (else a ConfigError
+    names them): Feast's apply would drop them, and their online values, silently."""
     from feast.repo_config import load_repo_config
     from feast.repo_operations import apply_total
 
     from features.repo import Repo
+    from features.schedule import check_removed_groups
 
     repo = Repo.load(repo_path)
+    check_removed_groups(repo, prune=prune)
     with _in_dir(repo.root):
         apply_total(load_repo_config(repo.root, repo.root / "feature_store.yaml"), repo.root, True)
     return list(repo.groups)
@@ -87,6 +130,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return _run(args)
+    except DataError as exc:  # the data failed (e.g. validation), not the command: status 1
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     except FeaturesError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -97,24 +143,27 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     if args.command == "apply":
-        print(f"applied feature groups: {', '.join(apply(args.repo)) or 'none'}")
+        print(f"applied feature groups: {', '.join(apply(args.repo, prune=args.prune)) or 'none'}")
         return 0
     if args.command == "backfill":
-        from features.backfill import backfill
-        from features.errors import ValidationFailed
-        from features.repo import Repo
+        from features.schedule import backfill_command
 
-        repo = Repo.load(args.repo)
-        try:
-            results = backfill(
-                repo, args.start, args.end, args.group, online=not args.no_online, on_invalid=args.on_invalid
-            )
-        except ValidationFailed as exc:  # the data failed, not the command: status 1
-            print(f"error: {exc}", file=sys.stderr)
-            return 1
-        for result in results:
-            print(result.summary())
-        return 0
+        return backfill_command(
+            args.repo,
+            start=args.start,
+            end=args.end,
+            day=args.date,
+            since_last=args.since_last,
+            force=args.force,
+            days_per_run=args.days_per_run,
+            dry_run=args.dry_run,
+            groups=args.group,
+            online=not args.no_online,
+            on_invalid=args.on_invalid,
+            track=not args.no_tracking,
+        )
+    if args.command == "stream":
+        return _stream(args)
     if args.command == "validate":
         return _validate(args.repo, args.group)
     if args.command == "demo":
@@ -134,6 +183,39 @@ def _run(args: argparse.Namespace) -> int:
     raise AssertionError(args.command)  # argparse only accepts the commands above
 
 
+def _stream(args: argparse.Namespace) -> int:
+    """`features stream`: run until stopped (Ctrl-C stops cleanly) or, with --available-now, until done."""
+    from features.errors import ValidationFailed
+    from features.repo import Repo
+    from features.stream import stream
+
+    if args.max_files_per_trigger is not None and args.max_files_per_trigger < 1:
+        raise ConfigError(f"--max-files-per-trigger: {args.max_files_per_trigger} is not a positive number of files")
+    run = stream(
+        Repo.load(args.repo),
+        args.group,
+        trigger=args.trigger,
+        available_now=args.available_now,
+        checkpoint_root=args.checkpoint_dir,
+        reset=args.reset,
+        online=not args.no_online,
+        buckets=args.buckets,
+        max_files_per_trigger=args.max_files_per_trigger,
+        progress=True,
+    )
+    try:
+        run.await_termination()
+    except ValidationFailed as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        run.stop()
+        print("stopped; the next run resumes from the checkpoint", file=sys.stderr)
+    for progress in run.progress():
+        print(progress.line())
+    return 0
+
+
 def _validate(repo_path: str, groups: list[str]) -> int:
     """`features validate`: each group's offline table against its suite; 1 if any expectation failed."""
     from features.quality import validate_table
@@ -148,6 +230,22 @@ def _validate(repo_path: str, groups: list[str]) -> int:
         print(f"  Data Docs: {report.docs_path}")
         failed |= not report.success
     return 1 if failed else 0
+
+
+def job_main(command: str, argv: Sequence[str]) -> int:
+    """`features <command> <argv>` for schedulers (spark-submit, Databricks, cron): the statuses of `main`
+    (0 done, 1 the data failed, 2 a usage or configuration error, 130 interrupted), and for an unexpected
+    exception its traceback (for whoever debugs it) and then one `error:` line (what alerting shows), status 3."""
+    import traceback
+
+    try:
+        return main([command, *argv])
+    except Exception as exc:
+        traceback.print_exc()
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        reason = f"{type(exc).__name__}: {lines[0] if lines else 'no message'}"
+        print(f"error: features {command} failed unexpectedly: {reason[:500]}", file=sys.stderr)
+        return 3
 
 
 if __name__ == "__main__":
