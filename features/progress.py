@@ -1,4 +1,5 @@
-"""A progress bar over the Spark tasks a block of work runs (Spark's own console bar is turned off)."""
+"""Progress bars: the Spark tasks a block of work runs (Spark's own console bar is turned off), and the date
+partitions and rows of a backfill schedule."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -45,3 +46,44 @@ def spark_progress(spark: SparkSession, desc: str, enabled: bool | None = None) 
         stop.set()
         thread.join()
         bar.close()
+
+
+class PartitionProgress:
+    """Date partitions done (of a plan's total) and rows written so far, over a whole backfill schedule; each
+    run's Spark tasks get their own bar (`spark_progress`) beneath it. On a terminal by default."""
+
+    def __init__(self, total: int, desc: str = "backfill", enabled: bool | None = None, file: TextIO | None = None):
+        if enabled is None:
+            enabled = sys.stderr.isatty()
+        self.partitions = 0
+        self.rows = 0
+        self._bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, desc=desc, unit="partition", file=file or sys.stderr)
+            self._bar.set_postfix_str("0 rows")
+
+    def advance(self, partitions: int, rows: int) -> None:
+        self.partitions += partitions
+        self.rows += rows
+        if self._bar is not None:
+            self._bar.set_postfix_str(f"{self.rows:,} rows", refresh=False)
+            self._bar.update(partitions)
+
+    def write(self, line: str) -> None:
+        """Print a line to stdout without garbling the bar."""
+        if self._bar is not None:
+            self._bar.write(line, file=sys.stdout)
+        else:
+            print(line)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+    def __enter__(self) -> PartitionProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,704 @@
+"""Incremental backfills: which (group, date) partitions to compute and why, said before doing it.
+
+Three ways to say what `features backfill` computes:
+
+    --start/--end   exactly that range, as always (re-running replaces it); every whole day in it that had
+                    ended is recorded as completed
+    --date D        the day D, unless a backfill already completed it with the group's current definition
+                    (--force recomputes it anyway)
+    --since-last    every day after the last completed one, up to the last complete day; also days missing
+                    between completed ones, and from the source's first day when none is completed yet
+
+A day is complete once it ended at least one source watermark ago (the stream takes no more events for it).
+`--date` and `--since-last` also recompute every stale partition:
+
+- computed with another definition of the group: the manifest keeps the definition and feature hashes of
+  each partition (features.spec.fingerprint), so an added, removed or changed feature is detected and named;
+- made stale by late events: the stream writes events that arrive behind its watermark to
+  `Repo.late_path(group)` as `batch=<id>/*.parquet`, and they are also in the source. An event at time ts
+  changes the window ends in (ts, ts + size + every] of each feature, so the completed dates holding those
+  ends are marked stale (each batch is read once and remembered in the manifest) and recomputed from the
+  source, after which the table equals a backfill from the full source. A `Lifetime` window changes at
+  every later window end, so a late event makes every completed date from its own on stale: recomputing
+  them is exact, and costs little more than one date, since a Lifetime group reads the whole source for
+  any date anyway.
+
+Dates are computed in order, `days_per_run` consecutive dates per Spark run (default 1), and each is
+recorded in the manifest (features.manifest) right after its partition was swapped into the table, so an
+interrupted schedule resumes with the first date it did not finish.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, time, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from features.errors import ConfigError
+from features.manifest import LateBatch, Manifest, PartitionRecord, batch_order, now_utc, read_manifest, update
+from features.panes import MICROS, WindowShape
+from features.repo import Repo
+from features.spec import FeatureGroup
+from features.spec.fingerprint import definition_hash, feature_hashes
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from features.backfill import BackfillResult
+
+DAY = timedelta(days=1)
+DAY_US = 86_400 * MICROS
+EPOCH = date(1970, 1, 1)
+NEW = "not computed yet"
+FORCED = "--force"
+RANGE = "the requested range"
+MANY_RUNS = 31  # above this many one-day runs, the plan suggests --days-per-run
+
+
+# ---------------------------------------------------------------------------------------------------------
+# What the user asked for
+
+
+@dataclass(frozen=True)
+class Request:
+    """One of: a range (`start`, `end`), one day (`day`), or `since_last`."""
+
+    start: datetime | None = None
+    end: datetime | None = None
+    day: date | None = None
+    since_last: bool = False
+    force: bool = False
+    days_per_run: int = 1
+
+    @property
+    def mode(self) -> str:
+        return "range" if self.start is not None else "date" if self.day is not None else "since-last"
+
+    def describe(self) -> str:
+        if self.start is not None and self.end is not None:
+            return f"--start {self.start.isoformat()} --end {self.end.isoformat()}"
+        if self.day is not None:
+            return f"--date {self.day.isoformat()}" + (" --force" if self.force else "")
+        return "--since-last"
+
+
+def request(
+    *,
+    start: str | datetime | None = None,
+    end: str | datetime | None = None,
+    day: str | date | None = None,
+    since_last: bool = False,
+    force: bool = False,
+    days_per_run: int | str = 1,
+) -> Request:
+    """Check a combination of `features backfill` options; a ConfigError names the wrong one and the fix."""
+    from features.backfill import parse_time
+
+    ranged = start is not None or end is not None
+    if day is not None and since_last:
+        raise ConfigError(
+            "--date and --since-last: choose one (--date computes one day, --since-last every day not completed yet)"
+        )
+    if ranged and (day is not None or since_last):
+        which = "--date" if day is not None else "--since-last"
+        raise ConfigError(
+            f"--start/--end and {which}: choose one (a range to compute as given, or a schedule of whole days)"
+        )
+    if not ranged and day is None and not since_last:
+        raise ConfigError(
+            "backfill: say what to compute: --since-last (every day not completed yet), --date YYYY-MM-DD "
+            "(one day), or --start ISO --end ISO (a range)"
+        )
+    if start is None and end is not None:
+        raise ConfigError("--end: given without --start; give both, the range is [--start, --end)")
+    if end is None and start is not None:
+        raise ConfigError("--start: given without --end; give both, the range is [--start, --end)")
+    if force and day is None:
+        raise ConfigError(
+            "--force: only with --date, to recompute a completed day (--start/--end always recomputes its range; "
+            "--since-last computes the days not completed and the stale ones)"
+        )
+    runs = _days_per_run(days_per_run)
+    if start is not None and end is not None:
+        start_t, end_t = parse_time(start, "--start"), parse_time(end, "--end")
+        if start_t >= end_t:
+            raise ConfigError(f"--start {start_t.isoformat()} is not before --end {end_t.isoformat()}; swap them")
+        return Request(start=start_t, end=end_t, days_per_run=runs)
+    if day is not None:
+        return Request(day=_parse_day(day), force=force, days_per_run=runs)
+    return Request(since_last=True, days_per_run=runs)
+
+
+def _parse_day(value: str | date) -> date:
+    if isinstance(value, datetime):
+        raise ConfigError(f"--date: {value.isoformat()} is a time; give the day, YYYY-MM-DD")
+    if isinstance(value, date):
+        return value
+    try:
+        if len(value) != 10:
+            raise ValueError(value)
+        return date.fromisoformat(value)
+    except ValueError:
+        raise ConfigError(f"--date: {value!r} is not a day; write YYYY-MM-DD (UTC), e.g. 2026-01-31") from None
+
+
+def _days_per_run(value: int | str) -> int:
+    try:
+        runs = int(value)
+    except (TypeError, ValueError):
+        runs = 0
+    if runs < 1 or str(value).strip() != str(runs):
+        raise ConfigError(f"--days-per-run: {value!r} is not a positive whole number of days; e.g. --days-per-run 7")
+    return runs
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Days and times
+
+
+def midnight(day: date) -> datetime:
+    return datetime.combine(day, time(), UTC)
+
+
+def days_from(first: date, last: date) -> list[date]:
+    return [first + timedelta(days=i) for i in range((last - first).days + 1)]
+
+
+def last_complete_day(group: FeatureGroup, now: datetime) -> date:
+    """The last day that ended at least one watermark ago: the stream accepts no more events for it."""
+    return (now.astimezone(UTC) - timedelta(seconds=group.source.watermark_s)).date() - DAY
+
+
+def spans(days: Iterable[date]) -> str:
+    """Days as compact ranges: 2026-01-01..2026-01-03, 2026-01-07."""
+    ordered = sorted(set(days))
+    parts: list[str] = []
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] - ordered[j] == DAY:
+            j += 1
+        first, last = ordered[i].isoformat(), ordered[j].isoformat()
+        parts.append(first if i == j else f"{first}..{last}")
+        i = j + 1
+    return ", ".join(parts)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}" + ("" if n == 1 else "s")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Stale partitions
+
+
+def definition_change(recorded: Mapping[str, str], current: Mapping[str, str]) -> str:
+    """What changed between the feature hashes a partition was computed with and the current ones."""
+    added = sorted(set(current) - set(recorded))
+    removed = sorted(set(recorded) - set(current))
+    changed = sorted(n for n in set(recorded) & set(current) if recorded[n] != current[n])
+    parts = [
+        f"{what} feature{'s' if len(names) > 1 else ''} {', '.join(map(repr, names))}"
+        for what, names in (("added", added), ("removed", removed), ("changed", changed))
+        if names
+    ]
+    return "definition changed" + (": " + "; ".join(parts) if parts else "")
+
+
+def affected_days(group: FeatureGroup, event_us: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """Per event time, the first and last day (days since 1970-01-01) of the window ends it changes;
+    the last is None when a Lifetime window makes every later day change."""
+    ts = np.asarray(event_us, dtype=np.int64)
+    firsts, lasts = [], []
+    for shape in {WindowShape.of(f.window) for f in group.features}:
+        pane = ts - ts % shape.every_us
+        firsts.append(pane + shape.every_us)  # the pane enters
+        lasts.append(None if shape.size_us is None else pane + shape.size_us + shape.every_us)  # it leaves
+    first = np.minimum.reduce(firsts) // DAY_US
+    if any(last is None for last in lasts):
+        return first, None
+    return first, np.maximum.reduce(lasts) // DAY_US
+
+
+def stale_days(group: FeatureGroup, event_us: np.ndarray, completed: Iterable[date]) -> list[date]:
+    """The completed days whose partitions events at these times change."""
+    done = sorted(completed)
+    if len(event_us) == 0 or not done:
+        return []
+    first, last = affected_days(group, event_us)
+    if last is None:
+        start = EPOCH + timedelta(days=int(first.min()))
+        return [d for d in done if d >= start]
+    spans_ = np.unique(np.stack([first, last], axis=1), axis=0)
+    out = []
+    for day in done:
+        n = (day - EPOCH).days
+        if np.any((spans_[:, 0] <= n) & (n <= spans_[:, 1])):
+            out.append(day)
+    return out
+
+
+def late_batch_folders(repo: Repo, group: FeatureGroup) -> dict[str, Path]:
+    """The stream's late-event batches of a group: `batch=<id>` folders (hidden or staged ones skipped)."""
+    root = Path(repo.late_path(group))
+    if not root.is_dir():
+        return {}
+    found = {p.name.split("=", 1)[1]: p for p in root.glob("batch=*") if p.is_dir() and p.name != "batch="}
+    return dict(sorted(found.items(), key=lambda item: batch_order(item[0])))
+
+
+def _data_files(folder: Path) -> list[Path]:
+    """A batch folder's Parquet files (Spark's _SUCCESS, .crc and hidden staging files skipped)."""
+    return sorted(
+        f for f in folder.rglob("*.parquet") if not any(p.startswith((".", "_")) for p in f.relative_to(folder).parts)
+    )
+
+
+def batch_signature(folder: Path) -> str:
+    """Changes when the batch folder is written again (file names, sizes and modification times)."""
+    import hashlib
+
+    stats = [(str(f.relative_to(folder)), f.stat().st_size, f.stat().st_mtime_ns) for f in _data_files(folder)]
+    return hashlib.sha256(repr(stats).encode()).hexdigest()[:16]
+
+
+def late_event_micros(folder: Path, timestamp: str) -> np.ndarray:
+    """The event times (UTC microseconds) in a late batch's Parquet files."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    files = _data_files(folder)
+    if not files:
+        return np.empty(0, dtype=np.int64)
+    try:
+        column = pa.concat_arrays(
+            [chunk for f in files for chunk in pq.read_table(f, columns=[timestamp]).column(0).chunks]
+        )
+    except (pa.ArrowException, KeyError, OSError) as exc:
+        from features.errors import DataError
+
+        raise DataError(
+            f"{folder}: cannot read the late events' {timestamp!r} column ({exc}); the stream writes the source's "
+            "columns there; move the folder away if it is not one of its late batches"
+        ) from exc
+    if pa.types.is_timestamp(column.type):
+        micros = column.cast(pa.timestamp("us", tz=column.type.tz), safe=False).cast(pa.int64())
+        return micros.drop_null().to_numpy()
+    import pandas as pd
+
+    parsed = pd.to_datetime(pd.Series(column.to_pylist()), utc=True, errors="coerce").dropna()
+    return parsed.dt.as_unit("us").astype("int64").to_numpy()
+
+
+def new_late_batches(repo: Repo, group: FeatureGroup, manifest: Manifest, now: datetime) -> dict[str, LateBatch]:
+    """Late batches not looked at before (or written again since), each with the completed days it makes
+    stale."""
+    completed = manifest.completed()
+    out = {}
+    for batch, folder in late_batch_folders(repo, group).items():
+        signature = batch_signature(folder)
+        known = manifest.late_batches.get(batch)
+        if known is not None and known.signature == signature:
+            continue
+        events = late_event_micros(folder, group.source.timestamp)
+        out[batch] = LateBatch(batch, now, len(events), tuple(stale_days(group, events, completed)), signature)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The plan
+
+
+@dataclass(frozen=True)
+class Run:
+    """One backfill of one group over [start, end): the partitions it computes, and those it completes."""
+
+    group: str
+    start: datetime
+    end: datetime
+    days: tuple[date, ...]
+    record: tuple[date, ...]
+
+
+@dataclass
+class GroupPlan:
+    group: FeatureGroup
+    todo: dict[date, str] = field(default_factory=dict)  # day -> why it is computed
+    runs: list[Run] = field(default_factory=list)
+    skipped: dict[date, PartitionRecord] = field(default_factory=dict)  # completed, current: left alone
+    new_late: dict[str, LateBatch] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def partitions(self) -> int:
+        return sum(len(run.days) for run in self.runs)
+
+    def lines(self) -> list[str]:
+        name = self.group.name
+        out = []
+        if self.runs:
+            by_reason: dict[str, list[date]] = {}
+            for day, why in sorted(self.todo.items()):
+                by_reason.setdefault(why, []).append(day)
+            reasons = "; ".join(f"{spans(days)} ({why})" for why, days in by_reason.items())
+            runs = f" in {_plural(len(self.runs), 'run')}" if len(self.runs) > 1 else ""
+            out.append(f"{name}: {_plural(self.partitions, 'partition')} to compute{runs}: {reasons}")
+        for day, entry in sorted(self.skipped.items()):
+            out.append(
+                f"{name}: {day.isoformat()} was completed at {entry.completed_at:%Y-%m-%d %H:%M} UTC with the "
+                "current definition; skipping it (--force recomputes it)"
+            )
+        if not self.runs and not self.skipped and not self.notes:
+            out.append(f"{name}: nothing to compute")
+        seen = list(self.new_late.values())
+        if seen:
+            events = sum(b.events for b in seen)
+            made = sorted({d for b in seen for d in b.days})
+            effect = f"making {spans(made)} stale" if made else "no completed partition is affected"
+            out.append(
+                f"{name}: {_plural(len(seen), 'new late batch')} ({_plural(events, 'event')}): "
+                f"{', '.join('batch=' + b.batch for b in seen)}; {effect}"
+            )
+        out += [f"{name}: {note}" for note in self.notes]
+        return out
+
+
+@dataclass
+class Plan:
+    request: Request
+    groups: list[GroupPlan]
+    now: datetime
+
+    @property
+    def partitions(self) -> int:
+        return sum(g.partitions for g in self.groups)
+
+    @property
+    def runs(self) -> list[Run]:
+        return [run for g in self.groups for run in g.runs]
+
+    def describe(self) -> str:
+        head = f"backfill {self.request.describe()}: {_plural(self.partitions, 'partition')} to compute"
+        if self.request.mode == "since-last":
+            ends = {g.group.name: last_complete_day(g.group, self.now).isoformat() for g in self.groups}
+            shown = (
+                next(iter(ends.values()))
+                if len(set(ends.values())) == 1
+                else ", ".join(f"{day} ({name})" for name, day in ends.items())
+            )
+            head += f", up to {shown} (the last complete day: it ended one source watermark ago)"
+        lines = [head] + ["  " + line for g in self.groups for line in g.lines()]
+        one_day_runs = sum(len(g.runs) for g in self.groups)
+        if self.request.mode != "range" and self.request.days_per_run == 1 and one_day_runs > MANY_RUNS:
+            lines.append(
+                f"  ({one_day_runs} one-day Spark runs: --days-per-run 7 reads the source fewer times, "
+                "and an interruption then redoes at most 7 days)"
+            )
+        return "\n".join(lines)
+
+
+def plan(
+    repo: Repo,
+    req: Request,
+    groups: Sequence[str] | None = None,
+    *,
+    now: datetime | None = None,
+    spark: SparkSession | None = None,
+) -> Plan:
+    """What a backfill will compute and why, from each group's manifest and the stream's late batches.
+
+    Changes nothing. Spark starts only to find the source's first day, for a `--since-last` of a group with
+    no completed partition yet."""
+    now = (now or now_utc()).astimezone(UTC)
+    selected = repo.select(list(groups) if groups else None)
+    if req.day is not None:
+        _check_complete(selected, req.day, now)
+    plans = []
+    for group in selected:
+        manifest = read_manifest(repo.offline_path(group), group.name)
+        gp = GroupPlan(group, new_late=new_late_batches(repo, group, manifest, now))
+        stale = _stale(group, manifest, gp.new_late)
+        if req.mode == "range":
+            _plan_range(gp, req, stale, now)
+        elif req.mode == "date":
+            _plan_date(gp, req, manifest, stale)
+        else:
+            _plan_since_last(gp, repo, req, manifest, stale, now, spark)
+        plans.append(gp)
+    return Plan(req, plans, now)
+
+
+def _check_complete(groups: Sequence[FeatureGroup], day: date, now: datetime) -> None:
+    for group in groups:
+        if day > last_complete_day(group, now):
+            done_at = midnight(day + DAY) + timedelta(seconds=group.source.watermark_s)
+            raise ConfigError(
+                f"--date: {day.isoformat()} is not complete yet for {group.name!r} (complete at "
+                f"{done_at:%Y-%m-%d %H:%M} UTC, one source watermark after it ends); pick an earlier day, or "
+                "compute the part so far with --start/--end"
+            )
+
+
+def _stale(group: FeatureGroup, manifest: Manifest, new_late: dict[str, LateBatch]) -> dict[date, str]:
+    """Completed days to recompute, with why: another definition, or late events (known or new)."""
+    current, hashes = definition_hash(group), feature_hashes(group)
+    out = {}
+    for day, entry in manifest.partitions.items():
+        reasons = []
+        if entry.definition_hash != current:
+            reasons.append(definition_change(entry.feature_hashes, hashes))
+        late = set(entry.stale.late_batches) if entry.stale is not None else set()
+        late |= {b.batch for b in new_late.values() if day in b.days}
+        if late:
+            reasons.append("late events in " + ", ".join(f"batch={b}" for b in sorted(late, key=batch_order)))
+        if reasons:
+            out[day] = "; ".join(reasons)
+    return out
+
+
+def _plan_range(gp: GroupPlan, req: Request, stale: dict[date, str], now: datetime) -> None:
+    from features.offline import dates_between
+
+    assert req.start is not None and req.end is not None
+    days = dates_between(req.start, req.end)
+    last = last_complete_day(gp.group, now)
+    whole = tuple(d for d in days if req.start <= midnight(d) and midnight(d + DAY) <= req.end and d <= last)
+    gp.todo = dict.fromkeys(days, RANGE)
+    gp.runs = [Run(gp.group.name, req.start, req.end, tuple(days), whole)]
+    partial = [d for d in days if d not in whole]
+    if partial:
+        gp.notes.append(
+            f"{spans(partial)} not recorded as completed (the range covers only part of the day, or the day "
+            "is not complete yet)"
+        )
+    outside = sorted(d for d in stale if d not in whole)
+    if outside:
+        gp.notes.append(f"{spans(outside)} stay stale ({stale[outside[0]]}); --since-last recomputes them")
+
+
+def _plan_date(gp: GroupPlan, req: Request, manifest: Manifest, stale: dict[date, str]) -> None:
+    assert req.day is not None
+    todo = dict(stale)
+    entry = manifest.partitions.get(req.day)
+    if req.force:
+        todo[req.day] = FORCED + (f"; {stale[req.day]}" if req.day in stale else "")
+    elif entry is None:
+        todo[req.day] = NEW
+    elif req.day not in stale:
+        gp.skipped[req.day] = entry
+    _set_runs(gp, todo, req.days_per_run)
+
+
+def _plan_since_last(
+    gp: GroupPlan,
+    repo: Repo,
+    req: Request,
+    manifest: Manifest,
+    stale: dict[date, str],
+    now: datetime,
+    spark: SparkSession | None,
+) -> None:
+    last = last_complete_day(gp.group, now)
+    completed = manifest.completed()
+    todo = dict(stale)
+    first = completed[0] if completed else source_first_day(repo, gp.group, spark, now)
+    if first is None:
+        gp.notes.append("the source has no events yet")
+    elif first <= last:
+        todo.update({d: NEW for d in days_from(first, last) if d not in manifest.partitions})
+        if not completed:
+            gp.notes.append(f"no partition completed yet: starting at the source's first day, {first.isoformat()}")
+    if completed and not todo:
+        gp.notes.append(f"up to date (completed up to {completed[-1].isoformat()})")
+    _set_runs(gp, todo, req.days_per_run)
+
+
+def _set_runs(gp: GroupPlan, todo: dict[date, str], days_per_run: int) -> None:
+    gp.todo = dict(sorted(todo.items()))
+    gp.runs = chunk_runs(gp.group.name, list(gp.todo), days_per_run)
+
+
+def chunk_runs(group: str, days: list[date], days_per_run: int) -> list[Run]:
+    """Consecutive days, at most `days_per_run` of them per run, in order."""
+    runs: list[Run] = []
+    current: list[date] = []
+    for day in sorted(days):
+        if current and (day - current[-1] != DAY or len(current) == days_per_run):
+            runs.append(_run(group, current))
+            current = []
+        current.append(day)
+    if current:
+        runs.append(_run(group, current))
+    return runs
+
+
+def _run(group: str, days: list[date]) -> Run:
+    return Run(group, midnight(days[0]), midnight(days[-1] + DAY), tuple(days), tuple(days))
+
+
+def source_first_day(repo: Repo, group: FeatureGroup, spark: SparkSession | None, now: datetime) -> date | None:
+    """The UTC day of the source's earliest good event, or None for an empty source (Spark reads one column)."""
+    from pyspark.sql import functions as F
+
+    from features.engine.session import get_spark
+    from features.engine.source import read_source
+
+    spark = spark or get_spark()
+    events = read_source(spark, group, repo.source_path(group), now=now).events
+    first = events.agg(F.min(F.unix_micros(F.col(group.source.timestamp).cast("timestamp")))).first()[0]
+    return None if first is None else EPOCH + timedelta(days=int(first) // DAY_US)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Doing it
+
+
+def execute(
+    repo: Repo,
+    the_plan: Plan,
+    *,
+    spark: SparkSession | None = None,
+    online: bool = True,
+    progress: bool | None = None,
+    on_invalid: str | None = None,
+    now: datetime | None = None,
+    track: bool = True,
+    say: Callable[[str], None] | None = None,
+) -> list[BackfillResult]:
+    """Run the plan: remember new late batches and mark what they make stale (first, so that an interrupted
+    schedule still knows), then each run in order, recording its dates once their partitions are in the
+    table. A failing run stops the schedule with its error; the dates recorded before it stay recorded."""
+    from features.backfill import backfill, ready_writer
+    from features.progress import PartitionProgress
+
+    _remember_late(repo, the_plan)
+    if online:  # fail before any Spark work when a store cannot take writes (e.g. the repo was never applied)
+        for gp in the_plan.groups:
+            if gp.runs:
+                ready_writer(repo, gp.group).close()
+    results: list[BackfillResult] = []
+    with PartitionProgress(the_plan.partitions, "backfill", enabled=progress) as bar:
+        write = say or bar.write
+        for gp in the_plan.groups:
+            for run in gp.runs:
+                try:
+                    [result] = backfill(
+                        repo,
+                        run.start,
+                        run.end,
+                        [run.group],
+                        spark=spark,
+                        online=online,
+                        progress=progress,
+                        on_invalid=on_invalid,
+                        now=now,
+                        track=track,
+                    )
+                except BaseException:
+                    write(
+                        f"{run.group}: stopped at {spans(run.days)}; the {_plural(bar.partitions, 'partition')} "
+                        "completed before it stay recorded, and the same command resumes here"
+                    )
+                    raise
+                write(result.summary())
+                if result.batch_quarantined is not None:
+                    write(f"{run.group}: {spans(run.days)} not recorded as completed; the next run tries again")
+                elif run.record:
+                    record_completed(repo, gp.group, run.record)
+                bar.advance(len(run.days), result.rows_out)
+                results.append(result)
+        if the_plan.runs:
+            groups = _plural(sum(bool(g.runs) for g in the_plan.groups), "group")
+            write(f"done: {_plural(bar.partitions, 'partition')} of {groups}, {_plural(bar.rows, 'change-point row')}")
+    return results
+
+
+def _remember_late(repo: Repo, the_plan: Plan) -> None:
+    for gp in the_plan.groups:
+        if not gp.new_late:
+            continue
+        with update(repo.offline_path(gp.group), gp.group.name) as manifest:
+            for batch in gp.new_late.values():
+                manifest.mark_stale(batch.days, [batch.batch])
+                manifest.remember_late(batch)
+
+
+def record_completed(repo: Repo, group: FeatureGroup, days: Sequence[date]) -> None:
+    """Record days whose partitions were just swapped in, with the definition and their row counts."""
+    import pyarrow.parquet as pq
+
+    from features.offline import PART_FILE, partition_dir
+
+    table = repo.offline_path(group)
+    current, hashes = definition_hash(group), feature_hashes(group)
+    with update(table, group.name) as manifest:
+        for day in days:
+            part = partition_dir(table, day) / PART_FILE
+            rows = pq.ParquetFile(part).metadata.num_rows if part.is_file() else 0
+            manifest.record(day, current, hashes, rows)
+
+
+def backfill_command(
+    repo_path: str,
+    *,
+    start: str | None = None,
+    end: str | None = None,
+    day: str | None = None,
+    since_last: bool = False,
+    force: bool = False,
+    days_per_run: str | int = 1,
+    dry_run: bool = False,
+    groups: Sequence[str] = (),
+    online: bool = True,
+    on_invalid: str | None = None,
+    track: bool = True,
+    now: datetime | None = None,
+    spark: SparkSession | None = None,
+) -> int:
+    """`features backfill`: check the options, print the plan, do it; the exit status (errors raise)."""
+    req = request(start=start, end=end, day=day, since_last=since_last, force=force, days_per_run=days_per_run)
+    repo = Repo.load(repo_path)
+    the_plan = plan(repo, req, groups, now=now, spark=spark)
+    print(the_plan.describe(), flush=True)
+    if dry_run:
+        print("dry run: nothing computed, nothing recorded")
+        return 0
+    execute(repo, the_plan, spark=spark, online=online, on_invalid=on_invalid, now=now, track=track)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Removed groups
+
+
+TAG = "features.source"  # the tag features.feast_objects.to_feast puts on every view it makes
+
+
+def removed_groups(repo: Repo) -> list[str]:
+    """Feature views in the Feast registry made from a group that the repo no longer defines."""
+    views = repo.feature_store().list_feature_views(allow_cache=False)
+    return sorted(v.name for v in views if TAG in (v.tags or {}) and v.name not in repo.groups)
+
+
+def check_removed_groups(repo: Repo, *, prune: bool) -> list[str]:
+    """Refuse to apply when it would remove views of deleted groups, unless `prune`; returns those views."""
+    removed = removed_groups(repo)
+    if not removed:
+        return []
+    names = ", ".join(map(repr, removed))
+    if not prune:
+        raise ConfigError(
+            f"apply: the Feast registry has feature view(s) {names} but no feature group in {repo.root} defines "
+            "them any more; run `features apply --prune` to remove them (with their online values), or restore "
+            "the group(s)"
+        )
+    tables = ", ".join(repo.offline_path(name) for name in removed)
+    print(
+        f"pruning feature view(s) {names} from the Feast registry and the online store; their offline data "
+        f"stays in {tables} (delete it when it is no longer needed)"
+    )
+    return removed
