@@ -281,9 +281,10 @@ def late_event_micros(folder: Path, timestamp: str) -> np.ndarray:
     except (pa.ArrowException, KeyError, OSError) as exc:
         from features.errors import DataError
 
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise DataError(
-            f"{folder}: cannot read the late events' {timestamp!r} column ({exc}); the stream writes the source's "
-            "columns there; move the folder away if it is not one of its late batches"
+            f"{folder}: cannot read the late events' {timestamp!r} column ({reason}); the stream writes the "
+            "source's columns there; move the folder away if it is not one of its late batches"
         ) from exc
     if pa.types.is_timestamp(column.type):
         micros = column.cast(pa.timestamp("us", tz=column.type.tz), safe=False).cast(pa.int64())

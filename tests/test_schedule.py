@@ -327,6 +327,22 @@ def test_backfill_option_errors(repo: Repo, capsys: pytest.CaptureFixture[str], 
     assert not Path(repo.offline_path(HOP)).exists()
 
 
+def test_a_day_given_as_a_time_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"--date: 2026-03-01T06:00:00\+00:00 is a time; give the day, YYYY-MM-DD"):
+        request(day=at(D1, "06:00"))
+
+
+def test_an_unreadable_late_batch_is_a_data_error(repo: Repo, capsys: pytest.CaptureFixture[str]) -> None:
+    complete(repo, HOP, [D1])
+    folder = Path(repo.late_path(HOP)) / "batch=3"
+    folder.mkdir(parents=True)
+    pq.write_table(pa.table({"user_id": ["u1"]}), folder / "part-0.parquet")  # no event_ts column
+    assert main(["backfill", "--repo", str(repo.root), "--since-last", "--group", "hop"]) == 1
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"error: {folder}: cannot read the late events' 'event_ts' column"), line
+    assert "move the folder away if it is not one of its late batches" in line
+
+
 def test_dry_run_prints_the_plan_and_changes_nothing(repo: Repo, capsys: pytest.CaptureFixture[str]) -> None:
     complete(repo, HOP, [D1])
     write_late(repo, HOP, "7", late_rows([at(D1, "10:00")]))
