@@ -35,7 +35,8 @@ if TYPE_CHECKING:
 
     from features.online import OnlineWriter
 
-DEFAULT_BUCKETS = 64
+# Few buckets: each costs a Python call and a state read per batch, and pandas is fast on big ones.
+DEFAULT_BUCKETS = 8
 
 
 @dataclass(frozen=True)
@@ -233,11 +234,11 @@ class _Sink:
         began = time.perf_counter()
         batch = batch.persist()
         try:
-            stats = batch.where(F.col(engine.KIND) == engine.STAT).select(
-                engine.BUCKET, engine.STATE_ROWS, engine.STATE_BYTES, engine.EVENTS, WINDOW_END
-            )
-            counts = {r[0]: r[1] for r in batch.groupBy(engine.KIND).count().collect()}
-            stat_rows = stats.collect()
+            # One job computes the batch (and caches it): how many rows of each kind, and the buckets' stats.
+            stat = F.when(F.col(engine.KIND) == engine.STAT, F.struct(*engine.STAT_COLUMNS))
+            summary = batch.groupBy(engine.KIND).agg(F.count(F.lit(1)), F.collect_list(stat)).collect()
+            counts = {r[0]: r[1] for r in summary}
+            stat_rows = [s for r in summary for s in r[2]]
             rows_out = self._write_rows(batch, batch_id) if counts.get(engine.ROW) else 0
             late = counts.get(engine.LATE, 0)
             if late:
@@ -253,15 +254,16 @@ class _Sink:
         from pyspark.sql import functions as F
 
         from features import quality
-        from features.backfill import write_latest
         from features.engine import stream as engine
 
         keys = list(self.group.join_keys)
-        rows = batch.where(F.col(engine.KIND) == engine.ROW).select(
+        points = batch.where(F.col(engine.KIND) == engine.ROW)
+        columns = [
             *keys,
             F.timestamp_micros(F.col(WINDOW_END)).alias(WINDOW_END),
             *[f.name for f in self.group.features],
-        )
+        ]
+        rows = points.select(*columns)
         n = None
         if self.validate:
             report = quality.validate_batch(self.group, rows)
@@ -275,7 +277,7 @@ class _Sink:
                 return 0
         engine.write_offline_batch(rows, self.repo.offline_path(self.group), batch_id)
         if self.writer is not None:
-            write_latest(self.writer, self.group, rows)
+            engine.write_online(self.writer, points.where(F.col(engine.LATEST)).select(*columns))
         return n if n is not None else rows.count()
 
     def _write_late(self, batch: DataFrame, batch_id: int) -> None:

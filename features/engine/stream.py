@@ -45,12 +45,16 @@ from features.spec import WINDOW_END, DType, FeatureGroup
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
+    from features.online import OnlineWriter
+
 BUCKET = "fx_bucket"
 KIND = "fx_kind"  # what an output row is: a change point, a late event, a bad record, or a bucket's state size
 ROW, LATE, BAD, STAT = "row", "late", "bad", "stat"
 REASON = "fx_reason"
 RECORD = "fx_record"  # a late event or bad record as JSON
+LATEST = "fx_latest"  # on ROW rows: the key's newest row of the batch, the one the online store gets
 STATE_ROWS, STATE_BYTES, EVENTS = "fx_state_rows", "fx_state_bytes", "fx_events"  # per bucket, on STAT rows
+STAT_COLUMNS = ["fx_bucket", STATE_ROWS, STATE_BYTES, EVENTS, "window_end"]
 CHUNK_US = 3600 * 1_000_000  # pane tables are stored in chunks of one hour of panes
 STATE_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 KAFKA_PACKAGE = "org.apache.spark:spark-sql-kafka-0-10_2.13:{version}"
@@ -201,7 +205,8 @@ def project(group: FeatureGroup, events: DataFrame, buckets: int) -> tuple[DataF
     feature_types = {f.name: output[f.name] for f in group.features}
     features = ", ".join(f"`{n}` {_SPARK_TYPES[t]}" for n, t in feature_types.items())
     schema = (
-        f"{KIND} string, {key_types}, {WINDOW_END} bigint, {features}, {REASON} string, {RECORD} string, "
+        f"{KIND} string, {key_types}, {WINDOW_END} bigint, {features}, {LATEST} boolean, {REASON} string, "
+        f"{RECORD} string, "
         f"{BUCKET} bigint, {STATE_ROWS} bigint, {STATE_BYTES} bigint, {EVENTS} bigint"
     )
     return projected, Projection(plan, cols, schema, feature_types)
@@ -284,6 +289,9 @@ class PaneProcessor(StatefulProcessor):
         out = self._frame(ROW, len(rows))
         for c in rows.columns:
             out[c] = rows[c].to_numpy()
+        # Rows come sorted by key, then window end: a key's newest row is the last before the key changes.
+        keys = rows[list(self.plan.keys)]
+        out[LATEST] = (keys.shift(-1) != keys).any(axis=1).to_numpy()
         return pd.DataFrame(out)[self.output_columns]
 
     def _side(self, kind: str, events: pd.DataFrame, reasons: np.ndarray, records: np.ndarray) -> pd.DataFrame:
@@ -321,19 +329,37 @@ def write_offline_batch(rows: DataFrame, table: str, batch_id: int) -> int:
     batch id, moved into place atomically. A replayed batch rewrites the same files, so no row is doubled."""
     staging = Path(table).parent / "_staging" / f"{Path(table).name}-stream-{batch_id}-{uuid.uuid4().hex[:8]}"
     dated = rows.withColumn("date", F.date_format(F.col(WINDOW_END), "yyyy-MM-dd"))
-    dated.repartition("date").write.partitionBy("date").parquet(str(staging))
+    # One task writes the batch (no shuffle), so each date partition gets exactly one file.
+    dated.coalesce(1).write.partitionBy("date").parquet(str(staging))
     written = 0
     try:
         for part in sorted(staging.glob("date=*")):
             files = sorted(part.glob("*.parquet"))
             target = Path(table) / part.name
             target.mkdir(parents=True, exist_ok=True)
-            for i, f in enumerate(files):  # one file per date (repartition by date); more if Spark splits it
+            for i, f in enumerate(files):  # one file per date; more only if Spark splits a large one
                 os.replace(f, target / f"stream-b{batch_id:010d}-{i:03d}.parquet")
                 written += 1
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return written
+
+
+def write_online(writer: OnlineWriter, rows: DataFrame) -> int:
+    """Write rows (each key's newest of the batch) to the online store from the executors."""
+    import pandas as pd
+
+    if not writer.parallel:
+        rows = rows.coalesce(1)  # a serial store (SQLite) takes one writer at a time
+
+    def write(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        total = 0
+        for batch in batches:
+            batch[WINDOW_END] = pd.to_datetime(batch[WINDOW_END]).dt.tz_localize("UTC")
+            total += writer.write(batch)
+        yield pd.DataFrame({"written": [total]})
+
+    return int(rows.mapInPandas(write, "written long").agg(F.sum("written")).first()[0] or 0)
 
 
 def write_json_records(frame: DataFrame, folder: Path, schema: str | None) -> None:
