@@ -23,6 +23,7 @@ __all__ = [
     "ValidationFailed",
     "agg",
     "to_feast",
+    "training_set",
 ]
 
 
@@ -31,3 +32,10 @@ def to_feast(group: FeatureGroup, **kwargs: object) -> list[object]:
     from features.feast_objects import to_feast as _to_feast
 
     return _to_feast(group, **kwargs)  # type: ignore[arg-type]
+
+
+def training_set(entity_rows: object, features: object, repo: object = "feature_repo", **kwargs: object) -> object:
+    """Point-in-time correct features for labelled entity rows; see `features.training.training_set`."""
+    from features.training import training_set as _training_set
+
+    return _training_set(entity_rows, features, repo, **kwargs)  # type: ignore[arg-type]

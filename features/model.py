@@ -210,6 +210,19 @@ def log_model(
     )
 
 
+def latest_version(name: str, tracking_uri: str | None = None) -> int | None:
+    """The newest version of a registered model, or None when there is none (or no such model)."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    client = MlflowClient(tracking_uri=tracking_uri) if tracking_uri else MlflowClient()
+    try:
+        versions = client.search_model_versions(f"name = '{name}'")
+    except MlflowException:
+        return None
+    return max((int(v.version) for v in versions), default=None)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # `mlflow models serve`
 

@@ -182,6 +182,25 @@ def use(repo: Repo | str | Path) -> str:
     return experiment_id
 
 
+@contextmanager
+def training_run(repo: Repo | str | Path, run_name: str | None = None) -> Iterator[Any]:
+    """`mlflow.start_run(run_name=...)` in the repo's store and experiment (see `use`): the active run that
+    training sets log their lineage on and models are logged to."""
+    import mlflow
+
+    use(repo)
+    with mlflow.start_run(run_name=run_name) as run:
+        yield run
+
+
+def log_run_metrics(metrics: Mapping[str, Any]) -> None:
+    """Numeric values as metrics of the active MLflow run (others are ignored)."""
+    import mlflow
+
+    numbers = {_key(name): number for name, value in metrics.items() if (number := _number(value)) is not None}
+    mlflow.log_metrics(numbers)
+
+
 def _load(repo: Repo | str | Path) -> Repo:
     from features.repo import Repo
 
