@@ -58,7 +58,8 @@ class StreamProgress:
     bad_records_total: int = 0  # bad source records quarantined
     batches_quarantined: int = 0  # micro-batches that failed validation (nothing of them written)
     batch_seconds: float = 0.0
-    freshness_seconds: float | None = None  # from the newest event's landing to its values being online
+    # From the landing of the batch's oldest file (Kafka: record time) to the batch's rows being written.
+    freshness_seconds: float | None = None
 
     def line(self) -> str:
         wm = self.watermark.strftime("%Y-%m-%d %H:%M:%S") if self.watermark else "-"
@@ -67,6 +68,8 @@ class StreamProgress:
             f"({self.processing_rate:,.0f}/s), watermark {wm}, {self.rows_emitted:,} rows out "
             f"({self.rows_total:,} total), state {self.state_rows:,} panes, late {self.late_total:,}"
         )
+        if self.freshness_seconds is not None:
+            text += f", landing to online {self.freshness_seconds:.1f}s"
         if self.bad_records_total:
             text += f", bad records {self.bad_records_total:,}"
         if self.batches_quarantined:
@@ -320,10 +323,13 @@ class _Sink:
     def _report(self, batch_id: int, stats: list[Any], rows_out: int, late: int, bad: int, seconds: float) -> None:
         events = 0
         watermark = None
+        landed = [int(r[5]) for r in stats if r[5] is not None]
         for r in stats:
             self.state[int(r[0])] = (int(r[1]), int(r[2]))
             events += int(r[3])
             watermark = max(watermark or 0, int(r[4]))
+        # Landing to online: how long the batch's oldest landed event waited until the batch's rows were written.
+        freshness = time.time() - min(landed) / 1e6 if landed else None
         before = self.run.latest[self.group.name]
         spark_progress = self.query.lastProgress if self.query is not None else None
         input_rate = float((spark_progress or {}).get("inputRowsPerSecond") or 0.0)
@@ -343,6 +349,7 @@ class _Sink:
             bad_records_total=before.bad_records_total + bad,
             batches_quarantined=getattr(self, "quarantined", 0),
             batch_seconds=seconds,
+            freshness_seconds=freshness,
         )
         with self.lock:
             self.run.latest[self.group.name] = now

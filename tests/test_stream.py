@@ -161,6 +161,8 @@ def test_progress_reports_every_batch(streamed) -> None:
     last = run.progress()[0]
     assert last.rows_total == mine["rows_emitted"].sum() > 0
     assert last.late_total == 0 and last.state_rows > 0 and last.watermark is not None
+    landed_batches = mine[mine["events"] > 0]
+    assert (landed_batches["freshness_seconds"] > 0).all() and (landed_batches["freshness_seconds"] < 600).all()
     assert f"batch {last.batch_id}" in last.line()
 
 
@@ -209,8 +211,9 @@ def test_a_changed_definition_stops_with_the_reset_command(spark, streamed, caps
             stream(repo, [USER_GROUP.name], available_now=True, progress=False, online=False)
     finally:
         repo.groups[USER_GROUP.name] = USER_GROUP
-    assert main(["stream", "--repo", str(repo.root), "--buckets", "8", "--available-now"]) == 2
-    assert "--reset" in capsys.readouterr().err
+    assert main(["stream", "--repo", str(repo.root), "--buckets", "3", "--available-now"]) == 2
+    err = capsys.readouterr().err
+    assert "--buckets 8 -> 3" in err and "--reset" in err
 
 
 def test_stream_argument_errors(capsys) -> None:

@@ -54,7 +54,8 @@ REASON = "fx_reason"
 RECORD = "fx_record"  # a late event or bad record as JSON
 LATEST = "fx_latest"  # on ROW rows: the key's newest row of the batch, the one the online store gets
 STATE_ROWS, STATE_BYTES, EVENTS = "fx_state_rows", "fx_state_bytes", "fx_events"  # per bucket, on STAT rows
-STAT_COLUMNS = ["fx_bucket", STATE_ROWS, STATE_BYTES, EVENTS, "window_end"]
+LANDED = "fx_landed"  # when an event's file landed (Kafka: the record's timestamp), µs; on STAT rows the oldest
+STAT_COLUMNS = ["fx_bucket", STATE_ROWS, STATE_BYTES, EVENTS, "window_end", LANDED]
 CHUNK_US = 3600 * 1_000_000  # pane tables are stored in chunks of one hour of panes
 STATE_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 KAFKA_PACKAGE = "org.apache.spark:spark-sql-kafka-0-10_2.13:{version}"
@@ -119,7 +120,7 @@ def read_stream(spark: SparkSession, group: FeatureGroup, path: str, max_files: 
     else:
         events = reader.schema(schema).parquet(path)
     check_columns(group, events)
-    return events
+    return events.withColumn(LANDED, F.unix_micros(F.col("_metadata.file_modification_time")))
 
 
 def _read_kafka(spark: SparkSession, group: FeatureGroup) -> DataFrame:
@@ -147,7 +148,7 @@ def _read_kafka(spark: SparkSession, group: FeatureGroup) -> DataFrame:
     with_corrupt = T.StructType([*declared.fields, T.StructField(CORRUPT, T.StringType())])
     text = F.col("value").cast("string")
     parsed = F.from_json(text, with_corrupt, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})
-    return raw.select(parsed.alias("r")).select("r.*")
+    return raw.select(parsed.alias("r"), F.unix_micros(F.col("timestamp")).alias(LANDED)).select("r.*", LANDED)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -170,12 +171,13 @@ def project(group: FeatureGroup, events: DataFrame, buckets: int) -> tuple[DataF
     plan = pt.StreamPlan.of(group, types)
     source = group.source
     reason = _reason(group, events, datetime.now().astimezone())
-    source_columns = [c for c in events.columns if c != CORRUPT]
+    source_columns = [c for c in events.columns if c not in (CORRUPT, LANDED)]
     raw = F.to_json(F.struct(*[F.col(c) for c in source_columns]))
     if CORRUPT in events.columns:
         raw = F.coalesce(F.col(CORRUPT), raw)
     marked = events.select(
         *[F.col(c) for c in source_columns],
+        F.col(LANDED),
         reason.alias(REASON),
         F.when(reason.isNotNull(), raw).alias(RECORD),
         # Bad records never move the watermark (a timestamp years ahead would make everything late).
@@ -198,7 +200,7 @@ def project(group: FeatureGroup, events: DataFrame, buckets: int) -> tuple[DataF
         elif calc.value_type is DType.FLOAT64:
             column = column.cast("double")
         cols.append(column.alias(calc.value))
-    cols += [F.col(REASON), F.col(RECORD)]
+    cols += [F.col(REASON), F.col(RECORD), F.col(LANDED)]
     bucket = F.pmod(F.xxhash64(*[F.col(k) for k in keys]), F.lit(buckets)).alias(BUCKET)
     projected = marked.select(bucket, *cols)
     key_types = ", ".join(f"`{k}` {_SPARK_TYPES[output[k]]}" for k in keys)
@@ -207,7 +209,7 @@ def project(group: FeatureGroup, events: DataFrame, buckets: int) -> tuple[DataF
     schema = (
         f"{KIND} string, {key_types}, {WINDOW_END} bigint, {features}, {LATEST} boolean, {REASON} string, "
         f"{RECORD} string, "
-        f"{BUCKET} bigint, {STATE_ROWS} bigint, {STATE_BYTES} bigint, {EVENTS} bigint"
+        f"{BUCKET} bigint, {STATE_ROWS} bigint, {STATE_BYTES} bigint, {EVENTS} bigint, {LANDED} bigint"
     )
     return projected, Projection(plan, cols, schema, feature_types)
 
@@ -235,16 +237,19 @@ class PaneProcessor(StatefulProcessor):
         bad = events[REASON].notna().to_numpy()
         if bad.any():
             yield self._side(BAD, events[bad], events[bad][REASON].to_numpy(), events[bad][RECORD].to_numpy())
-        yield from self._advance(key[0], events[~bad], timerValues, len(events))
+        landed = int(events[LANDED].min()) if events[LANDED].notna().any() else None
+        yield from self._advance(key[0], events[~bad], timerValues, len(events), landed)
 
     def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Iterator[pd.DataFrame]:  # noqa: N802, N803
         upto = timerValues.getCurrentWatermarkInMs() * 1000
         meta = self.meta.get() if self.meta.exists() else None
         if meta is not None and meta[0] is not None and meta[0] >= upto:
             return  # this batch's input already brought the bucket up to the watermark
-        yield from self._advance(key[0], None, timerValues, 0)
+        yield from self._advance(key[0], None, timerValues, 0, None)
 
-    def _advance(self, bucket: int, events: pd.DataFrame | None, timer_values: Any, n: int) -> Iterator[pd.DataFrame]:
+    def _advance(
+        self, bucket: int, events: pd.DataFrame | None, timer_values: Any, n: int, landed: int | None
+    ) -> Iterator[pd.DataFrame]:
         plan = self.plan
         upto = timer_values.getCurrentWatermarkInMs() * 1000
         meta = self.meta.get() if self.meta.exists() else None
@@ -268,7 +273,7 @@ class PaneProcessor(StatefulProcessor):
             late = step.late
             record = late[[*plan.keys, pt.TS]].to_json(orient="records", lines=True).splitlines()
             yield self._side(LATE, late, np.full(len(late), "late"), np.array(record, dtype=object))
-        yield self._stat(bucket, step.table, upto, n)
+        yield self._stat(bucket, step.table, upto, n, landed)
 
     def _store(self, table: pd.DataFrame, stored: dict[int, bytes], touched: set[int]) -> None:
         """Write the chunks whose rows changed; remove the ones pruned."""
@@ -299,7 +304,7 @@ class PaneProcessor(StatefulProcessor):
         out[REASON], out[RECORD] = reasons, records
         return pd.DataFrame(out)[self.output_columns]
 
-    def _stat(self, bucket: int, table: pd.DataFrame, upto: int, events: int) -> pd.DataFrame:
+    def _stat(self, bucket: int, table: pd.DataFrame, upto: int, events: int, landed: int | None) -> pd.DataFrame:
         """The bucket's state size, watermark and events read, for the progress report."""
         out = self._frame(STAT, 1)
         for column, value in (
@@ -308,6 +313,7 @@ class PaneProcessor(StatefulProcessor):
             (STATE_BYTES, int(table.memory_usage(deep=True).sum())),
             (EVENTS, events),
             (WINDOW_END, upto),
+            (LANDED, landed),
         ):
             out[column] = np.array([value], dtype=object)
         return pd.DataFrame(out)[self.output_columns]
