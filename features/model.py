@@ -215,6 +215,9 @@ def latest_version(name: str, tracking_uri: str | None = None) -> int | None:
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
+    from features.tracking import quiet_mlflow
+
+    quiet_mlflow()
     client = MlflowClient(tracking_uri=tracking_uri) if tracking_uri else MlflowClient()
     try:
         versions = client.search_model_versions(f"name = '{name}'")

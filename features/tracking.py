@@ -109,7 +109,7 @@ def experiment_name(repo: Repo) -> str:
     return f"/Shared/{name}" if _is_databricks() else name
 
 
-def _quiet_mlflow() -> None:
+def quiet_mlflow() -> None:
     # Creating a SQLite store logs its schema migrations at INFO on stderr: noise in a CLI's error output.
     for name in ("mlflow.store.db.utils", "alembic.runtime.migration", "alembic"):
         logging.getLogger(name).setLevel(logging.WARNING)
@@ -131,7 +131,7 @@ def client_for(repo: Repo) -> tuple[MlflowClient, str, str]:
     when missing, with artifacts under the repo for the default store). ConfigError if that fails."""
     uri = tracking_uri(repo)
     try:
-        _quiet_mlflow()
+        quiet_mlflow()
         from mlflow import MlflowClient
 
         if uri == default_uri(repo):
