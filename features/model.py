@@ -187,7 +187,14 @@ def log_model(
     from features.spec.fingerprint import definition_hash
 
     wrapped = feature_model(model, features, repo, input_columns, full_feature_names)
-    example = input_example[[*wrapped.keys, *wrapped.input_columns]].head(5).reset_index(drop=True)
+    needed = [*wrapped.keys, *wrapped.input_columns]
+    missing = [c for c in needed if c not in input_example.columns]
+    if missing:
+        raise ConfigError(
+            f"input_example: no column {', '.join(map(repr, missing))}; pass rows with the join keys and input "
+            f"columns the model reads ({', '.join(needed)}), e.g. the training set"
+        )
+    example = input_example[needed].head(5).reset_index(drop=True)
     signature = infer_signature(example, wrapped.predict(None, example))
     from features.repo import Repo
 

@@ -155,12 +155,23 @@ def test_served_by_mlflow_models_serve_over_http(repo: Repo, registered, classif
             predict_http(url, rows[["user_id"]])
 
 
+@pytest.mark.slow
+def test_a_model_the_server_cannot_load_is_an_error_with_its_output(repo: Repo, registered):
+    with (
+        pytest.raises(ConfigError, match=r"(?s)mlflow models serve exited with status 1:\n.*no_such_model"),
+        serve("models:/no_such_model/1", tracking_uri=tracking.tracking_uri(repo), timeout_s=120),
+    ):
+        pass
+
+
 def test_mistakes_name_the_column_and_the_fix(repo: Repo, classifier, rows, monkeypatch: pytest.MonkeyPatch, tmp_path):
     with pytest.raises(ConfigError, match=r"model: object has no predict_proba; wrap a fitted classifier"):
         feature_model(object(), REFS, repo)
     model = feature_model(classifier, REFS, repo, input_columns=["amount"])
     with pytest.raises(ConfigError, match=r"model input: no column 'amount'; the model needs the join keys user_id"):
         model.predict(None, rows[["user_id"]])
+    with pytest.raises(ConfigError, match=r"input_example: no column 'amount'; pass rows with the join keys"):
+        log_model(classifier, REFS, repo, input_example=rows[["user_id"]], input_columns=["amount"])
     monkeypatch.setenv(ENV_REPO, str(tmp_path / "nowhere"))
     with pytest.raises(ConfigError, match=r"nowhere has no feature_store.yaml"):
         feature_model(classifier, REFS, repo, input_columns=["amount"]).predict(None, rows)
