@@ -75,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     stream.add_argument("--max-files-per-trigger", type=int, help="at most this many new files per micro-batch")
     stream.add_argument("--buckets", type=int, default=8, help="hash buckets of keys the state is split into")
     stream.add_argument("--no-online", action="store_true", help="write the offline table only")
+    stream.add_argument("--no-tracking", action="store_true", help="do not record the run in MLflow")
 
     validate = sub.add_parser("validate", help="validate groups' offline tables and write Great Expectations Data Docs")
     _repo_arg(validate)
@@ -202,6 +203,7 @@ def _stream(args: argparse.Namespace) -> int:
         buckets=args.buckets,
         max_files_per_trigger=args.max_files_per_trigger,
         progress=True,
+        tracking=not args.no_tracking,
     )
     try:
         run.await_termination()

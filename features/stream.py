@@ -85,6 +85,17 @@ class StreamRun:
     latest: dict[str, StreamProgress]
     history: list[StreamProgress] = field(default_factory=list)
     errors: dict[str, BaseException] = field(default_factory=dict)
+    tracker: Any = None  # the MLflow run (features.tracking) the batches log to
+    _tracking: Any = None  # its context manager, ended when the queries end
+
+    def _finish(self, error: BaseException | None) -> None:
+        """End the MLflow run once: FINISHED, or FAILED with the error."""
+        tracking, self._tracking = self._tracking, None
+        if tracking is not None:
+            if error is None:
+                tracking.__exit__(None, None, None)
+            else:
+                tracking.__exit__(type(error), error, error.__traceback__)
 
     def progress(self) -> list[StreamProgress]:
         return [self.latest[name] for name in self.queries]
@@ -104,16 +115,21 @@ class StreamRun:
             try:
                 done = query.awaitTermination(None if left is None else left)
             except Exception as exc:
-                raise self.errors.get(name, exc) from None
+                error = self.errors.get(name, exc)
+                self._finish(error)
+                raise error from None
             if done is False:
                 return False
             if name in self.errors:
+                self._finish(self.errors[name])
                 raise self.errors[name]
+        self._finish(None)
         return True
 
     def stop(self) -> None:
         for query in self.queries.values():
             query.stop()
+        self._finish(None)
 
 
 def stream(
@@ -130,8 +146,10 @@ def stream(
     buckets: int = DEFAULT_BUCKETS,
     max_files_per_trigger: int | None = None,
     progress: bool | None = None,
+    tracking: bool = True,
 ) -> StreamRun:
-    """Start one streaming query per group (all by default) and return without waiting."""
+    """Start one streaming query per group (all by default) and return without waiting. The run is one MLflow
+    run (features.tracking) with each micro-batch's counts as metrics; `tracking=False` records nothing."""
     from features.backfill import ready_writer
     from features.engine import stream as engine
     from features.engine.session import get_spark
@@ -142,25 +160,36 @@ def stream(
     writers = {g.name: ready_writer(repo, g) for g in selected} if online else {}
     spark = spark or get_spark()
     engine.configure(spark)
+    from features import tracking as mlflow_tracking
+
     show = sys.stderr.isatty() if progress is None else progress
     run = StreamRun({}, {})
-    for group in selected:
-        checkpoint = Path(repo.checkpoint_path(group, checkpoint_root))
-        _check_checkpoint(repo, group, checkpoint, buckets, reset)
-        events = engine.read_stream(spark, group, repo.source_path(group), max_files_per_trigger)
-        projected, projection = engine.project(group, events, buckets)
-        columns = [f.name for f in _output_fields(projection.output_schema)]
-        processor = engine.PaneProcessor(projection.plan, group.name, columns)
-        out = projected.groupBy(engine.BUCKET).transformWithStateInPandas(
-            processor, projection.output_schema, "append", "EventTime"
-        )
-        sink = _Sink(repo, group, writers.get(group.name), validate, run, show, spark)
-        writer = out.writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint / "query"))
-        writer = writer.queryName(f"features_{group.name}")
-        writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=trigger)
-        run.latest[group.name] = StreamProgress(group.name)
-        run.queries[group.name] = writer.start()
-        sink.query = run.queries[group.name]
+    params = {"trigger": "available-now" if available_now else trigger, "buckets": buckets, "online": online}
+    run._tracking = mlflow_tracking.start_run(repo, "stream", selected, params, enabled=tracking)
+    run.tracker = run._tracking.__enter__()
+    try:
+        for group in selected:
+            checkpoint = Path(repo.checkpoint_path(group, checkpoint_root))
+            _check_checkpoint(repo, group, checkpoint, buckets, reset)
+            events = engine.read_stream(spark, group, repo.source_path(group), max_files_per_trigger)
+            projected, projection = engine.project(group, events, buckets)
+            columns = [f.name for f in _output_fields(projection.output_schema)]
+            processor = engine.PaneProcessor(projection.plan, group.name, columns)
+            out = projected.groupBy(engine.BUCKET).transformWithStateInPandas(
+                processor, projection.output_schema, "append", "EventTime"
+            )
+            sink = _Sink(repo, group, writers.get(group.name), validate, run, show, spark)
+            writer = out.writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint / "query"))
+            writer = writer.queryName(f"features_{group.name}")
+            writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=trigger)
+            run.latest[group.name] = StreamProgress(group.name)
+            run.queries[group.name] = writer.start()
+            sink.query = run.queries[group.name]
+    except BaseException as exc:
+        for query in run.queries.values():
+            query.stop()
+        run._finish(exc)
+        raise
     return run
 
 
@@ -270,6 +299,7 @@ class _Sink:
         n = None
         if self.validate:
             report = quality.validate_batch(self.group, rows)
+            self.run.tracker.log_validation(report, step=batch_id, artifact=not report.success)
             n = report.rows
             if not report.success:
                 if self.policy == quality.FAIL:
@@ -354,6 +384,20 @@ class _Sink:
         with self.lock:
             self.run.latest[self.group.name] = now
             self.run.history.append(now)
+            self.run.tracker.log_metrics(
+                {
+                    "events": events,
+                    "rows_out": rows_out,
+                    "late": late,
+                    "records_quarantined": bad,
+                    "batches_quarantined": now.batches_quarantined,
+                    "state_rows": now.state_rows,
+                    "batch_seconds": seconds,
+                    **({"freshness_seconds": freshness} if freshness is not None else {}),
+                },
+                step=batch_id,
+                group=self.group.name,
+            )
         if self.show:
             print(now.line(), file=sys.stderr, flush=True)
 

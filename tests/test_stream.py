@@ -257,3 +257,17 @@ def test_killed_streams_end_like_an_uninterrupted_one(spark, feast_repo_factory,
     pd.testing.assert_frame_equal(got, want)
     keys = events[list(group.join_keys)].drop_duplicates().reset_index(drop=True)
     pd.testing.assert_frame_equal(online_features(killed, group, keys), online_features(calm, group, keys))
+
+
+def test_each_stream_run_is_an_mlflow_run_with_batch_metrics(streamed) -> None:
+    from features.spec.fingerprint import definition_hash
+    from features.tracking import client_for, find_runs
+
+    repo, events, run = streamed
+    runs = find_runs(repo, kind="stream", group=USER_GROUP.name, definition_hash=definition_hash(USER_GROUP))
+    client, _, _ = client_for(repo)
+    first = runs.sort_values("start_time").iloc[0]  # the module's stream (later tests add runs)
+    assert first["status"] == "FINISHED"
+    history = client.get_metric_history(first["run_id"], f"{USER_GROUP.name}.events")
+    assert sum(m.value for m in history) == len(events)
+    assert {m.step for m in history} == set(run.status().query(f"group == '{USER_GROUP.name}'")["batch_id"])
