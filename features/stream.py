@@ -308,10 +308,23 @@ class _Sink:
                 quality.quarantine_batch(report, rows, folder)
                 self.quarantined = getattr(self, "quarantined", 0) + 1
                 return 0
-        engine.write_offline_batch(rows, self.repo.offline_path(self.group), batch_id)
+        engine.write_offline_batch(self._not_backfilled(rows), self.repo.offline_path(self.group), batch_id)
         if self.writer is not None:
             engine.write_online(self.writer, points.where(F.col(engine.LATEST)).select(*columns))
         return n if n is not None else rows.count()
+
+    def _not_backfilled(self, rows: DataFrame) -> DataFrame:
+        """Rows of dates a backfill did not complete: a completed date's partition is exact already, and the
+        stream's rows for it (a replay of old files, a restart with --reset) would only repeat them."""
+        from pyspark.sql import functions as F
+
+        from features.manifest import read_manifest
+
+        done = read_manifest(self.repo.offline_path(self.group), self.group.name).completed()
+        if not done:
+            return rows
+        day = F.date_format(F.col(WINDOW_END), "yyyy-MM-dd")
+        return rows.where(~day.isin([d.isoformat() for d in done]))
 
     def _write_late(self, batch: DataFrame, batch_id: int) -> None:
         from pyspark.sql import functions as F

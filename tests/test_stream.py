@@ -271,3 +271,24 @@ def test_each_stream_run_is_an_mlflow_run_with_batch_metrics(streamed) -> None:
     history = client.get_metric_history(first["run_id"], f"{USER_GROUP.name}.events")
     assert sum(m.value for m in history) == len(events)
     assert {m.step for m in history} == set(run.status().query(f"group == '{USER_GROUP.name}'")["batch_id"])
+
+
+def test_the_stream_does_not_repeat_days_a_backfill_completed(spark, feast_repo_factory, tmp_path) -> None:
+    """A backfill completes 2026-03-02, then the stream replays the whole source: the day keeps exactly the
+    backfill's rows (no (key, window_end) twice), and the stream adds the other days."""
+    events = make_events()
+    root = tmp_path / "repo"
+    land(root, arrival_order(events, pd.Timedelta(minutes=20), seed=3), 3)
+    feast_repo_factory(root, [PAIR_GROUP])
+    assert main(["backfill", "--repo", str(root), "--date", "2026-03-02", "--no-tracking"]) == 0
+    repo = Repo.load(root)
+    day = offline_rows(spark, repo, PAIR_GROUP)
+    stream(repo, available_now=True, progress=False, tracking=False).await_termination()
+    rows = offline_rows(spark, repo, PAIR_GROUP)
+    keys = [*PAIR_GROUP.join_keys, WINDOW_END]
+    assert not rows.duplicated(keys).any()
+    on_day = rows[rows[WINDOW_END].dt.strftime("%Y-%m-%d") == "2026-03-02"].reset_index(drop=True)
+    pd.testing.assert_frame_equal(
+        on_day, day[day[WINDOW_END].dt.strftime("%Y-%m-%d") == "2026-03-02"].reset_index(drop=True)
+    )
+    assert (rows[WINDOW_END] >= pd.Timestamp("2026-03-03", tz="UTC")).any()
