@@ -314,17 +314,21 @@ class _Sink:
         return n if n is not None else rows.count()
 
     def _not_backfilled(self, rows: DataFrame) -> DataFrame:
-        """Rows of dates a backfill did not complete: a completed date's partition is exact already, and the
-        stream's rows for it (a replay of old files, a restart with --reset) would only repeat them."""
+        """Leave to the backfill what it wrote: a backfill's partition file holds every change point of the
+        stretch it covers, so the stream's rows there (a replay of old files, a restart with --reset, a day
+        backfilled while streaming) would only repeat them."""
         from pyspark.sql import functions as F
 
-        from features.manifest import read_manifest
+        from features.engine import stream as engine
 
-        done = read_manifest(self.repo.offline_path(self.group), self.group.name).completed()
-        if not done:
+        covered = engine.backfilled(self.repo.offline_path(self.group))
+        if not covered:
             return rows
-        day = F.date_format(F.col(WINDOW_END), "yyyy-MM-dd")
-        return rows.where(~day.isin([d.isoformat() for d in done]))
+        end = F.col(WINDOW_END)
+        inside = F.lit(False)
+        for lo, hi in covered:
+            inside = inside | end.between(lo, hi)
+        return rows.where(~inside)
 
     def _write_late(self, batch: DataFrame, batch_id: int) -> None:
         from pyspark.sql import functions as F

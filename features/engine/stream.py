@@ -351,6 +351,24 @@ def write_offline_batch(rows: DataFrame, table: str, batch_id: int) -> int:
     return written
 
 
+def backfilled(table: str) -> list[tuple[datetime, datetime]]:
+    """The [first, last] window end of each backfill file in the offline table (from Parquet footers; the
+    stream's own files are named stream-b*)."""
+    import pyarrow.parquet as pq
+
+    spans = []
+    for path in Path(table).glob("date=*/*.parquet"):
+        if path.name.startswith("stream-b"):
+            continue
+        meta = pq.ParquetFile(path).metadata
+        column = meta.schema.names.index(WINDOW_END)
+        stats = [meta.row_group(i).column(column).statistics for i in range(meta.num_row_groups)]
+        stats = [s for s in stats if s is not None and s.has_min_max]
+        if stats:
+            spans.append((min(s.min for s in stats), max(s.max for s in stats)))
+    return spans
+
+
 def write_online(writer: OnlineWriter, rows: DataFrame) -> int:
     """Write rows (each key's newest of the batch) to the online store from the executors."""
     import pandas as pd
