@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from features.errors import ConfigError, ValidationFailed
 from features.repo import Repo
 from features.spec import WINDOW_END, FeatureGroup
+from features.spec.durations import parse_duration
 from features.spec.fingerprint import definition_hash, describe
 
 if TYPE_CHECKING:
@@ -156,6 +157,7 @@ def stream(
 
     if buckets < 1:
         raise ConfigError(f"--buckets: {buckets} is not a positive number of hash buckets")
+    every_s = parse_duration(trigger, "--trigger")
     selected = repo.select(groups)
     writers = {g.name: ready_writer(repo, g) for g in selected} if online else {}
     spark = spark or get_spark()
@@ -181,7 +183,11 @@ def stream(
             sink = _Sink(repo, group, writers.get(group.name), validate, run, show, spark)
             writer = out.writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint / "query"))
             writer = writer.queryName(f"features_{group.name}")
-            writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=trigger)
+            writer = (
+                writer.trigger(availableNow=True)
+                if available_now
+                else writer.trigger(processingTime=f"{every_s} seconds")
+            )
             run.latest[group.name] = StreamProgress(group.name)
             run.queries[group.name] = writer.start()
             sink.query = run.queries[group.name]

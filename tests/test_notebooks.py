@@ -23,6 +23,7 @@ CELL_TIMEOUT_S = 1200
 SHOWS: dict[str, list[str]] = {
     "01_define_and_explore.ipynb": ["image/png", "same as the repository's definition: True"],
     "02_backfill_and_train.ipynb": ["image/png", "held-out ROC AUC", "amount + windowed features", "registered"],
+    "03_streaming.ipynb": ["failed_count_24h", "freshness_seconds", "stream stopped: True"],
     "04_serving.ipynb": ["fraud_probability", "mlflow models serve listens on http://127.0.0.1:"],
 }
 IGNORED = shutil.ignore_patterns("data", ".features", "__pycache__", ".ipynb_checkpoints")
@@ -51,7 +52,12 @@ def outputs_text(notebook: nbformat.NotebookNode) -> str:
 
 
 def test_every_notebook_is_found():
-    assert {"01_define_and_explore.ipynb", "02_backfill_and_train.ipynb", "04_serving.ipynb"} <= set(NOTEBOOKS)
+    assert {
+        "01_define_and_explore.ipynb",
+        "02_backfill_and_train.ipynb",
+        "03_streaming.ipynb",
+        "04_serving.ipynb",
+    } <= set(NOTEBOOKS)
 
 
 def test_notebooks_have_a_parameters_cell_and_no_machine_paths():

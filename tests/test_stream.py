@@ -221,6 +221,8 @@ def test_stream_argument_errors(capsys) -> None:
     assert "feature_store.yaml" in capsys.readouterr().err
     assert main(["stream", "--max-files-per-trigger", "0"]) == 2
     assert "--max-files-per-trigger" in capsys.readouterr().err
+    assert main(["stream", "--repo", str(Path(__file__).parents[1] / "feature_repo"), "--trigger", "5 parsecs"]) == 2
+    assert "--trigger" in capsys.readouterr().err
 
 
 @pytest.mark.slow
