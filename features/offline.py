@@ -15,8 +15,9 @@ from collections.abc import Callable
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import StringType, StructField, StructType
 
 from features.spec import WINDOW_END
 
@@ -43,6 +44,8 @@ def read_table(spark: SparkSession, table: str) -> DataFrame | None:
 
 
 ONLINE_ONLY = "online"  # staged rows at E == end: each key's value as of `end`, not part of the range
+TASK = "_task"  # the write task (and so the partition) of a staged row
+TASKS = "_tasks"  # staging subfolder the write tasks write into
 
 
 def _owned_partially(days: list[date], start: datetime, end: datetime) -> list[str]:
@@ -71,24 +74,29 @@ def replace_range(
     False, the staged rows are dropped and the table is left as it was (the result is then 0)."""
     days = dates_between(start, end)
     start_ts, end_ts = F.lit(start).cast("timestamp"), F.lit(end).cast("timestamp")
-    at_end = F.col(WINDOW_END) == end_ts
-    staged = rows.where((F.col(WINDOW_END) >= start_ts) & (F.col(WINDOW_END) <= end_ts)).withColumn(
-        DATE, F.when(at_end, F.lit(ONLINE_ONLY)).otherwise(F.date_format(F.col(WINDOW_END), "yyyy-MM-dd"))
+    in_range = (F.col(WINDOW_END) >= start_ts) & (F.col(WINDOW_END) <= end_ts)
+    online_task = F.lit(len(days))  # the rows at `end` go to a partition of their own
+    staged = rows.where(in_range).withColumn(
+        TASK, F.when(F.col(WINDOW_END) == end_ts, online_task).otherwise(_day_index(days))
     )
-    existing = read_table(spark, table)
     partial = _owned_partially(days, start, end)
-    if existing is not None and partial:
-        keep = existing.where(
-            F.col(DATE).cast("string").isin(partial) & ((F.col(WINDOW_END) < start_ts) | (F.col(WINDOW_END) >= end_ts))
-        ).withColumn(DATE, F.col(DATE).cast("string"))
+    existing = read_table(spark, table) if partial else None
+    if existing is not None:
+        outside = (F.col(WINDOW_END) < start_ts) | (F.col(WINDOW_END) >= end_ts)
+        keep = existing.where(F.col(DATE).cast("string").isin(partial) & outside).withColumn(TASK, _day_index(days))
         staged = staged.unionByName(keep.select(*staged.columns))
     staging = Path(table).parent / "_staging" / f"{Path(table).name}-{uuid.uuid4().hex}"
     try:
-        # One task per date, so that every partition is exactly one file that can be swapped atomically.
-        staged.repartition(DATE).write.partitionBy(DATE).parquet(str(staging))
+        # One write task per date partition (adaptive execution cannot merge tasks of a fixed count), so the
+        # dates are written in parallel and each becomes exactly one file that can be swapped atomically.
+        # Not `partitionBy`: it would sort every task's rows by a date they all share.
+        by_task = staged.repartitionById(len(days) + 1, TASK).drop(TASK)
+        by_task.write.option("maxRecordsPerFile", 0).parquet(str(staging / TASKS))
+        _place_task_files(staging, days)
         # The range's rows and its rows at `end`, not rows kept from a partition at or after `end` (they
         # belong to another range). The staged schema keeps `date` a string: Spark would infer a date type.
-        written = spark.read.schema(staged.schema).parquet(str(staging))
+        schema = StructType([*rows.schema.fields, StructField(DATE, StringType())])
+        written = spark.read.schema(schema).parquet(str(staging))
         online_only = F.col(DATE) == ONLINE_ONLY
         new_rows = written.where(online_only | (F.col(WINDOW_END) >= start_ts) & (F.col(WINDOW_END) < end_ts))
         if on_staged is not None and not on_staged(new_rows.drop(DATE)):
@@ -98,6 +106,25 @@ def replace_range(
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return count
+
+
+def _day_index(days: list[date]) -> Column:
+    """The index in `days` of a row's window end date (its partition)."""
+    return F.date_diff(F.to_date(F.col(WINDOW_END)), F.lit(days[0].isoformat()).cast("date"))
+
+
+def _place_task_files(staging: Path, days: list[date]) -> None:
+    """Move each write task's file to its partition folder: task i wrote the rows of days[i], the last task
+    the rows at `end`. Spark names a task's file part-<task index>-...; a task without rows wrote none."""
+    labels = [day.isoformat() for day in days] + [ONLINE_ONLY]
+    for produced in (staging / TASKS).glob("part-*.parquet"):
+        task = int(produced.name.split("-")[1])
+        folder = staging / f"{DATE}={labels[task]}"
+        if folder.exists():
+            raise AssertionError(f"two files for partition {folder.name}: one task per date was expected")
+        folder.mkdir()
+        produced.rename(folder / PART_FILE)
+    shutil.rmtree(staging / TASKS)
 
 
 def _footer_rows(staging: Path, days: list[date]) -> int:

@@ -17,12 +17,12 @@ backfill now, a stream per micro-batch). The derived suite:
 
 Cost: Great Expectations resolves each expectation with several Spark jobs of its own, so a suite of 20
 expectations is dozens of jobs per batch. By default (`mode="auto"`) the derived expectations are instead
-evaluated together in one Spark aggregation, plus one distinct count for uniqueness: each of them is a row
-condition (the same Spark SQL that Great Expectations runs), a uniqueness count or a schema check. When all
-pass, their Great Expectations results are filled in from that pass (marked so in their `meta`); when any
-fails, the whole suite runs in Great Expectations on the same DataFrame, and its result is the one reported.
-User expectations always run in Great Expectations. `mode="full"` runs everything there. bench/quality.py
-measures both against the batch they validate.
+evaluated together in one Spark aggregation (grouped by the join keys, for an exact uniqueness count): each
+of them is a row condition (the same Spark SQL that Great Expectations runs), a uniqueness count or a schema
+check. When all pass, their Great Expectations results are filled in from that pass (marked so in their
+`meta`); when any fails, the whole suite runs in Great Expectations on the same DataFrame, and its result is
+the one reported. User expectations always run in Great Expectations. `mode="full"` runs everything there.
+bench/quality.py measures both against the batch they validate.
 
 What happens on failure is the caller's policy (`FeatureGroup.on_invalid`): "fail" writes the result JSON and
 raises `ValidationFailed`; "quarantine" also writes the failed batch, aside from the stores
@@ -573,31 +573,43 @@ def run_great_expectations(
 
 def _screen(rows: DataFrame, checks: list[DerivedCheck]) -> tuple[int, dict[str, int]]:
     """Rows in the batch, and each check's count of rejected rows (1 for a wrong column type; for uniqueness,
-    rows minus distinct hashes of the combination): two Spark jobs for all of them.
+    rows minus distinct combinations): one Spark job for all of them.
 
-    Uniqueness counts distinct 64-bit hashes: a real duplicate always shows, and a hash collision (about
-    n^2 / 2^65) only ever raises a false alarm, which Great Expectations then clears. It is its own job, since
-    Spark plans a distinct aggregate together with others through an expansion that costs more than both."""
+    Uniqueness of (join keys, window_end) is exact and needs no hashing: the rows are grouped by the join keys,
+    and each group counts its rows and its distinct window ends (`array_distinct`), with the row conditions
+    counted alongside; the groups' counts are then summed. Per row, this costs about half of a global distinct
+    count, which shuffles every row (the groups ship their window ends as one array instead). A null in the
+    combination counts as a duplicate, which only ever raises a false alarm that Great Expectations clears. A
+    uniqueness check of a single column counts distinct 64-bit hashes in a job of its own (a hash collision,
+    about n^2 / 2^65, is such a false alarm too)."""
     from pyspark.sql import functions as F
 
-    aggs = [F.count(F.lit(1)).alias("_rows")]
-    aggs += [F.count_if(F.expr(c.unexpected_sql)).alias(f"_c{i}") for i, c in enumerate(checks) if c.unexpected_sql]
-    row = rows.agg(*aggs).first()
+    conditions = {f"_c{i}": c for i, c in enumerate(checks) if c.unexpected_sql}
+    counted = [F.count_if(F.expr(str(c.unexpected_sql))).alias(name) for name, c in conditions.items()]
+    grouped = next((c for c in checks if len(c.unique) > 1), None)
+    if grouped is not None:
+        *by, last = grouped.unique
+        distinct = F.size(F.array_distinct(F.collect_list(F.col(last))))
+        per_group = rows.groupBy(*by).agg(F.count(F.lit(1)).alias("_rows"), distinct.alias("_distinct"), *counted)
+        sums = ["_rows", "_distinct", *conditions]
+        row = per_group.agg(*[F.coalesce(F.sum(c), F.lit(0)).alias(c) for c in sums]).first()
+    else:
+        row = rows.agg(F.count(F.lit(1)).alias("_rows"), *counted).first()
     assert row is not None
     n = int(row["_rows"])
     types = {f.name: type(f.dataType).__name__ for f in rows.schema.fields}
-    counts = {}
-    for i, check in enumerate(checks):
-        if check.unexpected_sql is not None:
-            counts[check.name] = int(row[f"_c{i}"])
+    counts = {c.name: int(row[name]) for name, c in conditions.items()}
+    for check in checks:
+        if check is grouped:
+            counts[check.name] = n - int(row["_distinct"])
         elif check.unique:
             hashed = F.xxhash64(*[F.col(c) for c in check.unique])
-            distinct = rows.agg(F.count_distinct(hashed)).first()
-            counts[check.name] = n - int(distinct[0]) if distinct is not None else n
+            found = rows.agg(F.count_distinct(hashed)).first()
+            counts[check.name] = n - int(found[0]) if found is not None else n
         elif check.column_types is not None:
             column, allowed = check.column_types
             counts[check.name] = 0 if types.get(column) in allowed else 1
-    return n, counts
+    return n, {c.name: counts[c.name] for c in checks if c.name in counts}
 
 
 def _screened_result(check: DerivedCheck, rows: int, spark_type: str | None) -> ExpectationValidationResult:

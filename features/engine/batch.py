@@ -15,12 +15,15 @@ mergeable aggregation (sums, min/max, sketches, last-k). A Lifetime window is on
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
-from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import Column, DataFrame, Observation, Window
 from pyspark.sql import functions as F
+from pyspark.sql.types import LongType, StructField, StructType
 
 from features.engine.partials import Partial, partial_for
+from features.engine.signed import SignedSpec, signed_changes
 from features.engine.source import schema_of
 from features.panes import MICROS, WindowShape, lookback_us, pane_length_us, shapes
 from features.spec import WINDOW_END, AggKind, Feature, FeatureGroup
@@ -149,15 +152,34 @@ def _moves(shape: WindowShape, used: list[Compiled], lo: int) -> list[Column]:
 
 
 def _signed_part(panes: DataFrame, keys: list[str], shape: WindowShape, used: list[Compiled], lo: int, hi: int):
-    """Exact integer sums: + partial where a pane enters, - where it leaves, one running sum per key."""
-    moved = panes.select(*keys, *[F.col(c.p) for c in used], F.explode(F.array(*_moves(shape, used, lo))).alias("m"))
-    deltas = moved.where(F.col("m").isNotNull()).select(
-        *keys, F.col("m.at").alias(E), *[(F.col(c.p) * F.col("m.sign")).alias(c.p) for c in used]
+    """Exact integer sums: + partial where a pane enters, - where it leaves, one running sum per key; computed
+    per key partition in numpy (features.engine.signed), the panes being partitioned by key already."""
+    flags = sorted({f"_n{c.condition}" for c in used})
+    # A count's partial is its condition's row count: that column is sent once.
+    values = [f"_n{c.condition}" if c.feature.aggregation.kind is AggKind.COUNT else c.p for c in used]
+    spec = SignedSpec(
+        keys=tuple(keys),
+        pane=PANE,
+        flags=tuple(flags),
+        values=tuple(values),
+        out=tuple(c.pre for c in used),
+        features=tuple(c.feature.name for c in used),
+        end=E,
+        every_us=shape.every_us,
+        size_us=shape.size_us,
+        lo=lo,
+        hi=hi,
     )
-    per_end = deltas.groupBy(*keys, E).agg(*[F.sum(c.p).alias(c.p) for c in used])
-    running = Window.partitionBy(*keys).orderBy(E).rowsBetween(Window.unboundedPreceding, Window.currentRow)
-    values = per_end.select(*keys, E, *[F.sum(c.p).over(running).alias(c.pre) for c in used])
-    return values.where(F.col(E).between(lo, hi))
+    schema = StructType(
+        [
+            *[panes.schema[k] for k in keys],
+            StructField(E, LongType(), False),
+            *[StructField(c.pre, LongType(), False) for c in used],
+        ]
+    )
+    sums = sorted({v for v in values if v not in flags})
+    columns = [*keys, PANE, *flags, *[F.col(v).cast("long").alias(v) for v in sums]]
+    return panes.select(*columns).mapInArrow(functools.partial(signed_changes, spec=spec), schema)
 
 
 def _block_part(panes: DataFrame, keys: list[str], shape: WindowShape, used: list[Compiled], lo: int, hi: int):
@@ -251,18 +273,27 @@ class ChangePoints:
     rows: DataFrame  # keys, window_end, one column per feature
     panes: DataFrame  # phase 1 output
     events: DataFrame  # the events read
+    observed: Observation | None = None  # counts the events while `rows` is computed
 
     def release(self) -> None:
         self.panes.unpersist()
 
     def events_read(self) -> int:
-        """How many events the computation read (a separate job that only scans timestamps)."""
+        """How many events the computation read. Once `rows` was computed (written), the count observed
+        during that job, else a separate job that only scans timestamps."""
+        if self.observed is not None:
+            return int(self.observed.get["events"])
         return self.events.count()
 
 
-def change_points(group: FeatureGroup, events: DataFrame, start_us: int, end_us: int) -> ChangePoints:
+def change_points(
+    group: FeatureGroup, events: DataFrame, start_us: int, end_us: int, *, observe: bool = False
+) -> ChangePoints:
     """The change-point series with window ends in [start, end] (end included, so the last row of each
-    key is its value as of `end`), from events before `end`."""
+    key is its value as of `end`), from events before `end`.
+
+    `observe=True`: count the events in the job that computes the rows; `events_read()` then returns that
+    count, and must only be called after `rows` was computed (an observation waits for its first job)."""
     keys = list(group.join_keys)
     lower = read_lower_bound(group, start_us)
     ts = F.col(group.source.timestamp)
@@ -271,7 +302,9 @@ def change_points(group: FeatureGroup, events: DataFrame, start_us: int, end_us:
         in_range = in_range & (ts >= F.timestamp_micros(F.lit(lower)))
     compiled = compile_group(group, events)
     events = events.where(in_range)
-    panes = phase1(group, events.repartition(*keys), compiled)
+    observed = Observation() if observe else None
+    read = events if observed is None else events.observe(observed, F.count(F.lit(1)).alias("events"))
+    panes = phase1(group, read.repartition(*keys), compiled)
     if len(_parts(group, compiled)) > 1:
         panes = panes.persist()  # read by every part: read and shuffle the source once
-    return ChangePoints(phase2(panes, group, compiled, start_us, end_us), panes, events)
+    return ChangePoints(phase2(panes, group, compiled, start_us, end_us), panes, events, observed)
