@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from features.errors import ConfigError, ValidationFailed
+from features.locks import table_lock
 from features.repo import Repo
 from features.spec import WINDOW_END, FeatureGroup
 from features.spec.durations import parse_duration
@@ -314,7 +315,9 @@ class _Sink:
                 quality.quarantine_batch(report, rows, folder)
                 self.quarantined = getattr(self, "quarantined", 0) + 1
                 return 0
-        engine.write_offline_batch(self._not_backfilled(rows), self.repo.offline_path(self.group), batch_id)
+        table = self.repo.offline_path(self.group)
+        with table_lock(table):  # a backfill rewriting the table's days finishes first
+            engine.write_offline_batch(self._not_backfilled(rows), table, batch_id)
         if self.writer is not None:
             engine.write_online(self.writer, points.where(F.col(engine.LATEST)).select(*columns))
         return n if n is not None else rows.count()

@@ -294,3 +294,55 @@ def test_the_stream_does_not_repeat_days_a_backfill_completed(spark, feast_repo_
         on_day, day[day[WINDOW_END].dt.strftime("%Y-%m-%d") == "2026-03-02"].reset_index(drop=True)
     )
     assert (rows[WINDOW_END] >= pd.Timestamp("2026-03-03", tz="UTC")).any()
+
+
+@pytest.mark.slow
+def test_a_backfill_next_to_a_running_stream(spark, feast_repo_factory, tmp_path) -> None:
+    """A backfill of the first day runs while the stream takes new files: no (key, window end) twice, none
+    missing (the table equals the batch engine's), and the online store holds the stream's newest values."""
+    import threading
+
+    from features.backfill import backfill
+
+    events = arrival_order(make_events(), pd.Timedelta(minutes=20), seed=4)
+    root = tmp_path / "repo"
+    half = len(events) // 2
+    land(root, events.iloc[:half], 3)
+    feast_repo_factory(root, [PAIR_GROUP])
+    repo = Repo.load(root)
+    run = stream(repo, trigger="1s", max_files_per_trigger=1, progress=False, tracking=False)
+    errors: list[BaseException] = []
+
+    def backfill_first_day() -> None:
+        try:
+            backfill(repo, BASE, BASE + 24 * H, online=True, progress=False, track=False)
+        except BaseException as exc:
+            errors.append(exc)
+
+    worker = threading.Thread(target=backfill_first_day)
+    worker.start()
+    land(root, events.iloc[half:], 3, start_index=3)
+    worker.join()
+    deadline = time.monotonic() + 600
+    while run.status().get("events", pd.Series(dtype=int)).sum() < len(events) and time.monotonic() < deadline:
+        assert not run.errors, run.errors
+        time.sleep(1)
+    run.stop()
+    assert not errors, errors
+    drained = stream(repo, available_now=True, progress=False, tracking=False)
+    drained.await_termination()
+    watermark = pd.Timestamp(drained.progress()[0].watermark)
+    got = offline_rows(spark, repo, PAIR_GROUP)
+    want = collect_change_points(PAIR_GROUP, spark.createDataFrame(events), BASE - H, watermark)
+    keys = [*PAIR_GROUP.join_keys, WINDOW_END]
+    assert not got.duplicated(keys).any()
+    pd.testing.assert_frame_equal(got[keys], want[keys])
+    for feat in PAIR_GROUP.features:
+        assert all(same_value(a, b) for a, b in zip(want[feat.name], got[feat.name], strict=True)), feat.name
+    pair = list(PAIR_GROUP.join_keys)
+    online = online_features(repo, PAIR_GROUP, got[pair].drop_duplicates().reset_index(drop=True))
+    newest = got.groupby(pair, as_index=False).last()
+    merged = online.merge(newest, on=pair, suffixes=("", "_offline"))
+    assert len(merged) == len(newest)
+    for feat in PAIR_GROUP.features:
+        assert all(same_value(a, b) for a, b in zip(merged[f"{feat.name}_offline"], merged[feat.name], strict=True))
