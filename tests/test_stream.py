@@ -346,3 +346,38 @@ def test_a_backfill_next_to_a_running_stream(spark, feast_repo_factory, tmp_path
     assert len(merged) == len(newest)
     for feat in PAIR_GROUP.features:
         assert all(same_value(a, b) for a, b in zip(merged[f"{feat.name}_offline"], merged[feat.name], strict=True))
+
+
+def test_a_failing_micro_batch_is_quarantined_and_the_stream_goes_on(spark, feast_repo_factory, tmp_path) -> None:
+    """Streams quarantine by default: a batch whose rows break a user expectation reaches neither store, with
+    Great Expectations' result beside it; the batches before and after it are written."""
+    import great_expectations as gx
+
+    guarded = FeatureGroup(
+        "guarded",
+        PAIR_GROUP.entity,
+        SOURCE,
+        PAIR_GROUP.features,
+        expectations=[gx.expectations.ExpectColumnValuesToBeBetween(column="amount_sum_2h", max_value=1e6)],
+    )
+    events = make_events()
+    events = events[events["card_id"] == "u1-c0"].sort_values("event_ts").reset_index(drop=True)
+    spike = events.iloc[[len(events) // 2]].assign(amount=1e9)
+    spike_time = spike["event_ts"].iloc[0]
+    first, rest = events[events["event_ts"] < spike_time], events[events["event_ts"] >= spike_time]
+    root = tmp_path / "repo"
+    land(root, first, 2)
+    feast_repo_factory(root, [guarded])
+    land(root, spike, 1, start_index=2)
+    land(root, rest, 2, start_index=3)
+    repo = Repo.load(root)
+    run = stream(repo, available_now=True, max_files_per_trigger=1, progress=False, tracking=False)
+    run.await_termination()
+    progress = run.progress()[0]
+    assert progress.batches_quarantined >= 1
+    quarantined = sorted((root / "data" / "quarantine" / "guarded" / "batches").glob("stream-b*"))
+    assert len(quarantined) == progress.batches_quarantined
+    assert all((q / "result.json").is_file() and (q / "rows").is_dir() for q in quarantined)
+    rows = offline_rows(spark, repo, guarded)
+    assert len(rows) > 0 and (rows["amount_sum_2h"] < 1e6).all()  # the good batches, and only them
+    assert (rows[WINDOW_END] < spike_time).any() and (rows[WINDOW_END] > spike_time + 3 * H).any()
