@@ -370,17 +370,23 @@ def backfilled(table: str) -> list[tuple[datetime, datetime]]:
 
 
 def write_online(writer: OnlineWriter, rows: DataFrame) -> int:
-    """Write rows (each key's newest of the batch) to the online store from the executors."""
+    """Write rows (each key's newest of the batch) to the online store: from the executors, partition by
+    partition, for a store that takes parallel writers (Redis); from the driver for a serial one (SQLite, a
+    local file that only one writer may hold), which saves a Python worker per batch."""
     import pandas as pd
 
+    def to_utc(batch: pd.DataFrame) -> pd.DataFrame:
+        ends = pd.to_datetime(batch[WINDOW_END])
+        batch[WINDOW_END] = ends.dt.tz_localize("UTC") if ends.dt.tz is None else ends.dt.tz_convert("UTC")
+        return batch
+
     if not writer.parallel:
-        rows = rows.coalesce(1)  # a serial store (SQLite) takes one writer at a time
+        return writer.write(to_utc(rows.toPandas()))
 
     def write(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         total = 0
         for batch in batches:
-            batch[WINDOW_END] = pd.to_datetime(batch[WINDOW_END]).dt.tz_localize("UTC")
-            total += writer.write(batch)
+            total += writer.write(to_utc(batch))
         yield pd.DataFrame({"written": [total]})
 
     return int(rows.mapInPandas(write, "written long").agg(F.sum("written")).first()[0] or 0)
