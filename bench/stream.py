@@ -176,7 +176,8 @@ def main() -> int:
         f"`python bench/stream.py`: {args.events:,} generated events over {args.days:g} days landed as "
         f"{args.files} Parquet files; `features stream --available-now`, one file per micro-batch, validation, "
         f"offline files and SQLite online store included (MLflow tracking off); local Spark on "
-        f"{spark.sparkContext.defaultParallelism} cores. Steady = the batches after the first two (warm-up; the first emits nothing).",
+        f"{spark.sparkContext.defaultParallelism} cores. Steady = the batches after the first two (warm-up; the "
+        "first emits nothing).",
         "",
         "| run | events | seconds | events/s | steady events/s | s per batch | state pane rows | state MB | rows out |",
         "|---|---|---|---|---|---|---|---|---|",
