@@ -1,12 +1,17 @@
 """Backfill benchmark: the two-phase engine against the naive `groupBy(key, window(ts, size, slide))`.
 
     python bench/backfill.py [--events 2000000] [--users 10000] [--days 2]
+    python bench/backfill.py --scale [--sizes 1000000,4000000,16000000]
 
 Measured in one run on the same data and session, so only the ratios mean anything:
   * naive 24h/5m  vs  two-phase 24h/5m   (required: two-phase >= 30x faster)
   * two-phase 24h/5s  vs  two-phase 24h/5m  (required: <= 1.5x); the naive 24h/5s is projected, not run
   * change-point rows per non-empty (key, pane)  (required: <= 2)
 Both sides read the same Parquet files and write their result as Parquet.
+
+`--scale` measures instead how the two-phase 24h/5m backfill grows with the events (users grow with them,
+so that each user's events, and so the change points per event, stay the same): seconds per million events
+at each size, and each step's time ratio against its events ratio (1.0 = linear).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import sys
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from itertools import pairwise
 from pathlib import Path
 from typing import TypeVar
 
@@ -60,11 +66,12 @@ user_5s, source_5s, view_5s = to_feast(count_24h_5s, repo_root=HERE)
 """
 
 
-def make_repo(args: argparse.Namespace) -> Repo:
+def make_repo(events: int, users: int, days: float) -> Repo:
     shutil.rmtree(WORK, ignore_errors=True)
     (REPO / "events").mkdir(parents=True)
-    frame = generate_transactions(args.events, args.users, START, args.days, seed=7)
+    frame = generate_transactions(events, users, START, days, seed=7)
     write_events(frame, REPO / "events", n_files=4)
+    del frame
     (REPO / "feature_store.yaml").write_text(
         "project: bench\nprovider: local\nregistry: data/registry.db\n"
         "online_store:\n  type: sqlite\n  path: data/online_store.db\noffline_store:\n  type: duckdb\n"
@@ -123,29 +130,23 @@ def check_agreement(spark: SparkSession, repo: Repo, start: datetime, end: datet
     return mismatches
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--events", type=int, default=2_000_000)
-    parser.add_argument("--users", type=int, default=10_000)
-    parser.add_argument("--days", type=float, default=2.0)
-    parser.add_argument("--skip-naive", action="store_true", help="skip the slow naive run")
-    parser.add_argument("--no-save", action="store_true", help="do not update bench/RESULTS.md")
-    args = parser.parse_args()
+def run_group(spark: SparkSession, repo: Repo, every: str, days: float) -> BackfillResult:
+    """The product's backfill of every window end from the first event to a day after the last (all windows
+    the naive query makes)."""
+    start, end = START, START + timedelta(days=days + 1)
+    return backfill_group(spark, repo, repo.groups[f"count_24h_{every}"], start, end, progress=False)
 
-    spark = get_spark("bench-backfill")
-    repo = make_repo(args)
-    # Every window the naive query computes: from the first event to a day after the last, when all expire.
-    start, end = START, START + timedelta(days=args.days + 1)
 
-    def run(every: str) -> BackfillResult:
-        return backfill_group(spark, repo, repo.groups[f"count_24h_{every}"], start, end, progress=False)
-
-    run("5m")  # warm-up: JIT and file caches, so that run order does not matter
-    mismatches = check_agreement(spark, repo, start, end)
+def compare(spark: SparkSession, args: argparse.Namespace) -> tuple[list[str], bool]:
+    """The two-phase backfills against the naive query, on the same events; the report and whether every
+    requirement is met."""
+    repo = make_repo(args.events, args.users, args.days)
+    run_group(spark, repo, "5m", args.days)  # warm-up: JIT and file caches, so that run order does not matter
+    mismatches = check_agreement(spark, repo, START, START + timedelta(days=args.days + 1))
     results: dict[str, list[BackfillResult]] = {"5m": [], "5s": []}
     for _ in range(3):
         for every in ("5m", "5s"):
-            results[every].append(run(every))
+            results[every].append(run_group(spark, repo, every, args.days))
     best = {every: min(r.seconds for r in rs) for every, rs in results.items()}
     rows = {every: rs[0].rows_out for every, rs in results.items()}
     panes = {every: non_empty_panes(spark, every) for every in results}
@@ -158,8 +159,9 @@ def main() -> int:
         f"{args.days:g} days generated; `features backfill` of every window end from the first event to a day "
         "after the last (all windows the naive query makes) of one count feature over 24h windows, validated, "
         f"offline table and online store written; local Spark on "
-        f"{spark.sparkContext.defaultParallelism} cores. Two-phase times are the best of 3 after a warm-up; "
-        "the naive run reads the same files and writes the same windows as Parquet.",
+        f"{spark.sparkContext.defaultParallelism} cores. Two-phase times are the best of 3 after a warm-up "
+        f"(all runs: {', '.join(f'{e} ' + ' / '.join(f'{r.seconds:.2f}' for r in rs) for e, rs in results.items())}"
+        "); the naive run reads the same files and writes the same windows as Parquet.",
         "",
         "| run | seconds | rows out | non-empty (key, pane) | rows per pane |",
         "|---|---|---|---|---|",
@@ -182,12 +184,91 @@ def main() -> int:
     worst = max(rows[e] / panes[e] for e in rows)
     lines.append(f"| rows out per non-empty (key, pane), worst | {worst:.2f} | <= 2 |")
     lines.append(f"| mismatches against naive windows, 50 users | {mismatches} | 0 |")
-    print("\n".join(lines))
-    if not args.no_save:
-        update_section("Backfill (bench/backfill.py)", "\n".join(lines))
     ok = mismatches == 0 and best["5s"] / best["5m"] <= 1.5 and worst <= 2
     if naive_s is not None:
         ok = ok and naive_s / best["5m"] >= 30
+    return lines, ok
+
+
+EVENTS_PER_USER = 200  # as in the comparison: 2M events of 10k users
+
+
+def scale(spark: SparkSession, sizes: list[int], days: float, repeats: int) -> list[str]:
+    """The 24h/5m backfill at growing sizes, users growing with the events."""
+    measured = []
+    for i, events in enumerate(sizes):
+        users = max(1, events // EVENTS_PER_USER)
+        repo = make_repo(events, users, days)
+        if i == 0:
+            run_group(spark, repo, "5m", days)  # warm-up
+        runs = [run_group(spark, repo, "5m", days) for _ in range(repeats)]
+        best = min(runs, key=lambda r: r.seconds)
+        measured.append((events, users, best, [r.seconds for r in runs]))
+        print(f"{events:,} events: {', '.join(f'{r.seconds:.2f}' for r in runs)} s", flush=True)
+    shutil.rmtree(WORK, ignore_errors=True)
+
+    lines = [
+        f"Run on {datetime.now(UTC):%Y-%m-%d}.",
+        "",
+        f"`python bench/backfill.py --scale`: the 24h/5m count backfill of the comparison above (validated, offline "
+        f"table and online store written) on {', '.join(f'{e:,}' for e, *_ in measured)} generated events over "
+        f"{days:g} days, {EVENTS_PER_USER} events per user (users grow with the events); local Spark on "
+        f"{spark.sparkContext.defaultParallelism} cores. Seconds are the best of {repeats} runs (all listed).",
+        "",
+        "| events | users | rows out | seconds | runs | seconds per million events | time ratio / events ratio |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    previous = None
+    for events, users, best, runs in measured:
+        growth = ""
+        if previous is not None:
+            growth = f"{(best.seconds / previous[1]) / (events / previous[0]):.2f}"
+        lines.append(
+            f"| {best.rows_in:,} | {users:,} | {best.rows_out:,} | {best.seconds:.2f} | "
+            f"{' / '.join(f'{r:.2f}' for r in runs)} | {best.seconds / (events / 1e6):.2f} | {growth} |"
+        )
+        previous = (events, best.seconds)
+    lines += ["", _linearity(measured)]
+    return lines
+
+
+def _linearity(measured: list[tuple[int, int, BackfillResult, list[float]]]) -> str:
+    """Each step's growth in words: within 15% of linear is near-linear."""
+    parts = []
+    for (e0, _, r0, _), (e1, _, r1, _) in pairwise(measured):
+        per_event = (r1.seconds / e1) / (r0.seconds / e0)
+        step = f"{e0 / 1e6:g}M -> {e1 / 1e6:g}M events"
+        if per_event > 1.15:
+            parts.append(f"{step}: super-linear, {per_event:.2f}x the time per event")
+        elif per_event < 0.85:
+            parts.append(f"{step}: sub-linear, {per_event:.2f}x the time per event (fixed costs spread out)")
+        else:
+            parts.append(f"{step}: near-linear ({per_event:.2f}x the time per event)")
+    return "Growth: " + "; ".join(parts) + "." if parts else ""
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--events", type=int, default=2_000_000)
+    parser.add_argument("--users", type=int, default=10_000)
+    parser.add_argument("--days", type=float, default=2.0)
+    parser.add_argument("--skip-naive", action="store_true", help="skip the slow naive run")
+    parser.add_argument("--scale", action="store_true", help="measure how the backfill grows with the events")
+    parser.add_argument("--sizes", default="1000000,4000000,16000000", help="event counts for --scale")
+    parser.add_argument("--repeats", type=int, default=2, help="runs per size for --scale")
+    parser.add_argument("--no-save", action="store_true", help="do not update bench/RESULTS.md")
+    args = parser.parse_args()
+
+    spark = get_spark("bench-backfill")
+    if args.scale:
+        lines = scale(spark, [int(n) for n in args.sizes.split(",")], args.days, args.repeats)
+        ok, title = True, "Backfill scale (bench/backfill.py --scale)"
+    else:
+        lines, ok = compare(spark, args)
+        title = "Backfill (bench/backfill.py)"
+    print("\n".join(lines))
+    if not args.no_save:
+        update_section(title, "\n".join(lines))
     return 0 if ok else 1
 
 

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 import pandas as pd
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from features.engine.batch import change_points, read_lower_bound
@@ -179,15 +179,21 @@ def backfill_group(
         """Validate every row about to reach a store; on success write the online store (the offline swap
         follows), on failure act as the policy says and write nothing."""
         nonlocal report, batch_quarantined, online_rows
-        if validate:
-            report = quality.validate_batch(group, staged, range_start=start)
-            if not report.success:
-                what = f"change points for [{start.isoformat()}, {end.isoformat()}]"
-                batch_quarantined = quality.handle_invalid(report, staged, group, repo.root, chosen, what)
-                return False
-        if writer is not None:
-            online_rows = write_latest(writer, group, staged)
-        return True
+        per_key = None
+        try:
+            if validate:
+                per_key = _screened_per_key(group, staged, start) if writer is not None else None
+                report = quality.validate_batch(group, staged, range_start=start, screened=per_key)
+                if not report.success:
+                    what = f"change points for [{start.isoformat()}, {end.isoformat()}]"
+                    batch_quarantined = quality.handle_invalid(report, staged, group, repo.root, chosen, what)
+                    return False
+            if writer is not None:
+                online_rows = write_latest(writer, group, staged, newest=per_key)
+            return True
+        finally:
+            if per_key is not None:
+                per_key.unpersist()
 
     with spark_progress(spark, f"backfill {group.name}", progress):
         computed = change_points(group, source.events, micros(start), micros(end), observe=True)
@@ -212,17 +218,39 @@ def backfill_group(
     )
 
 
+NEWEST = "_newest"  # per-key column: the struct of the key's newest row (window_end and features)
+
+
+def _newest(group: FeatureGroup, points: DataFrame) -> Column:
+    """Aggregate per key: its newest change point, as a struct (a hash aggregation, no sort)."""
+    values = [c for c in points.columns if c not in group.join_keys]
+    return F.max_by(F.struct(*values), F.col(WINDOW_END)).alias(NEWEST)
+
+
+def _screened_per_key(group: FeatureGroup, staged: DataFrame, start: datetime) -> DataFrame | None:
+    """One aggregation of the staged rows by key for both the validation screen and the online rows (each
+    key's newest), kept in memory between the two; None when the screen cannot be computed per key."""
+    from features import quality
+
+    by, screen = quality.screen_aggregates(group, range_start=start)
+    if list(by) != list(group.join_keys):
+        return None
+    return staged.groupBy(*by).agg(*screen, _newest(group, staged)).persist()
+
+
 def latest_rows(group: FeatureGroup, points: DataFrame) -> DataFrame:
-    """Each key's newest change point: its value as of the range end (a hash aggregation, no sort)."""
+    """Each key's newest change point: its value as of the range end."""
     keys = list(group.join_keys)
-    values = [c for c in points.columns if c not in keys]
-    newest = F.max_by(F.struct(*values), F.col(WINDOW_END)).alias("_newest")
-    return points.groupBy(*keys).agg(newest).select(*keys, "_newest.*")
+    return points.groupBy(*keys).agg(_newest(group, points)).select(*keys, f"{NEWEST}.*")
 
 
-def write_latest(writer: OnlineWriter, group: FeatureGroup, points: DataFrame) -> int:
-    """Write each key's newest value to the online store from the executors; returns rows written."""
-    rows = latest_rows(group, points)
+def write_latest(
+    writer: OnlineWriter, group: FeatureGroup, points: DataFrame, *, newest: DataFrame | None = None
+) -> int:
+    """Write each key's newest value to the online store from the executors; returns rows written.
+    `newest`: the keys' newest rows already aggregated from `points` (a `NEWEST` column per key)."""
+    keys = list(group.join_keys)
+    rows = latest_rows(group, points) if newest is None else newest.select(*keys, f"{NEWEST}.*")
     if not writer.parallel:
         rows = rows.coalesce(1)  # a serial store (SQLite) takes one writer at a time
 
