@@ -4,10 +4,10 @@ the online store up to each key's value as of `end`."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -170,7 +170,10 @@ def backfill_group(
     if online and writer is None:
         writer = ready_writer(repo, group)
     records = quality.quarantine_root(repo.root, group.name) / "records" / quality.new_run_id()
-    quarantined = quarantine_records(source.rejected_for(read_lower_bound(group, micros(start)), micros(end)), records)
+    rejected = source.rejected_for(read_lower_bound(group, micros(start)), micros(end))
+    # Bad records are counted and set aside by a job of their own while the change points are planned and
+    # computed: it uses the cores that job leaves idle (while it is planned, in the tails of its stages).
+    setting_aside = _Background(quarantine_records, rejected, records)
     report: ValidationReport | None = None
     batch_quarantined: str | None = None
     online_rows = 0
@@ -195,13 +198,18 @@ def backfill_group(
             if per_key is not None:
                 per_key.unpersist()
 
-    with spark_progress(spark, f"backfill {group.name}", progress):
-        computed = change_points(group, source.events, micros(start), micros(end), observe=True)
-        table = repo.offline_path(group)
-        try:
-            rows_out = replace_range(spark, computed.rows, table, start, end, check_then_write_online)
-        finally:
-            computed.release()
+    try:
+        with spark_progress(spark, f"backfill {group.name}", progress):
+            computed = change_points(group, source.events, micros(start), micros(end), observe=True)
+            table = repo.offline_path(group)
+            try:
+                rows_out = replace_range(spark, computed.rows, table, start, end, check_then_write_online)
+            finally:
+                computed.release()
+    except BaseException:
+        setting_aside.join()  # the bad records are set aside whatever else failed
+        raise
+    quarantined = setting_aside.result()
     rows_in = computed.events_read()
     return BackfillResult(
         group.name,
@@ -216,6 +224,35 @@ def backfill_group(
         validation=report,
         batch_quarantined=batch_quarantined,
     )
+
+
+class _Background:
+    """`fn(*args)` in a thread that inherits the caller's Spark job group and local properties (so that its
+    jobs are cancelled and tracked with the caller's)."""
+
+    def __init__(self, fn: Callable[..., Any], *args: object) -> None:
+        from pyspark import InheritableThread
+
+        self._out: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                self._out["value"] = fn(*args)
+            except BaseException as exc:
+                self._out["error"] = exc
+
+        self._thread = InheritableThread(target=run, daemon=True)
+        self._thread.start()
+
+    def join(self) -> None:
+        self._thread.join()
+
+    def result(self) -> Any:
+        """Wait, then return what the function returned or raise what it raised."""
+        self.join()
+        if "error" in self._out:
+            raise self._out["error"]
+        return self._out["value"]
 
 
 NEWEST = "_newest"  # per-key column: the struct of the key's newest row (window_end and features)
