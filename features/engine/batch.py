@@ -11,6 +11,8 @@ change at a pane's entry or exit window end, so those candidate ends are the onl
 a suffix of one size-aligned block and a prefix of the next. Both are running aggregates over the panes of a
 block, which Spark evaluates incrementally, so the cost is linear in panes and change points for every
 mergeable aggregation (sums, min/max, sketches, last-k). A Lifetime window is one running prefix per key.
+Exact integer sums (counts, integer sums) take a cheaper path: +partial where a pane enters, -partial where
+it leaves, one running sum per key, computed in numpy per key partition (features.engine.signed).
 """
 
 from __future__ import annotations
