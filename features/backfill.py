@@ -17,6 +17,7 @@ from features.engine.batch import change_points, read_lower_bound
 from features.engine.session import get_spark
 from features.engine.source import quarantine_records, read_source
 from features.errors import ConfigError
+from features.locks import table_lock
 from features.offline import replace_range
 from features.progress import spark_progress
 from features.repo import Repo
@@ -117,18 +118,19 @@ def backfill(
         spark = spark or get_spark()
         results = []
         for g in selected:
-            result = backfill_group(
-                spark,
-                repo,
-                g,
-                start_t,
-                end_t,
-                online=online,
-                progress=progress,
-                on_invalid=on_invalid,
-                now=now,
-                writer=writers.get(g.name),
-            )
+            with table_lock(repo.offline_path(g)):  # a stream of the group waits to add its files
+                result = backfill_group(
+                    spark,
+                    repo,
+                    g,
+                    start_t,
+                    end_t,
+                    online=online,
+                    progress=progress,
+                    on_invalid=on_invalid,
+                    now=now,
+                    writer=writers.get(g.name),
+                )
             run.log_result(result)
             results.append(result)
     return results
