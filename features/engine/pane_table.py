@@ -531,8 +531,10 @@ def phase1(plan: StreamPlan, events: pd.DataFrame) -> pd.DataFrame:
 
 def _factorize(frame: pd.DataFrame) -> tuple[np.ndarray, pd.DataFrame]:
     """Group codes 0..n-1 for the distinct rows of `frame`, and those rows."""
-    grouped = frame.groupby(list(frame.columns), sort=False, dropna=False)
-    codes = grouped.ngroup().to_numpy()
+    if frame.shape[1] == 1:  # one key column: a hash table over it, several times faster than a groupby
+        codes = pd.factorize(frame.iloc[:, 0], use_na_sentinel=False)[0]
+    else:
+        codes = frame.groupby(list(frame.columns), sort=False, dropna=False).ngroup().to_numpy()
     firsts = np.full(codes.max() + 1 if len(codes) else 0, -1, dtype=np.int64)
     firsts[codes[::-1]] = np.arange(len(codes))[::-1]
     return codes, frame.iloc[firsts].reset_index(drop=True)
@@ -580,17 +582,21 @@ class Sorted:
 
 def combine(plan: StreamPlan, tables: Sequence[pd.DataFrame]) -> pd.DataFrame:
     """One row per (key, pane): rows of the same pane from several batches merged."""
+    return combine_sorted(plan, tables).table
+
+
+def combine_sorted(plan: StreamPlan, tables: Sequence[pd.DataFrame]) -> Sorted:
+    """`combine`, sorted for range reductions (one sort serves the merge and the emit)."""
     frames = [t for t in tables if len(t)]
-    if not frames:
-        return empty_table(plan)
-    table = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+    table = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0] if frames else empty_table(plan)
     s = Sorted.of(plan, table)
     first = np.r_[True, np.diff(s.position) != 0]
     if first.all():
-        return s.table
+        return s
     starts = np.flatnonzero(first)
     ends = np.r_[starts[1:], len(s.position)]
-    return _reduce(plan, s, starts, ends, s.table.iloc[starts])
+    merged = _reduce(plan, s, starts, ends, s.table.iloc[starts])
+    return Sorted(merged, s.key_code[starts], s.position[starts], s.origin, s.span)
 
 
 def _reduce(plan: StreamPlan, s: Sorted, starts: np.ndarray, ends: np.ndarray, head: pd.DataFrame) -> pd.DataFrame:
@@ -639,9 +645,9 @@ def values_at(plan: StreamPlan, s: Sorted, key_code: np.ndarray, ends: np.ndarra
     return out
 
 
-def emit(plan: StreamPlan, table: pd.DataFrame, after_us: int | None, upto_us: int) -> pd.DataFrame:
+def emit(plan: StreamPlan, table: pd.DataFrame | Sorted, after_us: int | None, upto_us: int) -> pd.DataFrame:
     """The change-point rows (keys, `window_end` µs, features) with window end in (after, upto]."""
-    s = Sorted.of(plan, table)
+    s = table if isinstance(table, Sorted) else Sorted.of(plan, table)
     points = change_ends(plan, s.table, after_us, upto_us)
     if points.empty:
         return pd.DataFrame({c: [] for c in (*plan.keys, "window_end", *(c.name for c in plan.calcs))})
@@ -732,19 +738,24 @@ class Step:
 
 def step(
     plan: StreamPlan,
-    table: pd.DataFrame,
+    table: pd.DataFrame | Sequence[pd.DataFrame],
     events: pd.DataFrame,
     after: int | None,
     upto: int,
     align_us: int | None = None,
 ) -> Step:
-    """One micro-batch for one set of keys: merge the events' pane partials into the table, emit the change
-    points whose window end the watermark passed, and drop what no later window reads.
+    """One micro-batch for one set of keys: merge the events' pane partials into the table (or its chunks, in
+    any order), emit the change points whose window end the watermark passed, and drop what no later window
+    reads.
 
     `after` is the watermark the previous step emitted up to: an event before it is late (its change points
     were emitted already) and is returned instead of used."""
     late = np.zeros(len(events), dtype=bool) if after is None else events[TS].to_numpy(dtype=np.int64) < after
-    table = combine(plan, [table, phase1(plan, events[~late])])
-    rows = emit(plan, table, after, upto) if after is None or upto > after else emit(plan, table.iloc[:0], None, 0)
-    table = prune(plan, table, upto, align_us)
+    tables = [table] if isinstance(table, pd.DataFrame) else list(table)
+    merged = combine_sorted(plan, [*tables, phase1(plan, events[~late])])
+    if after is None or upto > after:
+        rows = emit(plan, merged, after, upto)
+    else:
+        rows = emit(plan, merged.table.iloc[:0], None, 0)
+    table = prune(plan, merged.table, upto, align_us)
     return Step(table, rows, events[late], next_change(plan, table, upto))

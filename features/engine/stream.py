@@ -255,15 +255,15 @@ class PaneProcessor(StatefulProcessor):
         meta = self.meta.get() if self.meta.exists() else None
         after = None if meta is None else meta[0]
         stored = {int(k[0]): v[0] for k, v in self.chunks.iterator()}
-        table = pt.combine(plan, [pt.from_bytes(plan, blob) for blob in stored.values()])
+        tables = [pt.from_bytes(plan, blob) for blob in stored.values()]
         if events is None:
             events = pd.DataFrame({c: [] for c in (*plan.keys, pt.TS)}).astype({pt.TS: np.int64})
         if after is not None and upto <= after:
             upto = after  # the watermark never moves back; nothing new to emit
-        step = pt.step(plan, table, events, after, upto, align_us=CHUNK_US)
+        step = pt.step(plan, tables, events, after, upto, align_us=CHUNK_US)
         ts = events[pt.TS].to_numpy(dtype=np.int64)
         touched = set(_chunk_ids(ts - ts % plan.pane_us))
-        self._store(step.table, stored, touched)
+        state_bytes = self._store(step.table, stored, touched)
         self.meta.update((upto,))
         if step.next_change is not None:
             self.handle.registerTimer(step.next_change // 1000)
@@ -273,17 +273,23 @@ class PaneProcessor(StatefulProcessor):
             late = step.late
             record = late[[*plan.keys, pt.TS]].to_json(orient="records", lines=True).splitlines()
             yield self._side(LATE, late, np.full(len(late), "late"), np.array(record, dtype=object))
-        yield self._stat(bucket, step.table, upto, n, landed)
+        yield self._stat(bucket, len(step.table), state_bytes, upto, n, landed)
 
-    def _store(self, table: pd.DataFrame, stored: dict[int, bytes], touched: set[int]) -> None:
-        """Write the chunks whose rows changed; remove the ones pruned."""
+    def _store(self, table: pd.DataFrame, stored: dict[int, bytes], touched: set[int]) -> int:
+        """Write the chunks whose rows changed; remove the ones pruned. Returns the bytes the bucket holds."""
         current = dict(pt.iter_chunks(table, CHUNK_US))
+        size = 0
         for chunk, rows in current.items():
             if chunk not in stored or chunk in touched or chunk == pt.BASE:
-                self.chunks.updateValue((chunk,), (pt.to_bytes(rows.reset_index(drop=True)),))
+                blob = pt.to_bytes(rows.reset_index(drop=True))
+                self.chunks.updateValue((chunk,), (blob,))
+                size += len(blob)
+            else:
+                size += len(stored[chunk])
         for chunk in stored:
             if chunk not in current:
                 self.chunks.removeKey((chunk,))
+        return size
 
     def _frame(self, kind: str, n: int) -> dict[str, Any]:
         out: dict[str, Any] = {c: np.full(n, None, dtype=object) for c in self.output_columns}
@@ -304,13 +310,14 @@ class PaneProcessor(StatefulProcessor):
         out[REASON], out[RECORD] = reasons, records
         return pd.DataFrame(out)[self.output_columns]
 
-    def _stat(self, bucket: int, table: pd.DataFrame, upto: int, events: int, landed: int | None) -> pd.DataFrame:
-        """The bucket's state size, watermark and events read, for the progress report."""
+    def _stat(self, bucket: int, rows: int, size: int, upto: int, events: int, landed: int | None) -> pd.DataFrame:
+        """The bucket's state size (pane rows, serialized bytes), watermark and events read, for the progress
+        report."""
         out = self._frame(STAT, 1)
         for column, value in (
             (BUCKET, bucket),
-            (STATE_ROWS, len(table)),
-            (STATE_BYTES, int(table.memory_usage(deep=True).sum())),
+            (STATE_ROWS, rows),
+            (STATE_BYTES, size),
             (EVENTS, events),
             (WINDOW_END, upto),
             (LANDED, landed),
