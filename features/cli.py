@@ -73,7 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--reset", action="store_true", help="delete the saved state and rebuild it by replaying the source"
     )
     stream.add_argument("--max-files-per-trigger", type=int, help="at most this many new files per micro-batch")
-    stream.add_argument("--buckets", type=int, default=8, help="hash buckets of keys the state is split into")
+    stream.add_argument(
+        "--buckets",
+        type=int,
+        help="hash buckets of keys the state is split into (default: one per shuffle partition, fixed per checkpoint)",
+    )
     stream.add_argument("--no-online", action="store_true", help="write the offline table only")
     stream.add_argument("--no-tracking", action="store_true", help="do not record the run in MLflow")
 

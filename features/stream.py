@@ -37,9 +37,6 @@ if TYPE_CHECKING:
 
     from features.online import OnlineWriter
 
-# Few buckets: each costs a Python call and a state read per batch, and pandas is fast on big ones.
-DEFAULT_BUCKETS = 8
-
 
 @dataclass(frozen=True)
 class StreamProgress:
@@ -145,7 +142,7 @@ def stream(
     reset: bool = False,
     online: bool = True,
     validate: bool = True,
-    buckets: int = DEFAULT_BUCKETS,
+    buckets: int | None = None,
     max_files_per_trigger: int | None = None,
     progress: bool | None = None,
     tracking: bool = True,
@@ -156,7 +153,7 @@ def stream(
     from features.engine import stream as engine
     from features.engine.session import get_spark
 
-    if buckets < 1:
+    if buckets is not None and buckets < 1:
         raise ConfigError(f"--buckets: {buckets} is not a positive number of hash buckets")
     every_s = parse_duration(trigger, "--trigger")
     selected = repo.select(groups)
@@ -173,9 +170,9 @@ def stream(
     try:
         for group in selected:
             checkpoint = Path(repo.checkpoint_path(group, checkpoint_root))
-            _check_checkpoint(repo, group, checkpoint, buckets, reset)
+            labels = _check_checkpoint(repo, group, checkpoint, buckets, reset, spark)
             events = engine.read_stream(spark, group, repo.source_path(group), max_files_per_trigger)
-            projected, projection = engine.project(group, events, buckets)
+            projected, projection = engine.project(group, events, labels)
             columns = [f.name for f in _output_fields(projection.output_schema)]
             processor = engine.PaneProcessor(projection.plan, group.name, columns)
             out = projected.groupBy(engine.BUCKET).transformWithStateInPandas(
@@ -206,18 +203,27 @@ def _output_fields(schema: str) -> list[Any]:
     return list(StructType.fromDDL(schema).fields)
 
 
-def _check_checkpoint(repo: Repo, group: FeatureGroup, checkpoint: Path, buckets: int, reset: bool) -> None:
-    """Stop when the saved state was built for another definition; `reset` starts over from the source."""
+def _check_checkpoint(
+    repo: Repo, group: FeatureGroup, checkpoint: Path, buckets: int | None, reset: bool, spark: SparkSession
+) -> list[int]:
+    """The bucket labels the state was built with (new ones for a new checkpoint). Stops when the saved state
+    was built for another definition; `reset` starts over from the source.
+
+    Buckets default to the stateful operator's partitions (one Python call per task and batch). Both are fixed
+    when a checkpoint starts: Spark keeps the partition count in its checkpoint, and the labels are saved with
+    the definition, as a key's state lives under its bucket's label."""
     from features.engine import stream as engine
 
-    current = {"definition_hash": definition_hash(group), "buckets": buckets, "definition": describe(group)}
     saved = engine.saved_definition(checkpoint)
     if reset:
         shutil.rmtree(checkpoint, ignore_errors=True)
         for old in Path(repo.offline_path(group)).glob("date=*/stream-b*.parquet"):
             old.unlink()  # the replay writes every change point again
         shutil.rmtree(repo.late_path(group), ignore_errors=True)
-    elif saved is not None and (saved["definition_hash"], saved["buckets"]) != (current["definition_hash"], buckets):
+        saved = None
+    if saved is not None and buckets is None:
+        buckets = saved["buckets"]
+    if saved is not None and (saved["definition_hash"], saved["buckets"]) != (definition_hash(group), buckets):
         before = {f["name"] for f in saved["definition"]["features"]}
         now = {f.name for f in group.features}
         changes = []
@@ -233,7 +239,20 @@ def _check_checkpoint(repo: Repo, group: FeatureGroup, checkpoint: Path, buckets
             f"so it cannot continue. Start over with `features stream --repo {repo.root} --group {group.name} "
             "--reset`, which deletes that state and rebuilds it by replaying the source"
         )
+    if saved is not None:
+        # Checkpoints from before labels were saved used the bucket numbers themselves.
+        labels = saved.get("labels") or list(range(saved["buckets"]))
+    else:
+        partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or 1)
+        labels = engine.bucket_labels(spark, buckets or partitions, partitions)
+    current = {
+        "definition_hash": definition_hash(group),
+        "buckets": len(labels),
+        "labels": labels,
+        "definition": describe(group),
+    }
     engine.save_definition(checkpoint, current)
+    return labels
 
 
 class _Sink:

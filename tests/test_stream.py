@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -213,7 +214,21 @@ def test_a_changed_definition_stops_with_the_reset_command(spark, streamed, caps
         repo.groups[USER_GROUP.name] = USER_GROUP
     assert main(["stream", "--repo", str(repo.root), "--buckets", "3", "--available-now"]) == 2
     err = capsys.readouterr().err
-    assert "--buckets 8 -> 3" in err and "--reset" in err
+    assert re.search(r"--buckets \d+ -> 3", err) and "--reset" in err
+
+
+@pytest.mark.parametrize(("buckets", "partitions"), [(4, 4), (8, 4), (3, 2)])
+def test_buckets_spread_evenly_over_the_shuffle_partitions(spark, buckets, partitions) -> None:
+    from pyspark.sql import functions as F
+
+    from features.engine.stream import bucket_labels
+
+    labels = bucket_labels(spark, buckets, partitions)
+    assert len(set(labels)) == buckets
+    frame = spark.createDataFrame([(v,) for v in labels], "v bigint")
+    # Where Spark's shuffle by the bucket column puts each label: pmod(hash(v), partitions).
+    placed = [r[0] for r in frame.select(F.pmod(F.hash("v"), F.lit(partitions))).collect()]
+    assert placed == [i % partitions for i in range(buckets)]
 
 
 def test_stream_argument_errors(capsys) -> None:

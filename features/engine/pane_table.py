@@ -13,7 +13,7 @@ The meaning of every value is DESIGN.md section 2; the window and pane arithmeti
 from __future__ import annotations
 
 import pickle
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -720,12 +720,10 @@ def from_bytes(plan: StreamPlan, blob: bytes) -> pd.DataFrame:
     return pd.DataFrame(pickle.loads(blob))[plan.columns]
 
 
-def iter_chunks(table: pd.DataFrame, chunk_us: int) -> Iterable[tuple[int, pd.DataFrame]]:
-    """The table split by pane time into chunks of `chunk_us` (BASE rows form their own chunk)."""
+def chunk_of(table: pd.DataFrame, chunk_us: int) -> np.ndarray:
+    """Each row's chunk: its pane's time rounded down to `chunk_us` (BASE rows form their own chunk)."""
     pane = table[PANE].to_numpy(dtype=np.int64)
-    chunk = np.where(pane == BASE, BASE, pane - pane % chunk_us)
-    for c in np.unique(chunk):
-        yield int(c), table[chunk == c]
+    return np.where(pane == BASE, BASE, pane - pane % chunk_us)
 
 
 @dataclass(frozen=True)
