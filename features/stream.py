@@ -19,6 +19,8 @@ import shutil
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -170,7 +172,7 @@ def stream(
     try:
         for group in selected:
             checkpoint = Path(repo.checkpoint_path(group, checkpoint_root))
-            labels = _check_checkpoint(repo, group, checkpoint, buckets, reset, spark)
+            labels, partitions = _check_checkpoint(repo, group, checkpoint, buckets, reset, spark)
             events = engine.read_stream(spark, group, repo.source_path(group), max_files_per_trigger)
             projected, projection = engine.project(group, events, labels)
             columns = [f.name for f in _output_fields(projection.output_schema)]
@@ -187,7 +189,8 @@ def stream(
                 else writer.trigger(processingTime=f"{every_s} seconds")
             )
             run.latest[group.name] = StreamProgress(group.name)
-            run.queries[group.name] = writer.start()
+            with _shuffle_partitions(spark, partitions):
+                run.queries[group.name] = writer.start()
             sink.query = run.queries[group.name]
     except BaseException as exc:
         for query in run.queries.values():
@@ -203,15 +206,36 @@ def _output_fields(schema: str) -> list[Any]:
     return list(StructType.fromDDL(schema).fields)
 
 
+@contextmanager
+def _shuffle_partitions(spark: SparkSession, partitions: int) -> Iterator[None]:
+    """Start a query with its own shuffle partitions: a streaming query copies the session's settings when it
+    starts (and its stateful operator keeps the count in the checkpoint from then on)."""
+    before = spark.conf.get("spark.sql.shuffle.partitions")
+    spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
+    try:
+        yield
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", before)
+
+
+def _cores(spark: SparkSession) -> int:
+    try:
+        return int(spark.sparkContext.defaultParallelism)
+    except Exception:  # Spark Connect has no SparkContext: the session's shuffle partitions then
+        return int(spark.conf.get("spark.sql.shuffle.partitions") or 1)
+
+
 def _check_checkpoint(
     repo: Repo, group: FeatureGroup, checkpoint: Path, buckets: int | None, reset: bool, spark: SparkSession
-) -> list[int]:
-    """The bucket labels the state was built with (new ones for a new checkpoint). Stops when the saved state
-    was built for another definition; `reset` starts over from the source.
+) -> tuple[list[int], int]:
+    """The bucket labels the state was built with and the stateful operator's partitions (new ones for a new
+    checkpoint). Stops when the saved state was built for another definition; `reset` starts over from the
+    source.
 
-    Buckets default to the stateful operator's partitions (one Python call per task and batch). Both are fixed
-    when a checkpoint starts: Spark keeps the partition count in its checkpoint, and the labels are saved with
-    the definition, as a key's state lives under its bucket's label."""
+    A new checkpoint gets one shuffle partition per core and, by default, one bucket per partition: one task
+    and one Python call per core and batch, which costs the least per batch. Both are fixed when a checkpoint
+    starts: Spark keeps the partition count in its checkpoint, and the labels are saved with the definition, as
+    a key's state lives under its bucket's label."""
     from features.engine import stream as engine
 
     saved = engine.saved_definition(checkpoint)
@@ -240,19 +264,21 @@ def _check_checkpoint(
             "--reset`, which deletes that state and rebuilds it by replaying the source"
         )
     if saved is not None:
-        # Checkpoints from before labels were saved used the bucket numbers themselves.
+        # Checkpoints from before labels were saved used the bucket numbers and the session's partitions.
         labels = saved.get("labels") or list(range(saved["buckets"]))
+        partitions = saved.get("partitions") or int(spark.conf.get("spark.sql.shuffle.partitions") or 1)
     else:
-        partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or 1)
+        partitions = _cores(spark)
         labels = engine.bucket_labels(spark, buckets or partitions, partitions)
     current = {
         "definition_hash": definition_hash(group),
         "buckets": len(labels),
         "labels": labels,
+        "partitions": partitions,
         "definition": describe(group),
     }
     engine.save_definition(checkpoint, current)
-    return labels
+    return labels, partitions
 
 
 class _Sink:
