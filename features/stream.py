@@ -221,7 +221,7 @@ def _shuffle_partitions(spark: SparkSession, partitions: int) -> Iterator[None]:
 def _cores(spark: SparkSession) -> int:
     try:
         return int(spark.sparkContext.defaultParallelism)
-    except Exception:  # Spark Connect has no SparkContext: the session's shuffle partitions then
+    except (AttributeError, NotImplementedError):  # Spark Connect has no SparkContext: its shuffle partitions
         return int(spark.conf.get("spark.sql.shuffle.partitions") or 1)
 
 

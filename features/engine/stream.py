@@ -364,19 +364,20 @@ def _chunk_ids(panes: np.ndarray) -> list[int]:
 
 
 def write_offline_batch(rows: DataFrame, table: str, batch_id: int) -> int:
-    """Append a micro-batch's change points to the offline table: one file per date partition, named by the
+    """Append a micro-batch's change points to the offline table: a file per date partition and task, named by the
     batch id, moved into place atomically. A replayed batch rewrites the same files, so no row is doubled."""
     staging = Path(table).parent / "_staging" / f"{Path(table).name}-stream-{batch_id}-{uuid.uuid4().hex[:8]}"
     dated = rows.withColumn("date", F.date_format(F.col(WINDOW_END), "yyyy-MM-dd"))
-    # One task writes the batch (no shuffle), so each date partition gets exactly one file.
-    dated.coalesce(1).write.partitionBy("date").parquet(str(staging))
+    # Each task (one per core: the stream's partitions) writes one file per date it holds, without a shuffle; a
+    # replay holds the same rows in the same tasks, so it writes the same files.
+    dated.write.partitionBy("date").parquet(str(staging))
     written = 0
     try:
         for part in sorted(staging.glob("date=*")):
             files = sorted(part.glob("*.parquet"))
             target = Path(table) / part.name
             target.mkdir(parents=True, exist_ok=True)
-            for i, f in enumerate(files):  # one file per date; more only if Spark splits a large one
+            for i, f in enumerate(files):  # in task order
                 os.replace(f, target / f"stream-b{batch_id:010d}-{i:03d}.parquet")
                 written += 1
     finally:
