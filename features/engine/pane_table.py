@@ -587,8 +587,8 @@ def combine(plan: StreamPlan, tables: Sequence[pd.DataFrame]) -> pd.DataFrame:
 
 def combine_sorted(plan: StreamPlan, tables: Sequence[pd.DataFrame]) -> Sorted:
     """`combine`, sorted for range reductions (one sort serves the merge and the emit)."""
-    frames = [t for t in tables if len(t)]
-    table = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0] if frames else empty_table(plan)
+    frames = [t for t in tables if len(t)] or [empty_table(plan)]
+    table = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
     s = Sorted.of(plan, table)
     first = np.r_[True, np.diff(s.position) != 0]
     if first.all():
