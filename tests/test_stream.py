@@ -238,6 +238,8 @@ def test_stream_argument_errors(capsys) -> None:
     assert "--max-files-per-trigger" in capsys.readouterr().err
     assert main(["stream", "--repo", str(Path(__file__).parents[1] / "feature_repo"), "--trigger", "5 parsecs"]) == 2
     assert "--trigger" in capsys.readouterr().err
+    assert main(["stream", "--repo", str(Path(__file__).parents[1] / "feature_repo"), "--buckets", "0"]) == 2
+    assert "--buckets: 0 is not a positive number" in capsys.readouterr().err
 
 
 @pytest.mark.slow
