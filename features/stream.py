@@ -263,10 +263,15 @@ def _check_checkpoint(
             f"so it cannot continue. Start over with `features stream --repo {repo.root} --group {group.name} "
             "--reset`, which deletes that state and rebuilds it by replaying the source"
         )
+    if saved is not None and saved.get("state_format") != engine.STATE_FORMAT:
+        raise ConfigError(
+            f"{group.name}: the stream's saved state in {checkpoint} was written by an older version of features, "
+            "in a layout this version does not read. Start over with `features stream --repo "
+            f"{repo.root} --group {group.name} --reset`, which deletes that state and rebuilds it by replaying the "
+            "source"
+        )
     if saved is not None:
-        # Checkpoints from before labels were saved used the bucket numbers and the session's partitions.
-        labels = saved.get("labels") or list(range(saved["buckets"]))
-        partitions = saved.get("partitions") or int(spark.conf.get("spark.sql.shuffle.partitions") or 1)
+        labels, partitions = saved["labels"], saved["partitions"]
     else:
         partitions = _cores(spark)
         labels = engine.bucket_labels(spark, buckets or partitions, partitions)
@@ -275,6 +280,7 @@ def _check_checkpoint(
         "buckets": len(labels),
         "labels": labels,
         "partitions": partitions,
+        "state_format": engine.STATE_FORMAT,
         "definition": describe(group),
     }
     engine.save_definition(checkpoint, current)

@@ -4,6 +4,7 @@ final watermark), late events, bad records, restarts with a changed definition a
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -215,6 +216,20 @@ def test_a_changed_definition_stops_with_the_reset_command(spark, streamed, caps
     assert main(["stream", "--repo", str(repo.root), "--buckets", "3", "--available-now"]) == 2
     err = capsys.readouterr().err
     assert re.search(r"--buckets \d+ -> 3", err) and "--reset" in err
+
+
+def test_state_of_an_older_layout_stops_with_the_reset_command(spark, streamed) -> None:
+    repo, _, _ = streamed
+    saved = Path(repo.checkpoint_path(USER_GROUP, None)) / "features-definition.json"
+    text = saved.read_text()
+    description = json.loads(text)
+    del description["state_format"]  # as written before the key dictionary
+    saved.write_text(json.dumps(description))
+    try:
+        with pytest.raises(ConfigError, match=r"older version of features.*--group user_stream --reset"):
+            stream(repo, [USER_GROUP.name], available_now=True, progress=False, online=False)
+    finally:
+        saved.write_text(text)
 
 
 @pytest.mark.parametrize(("buckets", "partitions"), [(4, 4), (8, 4), (3, 2)])

@@ -26,6 +26,7 @@ from features.spec.aggregations import DEFAULT_HLL_LG_K, DEFAULT_KLL_K
 
 PANE = "fx_pane"
 TS = "fx_ts"  # Spark renames pandas columns that start with "_", so the processor's start with fx_
+KEY = "fx_key"  # a join key's code in a KeyDictionary: what the stream keeps in state instead of the keys
 BASE = np.iinfo(np.int64).min  # the `fx_pane` of a key's folded Lifetime partials
 _I64_MAX = np.iinfo(np.int64).max
 
@@ -540,6 +541,44 @@ def _factorize(frame: pd.DataFrame) -> tuple[np.ndarray, pd.DataFrame]:
     return codes, frame.iloc[firsts].reset_index(drop=True)
 
 
+class KeyDictionary:
+    """Join keys as dense integer codes, 0, 1, 2, ... in order of first sight. The stream keeps a bucket's
+    pane tables keyed by code: sorting, taking and storing an integer costs far less than a Python string."""
+
+    def __init__(self, keys: Sequence[str], frame: pd.DataFrame | None = None) -> None:
+        self.keys = list(keys)
+        self.frame = frame if frame is not None else pd.DataFrame({k: np.empty(0, dtype=object) for k in keys})
+
+    def __len__(self) -> int:
+        return len(self.frame)
+
+    def encode(self, keys: pd.DataFrame) -> tuple[np.ndarray, pd.DataFrame]:
+        """Each row's code; keys not seen before get the next codes. Also returns those new keys, in code
+        order (what to add to the stored dictionary)."""
+        codes = self._index().get_indexer(self._index(keys[self.keys]))
+        new = codes < 0
+        if not new.any():
+            return codes.astype(np.int64), self.frame.iloc[:0]
+        fresh_codes, fresh = _factorize(keys.loc[new, self.keys].reset_index(drop=True))
+        codes[new] = len(self.frame) + fresh_codes
+        self.frame = pd.concat([self.frame, fresh], ignore_index=True) if len(self.frame) else fresh
+        return codes.astype(np.int64), fresh
+
+    def decode(self, codes: np.ndarray) -> dict[str, np.ndarray]:
+        return {k: self.frame[k].to_numpy()[codes] for k in self.keys}
+
+    def compact(self, live: np.ndarray) -> np.ndarray:
+        """Keep only the codes in `live` (sorted, unique), renumbered 0..len-1. Returns old code -> new code."""
+        renumber = np.full(len(self.frame), -1, dtype=np.int64)
+        renumber[live] = np.arange(len(live))
+        self.frame = self.frame.iloc[live].reset_index(drop=True)
+        return renumber
+
+    def _index(self, frame: pd.DataFrame | None = None) -> pd.Index:
+        frame = self.frame if frame is None else frame
+        return pd.Index(frame.iloc[:, 0]) if len(self.keys) == 1 else pd.MultiIndex.from_frame(frame)
+
+
 def empty_table(plan: StreamPlan) -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(dtype=object) for c in plan.columns}).astype(
         {**{PANE: np.int64}, **{f"fx_n{i}": np.int64 for i in range(len(plan.conditions))}}
@@ -558,7 +597,7 @@ class Sorted:
 
     @classmethod
     def of(cls, plan: StreamPlan, table: pd.DataFrame) -> Sorted:
-        codes, _ = _factorize(table[list(plan.keys)]) if len(table) else (np.zeros(0, np.int64), None)
+        codes = _key_codes(plan, table)
         pane = table[PANE].to_numpy(dtype=np.int64)
         real = pane[pane != BASE]
         origin = int(real.min()) if len(real) else 0
@@ -578,6 +617,16 @@ class Sorted:
 
     def columns(self, calc: Calc) -> dict[str, np.ndarray]:
         return {p: self.table[calc.col(p)].to_numpy() for p in _KINDS[calc.kind].parts}
+
+
+def _key_codes(plan: StreamPlan, table: pd.DataFrame) -> np.ndarray:
+    """A dense-enough integer per key: the key itself when it is already a small code (the stream's key
+    dictionary), else the order of first appearance."""
+    if len(table) == 0:
+        return np.zeros(0, np.int64)
+    if plan.keys == (KEY,):
+        return table[KEY].to_numpy(dtype=np.int64)
+    return _factorize(table[list(plan.keys)])[0]
 
 
 def combine(plan: StreamPlan, tables: Sequence[pd.DataFrame]) -> pd.DataFrame:
@@ -712,12 +761,36 @@ def _empty_partial(calc: Calc, n: int) -> dict[str, np.ndarray]:
 
 def to_bytes(table: pd.DataFrame) -> bytes:
     """A pane table as bytes for the state store: its columns pickled as numpy arrays (far cheaper than a
-    conversion to Arrow for the many small chunks a batch writes)."""
-    return pickle.dumps({c: table[c].to_numpy() for c in table.columns}, protocol=5)
+    conversion to Arrow for the many small chunks a batch writes), integer columns as offsets from their
+    smallest value in the narrowest type that holds them (key codes, panes of one hour and counts need a few
+    bytes, not eight)."""
+    return pickle.dumps({c: _narrow(table[c].to_numpy()) for c in table.columns}, protocol=5)
 
 
 def from_bytes(plan: StreamPlan, blob: bytes) -> pd.DataFrame:
-    return pd.DataFrame(pickle.loads(blob))[plan.columns]
+    return read_frame(blob)[plan.columns]
+
+
+def read_frame(blob: bytes) -> pd.DataFrame:
+    """A frame written by `to_bytes`."""
+    return pd.DataFrame({c: _widen(v) for c, v in pickle.loads(blob).items()})
+
+
+def _narrow(values: np.ndarray) -> Any:
+    if values.dtype != np.int64 or len(values) == 0:
+        return values
+    low, high = int(values.min()), int(values.max())
+    for dtype in (np.uint8, np.uint16, np.uint32):
+        if high - low <= np.iinfo(dtype).max:
+            return (low, (values - low).astype(dtype))
+    return values
+
+
+def _widen(stored: Any) -> np.ndarray:
+    if isinstance(stored, tuple):
+        low, offsets = stored
+        return offsets.astype(np.int64) + low
+    return stored
 
 
 def chunk_of(table: pd.DataFrame, chunk_us: int) -> np.ndarray:

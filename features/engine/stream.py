@@ -30,7 +30,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -62,6 +62,8 @@ STATE_ROWS, STATE_BYTES, EVENTS = "fx_state_rows", "fx_state_bytes", "fx_events"
 LANDED = "fx_landed"  # when an event's file landed (Kafka: the record's timestamp), µs; on STAT rows the oldest
 STAT_COLUMNS = ["fx_bucket", STATE_ROWS, STATE_BYTES, EVENTS, "window_end", LANDED]
 CHUNK_US = 3600 * 1_000_000  # pane tables are stored in chunks of one hour of panes
+STATE_FORMAT = 2  # the layout of a bucket's state; saved with the checkpoint (1: pane tables keyed by the keys)
+COMPACT_SLACK = 1024  # codes of departed keys a bucket's key dictionary may hold beyond twice its live keys
 STATE_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 KAFKA_PACKAGE = "org.apache.spark:spark-sql-kafka-0-10_2.13:{version}"
 
@@ -242,10 +244,12 @@ def project(group: FeatureGroup, events: DataFrame, labels: list[int]) -> tuple[
 
 
 class PaneProcessor(StatefulProcessor):
-    """One hash bucket of keys: its pane table in chunks, the watermark it emitted up to, one timer."""
+    """One hash bucket of keys: its key dictionary, its pane table (keyed by key code) in chunks, the watermark
+    it emitted up to, one timer."""
 
     def __init__(self, plan: pt.StreamPlan, group_name: str, output_columns: list[str]) -> None:
         self.plan = plan
+        self.coded = replace(plan, keys=(pt.KEY,))  # what the pane table functions see
         self.group_name = group_name
         self.output_columns = output_columns
 
@@ -253,6 +257,7 @@ class PaneProcessor(StatefulProcessor):
         self.handle = handle
         self.meta = handle.getValueState("meta", "emitted_upto long")
         self.chunks = handle.getMapState("chunks", "chunk long", "blob binary")
+        self.keys = handle.getMapState("keys", "first_code long", "blob binary")
 
     def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any) -> Iterator[pd.DataFrame]:  # noqa: N802, N803
         events = _unpack(rows)
@@ -272,30 +277,61 @@ class PaneProcessor(StatefulProcessor):
     def _advance(
         self, bucket: int, events: pd.DataFrame | None, timer_values: Any, n: int, landed: int | None
     ) -> Iterator[pd.DataFrame]:
-        plan = self.plan
+        plan = self.coded
         upto = timer_values.getCurrentWatermarkInMs() * 1000
         meta = self.meta.get() if self.meta.exists() else None
         after = None if meta is None else meta[0]
         stored = {int(k[0]): v[0] for k, v in self.chunks.iterator()}
         tables = [pt.from_bytes(plan, blob) for blob in stored.values()]
+        keys = self._dictionary()
         if events is None:
-            events = pd.DataFrame({c: [] for c in (*plan.keys, pt.TS)}).astype({pt.TS: np.int64})
+            coded = pd.DataFrame({pt.KEY: np.zeros(0, np.int64), pt.TS: np.zeros(0, np.int64)})
+        else:
+            codes, fresh = keys.encode(events)
+            coded = events.drop(columns=list(self.plan.keys)).assign(**{pt.KEY: codes})
+            if len(fresh):
+                self.keys.updateValue((len(keys) - len(fresh),), (pt.to_bytes(fresh),))
         if after is not None and upto <= after:
             upto = after  # the watermark never moves back; nothing new to emit
-        step = pt.step(plan, tables, events, after, upto, align_us=CHUNK_US)
-        ts = events[pt.TS].to_numpy(dtype=np.int64)
+        step = pt.step(plan, tables, coded, after, upto, align_us=CHUNK_US)
+        # Decoded before a compaction renumbers the keys.
+        if len(step.rows):
+            yield self._rows(step.rows, keys)
+        if len(step.late):
+            late = pd.DataFrame({**keys.decode(step.late[pt.KEY].to_numpy()), pt.TS: step.late[pt.TS].to_numpy()})
+            record = late.to_json(orient="records", lines=True).splitlines()
+            yield self._side(LATE, late, np.full(len(late), "late"), np.array(record, dtype=object))
+        ts = coded[pt.TS].to_numpy(dtype=np.int64)
         touched = set(_chunk_ids(ts - ts % plan.pane_us))
-        state_bytes = self._store(step.table, stored, touched)
+        table = self._compact(step.table, keys, stored, touched)
+        state_bytes = self._store(table, stored, touched)
         self.meta.update((upto,))
         if step.next_change is not None:
             self.handle.registerTimer(step.next_change // 1000)
-        if len(step.rows):
-            yield self._rows(step.rows)
-        if len(step.late):
-            late = step.late
-            record = late[[*plan.keys, pt.TS]].to_json(orient="records", lines=True).splitlines()
-            yield self._side(LATE, late, np.full(len(late), "late"), np.array(record, dtype=object))
-        yield self._stat(bucket, len(step.table), state_bytes, upto, n, landed)
+        yield self._stat(bucket, len(table), state_bytes, upto, n, landed)
+
+    def _dictionary(self) -> pt.KeyDictionary:
+        segments = sorted((int(k[0]), v[0]) for k, v in self.keys.iterator())
+        frames = [pt.read_frame(blob) for _, blob in segments]
+        frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else (frames[0] if frames else None)
+        return pt.KeyDictionary(self.plan.keys, frame)
+
+    def _compact(
+        self, table: pd.DataFrame, keys: pt.KeyDictionary, stored: dict[int, bytes], touched: set[int]
+    ) -> pd.DataFrame:
+        """Drop the codes of keys no pane holds any more once they make up most of the dictionary (keys come
+        and go): renumber the rest, and rewrite the dictionary and every chunk."""
+        live = np.unique(table[pt.KEY].to_numpy(dtype=np.int64))
+        if len(keys) <= 2 * len(live) + COMPACT_SLACK:
+            return table
+        renumber = keys.compact(live)
+        table = table.assign(**{pt.KEY: renumber[table[pt.KEY].to_numpy(dtype=np.int64)]})
+        for (first,), _ in list(self.keys.iterator()):
+            self.keys.removeKey((first,))
+        if len(keys):
+            self.keys.updateValue((0,), (pt.to_bytes(keys.frame),))
+        touched.update(stored)
+        return table
 
     def _store(self, table: pd.DataFrame, stored: dict[int, bytes], touched: set[int]) -> int:
         """Write the chunks whose rows changed; remove the ones pruned. Returns the bytes the bucket holds."""
@@ -319,13 +355,14 @@ class PaneProcessor(StatefulProcessor):
         out[KIND] = np.full(n, kind, dtype=object)
         return out
 
-    def _rows(self, rows: pd.DataFrame) -> pd.DataFrame:
+    def _rows(self, rows: pd.DataFrame, keys: pt.KeyDictionary) -> pd.DataFrame:
         out = self._frame(ROW, len(rows))
-        for c in rows.columns:
+        codes = rows[pt.KEY].to_numpy(dtype=np.int64)
+        out.update(keys.decode(codes))
+        for c in rows.columns.drop(pt.KEY):
             out[c] = rows[c].to_numpy()
         # Rows come sorted by key, then window end: a key's newest row is the last before the key changes.
-        keys = rows[list(self.plan.keys)]
-        out[LATEST] = (keys.shift(-1) != keys).any(axis=1).to_numpy()
+        out[LATEST] = np.r_[codes[1:] != codes[:-1], True] if len(codes) else np.zeros(0, dtype=bool)
         return pd.DataFrame(out)[self.output_columns]
 
     def _side(self, kind: str, events: pd.DataFrame, reasons: np.ndarray, records: np.ndarray) -> pd.DataFrame:
