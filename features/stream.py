@@ -175,8 +175,7 @@ def stream(
             labels, partitions = _check_checkpoint(repo, group, checkpoint, buckets, reset, spark)
             events = engine.read_stream(spark, group, repo.source_path(group), max_files_per_trigger)
             projected, projection = engine.project(group, events, labels)
-            columns = [f.name for f in _output_fields(projection.output_schema)]
-            processor = engine.PaneProcessor(projection.plan, group.name, columns)
+            processor = engine.PaneProcessor(projection.plan, group.name, _arrow_types(projection.output_schema))
             out = projected.groupBy(engine.BUCKET).transformWithStateInPandas(
                 processor, projection.output_schema, "append", "EventTime"
             )
@@ -200,10 +199,12 @@ def stream(
     return run
 
 
-def _output_fields(schema: str) -> list[Any]:
+def _arrow_types(schema: str) -> dict[str, Any]:
+    """Each column of a DDL schema and its Arrow type."""
+    from pyspark.sql.pandas.types import to_arrow_type
     from pyspark.sql.types import StructType
 
-    return list(StructType.fromDDL(schema).fields)
+    return {f.name: to_arrow_type(f.dataType) for f in StructType.fromDDL(schema).fields}
 
 
 @contextmanager

@@ -21,8 +21,17 @@ GROUP = FeatureGroup(
     [Feature("n_2h", agg.count(), Hop("2h", "10m")), Feature("total_2h", agg.sum("amount"), Hop("2h", "10m"))],
 )
 PLAN = pt.StreamPlan.of(GROUP, {"user_id": DType.STRING, "ts": DType.INT64, "amount": DType.INT64})
-COLUMNS = [engine.KIND, "user_id", "window_end", "n_2h", "total_2h", engine.LATEST, engine.REASON, engine.RECORD]
-COLUMNS += [engine.BUCKET, engine.STATE_ROWS, engine.STATE_BYTES, engine.EVENTS, engine.LANDED]
+OUTPUT = {
+    engine.KIND: pa.string(),
+    "user_id": pa.string(),
+    "window_end": pa.int64(),
+    "n_2h": pa.int64(),
+    "total_2h": pa.int64(),
+    engine.LATEST: pa.bool_(),
+    engine.REASON: pa.string(),
+    engine.RECORD: pa.string(),
+    **{c: pa.int64() for c in (engine.BUCKET, engine.STATE_ROWS, engine.STATE_BYTES, engine.EVENTS, engine.LANDED)},
+}
 
 
 class _Value:
@@ -100,7 +109,7 @@ def _batches() -> list[pd.DataFrame]:
 
 def _run(monkeypatch, slack: int) -> tuple[pd.DataFrame, engine.PaneProcessor]:
     monkeypatch.setattr(engine, "COMPACT_SLACK", slack)
-    processor = engine.PaneProcessor(PLAN, GROUP.name, COLUMNS)
+    processor = engine.PaneProcessor(PLAN, GROUP.name, OUTPUT)
     processor.init(_Handle())
     rows = []
     for events in _batches():

@@ -247,11 +247,11 @@ class PaneProcessor(StatefulProcessor):
     """One hash bucket of keys: its key dictionary, its pane table (keyed by key code) in chunks, the watermark
     it emitted up to, one timer."""
 
-    def __init__(self, plan: pt.StreamPlan, group_name: str, output_columns: list[str]) -> None:
+    def __init__(self, plan: pt.StreamPlan, group_name: str, output: dict[str, Any]) -> None:
         self.plan = plan
         self.coded = replace(plan, keys=(pt.KEY,))  # what the pane table functions see
         self.group_name = group_name
-        self.output_columns = output_columns
+        self.output = output  # column -> Arrow type, in the order of the output schema
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
@@ -260,12 +260,17 @@ class PaneProcessor(StatefulProcessor):
         self.keys = handle.getMapState("keys", "first_code long", "blob binary")
 
     def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any) -> Iterator[pd.DataFrame]:  # noqa: N802, N803
-        events = _unpack(rows)
-        bad = events[REASON].notna().to_numpy()
-        if bad.any():
-            yield self._side(BAD, events[bad], events[bad][REASON].to_numpy(), events[bad][RECORD].to_numpy())
-        landed = int(events[LANDED].min()) if events[LANDED].notna().any() else None
-        yield from self._advance(key[0], events[~bad] if bad.any() else events, timerValues, len(events), landed)
+        import pyarrow.compute as pc
+
+        table = _unpack(rows)
+        n, landed = len(table), pc.min(table[LANDED]).as_py()
+        if table[REASON].null_count < n:
+            bad = pc.is_valid(table[REASON])
+            side = table.filter(bad).select([REASON, RECORD]).to_pandas()
+            yield self._side(BAD, side[REASON].to_numpy(), side[RECORD].to_numpy())
+            table = table.filter(pc.invert(bad))
+        events = table.drop_columns([REASON, RECORD, LANDED]).to_pandas()
+        yield from self._advance(key[0], events, timerValues, n, landed)
 
     def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Iterator[pd.DataFrame]:  # noqa: N802, N803
         upto = timerValues.getCurrentWatermarkInMs() * 1000
@@ -300,7 +305,7 @@ class PaneProcessor(StatefulProcessor):
         if len(step.late):
             late = pd.DataFrame({**keys.decode(step.late[pt.KEY].to_numpy()), pt.TS: step.late[pt.TS].to_numpy()})
             record = late.to_json(orient="records", lines=True).splitlines()
-            yield self._side(LATE, late, np.full(len(late), "late"), np.array(record, dtype=object))
+            yield self._side(LATE, np.full(len(late), "late", dtype=object), np.array(record, dtype=object))
         ts = coded[pt.TS].to_numpy(dtype=np.int64)
         touched = set(_chunk_ids(ts - ts % plan.pane_us))
         table = self._compact(step.table, keys, stored, touched)
@@ -350,40 +355,41 @@ class PaneProcessor(StatefulProcessor):
                 self.chunks.removeKey((chunk,))
         return size
 
-    def _frame(self, kind: str, n: int) -> dict[str, Any]:
-        out: dict[str, Any] = {c: np.full(n, None, dtype=object) for c in self.output_columns}
-        out[KIND] = np.full(n, kind, dtype=object)
-        return out
+    def _out(self, kind: str, n: int, columns: dict[str, Any]) -> pd.DataFrame:
+        """An output frame; the columns not given are null. Arrow-backed where it can be: PySpark hands an Arrow
+        array to Spark as it is, where a numpy object column is scanned value by value."""
+        import pyarrow as pa
+
+        columns[KIND] = pa.array([kind], pa.string()).take(np.zeros(n, dtype=np.int32))
+        data = {}
+        for name, arrow_type in self.output.items():
+            values = columns.get(name)
+            if values is None:
+                # PySpark converts nested values one by one, and takes pandas' NA for a value there.
+                values = np.full(n, None, dtype=object) if pa.types.is_nested(arrow_type) else pa.nulls(n, arrow_type)
+            data[name] = pd.arrays.ArrowExtensionArray(values) if isinstance(values, pa.Array) else values
+        return pd.DataFrame(data)
 
     def _rows(self, rows: pd.DataFrame, keys: pt.KeyDictionary) -> pd.DataFrame:
-        out = self._frame(ROW, len(rows))
+        import pyarrow as pa
+
         codes = rows[pt.KEY].to_numpy(dtype=np.int64)
-        out.update(keys.decode(codes))
+        indices = pa.array(codes)
+        out: dict[str, Any] = {k: pa.array(keys.frame[k].to_numpy(), self.output[k]).take(indices) for k in keys.keys}
         for c in rows.columns.drop(pt.KEY):
             out[c] = rows[c].to_numpy()
         # Rows come sorted by key, then window end: a key's newest row is the last before the key changes.
         out[LATEST] = np.r_[codes[1:] != codes[:-1], True] if len(codes) else np.zeros(0, dtype=bool)
-        return pd.DataFrame(out)[self.output_columns]
+        return self._out(ROW, len(rows), out)
 
-    def _side(self, kind: str, events: pd.DataFrame, reasons: np.ndarray, records: np.ndarray) -> pd.DataFrame:
-        out = self._frame(kind, len(events))
-        out[REASON], out[RECORD] = reasons, records
-        return pd.DataFrame(out)[self.output_columns]
+    def _side(self, kind: str, reasons: np.ndarray, records: np.ndarray) -> pd.DataFrame:
+        return self._out(kind, len(reasons), {REASON: reasons, RECORD: records})
 
     def _stat(self, bucket: int, rows: int, size: int, upto: int, events: int, landed: int | None) -> pd.DataFrame:
         """The bucket's state size (pane rows, serialized bytes), watermark and events read, for the progress
         report."""
-        out = self._frame(STAT, 1)
-        for column, value in (
-            (BUCKET, bucket),
-            (STATE_ROWS, rows),
-            (STATE_BYTES, size),
-            (EVENTS, events),
-            (WINDOW_END, upto),
-            (LANDED, landed),
-        ):
-            out[column] = np.array([value], dtype=object)
-        return pd.DataFrame(out)[self.output_columns]
+        values = {BUCKET: bucket, STATE_ROWS: rows, STATE_BYTES: size, EVENTS: events, WINDOW_END: upto, LANDED: landed}
+        return self._out(STAT, 1, {c: np.array([v], dtype=object) for c, v in values.items()})
 
     def close(self) -> None:
         pass
@@ -415,12 +421,12 @@ def _ipc(batch: Any) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def _unpack(frames: Iterator[pd.DataFrame]) -> pd.DataFrame:
-    """The events of one bucket's packed rows as one frame."""
+def _unpack(frames: Iterator[pd.DataFrame]) -> Any:
+    """The events of one bucket's packed rows as one Arrow table."""
     import pyarrow as pa
 
     tables = [pa.ipc.open_stream(blob).read_all() for frame in frames for blob in frame[PACK].tolist()]
-    return pa.concat_tables(tables).to_pandas()
+    return pa.concat_tables(tables)
 
 
 def _chunk_ids(panes: np.ndarray) -> list[int]:
