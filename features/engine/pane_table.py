@@ -167,8 +167,8 @@ class Kind:
         raise NotImplementedError
 
     def merge(self, calc: Calc, cols: dict[str, np.ndarray], starts, ends, key_of_row, same_pane=False) -> dict:
-        """Merge rows [start, end) per range. `same_pane`: the ranges partition the rows and each holds rows
-        of one pane (from several batches), which overlap in time."""
+        """Merge rows [start, end) per range. `same_pane`: each range holds rows of one pane (from several
+        batches), which overlap in time."""
         raise NotImplementedError
 
     def finalize(self, calc: Calc, cols: dict[str, np.ndarray]) -> np.ndarray:
@@ -338,8 +338,10 @@ class ByTime(Kind):
         return {"c": ok.astype(np.int64), "t": np.where(ok, cols["t"][pick], 0), "v": v}
 
     def _merge_overlapping(self, calc, cols, starts, ends):
-        group = np.repeat(np.arange(len(starts)), ends - starts)
-        rows = pd.DataFrame({"g": group, "t": cols["t"], "v": cols["v"]})[cols["c"] > 0]
+        lengths = ends - starts
+        group = np.repeat(np.arange(len(starts)), lengths)
+        row = np.repeat(starts - np.cumsum(lengths) + lengths, lengths) + np.arange(lengths.sum())
+        rows = pd.DataFrame({"g": group, "t": cols["t"][row], "v": cols["v"][row]})[cols["c"][row] > 0]
         rows = rows.sort_values(["g", "t", "v"], kind="stable").drop_duplicates(
             "g", keep="first" if self.earliest else "last"
         )
@@ -605,7 +607,7 @@ class Sorted:
         span = int(rank.max()) + 2 if len(rank) else 2
         position = codes.astype(np.int64) * span + rank
         order = np.argsort(position, kind="stable")
-        return cls(table.iloc[order].reset_index(drop=True), codes[order], position[order], origin, span)
+        return cls(_renumbered(table.iloc[order]), codes[order], position[order], origin, span)
 
     def locate(self, key_code: np.ndarray, at_us: np.ndarray, plan: StreamPlan) -> np.ndarray:
         """Index of the first row of `key_code` whose pane is >= at (at: multiples of the pane length)."""
@@ -629,6 +631,12 @@ def _key_codes(plan: StreamPlan, table: pd.DataFrame) -> np.ndarray:
     return _factorize(table[list(plan.keys)])[0]
 
 
+def _renumbered(frame: pd.DataFrame) -> pd.DataFrame:
+    """`frame` (a fresh selection of rows) indexed 0..n-1 in place: reset_index would copy every column."""
+    frame.index = pd.RangeIndex(len(frame))
+    return frame
+
+
 def combine(plan: StreamPlan, tables: Sequence[pd.DataFrame]) -> pd.DataFrame:
     """One row per (key, pane): rows of the same pane from several batches merged."""
     return combine_sorted(plan, tables).table
@@ -644,19 +652,26 @@ def combine_sorted(plan: StreamPlan, tables: Sequence[pd.DataFrame]) -> Sorted:
         return s
     starts = np.flatnonzero(first)
     ends = np.r_[starts[1:], len(s.position)]
-    merged = _reduce(plan, s, starts, ends, s.table.iloc[starts])
+    several = np.flatnonzero(ends - starts > 1)  # most (key, pane)s got rows from one batch only: kept as they are
+    partials = _merged_partials(plan, s, starts[several], ends[several])
+    columns = {}
+    for column in s.table.columns:
+        columns[column] = s.table[column].to_numpy()[starts]
+        if column in partials:
+            columns[column][several] = partials[column]
+    merged = pd.DataFrame(columns, copy=False)
     return Sorted(merged, s.key_code[starts], s.position[starts], s.origin, s.span)
 
 
-def _reduce(plan: StreamPlan, s: Sorted, starts: np.ndarray, ends: np.ndarray, head: pd.DataFrame) -> pd.DataFrame:
-    """Rows of `head` (keys, pane) with every partial merged over rows [start, end) of `s`."""
-    out = {c: head[c].to_numpy() for c in (*plan.keys, PANE)}
+def _merged_partials(plan: StreamPlan, s: Sorted, starts: np.ndarray, ends: np.ndarray) -> dict[str, np.ndarray]:
+    """Every partial column merged over rows [start, end) of `s`, each range the rows of one (key, pane)."""
+    out = {}
     for i in range(len(plan.conditions)):
         out[f"fx_n{i}"] = _ranges_add(s.table[f"fx_n{i}"].to_numpy(dtype=np.int64), starts, ends)
     for calc in plan.calcs:
         merged = _KINDS[calc.kind].merge(calc, s.columns(calc), starts, ends, s.key_code, same_pane=True)
         out.update({calc.col(p): v for p, v in merged.items()})
-    return pd.DataFrame(out)[plan.columns]
+    return out
 
 
 def change_ends(plan: StreamPlan, table: pd.DataFrame, after_us: int | None, upto_us: int | None) -> pd.DataFrame:
@@ -729,7 +744,7 @@ def prune(plan: StreamPlan, table: pd.DataFrame, upto_us: int, align_us: int | N
         return table
     keep = table[~old]
     if all(c.size_us is not None for c in plan.calcs):
-        return keep.reset_index(drop=True)
+        return _renumbered(keep)
     folded = table[old].copy()
     folded[PANE] = BASE
     base = combine(plan, [folded])

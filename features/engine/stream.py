@@ -326,9 +326,10 @@ class PaneProcessor(StatefulProcessor):
     ) -> pd.DataFrame:
         """Drop the codes of keys no pane holds any more once they make up most of the dictionary (keys come
         and go): renumber the rest, and rewrite the dictionary and every chunk."""
-        live = np.unique(table[pt.KEY].to_numpy(dtype=np.int64))
-        if len(keys) <= 2 * len(live) + COMPACT_SLACK:
+        held = np.bincount(table[pt.KEY].to_numpy(dtype=np.int64), minlength=len(keys)) > 0
+        if len(keys) <= 2 * np.count_nonzero(held) + COMPACT_SLACK:
             return table
+        live = np.flatnonzero(held)
         renumber = keys.compact(live)
         table = table.assign(**{pt.KEY: renumber[table[pt.KEY].to_numpy(dtype=np.int64)]})
         for (first,), _ in list(self.keys.iterator()):
@@ -341,11 +342,11 @@ class PaneProcessor(StatefulProcessor):
     def _store(self, table: pd.DataFrame, stored: dict[int, bytes], touched: set[int]) -> int:
         """Write the chunks whose rows changed; remove the ones pruned. Returns the bytes the bucket holds."""
         of_row = pt.chunk_of(table, CHUNK_US)
-        current = set(np.unique(of_row).tolist())
+        current = set(pd.unique(of_row).tolist())
         size = 0
         for chunk in current:
             if chunk not in stored or chunk in touched or chunk == pt.BASE:
-                blob = pt.to_bytes(table[of_row == chunk].reset_index(drop=True))
+                blob = pt.to_bytes(table[of_row == chunk])
                 self.chunks.updateValue((chunk,), (blob,))
                 size += len(blob)
             else:
@@ -430,7 +431,7 @@ def _unpack(frames: Iterator[pd.DataFrame]) -> Any:
 
 
 def _chunk_ids(panes: np.ndarray) -> list[int]:
-    return [int(c) for c in np.unique(panes - panes % CHUNK_US)]
+    return [int(c) for c in pd.unique(panes - panes % CHUNK_US)]
 
 
 # ---------------------------------------------------------------------------------------------------------
