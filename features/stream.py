@@ -15,6 +15,7 @@ the group's quarantine folder, both with the batch id.
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 import threading
@@ -326,10 +327,10 @@ class _Sink:
         batch = batch.persist()
         try:
             # One job computes the batch (and caches it): how many rows of each kind, and the buckets' stats.
-            stat = F.when(F.col(engine.KIND) == engine.STAT, F.struct(*engine.STAT_COLUMNS))
+            stat = F.when(F.col(engine.KIND) == engine.STAT, F.col(engine.RECORD))
             summary = batch.groupBy(engine.KIND).agg(F.count(F.lit(1)), F.collect_list(stat)).collect()
             counts = {r[0]: r[1] for r in summary}
-            stat_rows = [s for r in summary for s in r[2]]
+            stat_rows = [dict(zip(engine.STAT_FIELDS, json.loads(s), strict=True)) for r in summary for s in r[2]]
             rows_out = self._write_rows(batch, batch_id) if counts.get(engine.ROW) else 0
             late = counts.get(engine.LATE, 0)
             if late:
@@ -428,14 +429,16 @@ class _Sink:
         types = self.group.output_types(source_schema(self.group, self.repo.root))
         return {k: types[k] for k in self.group.join_keys}
 
-    def _report(self, batch_id: int, stats: list[Any], rows_out: int, late: int, bad: int, seconds: float) -> None:
+    def _report(
+        self, batch_id: int, stats: list[dict[str, Any]], rows_out: int, late: int, bad: int, seconds: float
+    ) -> None:
         events = 0
         watermark = None
-        landed = [int(r[5]) for r in stats if r[5] is not None]
+        landed = [r["landed"] for r in stats if r["landed"] is not None]
         for r in stats:
-            self.state[int(r[0])] = (int(r[1]), int(r[2]))
-            events += int(r[3])
-            watermark = max(watermark or 0, int(r[4]))
+            self.state[r["bucket"]] = (r["state_rows"], r["state_bytes"])
+            events += r["events"]
+            watermark = max(watermark or 0, r["watermark"])
         # Landing to online: how long the batch's oldest landed event waited until the batch's rows were written.
         freshness = time.time() - min(landed) / 1e6 if landed else None
         before = self.run.latest[self.group.name]

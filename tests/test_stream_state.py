@@ -30,7 +30,6 @@ OUTPUT = {
     engine.LATEST: pa.bool_(),
     engine.REASON: pa.string(),
     engine.RECORD: pa.string(),
-    **{c: pa.int64() for c in (engine.BUCKET, engine.STATE_ROWS, engine.STATE_BYTES, engine.EVENTS, engine.LANDED)},
 }
 
 

@@ -55,12 +55,14 @@ BUCKET = "fx_bucket"
 KIND = "fx_kind"  # what an output row is: a change point, a late event, a bad record, or a bucket's state size
 ROW, LATE, BAD, STAT = "row", "late", "bad", "stat"
 REASON = "fx_reason"
-RECORD = "fx_record"  # a late event or bad record as JSON
+RECORD = "fx_record"  # a late event or bad record as JSON; on STAT rows the bucket's STAT_FIELDS as a JSON list
 PACK = "fx_pack"  # the processor's input: one bucket's events of one Arrow batch, as Arrow IPC stream bytes
 LATEST = "fx_latest"  # on ROW rows: the key's newest row of the batch, the one the online store gets
-STATE_ROWS, STATE_BYTES, EVENTS = "fx_state_rows", "fx_state_bytes", "fx_events"  # per bucket, on STAT rows
-LANDED = "fx_landed"  # when an event's file landed (Kafka: the record's timestamp), µs; on STAT rows the oldest
-STAT_COLUMNS = ["fx_bucket", STATE_ROWS, STATE_BYTES, EVENTS, "window_end", LANDED]
+LANDED = "fx_landed"  # when an event's file landed (Kafka: the record's timestamp), µs
+# What a STAT row tells of its bucket: pane rows and serialized bytes in state, events read, the watermark it
+# emitted up to (µs), and when its oldest event landed (µs). One JSON column rather than a column each: every
+# output row carries every column, and these would be null on all but one row per bucket.
+STAT_FIELDS = ("bucket", "state_rows", "state_bytes", "events", "watermark", "landed")
 CHUNK_US = 3600 * 1_000_000  # pane tables are stored in chunks of one hour of panes
 STATE_FORMAT = 2  # the layout of a bucket's state; saved with the checkpoint (1: pane tables keyed by the keys)
 COMPACT_SLACK = 1024  # codes of departed keys a bucket's key dictionary may hold beyond twice its live keys
@@ -233,8 +235,7 @@ def project(group: FeatureGroup, events: DataFrame, labels: list[int]) -> tuple[
     features = ", ".join(f"`{n}` {_SPARK_TYPES[t]}" for n, t in feature_types.items())
     schema = (
         f"{KIND} string, {key_types}, {WINDOW_END} bigint, {features}, {LATEST} boolean, {REASON} string, "
-        f"{RECORD} string, "
-        f"{BUCKET} bigint, {STATE_ROWS} bigint, {STATE_BYTES} bigint, {EVENTS} bigint, {LANDED} bigint"
+        f"{RECORD} string"
     )
     return projected, Projection(plan, cols, schema, feature_types)
 
@@ -387,10 +388,9 @@ class PaneProcessor(StatefulProcessor):
         return self._out(kind, len(reasons), {REASON: reasons, RECORD: records})
 
     def _stat(self, bucket: int, rows: int, size: int, upto: int, events: int, landed: int | None) -> pd.DataFrame:
-        """The bucket's state size (pane rows, serialized bytes), watermark and events read, for the progress
-        report."""
-        values = {BUCKET: bucket, STATE_ROWS: rows, STATE_BYTES: size, EVENTS: events, WINDOW_END: upto, LANDED: landed}
-        return self._out(STAT, 1, {c: np.array([v], dtype=object) for c, v in values.items()})
+        """The bucket's STAT_FIELDS, for the progress report."""
+        record = json.dumps([bucket, rows, size, events, upto, landed])
+        return self._out(STAT, 1, {RECORD: np.array([record], dtype=object)})
 
     def close(self) -> None:
         pass
