@@ -38,7 +38,7 @@ from features.engine.session import get_spark
 from features.repo import Repo
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results import update_section
+from results import load, update_section
 
 T = TypeVar("T")
 
@@ -108,11 +108,6 @@ def timed(fn: Callable[[], T]) -> tuple[float, float, T]:
     began, began_cpu = time.perf_counter(), cpu_seconds()
     out = fn()
     return time.perf_counter() - began, cpu_seconds() - began_cpu, out
-
-
-def load() -> str:
-    one, five, fifteen = os.getloadavg()
-    return f"load average {one:.1f} / {five:.1f} / {fifteen:.1f} (1/5/15 min)"
 
 
 def naive(events: DataFrame, every: str) -> DataFrame:

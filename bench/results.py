@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -19,3 +20,9 @@ def update_section(title: str, body: str) -> None:
     pattern = re.compile(rf"^## {re.escape(title)}\n.*?(?=^## |\Z)", re.S | re.M)
     text = pattern.sub(lambda _: section + "\n", text) if pattern.search(text) else text.rstrip() + "\n\n" + section
     RESULTS.write_text(text.rstrip() + "\n")
+
+
+def load() -> str:
+    """The machine's load average, to print beside timings taken on a shared machine."""
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.1f} / {five:.1f} / {fifteen:.1f} (1/5/15 min)"
