@@ -260,17 +260,13 @@ def _check_checkpoint(
         if saved["buckets"] != buckets:
             changes.append(f"--buckets {saved['buckets']} -> {buckets}")
         what = "; ".join(changes) or "changed a feature's aggregation, window or filter"
-        raise ConfigError(
-            f"{group.name}: the stream's saved state in {checkpoint} was built for another definition ({what}), "
-            f"so it cannot continue. Start over with `features stream --repo {repo.root} --group {group.name} "
-            "--reset`, which deletes that state and rebuilds it by replaying the source"
-        )
+        raise _cannot_continue(repo, group, checkpoint, f"was built for another definition ({what})")
     if saved is not None and saved.get("state_format") != engine.STATE_FORMAT:
-        raise ConfigError(
-            f"{group.name}: the stream's saved state in {checkpoint} was written by an older version of features, "
-            "in a layout this version does not read. Start over with `features stream --repo "
-            f"{repo.root} --group {group.name} --reset`, which deletes that state and rebuilds it by replaying the "
-            "source"
+        raise _cannot_continue(
+            repo,
+            group,
+            checkpoint,
+            "was written by an older version of features, in a layout this version does not read",
         )
     if saved is not None:
         labels, partitions = saved["labels"], saved["partitions"]
@@ -287,6 +283,14 @@ def _check_checkpoint(
     }
     engine.save_definition(checkpoint, current)
     return labels, partitions
+
+
+def _cannot_continue(repo: Repo, group: FeatureGroup, checkpoint: Path, why: str) -> ConfigError:
+    return ConfigError(
+        f"{group.name}: the stream's saved state in {checkpoint} {why}, so it cannot continue. Start over with "
+        f"`features stream --repo {repo.root} --group {group.name} --reset`, which deletes that state and rebuilds "
+        "it by replaying the source"
+    )
 
 
 class _Sink:

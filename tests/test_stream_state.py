@@ -139,7 +139,7 @@ def test_key_dictionary_codes_round_trip() -> None:
     codes, fresh = keys.encode(pd.DataFrame({"a": ["z", "w"], "b": [2, 9]}))
     assert codes.tolist() == [2, 3] and fresh.to_dict("list") == {"a": ["w"], "b": [9]}
     decoded = keys.decode(np.array([3, 0]))
-    assert decoded["a"].tolist() == ["w", "x"] and decoded["b"].tolist() == [9, 1]
+    assert decoded["a"].to_pylist() == ["w", "x"] and decoded["b"].to_pylist() == [9, 1]
     renumber = keys.compact(np.array([1, 3]))
     assert renumber.tolist() == [-1, 0, -1, 1] and keys.frame.to_dict("list") == {"a": ["y", "w"], "b": [2, 9]}
 

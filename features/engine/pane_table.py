@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from features.panes import MICROS, pane_length_us
 from features.spec import AggKind, DType, FeatureGroup
@@ -566,8 +567,10 @@ class KeyDictionary:
         self.frame = pd.concat([self.frame, fresh], ignore_index=True) if len(self.frame) else fresh
         return codes.astype(np.int64), fresh
 
-    def decode(self, codes: np.ndarray) -> dict[str, np.ndarray]:
-        return {k: self.frame[k].to_numpy()[codes] for k in self.keys}
+    def decode(self, codes: np.ndarray) -> dict[str, pa.Array]:
+        """The keys of `codes`, as Arrow arrays (taken in Arrow: the output goes to Spark that way)."""
+        indices = pa.array(codes, pa.int64())
+        return {k: pa.array(self.frame[k].to_numpy()).take(indices) for k in self.keys}
 
     def compact(self, live: np.ndarray) -> np.ndarray:
         """Keep only the codes in `live` (sorted, unique), renumbered 0..len-1. Returns old code -> new code."""

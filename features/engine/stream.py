@@ -37,6 +37,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
@@ -261,8 +263,6 @@ class PaneProcessor(StatefulProcessor):
         self.keys = handle.getMapState("keys", "first_code long", "blob binary")
 
     def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any) -> Iterator[pd.DataFrame]:  # noqa: N802, N803
-        import pyarrow.compute as pc
-
         table = _unpack(rows)
         n, landed = len(table), pc.min(table[LANDED]).as_py()
         if table[REASON].null_count < n:
@@ -304,7 +304,8 @@ class PaneProcessor(StatefulProcessor):
         if len(step.rows):
             yield self._rows(step.rows, keys)
         if len(step.late):
-            late = pd.DataFrame({**keys.decode(step.late[pt.KEY].to_numpy()), pt.TS: step.late[pt.TS].to_numpy()})
+            decoded = keys.decode(step.late[pt.KEY].to_numpy())
+            late = pd.DataFrame({**{k: v.to_pandas() for k, v in decoded.items()}, pt.TS: step.late[pt.TS].to_numpy()})
             record = late.to_json(orient="records", lines=True).splitlines()
             yield self._side(LATE, np.full(len(late), "late", dtype=object), np.array(record, dtype=object))
         ts = coded[pt.TS].to_numpy(dtype=np.int64)
@@ -360,8 +361,6 @@ class PaneProcessor(StatefulProcessor):
     def _out(self, kind: str, n: int, columns: dict[str, Any]) -> pd.DataFrame:
         """An output frame; the columns not given are null. Arrow-backed where it can be: PySpark hands an Arrow
         array to Spark as it is, where a numpy object column is scanned value by value."""
-        import pyarrow as pa
-
         columns[KIND] = pa.array([kind], pa.string()).take(np.zeros(n, dtype=np.int32))
         data = {}
         for name, arrow_type in self.output.items():
@@ -373,11 +372,8 @@ class PaneProcessor(StatefulProcessor):
         return pd.DataFrame(data)
 
     def _rows(self, rows: pd.DataFrame, keys: pt.KeyDictionary) -> pd.DataFrame:
-        import pyarrow as pa
-
         codes = rows[pt.KEY].to_numpy(dtype=np.int64)
-        indices = pa.array(codes)
-        out: dict[str, Any] = {k: pa.array(keys.frame[k].to_numpy(), self.output[k]).take(indices) for k in keys.keys}
+        out: dict[str, Any] = keys.decode(codes)
         for c in rows.columns.drop(pt.KEY):
             out[c] = rows[c].to_numpy()
         # Rows come sorted by key, then window end: a key's newest row is the last before the key changes.
@@ -399,8 +395,6 @@ class PaneProcessor(StatefulProcessor):
 def _pack(batches: Iterator[Any]) -> Iterator[Any]:
     """mapInArrow: each Arrow batch of projected events (bucket first) as one row per bucket, its events as
     Arrow IPC bytes."""
-    import pyarrow as pa
-
     for batch in batches:
         if batch.num_rows == 0:
             continue
@@ -414,8 +408,6 @@ def _pack(batches: Iterator[Any]) -> Iterator[Any]:
 
 
 def _ipc(batch: Any) -> bytes:
-    import pyarrow as pa
-
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, batch.schema) as writer:
         writer.write_batch(batch)
@@ -424,8 +416,6 @@ def _ipc(batch: Any) -> bytes:
 
 def _unpack(frames: Iterator[pd.DataFrame]) -> Any:
     """The events of one bucket's packed rows as one Arrow table."""
-    import pyarrow as pa
-
     tables = [pa.ipc.open_stream(blob).read_all() for frame in frames for blob in frame[PACK].tolist()]
     return pa.concat_tables(tables)
 
