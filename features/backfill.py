@@ -204,10 +204,7 @@ def backfill_group(
         with spark_progress(spark, f"backfill {group.name}", progress):
             computed = change_points(group, source.events, micros(start), micros(end), observe=True)
             table = repo.offline_path(group)
-            try:
-                rows_out = replace_range(spark, computed.rows, table, start, end, check_then_write_online)
-            finally:
-                computed.release()
+            rows_out = replace_range(spark, computed.rows, table, start, end, check_then_write_online)
     except BaseException:
         setting_aside.join()  # the bad records are set aside whatever else failed
         raise

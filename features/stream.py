@@ -400,7 +400,7 @@ class _Sink:
         from pyspark.sql import functions as F
 
         from features.engine import stream as engine
-        from features.engine.pane_table import TS
+        from features.kernel import TS
 
         key_types = {k: t for k, t in self._key_types().items()}
         late = batch.where(F.col(engine.KIND) == engine.LATE).select(

@@ -12,7 +12,7 @@ import pytest
 from reference import rank_error, reference_frame, reference_window_values, to_micros, where_mask
 from test_batch_reference import GROUP_AGGS, GROUP_COMPOSITE, GROUP_MIXED, H, make_events
 
-from features.engine import pane_table as pt
+from features import kernel as pt
 from features.spec import AggKind, DType, FeatureGroup
 
 EVENTS = make_events()
@@ -27,7 +27,7 @@ TYPES = {
 }
 
 
-def processor_input(plan: pt.StreamPlan, group: FeatureGroup, events: pd.DataFrame) -> pd.DataFrame:
+def processor_input(plan: pt.Plan, group: FeatureGroup, events: pd.DataFrame) -> pd.DataFrame:
     """What Spark hands the processor: keys, `_ts` µs, one truth column per `where`, cast value columns."""
     frame = events[list(group.join_keys)].copy()
     frame[pt.TS] = [to_micros(t) for t in events["event_ts"]]
@@ -50,7 +50,7 @@ def processor_input(plan: pt.StreamPlan, group: FeatureGroup, events: pd.DataFra
 def run_stream(group: FeatureGroup, events: pd.DataFrame, batches: int, lateness: pd.Timedelta, seed: int):
     """Deliver events in batches ordered by time but shuffled within `lateness`; return all emitted rows,
     the late events and the final watermark."""
-    plan = pt.StreamPlan.of(group, TYPES)
+    plan = pt.Plan.of(group, TYPES)
     rng = np.random.default_rng(seed)
     jitter = rng.integers(0, int(lateness / pd.Timedelta(microseconds=1)), len(events))
     arrival = np.array([to_micros(t) for t in events["event_ts"]]) + jitter

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from features import Entity, EventSource, Feature, FeatureGroup, Hop, agg
-from features.engine import pane_table as pt
+from features import kernel as pt
 from features.engine import stream as engine
 from features.spec import DType
 
@@ -20,7 +20,7 @@ GROUP = FeatureGroup(
     EventSource("events", path="unused", timestamp="ts", watermark="10m"),
     [Feature("n_2h", agg.count(), Hop("2h", "10m")), Feature("total_2h", agg.sum("amount"), Hop("2h", "10m"))],
 )
-PLAN = pt.StreamPlan.of(GROUP, {"user_id": DType.STRING, "ts": DType.INT64, "amount": DType.INT64})
+PLAN = pt.Plan.of(GROUP, {"user_id": DType.STRING, "ts": DType.INT64, "amount": DType.INT64})
 OUTPUT = {
     engine.KIND: pa.string(),
     "user_id": pa.string(),

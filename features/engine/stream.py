@@ -10,7 +10,7 @@ Layout of the query:
     -> foreachBatch(sink): validate, then offline files + online store; late events and bad records aside
 
 Why hash buckets: a Python call per entity key and batch costs about half a millisecond; one call per bucket
-handles all its keys with vectorized pandas (features.engine.pane_table). Why packed: PySpark hands
+handles all its keys with vectorized pandas (features.kernel). Why packed: PySpark hands
 transformWithStateInPandas its input row by row in Python (itertuples, then a DataFrame of the tuples),
 which cost more than the processor itself; a bucket's events arrive instead as a few Arrow IPC blobs,
 read back column by column. Each bucket keeps its pane table in
@@ -43,7 +43,8 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
-from features.engine import pane_table as pt
+from features import kernel as pt
+from features.engine.inputs import ddl, kernel_inputs
 from features.engine.source import CORRUPT, _reason, check_columns, declared_spark_schema, schema_of
 from features.errors import ConfigError, DefinitionError, EnvironmentProblem
 from features.spec import WINDOW_END, DType, FeatureGroup
@@ -71,16 +72,6 @@ COMPACT_SLACK = 1024  # codes of departed keys a bucket's key dictionary may hol
 STATE_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 KAFKA_PACKAGE = "org.apache.spark:spark-sql-kafka-0-10_2.13:{version}"
 
-_SPARK_TYPES = {
-    DType.INT64: "bigint",
-    DType.FLOAT64: "double",
-    DType.STRING: "string",
-    DType.BOOL: "boolean",
-    DType.INT64_LIST: "array<bigint>",
-    DType.FLOAT64_LIST: "array<double>",
-    DType.STRING_LIST: "array<string>",
-    DType.BOOL_LIST: "array<boolean>",
-}
 
 
 def configure(spark: SparkSession) -> None:
@@ -170,7 +161,7 @@ def _read_kafka(spark: SparkSession, group: FeatureGroup) -> DataFrame:
 
 @dataclass(frozen=True)
 class Projection:
-    plan: pt.StreamPlan
+    plan: pt.Plan
     columns: list[Column]  # the processor's input, besides the bucket
     output_schema: str
     feature_types: dict[str, DType]
@@ -196,7 +187,7 @@ def project(group: FeatureGroup, events: DataFrame, labels: list[int]) -> tuple[
     and for bad records their reason and JSON; with the watermark on the source timestamp of good records."""
     types = schema_of(events.schema)
     output = group.output_types(types)
-    plan = pt.StreamPlan.of(group, types)
+    plan = pt.Plan.of(group, types)
     source = group.source
     reason = _reason(group, events, datetime.now().astimezone())
     source_columns = [c for c in events.columns if c not in (CORRUPT, LANDED)]
@@ -212,29 +203,14 @@ def project(group: FeatureGroup, events: DataFrame, labels: list[int]) -> tuple[
         F.when(reason.isNull(), F.col(source.timestamp).cast("timestamp")).alias("fx_wm"),
     ).withWatermark("fx_wm", f"{source.watermark_s} seconds")
     keys = list(group.join_keys)
-    cols: list[Column] = [F.col(k) for k in keys]
-    cols.append(F.unix_micros(F.col(source.timestamp).cast("timestamp")).alias(pt.TS))
-    for i, cond in enumerate(plan.conditions):
-        if cond is not None:
-            cols.append(F.coalesce(F.expr(cond), F.lit(False)).alias(f"fx_c{i}"))
-    seen = set()
-    for calc, feat in zip(plan.calcs, group.features, strict=True):
-        if calc.value is None or calc.value in seen:
-            continue
-        seen.add(calc.value)
-        column = F.col(feat.aggregation.column)  # type: ignore[arg-type]
-        if pt.hll_cast(calc.kind, types[feat.aggregation.column]):  # type: ignore[index]
-            column = column.cast("string")
-        elif calc.value_type is DType.FLOAT64:
-            column = column.cast("double")
-        cols.append(column.alias(calc.value))
+    cols = kernel_inputs(group, types, plan)
     cols += [F.col(REASON), F.col(RECORD), F.col(LANDED)]
     index = F.pmod(F.xxhash64(*[F.col(k) for k in keys]), F.lit(len(labels)))
     bucket = F.element_at(F.array(*[F.lit(v).cast("bigint") for v in labels]), (index + 1).cast("int")).alias(BUCKET)
     projected = marked.select(bucket, *cols).mapInArrow(_pack, f"{BUCKET} bigint, {PACK} binary")
-    key_types = ", ".join(f"`{k}` {_SPARK_TYPES[output[k]]}" for k in keys)
+    key_types = ddl({k: output[k] for k in keys})
     feature_types = {f.name: output[f.name] for f in group.features}
-    features = ", ".join(f"`{n}` {_SPARK_TYPES[t]}" for n, t in feature_types.items())
+    features = ddl(feature_types)
     schema = (
         f"{KIND} string, {key_types}, {WINDOW_END} bigint, {features}, {LATEST} boolean, {REASON} string, "
         f"{RECORD} string"
@@ -250,7 +226,7 @@ class PaneProcessor(StatefulProcessor):
     """One hash bucket of keys: its key dictionary, its pane table (keyed by key code) in chunks, the watermark
     it emitted up to, one timer."""
 
-    def __init__(self, plan: pt.StreamPlan, group_name: str, output: dict[str, Any]) -> None:
+    def __init__(self, plan: pt.Plan, group_name: str, output: dict[str, Any]) -> None:
         self.plan = plan
         self.coded = replace(plan, keys=(pt.KEY,))  # what the pane table functions see
         self.group_name = group_name
@@ -503,7 +479,7 @@ def write_json_records(frame: DataFrame, folder: Path, schema: str | None) -> No
 
 
 def late_schema(group: FeatureGroup, key_types: dict[str, DType]) -> str:
-    keys = ", ".join(f"`{k}` {_SPARK_TYPES[key_types[k]]}" for k in group.join_keys)
+    keys = ddl({k: key_types[k] for k in group.join_keys})
     return f"{keys}, `{pt.TS}` bigint"
 
 

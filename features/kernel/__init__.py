@@ -1,0 +1,48 @@
+"""The phase-2 kernel (DESIGN.md section 3), shared by the batch and streaming engines: pure numpy/pandas, no
+Spark. `plan` says what a group computes, `aggregations` how each aggregation is reduced, `table` the pane
+tables and their change points."""
+
+from features.kernel.plan import BASE, KEY, PANE, TS, Calc, Plan, hll_cast, value_column
+from features.kernel.table import (
+    KeyDictionary,
+    Sorted,
+    Step,
+    chunk_of,
+    combine,
+    combine_sorted,
+    emit,
+    empty_table,
+    from_bytes,
+    pane_columns,
+    phase1,
+    prune,
+    read_frame,
+    step,
+    to_bytes,
+)
+
+__all__ = [
+    "BASE",
+    "KEY",
+    "PANE",
+    "TS",
+    "Calc",
+    "KeyDictionary",
+    "Plan",
+    "Sorted",
+    "Step",
+    "chunk_of",
+    "combine",
+    "combine_sorted",
+    "emit",
+    "empty_table",
+    "from_bytes",
+    "hll_cast",
+    "pane_columns",
+    "phase1",
+    "prune",
+    "read_frame",
+    "step",
+    "to_bytes",
+    "value_column",
+]

@@ -1,0 +1,410 @@
+"""Every aggregation as a mergeable partial over pane tables, vectorized in numpy: phase 1 (events of each
+(key, pane) -> partial columns), merge (partials over index ranges of a sorted pane table -> partial), finalize
+(partial -> feature value with DESIGN.md's meaning of an empty window)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from features.kernel.plan import TS, Calc
+from features.spec import AggKind, DType
+from features.spec.aggregations import DEFAULT_HLL_LG_K, DEFAULT_KLL_K
+
+# ---------------------------------------------------------------------------------------------------------
+# Range reductions: every aggregation as (phase 1 per group, merge over index ranges, finalize)
+
+
+def ranges_add(values: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Sum of values[s:e] for each (s, e); 0 for empty ranges. Queries sorted by start run in linear time."""
+    if len(starts) == 0:
+        return np.zeros(0, dtype=values.dtype)
+    padded = np.concatenate([values, np.zeros(1, dtype=values.dtype)])
+    idx = np.empty(2 * len(starts), dtype=np.int64)
+    idx[0::2], idx[1::2] = starts, ends
+    out = np.add.reduceat(padded, idx)[0::2]
+    return np.where(ends > starts, out, 0)
+
+
+def _ranges_extreme(values: np.ndarray, valid: np.ndarray, starts: np.ndarray, ends: np.ndarray, smallest: bool):
+    """min/max of the valid values in each range, and whether the range had any."""
+    count = ranges_add(valid.astype(np.int64), starts, ends)
+    if values.dtype == object:  # strings: a loop, there is no vectorized min of str
+        pick = min if smallest else max
+        out = np.empty(len(starts), dtype=object)
+        for i, (s, e) in enumerate(zip(starts, ends, strict=True)):
+            vals = values[s:e][valid[s:e]]
+            out[i] = pick(vals) if len(vals) else None
+        return out, count > 0
+    if values.dtype.kind == "f":
+        fill = np.inf if smallest else -np.inf
+    else:
+        info = np.iinfo(values.dtype)
+        fill = info.max if smallest else info.min
+    filled = np.where(valid, values, fill)
+    if len(starts) == 0:
+        return filled[:0], count > 0
+    ufunc = np.minimum if smallest else np.maximum
+    padded = np.concatenate([filled, np.array([fill], dtype=filled.dtype)])
+    idx = np.empty(2 * len(starts), dtype=np.int64)
+    idx[0::2], idx[1::2] = starts, ends
+    return ufunc.reduceat(padded, idx)[0::2], count > 0
+
+
+class Kind:
+    """How one aggregation kind is reduced. Subclasses define `parts` (partial column suffixes)."""
+
+    parts: tuple[str, ...] = ()
+
+    def phase1(self, calc: Calc, codes: np.ndarray, groups: int, mask: np.ndarray, frame: pd.DataFrame):
+        raise NotImplementedError
+
+    def merge(self, calc: Calc, cols: dict[str, np.ndarray], starts, ends, key_of_row, same_pane=False) -> dict:
+        """Merge rows [start, end) per range. `same_pane`: each range holds rows of one pane (from several
+        batches), which overlap in time."""
+        raise NotImplementedError
+
+    def finalize(self, calc: Calc, cols: dict[str, np.ndarray]) -> np.ndarray:
+        raise NotImplementedError
+
+
+def bincount(codes: np.ndarray, groups: int, weights: np.ndarray | None = None) -> np.ndarray:
+    return np.bincount(codes, weights=weights, minlength=groups)
+
+
+def _group_sum(codes: np.ndarray, groups: int, values: np.ndarray) -> np.ndarray:
+    out = np.zeros(groups, dtype=values.dtype)
+    np.add.at(out, codes, values)
+    return out
+
+
+class Count(Kind):
+    parts = ("n",)
+
+    def phase1(self, calc, codes, groups, mask, frame):
+        return {"n": bincount(codes[mask], groups).astype(np.int64)}
+
+    def merge(self, calc, cols, starts, ends, key_of_row, same_pane=False):
+        return {"n": ranges_add(cols["n"], starts, ends)}
+
+    def finalize(self, calc, cols):
+        return cols["n"]
+
+
+class Sum(Kind):
+    """sum and avg: (count of values, sum); float sums in float64, integer sums exact in int64."""
+
+    parts = ("c", "s")
+
+    def __init__(self, average: bool) -> None:
+        self.average = average
+
+    def phase1(self, calc, codes, groups, mask, frame):
+        values = frame[calc.value].to_numpy()
+        ok = mask & ~pd.isna(values)
+        dtype = np.int64 if calc.value_type is DType.INT64 and not self.average else np.float64
+        s = _group_sum(codes[ok], groups, values[ok].astype(dtype))
+        return {"c": bincount(codes[ok], groups).astype(np.int64), "s": s}
+
+    def merge(self, calc, cols, starts, ends, key_of_row, same_pane=False):
+        return {"c": ranges_add(cols["c"], starts, ends), "s": ranges_add(cols["s"], starts, ends)}
+
+    def finalize(self, calc, cols):
+        if self.average:
+            with np.errstate(invalid="ignore", divide="ignore"):
+                return _nullable(cols["s"] / np.maximum(cols["c"], 1), cols["c"] > 0)
+        return np.where(cols["c"] > 0, cols["s"], 0).astype(cols["s"].dtype)
+
+
+class Stddev(Kind):
+    """(n, mean, M2) partials merged as in Chan et al., around a per-key shift as the batch engine does."""
+
+    parts = ("n", "mean", "m2")
+
+    def phase1(self, calc, codes, groups, mask, frame):
+        values = frame[calc.value].to_numpy(dtype=np.float64, na_value=np.nan)
+        ok = mask & ~np.isnan(values)
+        c, v = codes[ok], values[ok]
+        n = bincount(c, groups)
+        mean = bincount(c, groups, v) / np.maximum(n, 1)
+        dev = v - mean[c]
+        m2 = bincount(c, groups, dev * dev)
+        return {"n": n.astype(np.int64), "mean": mean, "m2": m2}
+
+    def merge(self, calc, cols, starts, ends, key_of_row, same_pane=False):
+        n, mean, m2 = cols["n"], cols["mean"], cols["m2"]
+        # Shift by the first pane mean of each key: sums of n*d stay small, with no cancellation.
+        shift = _first_per_key(mean, n > 0, key_of_row)
+        d = np.where(n > 0, mean - shift, 0.0)
+        total = ranges_add(n, starts, ends)
+        a = ranges_add(n * d, starts, ends)
+        b = ranges_add(np.where(n > 0, m2 + n * d * d, 0.0), starts, ends)
+        safe = np.maximum(total, 1)
+        row_shift = shift[np.minimum(starts, len(shift) - 1)] if len(shift) else np.zeros(len(starts))
+        return {"n": total, "mean": np.where(total > 0, row_shift + a / safe, 0.0), "m2": b - a * a / safe}
+
+    def finalize(self, calc, cols):
+        n = cols["n"]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            value = np.sqrt(np.maximum(0.0, cols["m2"] / np.maximum(n - 1, 1)))
+        return _nullable(value, n > 1)
+
+
+def _first_per_key(values: np.ndarray, valid: np.ndarray, key_of_row: np.ndarray) -> np.ndarray:
+    """Per row: the first valid value among its key's rows (rows sorted by key), 0 if none."""
+    out = np.zeros(len(values))
+    if len(values) == 0:
+        return out
+    idx = np.flatnonzero(valid)
+    if len(idx) == 0:
+        return out
+    first_row_of_key = np.r_[0, np.flatnonzero(np.diff(key_of_row)) + 1]
+    j = np.searchsorted(idx, first_row_of_key)
+    pick = np.where(j < len(idx), idx[np.minimum(j, len(idx) - 1)], -1)
+    same_key = (pick >= 0) & (key_of_row[np.maximum(pick, 0)] == key_of_row[first_row_of_key])
+    per_key = np.where(same_key, values[np.maximum(pick, 0)], 0.0)
+    lengths = np.diff(np.r_[first_row_of_key, len(values)])
+    return np.repeat(per_key, lengths)
+
+
+class Extreme(Kind):
+    parts = ("c", "v")
+
+    def __init__(self, smallest: bool) -> None:
+        self.smallest = smallest
+
+    def phase1(self, calc, codes, groups, mask, frame):
+        values = frame[calc.value].to_numpy()
+        ok = mask & ~pd.isna(values)
+        series = pd.Series(values[ok], dtype=_pandas_dtype(calc.value_type)).groupby(codes[ok])
+        picked = series.min() if self.smallest else series.max()
+        v = np.full(groups, _empty(calc.value_type), dtype=_numpy_dtype(calc.value_type))
+        v[picked.index.to_numpy()] = picked.to_numpy()
+        return {"c": bincount(codes[ok], groups).astype(np.int64), "v": v}
+
+    def merge(self, calc, cols, starts, ends, key_of_row, same_pane=False):
+        v, present = _ranges_extreme(cols["v"], cols["c"] > 0, starts, ends, self.smallest)
+        return {"c": present.astype(np.int64), "v": v}
+
+    def finalize(self, calc, cols):
+        return _nullable(cols["v"], cols["c"] > 0)
+
+
+class ByTime(Kind):
+    """first/last: the earliest/latest (ts, value), ties on ts to the smaller/larger value. Panes cover
+    disjoint time, so over a range of panes it is the partial of the first/last pane that has one."""
+
+    parts = ("c", "t", "v")
+
+    def __init__(self, earliest: bool) -> None:
+        self.earliest = earliest
+
+    def phase1(self, calc, codes, groups, mask, frame):
+        values = frame[calc.value].to_numpy()
+        ok = mask & ~pd.isna(values)
+        rows = pd.DataFrame({"g": codes[ok], "t": frame[TS].to_numpy()[ok], "v": values[ok]})
+        rows = rows.sort_values(["g", "t", "v"], kind="stable").drop_duplicates(
+            "g", keep="first" if self.earliest else "last"
+        )
+        t = np.zeros(groups, dtype=np.int64)
+        v = np.full(groups, _empty(calc.value_type), dtype=_numpy_dtype(calc.value_type))
+        g = rows["g"].to_numpy()
+        t[g], v[g] = rows["t"].to_numpy(), rows["v"].to_numpy()
+        return {"c": bincount(codes[ok], groups).astype(np.int64), "t": t, "v": v}
+
+    def merge(self, calc, cols, starts, ends, key_of_row, same_pane=False):
+        valid = np.flatnonzero(cols["c"] > 0)
+        if len(valid) == 0:
+            return empty_partial(calc, len(starts))
+        if same_pane:
+            return self._merge_overlapping(calc, cols, starts, ends)
+        if self.earliest:
+            j = np.minimum(np.searchsorted(valid, starts), len(valid) - 1)
+            pick = valid[j]
+            ok = (pick >= starts) & (pick < ends)
+        else:
+            pick = valid[np.maximum(np.searchsorted(valid, ends) - 1, 0)]
+            ok = (pick >= starts) & (pick < ends)
+        pick = np.where(ok, pick, 0)
+        v = cols["v"][pick].copy()
+        v[~ok] = _empty(calc.value_type)
+        return {"c": ok.astype(np.int64), "t": np.where(ok, cols["t"][pick], 0), "v": v}
+
+    def _merge_overlapping(self, calc, cols, starts, ends):
+        lengths = ends - starts
+        group = np.repeat(np.arange(len(starts)), lengths)
+        row = np.repeat(starts - np.cumsum(lengths) + lengths, lengths) + np.arange(lengths.sum())
+        rows = pd.DataFrame({"g": group, "t": cols["t"][row], "v": cols["v"][row]})[cols["c"][row] > 0]
+        rows = rows.sort_values(["g", "t", "v"], kind="stable").drop_duplicates(
+            "g", keep="first" if self.earliest else "last"
+        )
+        out = empty_partial(calc, len(starts))
+        g = rows["g"].to_numpy()
+        out["c"][g], out["t"][g], out["v"][g] = 1, rows["t"].to_numpy(), rows["v"].to_numpy()
+        return out
+
+    def finalize(self, calc, cols):
+        return _nullable(cols["v"], cols["c"] > 0)
+
+
+class LastK(Kind):
+    """The k newest (ts, value) items, newest first (ties on ts: larger value first): parallel lists of
+    timestamps and values per pane. Panes cover disjoint time, so a range merges newest pane first."""
+
+    parts = ("t", "v")
+
+    def phase1(self, calc, codes, groups, mask, frame):
+        values = frame[calc.value].to_numpy()
+        ok = mask & ~pd.isna(values)
+        rows = pd.DataFrame({"g": codes[ok], "t": frame[TS].to_numpy()[ok], "v": values[ok]})
+        rows = rows.sort_values(["g", "t", "v"], ascending=[True, False, False], kind="stable")
+        rows = rows.groupby("g", sort=False).head(calc.k)
+        t, v = np.empty(groups, dtype=object), np.empty(groups, dtype=object)
+        for g, part in rows.groupby("g", sort=False):
+            t[g], v[g] = part["t"].tolist(), part["v"].tolist()
+        return {"t": t, "v": v}
+
+    def merge(self, calc, cols, starts, ends, key_of_row, same_pane=False):
+        ts, vs = cols["t"], cols["v"]
+        out_t, out_v = np.empty(len(starts), dtype=object), np.empty(len(starts), dtype=object)
+        for i, (s, e) in enumerate(zip(starts, ends, strict=True)):
+            if same_pane:  # rows of one pane overlap in time: merge their items by (ts, value)
+                items = sorted(
+                    (item for j in range(s, e) if ts[j] is not None for item in zip(ts[j], vs[j], strict=True)),
+                    reverse=True,
+                )[: calc.k]
+                if items:
+                    out_t[i], out_v[i] = [t for t, _ in items], [v for _, v in items]
+                continue
+            t: list = []
+            v: list = []
+            for j in range(e - 1, s - 1, -1):
+                if ts[j] is not None and len(ts[j]):
+                    take = calc.k - len(t)
+                    t.extend(list(ts[j][:take]))
+                    v.extend(list(vs[j][:take]))
+                    if len(t) == calc.k:
+                        break
+            if t:
+                out_t[i], out_v[i] = t, v
+        return {"t": out_t, "v": out_v}
+
+    def finalize(self, calc, cols):
+        out = np.empty(len(cols["v"]), dtype=object)
+        out[:] = [None if v is None else [x.item() if hasattr(x, "item") else x for x in v] for v in cols["v"]]
+        return out
+
+
+class Sketch(Kind):
+    """approx_count_distinct (HLL) and approx_percentile (KLL) with the DataSketches library, whose sketches
+    and hashing are the ones Spark's hll_*/kll_* functions use in the batch engine."""
+
+    parts = ("sk",)
+
+    def __init__(self, hll: bool) -> None:
+        self.hll = hll
+
+    def _new(self):
+        import datasketches as ds
+
+        return ds.hll_sketch(DEFAULT_HLL_LG_K) if self.hll else ds.kll_doubles_sketch(DEFAULT_KLL_K)
+
+    def _load(self, blob: bytes):
+        import datasketches as ds
+
+        return ds.hll_sketch.deserialize(blob) if self.hll else ds.kll_doubles_sketch.deserialize(blob)
+
+    def _bytes(self, sketch) -> bytes:
+        return sketch.serialize_compact() if self.hll else sketch.serialize()
+
+    def phase1(self, calc, codes, groups, mask, frame):
+        values = frame[calc.value].to_numpy()
+        ok = mask & ~pd.isna(values)
+        c, v = codes[ok], values[ok]
+        order = np.argsort(c, kind="stable")
+        c, v = c[order], v[order]
+        bounds = np.flatnonzero(np.diff(c)) + 1
+        out = np.empty(groups, dtype=object)
+        cast = int if calc.value_type is DType.INT64 else (float if not self.hll else str)
+        for part_c, part_v in zip(np.split(c, bounds), np.split(v, bounds), strict=True):
+            if len(part_c):
+                sketch = self._new()
+                for x in part_v.tolist():
+                    sketch.update(cast(x))
+                out[part_c[0]] = self._bytes(sketch)
+        return {"sk": out}
+
+    def merge(self, calc, cols, starts, ends, key_of_row, same_pane=False):
+        import datasketches as ds
+
+        blobs = cols["sk"]
+        out = np.empty(len(starts), dtype=object)
+        for i, (s, e) in enumerate(zip(starts, ends, strict=True)):
+            parts = [b for b in blobs[s:e] if b is not None]
+            if not parts:
+                continue
+            if self.hll:
+                union = ds.hll_union(DEFAULT_HLL_LG_K)
+                for b in parts:
+                    union.update(self._load(b))
+                out[i] = union.get_result(ds.tgt_hll_type.HLL_4).serialize_compact()
+            else:
+                merged = self._load(parts[0])
+                for b in parts[1:]:
+                    merged.merge(self._load(b))
+                out[i] = self._bytes(merged)
+        return {"sk": out}
+
+    def finalize(self, calc, cols):
+        out = np.empty(len(cols["sk"]), dtype=object)
+        for i, blob in enumerate(cols["sk"]):
+            if self.hll:
+                out[i] = 0 if blob is None else round(self._load(blob).get_estimate())
+            elif blob is not None:
+                sketch = self._load(blob)
+                out[i] = None if sketch.is_empty() else sketch.get_quantile(calc.quantile, True)  # as Spark: inclusive
+        return out.astype(np.int64) if self.hll else out
+
+
+KINDS: dict[AggKind, Kind] = {
+    AggKind.COUNT: Count(),
+    AggKind.SUM: Sum(average=False),
+    AggKind.AVG: Sum(average=True),
+    AggKind.STDDEV: Stddev(),
+    AggKind.MIN: Extreme(smallest=True),
+    AggKind.MAX: Extreme(smallest=False),
+    AggKind.FIRST: ByTime(earliest=True),
+    AggKind.LAST: ByTime(earliest=False),
+    AggKind.LAST_K: LastK(),
+    AggKind.APPROX_COUNT_DISTINCT: Sketch(hll=True),
+    AggKind.APPROX_PERCENTILE: Sketch(hll=False),
+}
+
+
+def _numpy_dtype(dtype: DType | None) -> Any:
+    return {DType.INT64: np.int64, DType.FLOAT64: np.float64}.get(dtype, object)  # type: ignore[arg-type]
+
+
+def _pandas_dtype(dtype: DType | None) -> Any:
+    return {DType.INT64: "int64", DType.FLOAT64: "float64"}.get(dtype, object)  # type: ignore[arg-type]
+
+
+def _empty(dtype: DType | None) -> Any:
+    return {DType.INT64: 0, DType.FLOAT64: np.nan}.get(dtype)  # type: ignore[arg-type]
+
+
+def _nullable(values: np.ndarray, present: np.ndarray) -> np.ndarray:
+    out = values.astype(object)
+    out[~present] = None
+    return out
+
+
+def empty_partial(calc: Calc, n: int) -> dict[str, np.ndarray]:
+    """The partial of no rows, n times."""
+    frame = pd.DataFrame({TS: np.zeros(0, dtype=np.int64)})
+    if calc.value is not None:
+        frame[calc.value] = np.zeros(0, dtype=_numpy_dtype(calc.value_type))
+    return KINDS[calc.kind].phase1(calc, np.zeros(0, dtype=np.int64), n, np.zeros(0, dtype=bool), frame)
+

@@ -1,0 +1,96 @@
+"""What the kernel knows of a group: its features as `Calc`s, the distinct `where`s, the pane length, and the
+column names of pane tables and of the kernel's input events. Built on the driver, shipped to the workers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from features.panes import MICROS, pane_length_us
+from features.spec import AggKind, DType, FeatureGroup
+
+PANE = "fx_pane"
+TS = "fx_ts"  # Spark renames pandas columns that start with "_", so the processor's start with fx_
+KEY = "fx_key"  # a join key's code in a KeyDictionary: what the stream keeps in state instead of the keys
+BASE = np.iinfo(np.int64).min  # the `fx_pane` of a key's folded Lifetime partials
+
+
+@dataclass(frozen=True)
+class Calc:
+    """One feature as the kernel computes it: which input columns it reads and its window in µs."""
+
+    name: str
+    kind: AggKind
+    condition: int  # index into Plan.conditions
+    value: str | None  # input column (already cast by Spark where the batch engine casts)
+    value_type: DType | None
+    output_type: DType
+    size_us: int | None  # None: Lifetime
+    every_us: int
+    k: int = 1
+    quantile: float = 0.5
+
+    def col(self, part: str) -> str:
+        return f"{self.name}.{part}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the processor needs to know about a group (built on the driver, shipped to the workers)."""
+
+    keys: tuple[str, ...]
+    conditions: tuple[str | None, ...]  # distinct `where`s; input column `fx_c<i>` holds each one's truth
+    calcs: tuple[Calc, ...]
+    pane_us: int
+
+    @classmethod
+    def of(cls, group: FeatureGroup, input_types: dict[str, DType]) -> Plan:
+        conds: list[str | None] = []
+        for feat in group.features:
+            if feat.where not in conds:
+                conds.append(feat.where)
+        calcs = []
+        for feat in group.features:
+            agg = feat.aggregation
+            column = agg.column
+            calcs.append(
+                Calc(
+                    name=feat.name,
+                    kind=agg.kind,
+                    condition=conds.index(feat.where),
+                    value=None if column is None else value_column(feat.aggregation.kind, column),
+                    value_type=None if column is None else input_type(agg.kind, input_types[column]),
+                    output_type=agg.output_type(None if column is None else input_types[column]),
+                    size_us=None if feat.window.size_s is None else feat.window.size_s * MICROS,
+                    every_us=feat.window.every_s * MICROS,
+                    k=agg.k or 1,
+                    quantile=agg.quantile if agg.quantile is not None else 0.5,
+                )
+            )
+        return cls(tuple(group.join_keys), tuple(conds), tuple(calcs), pane_length_us(f.window for f in group.features))
+
+    def condition_column(self, i: int) -> str | None:
+        return None if self.conditions[i] is None else f"fx_c{i}"
+
+
+def value_column(kind: AggKind, column: str) -> str:
+    """The processor's input column for a source column, named by how Spark casts it for this kind."""
+    return f"fx_v_{_CAST.get(kind, 'raw')}_{column}"
+
+
+_CAST = {AggKind.AVG: "double", AggKind.STDDEV: "double", AggKind.APPROX_PERCENTILE: "double"}
+
+
+def input_type(kind: AggKind, source_type: DType) -> DType:
+    if kind in _CAST:
+        return DType.FLOAT64
+    if kind is AggKind.APPROX_COUNT_DISTINCT and source_type not in (DType.INT64, DType.STRING):
+        return DType.STRING  # hashed by its text, as the batch engine does
+    return source_type
+
+
+def hll_cast(kind: AggKind, source_type: DType) -> bool:
+    """Whether Spark must cast this kind's input to string before the processor sees it."""
+    return kind is AggKind.APPROX_COUNT_DISTINCT and source_type not in (DType.INT64, DType.STRING)
+

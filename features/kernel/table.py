@@ -1,0 +1,378 @@
+"""Pane tables and phase 2: the one kernel that both engines run (pure numpy/pandas, no Spark).
+
+A pane table holds one row per (key, pane): the join keys (or the stream's key code `fx_key`), `fx_pane` (pane
+start, µs), `fx_n<i>` (rows passing the group's i-th distinct `where`, which decide where values may change), and
+each feature's partial columns `<feature>.<part>` (features.kernel.aggregations). One row per key may have
+`fx_pane == BASE`: the merged partials of panes that only Lifetime windows still read.
+
+The batch engine runs `phase1` and `emit` on each hash bucket of keys (all of their events at once); the stream
+runs `step` on each bucket's state once per micro-batch. The meaning of every value is DESIGN.md section 2; the
+window and pane arithmetic is `features.panes`.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from features.kernel.aggregations import KINDS, bincount, empty_partial, ranges_add
+from features.kernel.plan import BASE, KEY, PANE, TS, Calc, Plan
+
+# ---------------------------------------------------------------------------------------------------------
+# Pane tables
+
+
+def pane_columns(plan: Plan) -> list[str]:
+    """A pane table's columns."""
+    cols = [*plan.keys, PANE, *(f"fx_n{i}" for i in range(len(plan.conditions)))]
+    for calc in plan.calcs:
+        cols.extend(calc.col(p) for p in KINDS[calc.kind].parts)
+    return cols
+
+
+def phase1(plan: Plan, events: pd.DataFrame) -> pd.DataFrame:
+    """Reduce events (keys, `fx_ts` µs, `fx_c<i>` conditions, `fx_v_*` values) to one row per (key, pane)."""
+    if events.empty:
+        return empty_table(plan)
+    ts = events[TS].to_numpy(dtype=np.int64)
+    pane = ts - ts % plan.pane_us
+    keyed = events[list(plan.keys)].assign(**{PANE: pane})
+    codes, uniques = _factorize(keyed)
+    groups = len(uniques)
+    out = {c: uniques[c].to_numpy() for c in (*plan.keys, PANE)}
+    masks = []
+    for i in range(len(plan.conditions)):
+        column = plan.condition_column(i)
+        mask = np.ones(len(events), dtype=bool) if column is None else events[column].fillna(False).to_numpy(bool)
+        masks.append(mask)
+        out[f"fx_n{i}"] = bincount(codes[mask], groups).astype(np.int64)
+    for calc in plan.calcs:
+        parts = KINDS[calc.kind].phase1(calc, codes, groups, masks[calc.condition], events)
+        out.update({calc.col(p): v for p, v in parts.items()})
+    return pd.DataFrame(out)[pane_columns(plan)]
+
+
+def _factorize(frame: pd.DataFrame) -> tuple[np.ndarray, pd.DataFrame]:
+    """Group codes 0..n-1 for the distinct rows of `frame`, and those rows."""
+    if frame.shape[1] == 1:  # one key column: a hash table over it, several times faster than a groupby
+        codes = pd.factorize(frame.iloc[:, 0], use_na_sentinel=False)[0]
+    else:
+        codes = frame.groupby(list(frame.columns), sort=False, dropna=False).ngroup().to_numpy()
+    firsts = np.full(codes.max() + 1 if len(codes) else 0, -1, dtype=np.int64)
+    firsts[codes[::-1]] = np.arange(len(codes))[::-1]
+    return codes, frame.iloc[firsts].reset_index(drop=True)
+
+
+class KeyDictionary:
+    """Join keys as dense integer codes, 0, 1, 2, ... in order of first sight. The stream keeps a bucket's
+    pane tables keyed by code: sorting, taking and storing an integer costs far less than a Python string."""
+
+    def __init__(self, keys: Sequence[str], frame: pd.DataFrame | None = None) -> None:
+        self.keys = list(keys)
+        self.frame = frame if frame is not None else pd.DataFrame({k: np.empty(0, dtype=object) for k in keys})
+
+    def __len__(self) -> int:
+        return len(self.frame)
+
+    def encode(self, keys: pd.DataFrame) -> tuple[np.ndarray, pd.DataFrame]:
+        """Each row's code; keys not seen before get the next codes. Also returns those new keys, in code
+        order (what to add to the stored dictionary)."""
+        codes = self._index().get_indexer(self._index(keys[self.keys]))
+        new = codes < 0
+        if not new.any():
+            return codes.astype(np.int64), self.frame.iloc[:0]
+        fresh_codes, fresh = _factorize(keys.loc[new, self.keys].reset_index(drop=True))
+        codes[new] = len(self.frame) + fresh_codes
+        self.frame = pd.concat([self.frame, fresh], ignore_index=True) if len(self.frame) else fresh
+        return codes.astype(np.int64), fresh
+
+    def decode(self, codes: np.ndarray) -> dict[str, pa.Array]:
+        """The keys of `codes`, as Arrow arrays (taken in Arrow: the output goes to Spark that way)."""
+        indices = pa.array(codes, pa.int64())
+        return {k: pa.array(self.frame[k].to_numpy()).take(indices) for k in self.keys}
+
+    def compact(self, live: np.ndarray) -> np.ndarray:
+        """Keep only the codes in `live` (sorted, unique), renumbered 0..len-1. Returns old code -> new code."""
+        renumber = np.full(len(self.frame), -1, dtype=np.int64)
+        renumber[live] = np.arange(len(live))
+        self.frame = self.frame.iloc[live].reset_index(drop=True)
+        return renumber
+
+    def _index(self, frame: pd.DataFrame | None = None) -> pd.Index:
+        frame = self.frame if frame is None else frame
+        return pd.Index(frame.iloc[:, 0]) if len(self.keys) == 1 else pd.MultiIndex.from_frame(frame)
+
+
+def empty_table(plan: Plan) -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype=object) for c in pane_columns(plan)}).astype(
+        {**{PANE: np.int64}, **{f"fx_n{i}": np.int64 for i in range(len(plan.conditions))}}
+    )
+
+
+@dataclass
+class Sorted:
+    """A pane table sorted by (key, pane) with a dense key code per row, ready for range reductions."""
+
+    table: pd.DataFrame
+    key_code: np.ndarray
+    position: np.ndarray  # key_code * span + pane rank: sorted, so ranges are found by searchsorted
+    origin: int
+    span: int
+
+    @classmethod
+    def of(cls, plan: Plan, table: pd.DataFrame) -> Sorted:
+        codes = _key_codes(plan, table)
+        pane = table[PANE].to_numpy(dtype=np.int64)
+        real = pane[pane != BASE]
+        origin = int(real.min()) if len(real) else 0
+        rank = np.where(pane == BASE, 0, (pane - origin) // plan.pane_us + 1)
+        span = int(rank.max()) + 2 if len(rank) else 2
+        position = codes.astype(np.int64) * span + rank
+        order = np.argsort(position, kind="stable")
+        return cls(_renumbered(table.iloc[order]), codes[order], position[order], origin, span)
+
+    def locate(self, key_code: np.ndarray, at_us: np.ndarray, plan: Plan) -> np.ndarray:
+        """Index of the first row of `key_code` whose pane is >= at (at: multiples of the pane length)."""
+        rank = np.clip((at_us - self.origin) // plan.pane_us + 1, 1, self.span - 1)
+        return np.searchsorted(self.position, key_code * self.span + rank, side="left")
+
+    def key_start(self, key_code: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self.position, key_code * self.span, side="left")
+
+    def columns(self, calc: Calc) -> dict[str, np.ndarray]:
+        return {p: self.table[calc.col(p)].to_numpy() for p in KINDS[calc.kind].parts}
+
+
+def _key_codes(plan: Plan, table: pd.DataFrame) -> np.ndarray:
+    """A dense-enough integer per key: the key itself when it is already a small code (the stream's key
+    dictionary), else the order of first appearance."""
+    if len(table) == 0:
+        return np.zeros(0, np.int64)
+    if plan.keys == (KEY,):
+        return table[KEY].to_numpy(dtype=np.int64)
+    return _factorize(table[list(plan.keys)])[0]
+
+
+def _renumbered(frame: pd.DataFrame) -> pd.DataFrame:
+    """`frame` (a fresh selection of rows) indexed 0..n-1 in place: reset_index would copy every column."""
+    frame.index = pd.RangeIndex(len(frame))
+    return frame
+
+
+def combine(plan: Plan, tables: Sequence[pd.DataFrame]) -> pd.DataFrame:
+    """One row per (key, pane): rows of the same pane from several batches merged."""
+    return combine_sorted(plan, tables).table
+
+
+def combine_sorted(plan: Plan, tables: Sequence[pd.DataFrame]) -> Sorted:
+    """`combine`, sorted for range reductions (one sort serves the merge and the emit)."""
+    frames = [t for t in tables if len(t)] or [empty_table(plan)]
+    table = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+    s = Sorted.of(plan, table)
+    first = np.r_[True, np.diff(s.position) != 0]
+    if first.all():
+        return s
+    starts = np.flatnonzero(first)
+    ends = np.r_[starts[1:], len(s.position)]
+    several = np.flatnonzero(ends - starts > 1)  # most (key, pane)s got rows from one batch only: kept as they are
+    partials = _merged_partials(plan, s, starts[several], ends[several])
+    columns = {}
+    for column in s.table.columns:
+        columns[column] = s.table[column].to_numpy()[starts]
+        if column in partials:
+            columns[column][several] = partials[column]
+    merged = pd.DataFrame(columns, copy=False)
+    return Sorted(merged, s.key_code[starts], s.position[starts], s.origin, s.span)
+
+
+def _merged_partials(plan: Plan, s: Sorted, starts: np.ndarray, ends: np.ndarray) -> dict[str, np.ndarray]:
+    """Every partial column merged over rows [start, end) of `s`, each range the rows of one (key, pane)."""
+    out = {}
+    for i in range(len(plan.conditions)):
+        out[f"fx_n{i}"] = ranges_add(s.table[f"fx_n{i}"].to_numpy(dtype=np.int64), starts, ends)
+    for calc in plan.calcs:
+        merged = KINDS[calc.kind].merge(calc, s.columns(calc), starts, ends, s.key_code, same_pane=True)
+        out.update({calc.col(p): v for p, v in merged.items()})
+    return out
+
+
+def change_ends(
+    plan: Plan, table: pd.DataFrame, after_us: int | None, upto_us: int | None, clamp_us: int | None = None
+) -> pd.DataFrame:
+    """(row index, E) for every window end in (after, upto] where some feature's value may change: where a
+    pane holding rows for it enters or leaves its window (features.panes).
+
+    `clamp_us` (a backfill's range start): ends before it are moved to it, so that each key's first row of the
+    range carries the value the range starts with, without a row for every earlier end."""
+    pane = table[PANE].to_numpy(dtype=np.int64)
+    rows, ends = [], []
+    for calc in plan.calcs:
+        has = (table[f"fx_n{calc.condition}"].to_numpy(dtype=np.int64) > 0) & (pane != BASE)
+        idx = np.flatnonzero(has)
+        coarse = pane[idx] - pane[idx] % calc.every_us
+        moves = [coarse + calc.every_us]
+        if calc.size_us is not None:
+            moves.append(coarse + calc.size_us + calc.every_us)
+        for e in moves:
+            if clamp_us is not None:
+                e = np.maximum(e, clamp_us)
+            keep = np.ones(len(e), dtype=bool)
+            if after_us is not None:
+                keep &= e > after_us
+            if upto_us is not None:
+                keep &= e <= upto_us
+            rows.append(idx[keep])
+            ends.append(e[keep])
+    return pd.DataFrame({"row": np.concatenate(rows), "E": np.concatenate(ends)})
+
+
+def values_at(plan: Plan, s: Sorted, key_code: np.ndarray, ends: np.ndarray) -> dict[str, np.ndarray]:
+    """Every feature's value at window end E for each (key, E) query (sorted by key, then E)."""
+    out = {}
+    for calc in plan.calcs:
+        at = ends - ends % calc.every_us
+        hi = s.locate(key_code, at, plan)
+        lo = s.key_start(key_code) if calc.size_us is None else s.locate(key_code, at - calc.size_us, plan)
+        kind = KINDS[calc.kind]
+        out[calc.name] = kind.finalize(calc, kind.merge(calc, s.columns(calc), lo, hi, s.key_code))
+    return out
+
+
+def emit(
+    plan: Plan, table: pd.DataFrame | Sorted, after_us: int | None, upto_us: int, clamp_us: int | None = None
+) -> pd.DataFrame:
+    """The change-point rows (keys, `window_end` µs, features) with window end in (after, upto], sorted by key
+    and window end (see `change_ends` for `clamp_us`)."""
+    s = table if isinstance(table, Sorted) else Sorted.of(plan, table)
+    points = change_ends(plan, s.table, after_us, upto_us, clamp_us)
+    if points.empty:
+        return pd.DataFrame({c: [] for c in (*plan.keys, "window_end", *(c.name for c in plan.calcs))})
+    points["key"] = s.key_code[points["row"].to_numpy()]
+    points = points.drop_duplicates(["key", "E"]).sort_values(["key", "E"], kind="stable")
+    rows = points["row"].to_numpy()
+    out = {k: s.table[k].to_numpy()[rows] for k in plan.keys}
+    out["window_end"] = points["E"].to_numpy(dtype=np.int64)
+    out.update(values_at(plan, s, points["key"].to_numpy(), out["window_end"]))
+    return pd.DataFrame(out)
+
+
+def next_change(plan: Plan, table: pd.DataFrame, after_us: int) -> int | None:
+    """The first window end after `after` where a value may change (for the event-time timer)."""
+    points = change_ends(plan, table, after_us, None)
+    return None if points.empty else int(points["E"].min())
+
+
+def prune(plan: Plan, table: pd.DataFrame, upto_us: int, align_us: int | None = None) -> pd.DataFrame:
+    """Drop panes that no window ending after `upto` reads; fold those only Lifetime windows still read into
+    each key's BASE row. With `align_us`, only whole stretches of that length go (stored chunks)."""
+    cut = min(
+        (upto_us - upto_us % c.every_us) - (c.size_us if c.size_us is not None else c.every_us) for c in plan.calcs
+    )
+    if align_us:
+        cut -= cut % align_us
+    pane = table[PANE].to_numpy(dtype=np.int64)
+    old = pane < cut
+    if not old.any():
+        return table
+    keep = table[~old]
+    if all(c.size_us is not None for c in plan.calcs):
+        return _renumbered(keep)
+    folded = table[old].copy()
+    folded[PANE] = BASE
+    base = combine(plan, [folded])
+    for i in range(len(plan.conditions)):  # the base row never makes a change point
+        base[f"fx_n{i}"] = 0
+    for calc in plan.calcs:  # nor carries a Hop feature's data
+        if calc.size_us is not None:
+            base = _clear(calc, base)
+    return pd.concat([base, keep], ignore_index=True)
+
+
+def _clear(calc: Calc, table: pd.DataFrame) -> pd.DataFrame:
+    for part, values in empty_partial(calc, len(table)).items():
+        table[calc.col(part)] = values
+    return table
+
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Serialization of pane tables for the state store
+
+
+def to_bytes(table: pd.DataFrame) -> bytes:
+    """A pane table as bytes for the state store: its columns pickled as numpy arrays (far cheaper than a
+    conversion to Arrow for the many small chunks a batch writes), integer columns as offsets from their
+    smallest value in the narrowest type that holds them (key codes, panes of one hour and counts need a few
+    bytes, not eight)."""
+    return pickle.dumps({c: _narrow(table[c].to_numpy()) for c in table.columns}, protocol=5)
+
+
+def from_bytes(plan: Plan, blob: bytes) -> pd.DataFrame:
+    return read_frame(blob)[pane_columns(plan)]
+
+
+def read_frame(blob: bytes) -> pd.DataFrame:
+    """A frame written by `to_bytes`."""
+    return pd.DataFrame({c: _widen(v) for c, v in pickle.loads(blob).items()})
+
+
+def _narrow(values: np.ndarray) -> Any:
+    if values.dtype != np.int64 or len(values) == 0:
+        return values
+    low, high = int(values.min()), int(values.max())
+    for dtype in (np.uint8, np.uint16, np.uint32):
+        if high - low <= np.iinfo(dtype).max:
+            return (low, (values - low).astype(dtype))
+    return values
+
+
+def _widen(stored: Any) -> np.ndarray:
+    if isinstance(stored, tuple):
+        low, offsets = stored
+        return offsets.astype(np.int64) + low
+    return stored
+
+
+def chunk_of(table: pd.DataFrame, chunk_us: int) -> np.ndarray:
+    """Each row's chunk: its pane's time rounded down to `chunk_us` (BASE rows form their own chunk)."""
+    pane = table[PANE].to_numpy(dtype=np.int64)
+    return np.where(pane == BASE, BASE, pane - pane % chunk_us)
+
+
+@dataclass(frozen=True)
+class Step:
+    table: pd.DataFrame  # the pane table after the step
+    rows: pd.DataFrame  # change points with window end in (after, upto]
+    late: pd.DataFrame  # input events behind `after`: they would change rows already emitted
+    next_change: int | None  # the first window end after `upto` where a value may change
+
+
+def step(
+    plan: Plan,
+    table: pd.DataFrame | Sequence[pd.DataFrame],
+    events: pd.DataFrame,
+    after: int | None,
+    upto: int,
+    align_us: int | None = None,
+) -> Step:
+    """One micro-batch for one set of keys: merge the events' pane partials into the table (or its chunks, in
+    any order), emit the change points whose window end the watermark passed, and drop what no later window
+    reads.
+
+    `after` is the watermark the previous step emitted up to: an event before it is late (its change points
+    were emitted already) and is returned instead of used."""
+    late = np.zeros(len(events), dtype=bool) if after is None else events[TS].to_numpy(dtype=np.int64) < after
+    tables = [table] if isinstance(table, pd.DataFrame) else list(table)
+    merged = combine_sorted(plan, [*tables, phase1(plan, events[~late])])
+    if after is None or upto > after:
+        rows = emit(plan, merged, after, upto)
+    else:
+        rows = emit(plan, merged.table.iloc[:0], None, 0)
+    table = prune(plan, merged.table, upto, align_us)
+    return Step(table, rows, events[late], next_change(plan, table, upto))
