@@ -238,7 +238,7 @@ def derived_checks(
     checks.append(_alignment(group, range_start, table))
     for feat in group.features:
         column, kind = feat.name, feat.aggregation.kind
-        if kind in (AggKind.COUNT, AggKind.APPROX_COUNT_DISTINCT):
+        if kind in (AggKind.COUNT, AggKind.APPROX_COUNT_DISTINCT, AggKind.COUNT_DISTINCT):
             what = "count" if kind is AggKind.COUNT else "distinct count"
             name = f"integer({column})"
             checks.append(

@@ -37,7 +37,7 @@ from features.spec import AggKind
 MICROS = 1_000_000
 _EPOCH = pd.Timestamp(0, tz="UTC")
 _ONE_US = pd.Timedelta(microseconds=1)
-_NEVER_NULL = {AggKind.COUNT, AggKind.SUM, AggKind.APPROX_COUNT_DISTINCT}
+_NEVER_NULL = {AggKind.COUNT, AggKind.SUM, AggKind.APPROX_COUNT_DISTINCT, AggKind.COUNT_DISTINCT}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -364,7 +364,7 @@ def _aggregate(prepared: _FeatureRows, rows: pd.DataFrame) -> object:
     values = [v for _, v in pairs]
     if kind is AggKind.SUM:
         return sum(values) if prepared.integral else math.fsum(values)  # fsum: the correctly rounded sum
-    if kind is AggKind.APPROX_COUNT_DISTINCT:
+    if kind in (AggKind.APPROX_COUNT_DISTINCT, AggKind.COUNT_DISTINCT):
         return len(set(values))
     if not values:
         return None

@@ -78,6 +78,10 @@ GROUP_AGGS = FeatureGroup(
         Feature("qtys_last2", agg.last_k("qty", 2), window=AGGS_WINDOW, where="amount IS NOT NULL"),
         Feature("merchants", agg.approx_count_distinct("merchant_id"), window=AGGS_WINDOW),
         Feature("statuses", agg.approx_count_distinct("status"), window=AGGS_WINDOW),
+        Feature("merchants_exact", agg.count_distinct("merchant_id"), window=AGGS_WINDOW),
+        Feature("statuses_exact", agg.count_distinct("status"), window=AGGS_WINDOW, where="amount > 20"),
+        Feature("amounts_exact", agg.count_distinct("amount"), window=AGGS_WINDOW),
+        Feature("oks_exact", agg.count_distinct("ok"), window=AGGS_WINDOW),
         Feature("amount_p50", agg.approx_percentile("amount", 0.5), window=AGGS_WINDOW),
         Feature("amount_p90", agg.approx_percentile("amount", 0.9), window=AGGS_WINDOW),
         Feature("qty_p10", agg.approx_percentile("qty", 0.1), window=AGGS_WINDOW, where="status = 'APPROVED'"),
@@ -102,6 +106,9 @@ GROUP_MIXED = FeatureGroup(
         Feature("status_first_life", agg.first("status"), window=Lifetime(every="1h")),
         Feature("status_last_life", agg.last("status"), window=Lifetime(every="1h")),
         Feature("amount_min_life", agg.min("amount"), window=Lifetime(every="1h")),
+        Feature("merchants_life", agg.count_distinct("merchant_id"), window=Lifetime(every="1h")),
+        Feature("statuses_30m", agg.count_distinct("status"), window=Tumble("30m")),
+        Feature("merchants_21m", agg.count_distinct("merchant_id"), window=Hop("21m", every="7m")),
         Feature("n_30m", agg.count(), window=Tumble("30m")),
         Feature("amount_avg_30m", agg.avg("amount"), window=Tumble("30m")),
         Feature("amount_p50_30m", agg.approx_percentile("amount", 0.5), window=Tumble("30m")),
@@ -233,11 +240,7 @@ def us(t: pd.Timestamp) -> int:
 
 
 def collect_change_points(group: FeatureGroup, frame, start: pd.Timestamp, end: pd.Timestamp) -> pd.DataFrame:
-    computed = change_points(group, frame, us(start), us(end))
-    try:
-        rows = computed.rows.toPandas()
-    finally:
-        computed.panes.unpersist()
+    rows = change_points(group, frame, us(start), us(end)).rows.toPandas()
     ends = pd.to_datetime(rows[WINDOW_END])
     rows[WINDOW_END] = (ends if ends.dt.tz is not None else ends.dt.tz_localize("UTC")).astype("datetime64[us, UTC]")
     return rows.sort_values([*group.join_keys, WINDOW_END], ignore_index=True)

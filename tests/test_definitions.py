@@ -490,7 +490,7 @@ def test_composite_key_output_types():
 
 
 def test_empty_window_values():
-    zero = {AggKind.COUNT, AggKind.SUM, AggKind.APPROX_COUNT_DISTINCT}
+    zero = {AggKind.COUNT, AggKind.SUM, AggKind.APPROX_COUNT_DISTINCT, AggKind.COUNT_DISTINCT}
     assert {kind for kind in AggKind if kind.empty_is_zero} == zero
 
 

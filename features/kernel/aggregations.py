@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from features.kernel.plan import TS, Calc
 from features.spec import AggKind, DType
@@ -90,7 +92,7 @@ class Count(Kind):
         return {"n": ranges_add(cols["n"], starts, ends)}
 
     def finalize(self, calc, cols):
-        return cols["n"]
+        raise NotImplementedError("count_distinct is evaluated by `counts`, never from a merged partial")
 
 
 class Sum(Kind):
@@ -233,9 +235,7 @@ class ByTime(Kind):
         return {"c": ok.astype(np.int64), "t": np.where(ok, cols["t"][pick], 0), "v": v}
 
     def _merge_overlapping(self, calc, cols, starts, ends):
-        lengths = ends - starts
-        group = np.repeat(np.arange(len(starts)), lengths)
-        row = np.repeat(starts - np.cumsum(lengths) + lengths, lengths) + np.arange(lengths.sum())
+        group, row = range_groups(starts, ends)
         rows = pd.DataFrame({"g": group, "t": cols["t"][row], "v": cols["v"][row]})[cols["c"][row] > 0]
         rows = rows.sort_values(["g", "t", "v"], kind="stable").drop_duplicates(
             "g", keep="first" if self.earliest else "last"
@@ -368,6 +368,98 @@ class Sketch(Kind):
         return out.astype(np.int64) if self.hll else out
 
 
+_ARROW = {DType.INT64: pa.int64(), DType.FLOAT64: pa.float64(), DType.STRING: pa.string(), DType.BOOL: pa.bool_()}
+
+
+def arrow_lists(group: np.ndarray, values: np.ndarray, groups: int, dtype: DType | None) -> Any:
+    """One Arrow list per group 0..groups-1 of the `values` (given sorted by `group`): a pane-table column of
+    variable-length partials, built and flattened without a Python loop."""
+    offsets = np.zeros(groups + 1, dtype=np.int64)
+    np.cumsum(np.bincount(group, minlength=groups), out=offsets[1:])
+    flat = pa.array(values, _ARROW.get(dtype))  # type: ignore[arg-type]
+    return pd.arrays.ArrowExtensionArray(pa.LargeListArray.from_arrays(pa.array(offsets), flat))
+
+
+def flatten(lists: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(row of each item, the items) of a column of Arrow lists."""
+    array = pa.array(lists)
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    rows = pc.list_parent_indices(array).to_numpy()
+    items = pc.list_flatten(array).to_numpy(zero_copy_only=False)
+    return rows.astype(np.int64), items
+
+
+def range_groups(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For ranges [start, end) of rows: (range number, row) of every row they hold."""
+    lengths = ends - starts
+    group = np.repeat(np.arange(len(starts)), lengths)
+    row = np.repeat(starts - np.cumsum(lengths) + lengths, lengths) + np.arange(lengths.sum())
+    return group, row
+
+
+class CountDistinct(Kind):
+    """Exact distinct non-null values (Chronon's unique_count). A pane's partial is the list of its distinct
+    values. A value counts at window end E while some pane holding it is in the window, so per (key, value) the
+    panes' windows merge into covered stretches, and the count at E is the stretches begun minus those ended:
+    linear in distinct (key, value, pane), whatever the window length."""
+
+    parts = ("vals",)
+
+    def phase1(self, calc, codes, groups, mask, frame):
+        values = frame[calc.value].to_numpy()
+        ok = mask & ~pd.isna(values)
+        pairs = pd.DataFrame({"g": codes[ok], "v": values[ok]}).drop_duplicates().sort_values("g", kind="stable")
+        return {"vals": arrow_lists(pairs["g"].to_numpy(), pairs["v"].to_numpy(), groups, calc.value_type)}
+
+    def merge(self, calc, cols, starts, ends, key_of_row, same_pane=False):
+        group, row = range_groups(starts, ends)
+        parent, items = flatten(cols["vals"])
+        range_of_row = np.full(len(cols["vals"]), -1, dtype=np.int64)  # the ranges are disjoint
+        range_of_row[row] = group
+        take = range_of_row[parent] >= 0
+        pairs = pd.DataFrame({"g": range_of_row[parent[take]], "v": items[take]}).drop_duplicates()
+        pairs = pairs.sort_values("g", kind="stable")
+        return {"vals": arrow_lists(pairs["g"].to_numpy(), pairs["v"].to_numpy(), len(starts), calc.value_type)}
+
+    def counts(
+        self,
+        calc: Calc,
+        lists: Any,
+        key_code: np.ndarray,
+        rank: np.ndarray,
+        queries: np.ndarray,
+        query_rank: np.ndarray,
+        pane_us: int,
+    ) -> np.ndarray:
+        """The count at each query (key code, window-end rank), rows ranked as in `table.Sorted`."""
+        parent, items = flatten(lists)
+        if len(items) == 0:
+            return np.zeros(len(queries), dtype=np.int64)
+        kc, vc, r = key_code[parent], pd.factorize(items)[0], rank[parent]
+        order = np.lexsort((r, vc, kc))
+        kc, vc, r = kc[order], vc[order], r[order]
+        same = np.r_[False, (kc[1:] == kc[:-1]) & (vc[1:] == vc[:-1])]
+        width = None if calc.size_us is None else calc.size_us // pane_us
+        # A pane of rank r is in the windows whose end has rank r+1 .. r+width.
+        begins = ~same if width is None else ~same | (np.r_[0, np.diff(r)] > width)
+        first = np.flatnonzero(begins)
+        pad = 2 + (width or 0)
+        span = int(max(r.max(), query_rank.max(initial=0), 0)) + 2 * pad + 2
+        start_pos = np.sort(kc[first] * span + r[first] + 1 + pad)
+        key_base = queries * span
+        q = queries * span + np.clip(query_rank, -pad, span - 2 * pad) + pad
+        count = np.searchsorted(start_pos, q, "right") - np.searchsorted(start_pos, key_base, "right")
+        if width is not None:
+            last = np.r_[first[1:] - 1, len(r) - 1]
+            end_pos = np.sort(kc[first] * span + r[last] + width + 1 + pad)
+            count -= np.searchsorted(end_pos, q, "right") - np.searchsorted(end_pos, key_base, "right")
+        return count.astype(np.int64)
+
+    def finalize(self, calc, cols):
+        raise NotImplementedError("count_distinct is evaluated by `counts`, never from a merged partial")
+
+
 KINDS: dict[AggKind, Kind] = {
     AggKind.COUNT: Count(),
     AggKind.SUM: Sum(average=False),
@@ -380,6 +472,7 @@ KINDS: dict[AggKind, Kind] = {
     AggKind.LAST_K: LastK(),
     AggKind.APPROX_COUNT_DISTINCT: Sketch(hll=True),
     AggKind.APPROX_PERCENTILE: Sketch(hll=False),
+    AggKind.COUNT_DISTINCT: CountDistinct(),
 }
 
 
@@ -407,4 +500,3 @@ def empty_partial(calc: Calc, n: int) -> dict[str, np.ndarray]:
     if calc.value is not None:
         frame[calc.value] = np.zeros(0, dtype=_numpy_dtype(calc.value_type))
     return KINDS[calc.kind].phase1(calc, np.zeros(0, dtype=np.int64), n, np.zeros(0, dtype=bool), frame)
-

@@ -93,4 +93,3 @@ def input_type(kind: AggKind, source_type: DType) -> DType:
 def hll_cast(kind: AggKind, source_type: DType) -> bool:
     """Whether Spark must cast this kind's input to string before the processor sees it."""
     return kind is AggKind.APPROX_COUNT_DISTINCT and source_type not in (DType.INT64, DType.STRING)
-

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from features.kernel.aggregations import KINDS, bincount, empty_partial, ranges_add
+from features.kernel.aggregations import KINDS, CountDistinct, bincount, empty_partial, ranges_add
 from features.kernel.plan import BASE, KEY, PANE, TS, Calc, Plan
 
 # ---------------------------------------------------------------------------------------------------------
@@ -145,8 +145,13 @@ class Sorted:
     def key_start(self, key_code: np.ndarray) -> np.ndarray:
         return np.searchsorted(self.position, key_code * self.span, side="left")
 
-    def columns(self, calc: Calc) -> dict[str, np.ndarray]:
-        return {p: self.table[calc.col(p)].to_numpy() for p in KINDS[calc.kind].parts}
+    def columns(self, calc: Calc) -> dict[str, Any]:
+        return {p: _values(self.table[calc.col(p)]) for p in KINDS[calc.kind].parts}
+
+
+def _values(column: pd.Series) -> Any:
+    """A column's values: numpy, or Arrow for the lists of variable-length partials."""
+    return column.array if isinstance(column.dtype, pd.ArrowDtype) else column.to_numpy()
 
 
 def _key_codes(plan: Plan, table: pd.DataFrame) -> np.ndarray:
@@ -184,7 +189,14 @@ def combine_sorted(plan: Plan, tables: Sequence[pd.DataFrame]) -> Sorted:
     partials = _merged_partials(plan, s, starts[several], ends[several])
     columns = {}
     for column in s.table.columns:
-        columns[column] = s.table[column].to_numpy()[starts]
+        values = _values(s.table[column])
+        if isinstance(values, pd.arrays.ArrowExtensionArray):  # immutable lists: taken, then patched
+            taken = values.take(starts)
+            if column in partials:
+                taken[several] = partials[column]
+            columns[column] = taken
+            continue
+        columns[column] = values[starts]
         if column in partials:
             columns[column][several] = partials[column]
     merged = pd.DataFrame(columns, copy=False)
@@ -240,6 +252,12 @@ def values_at(plan: Plan, s: Sorted, key_code: np.ndarray, ends: np.ndarray) -> 
         hi = s.locate(key_code, at, plan)
         lo = s.key_start(key_code) if calc.size_us is None else s.locate(key_code, at - calc.size_us, plan)
         kind = KINDS[calc.kind]
+        if isinstance(kind, CountDistinct):
+            rank = s.position - s.key_code * s.span
+            query_rank = (at - s.origin) // plan.pane_us + 1
+            lists = s.table[calc.col("vals")].array
+            out[calc.name] = kind.counts(calc, lists, s.key_code, rank, key_code, query_rank, plan.pane_us)
+            continue
         out[calc.name] = kind.finalize(calc, kind.merge(calc, s.columns(calc), lo, hi, s.key_code))
     return out
 
@@ -300,7 +318,6 @@ def _clear(calc: Calc, table: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
-
 # ---------------------------------------------------------------------------------------------------------
 # Serialization of pane tables for the state store
 
@@ -310,7 +327,7 @@ def to_bytes(table: pd.DataFrame) -> bytes:
     conversion to Arrow for the many small chunks a batch writes), integer columns as offsets from their
     smallest value in the narrowest type that holds them (key codes, panes of one hour and counts need a few
     bytes, not eight)."""
-    return pickle.dumps({c: _narrow(table[c].to_numpy()) for c in table.columns}, protocol=5)
+    return pickle.dumps({c: _narrow(_values(table[c])) for c in table.columns}, protocol=5)
 
 
 def from_bytes(plan: Plan, blob: bytes) -> pd.DataFrame:
@@ -322,7 +339,9 @@ def read_frame(blob: bytes) -> pd.DataFrame:
     return pd.DataFrame({c: _widen(v) for c, v in pickle.loads(blob).items()})
 
 
-def _narrow(values: np.ndarray) -> Any:
+def _narrow(values: Any) -> Any:
+    if isinstance(values, pd.arrays.ArrowExtensionArray):
+        return pa.array(values)  # lists of variable-length partials pickle as Arrow
     if values.dtype != np.int64 or len(values) == 0:
         return values
     low, high = int(values.min()), int(values.max())
@@ -336,6 +355,8 @@ def _widen(stored: Any) -> np.ndarray:
     if isinstance(stored, tuple):
         low, offsets = stored
         return offsets.astype(np.int64) + low
+    if isinstance(stored, pa.Array):
+        return pd.arrays.ArrowExtensionArray(stored)
     return stored
 
 

@@ -21,11 +21,12 @@ class AggKind(Enum):
     APPROX_COUNT_DISTINCT = "approx_count_distinct"
     APPROX_PERCENTILE = "approx_percentile"
     LAST_K = "last_k"
+    COUNT_DISTINCT = "count_distinct"
 
     @property
     def empty_is_zero(self) -> bool:
         """An empty window gives 0 for these and null for every other aggregation."""
-        return self in (AggKind.COUNT, AggKind.SUM, AggKind.APPROX_COUNT_DISTINCT)
+        return self in (AggKind.COUNT, AggKind.SUM, AggKind.APPROX_COUNT_DISTINCT, AggKind.COUNT_DISTINCT)
 
 
 _NUMERIC_ONLY = {AggKind.SUM, AggKind.AVG, AggKind.STDDEV, AggKind.APPROX_PERCENTILE}
@@ -85,7 +86,7 @@ class Aggregation:
     def output_type(self, input_type: DType | None) -> DType:
         """The logical type of the feature value, given the input column type."""
         kind = self.kind
-        if kind in (AggKind.COUNT, AggKind.APPROX_COUNT_DISTINCT):
+        if kind in (AggKind.COUNT, AggKind.APPROX_COUNT_DISTINCT, AggKind.COUNT_DISTINCT):
             return DType.INT64
         if kind in (AggKind.AVG, AggKind.STDDEV, AggKind.APPROX_PERCENTILE):
             return DType.FLOAT64
@@ -148,6 +149,12 @@ class agg:  # noqa: N801 - used as a namespace: agg.count(), agg.sum("amount")
     def approx_count_distinct(column: str) -> Aggregation:
         """Distinct values, estimated with a mergeable HLL sketch."""
         return Aggregation(AggKind.APPROX_COUNT_DISTINCT, column)
+
+    @staticmethod
+    def count_distinct(column: str) -> Aggregation:
+        """The exact number of distinct non-null values (a value counts while any pane holding it is in the
+        window)."""
+        return Aggregation(AggKind.COUNT_DISTINCT, column)
 
     @staticmethod
     def approx_percentile(column: str, q: float) -> Aggregation:
