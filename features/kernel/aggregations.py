@@ -92,7 +92,7 @@ class Count(Kind):
         return {"n": ranges_add(cols["n"], starts, ends)}
 
     def finalize(self, calc, cols):
-        raise NotImplementedError("count_distinct is evaluated by `counts`, never from a merged partial")
+        return cols["n"]
 
 
 class Sum(Kind):

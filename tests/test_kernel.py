@@ -1,4 +1,4 @@
-"""The streaming engine's pane arithmetic (features.engine.pane_table) against the brute-force reference,
+"""The kernel (features.kernel) as the stream runs it, against the brute-force reference,
 without Spark: events delivered in shuffled micro-batches behind a moving watermark, the emitted change
 points looked up as-of, at every change point and between them."""
 
