@@ -96,6 +96,8 @@ def check_against_reference(group: FeatureGroup, rows: pd.DataFrame, events: pd.
         for feat in group.features:
             exact = expect[feat.name]
             value = None if got is None else got[feat.name]
+            if value is pd.NA:  # a null in an Arrow-backed column (last_k's lists)
+                value = None
             kind = feat.aggregation.kind
             if got is None:
                 empty = 0 if kind.empty_is_zero else None

@@ -61,7 +61,7 @@ def run_bucket(events: pa.Table, *, job: BucketJob) -> pa.Table:
     """One kernel call (applyInArrow): a bucket's events -> its keys' change points."""
     panes = kernel.phase1(job.plan, events.drop_columns([BUCKET]).to_pandas())
     rows = kernel.emit(job.plan, panes, None, job.hi, clamp_us=job.lo)
-    arrays = {name: pa.array(rows[name].to_numpy(), _ARROW_TYPES[t]) for name, t in job.output.items()}
+    arrays = {name: kernel.to_arrow(rows[name], _ARROW_TYPES[t]) for name, t in job.output.items()}
     arrays[END_US] = pa.array(rows[WINDOW_END].to_numpy(), pa.int64())
     return pa.table(arrays)
 

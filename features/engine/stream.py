@@ -351,7 +351,7 @@ class PaneProcessor(StatefulProcessor):
         codes = rows[pt.KEY].to_numpy(dtype=np.int64)
         out: dict[str, Any] = keys.decode(codes)
         for c in rows.columns.drop(pt.KEY):
-            out[c] = rows[c].to_numpy()
+            out[c] = pt.to_arrow(rows[c], self.output[c]) if c in self.output else rows[c].to_numpy()
         # Rows come sorted by key, then window end: a key's newest row is the last before the key changes.
         out[LATEST] = np.r_[codes[1:] != codes[:-1], True] if len(codes) else np.zeros(0, dtype=bool)
         return self._out(ROW, len(rows), out)

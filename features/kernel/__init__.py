@@ -18,6 +18,7 @@ from features.kernel.table import (
     prune,
     read_frame,
     step,
+    to_arrow,
     to_bytes,
 )
 
@@ -43,6 +44,7 @@ __all__ = [
     "prune",
     "read_frame",
     "step",
+    "to_arrow",
     "to_bytes",
     "value_column",
 ]

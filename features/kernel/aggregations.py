@@ -250,8 +250,9 @@ class ByTime(Kind):
 
 
 class LastK(Kind):
-    """The k newest (ts, value) items, newest first (ties on ts: larger value first): parallel lists of
-    timestamps and values per pane. Panes cover disjoint time, so a range merges newest pane first."""
+    """The k newest (ts, value) items, newest first (ties on ts: larger value first). A pane's partial is its
+    k newest items as Arrow lists, oldest first, so that the items of consecutive panes (which cover disjoint
+    time) lie in time order when flattened: a window's k newest are the last k items of its rows' slice."""
 
     parts = ("t", "v")
 
@@ -259,42 +260,68 @@ class LastK(Kind):
         values = frame[calc.value].to_numpy()
         ok = mask & ~pd.isna(values)
         rows = pd.DataFrame({"g": codes[ok], "t": frame[TS].to_numpy()[ok], "v": values[ok]})
-        rows = rows.sort_values(["g", "t", "v"], ascending=[True, False, False], kind="stable")
-        rows = rows.groupby("g", sort=False).head(calc.k)
-        t, v = np.empty(groups, dtype=object), np.empty(groups, dtype=object)
-        for g, part in rows.groupby("g", sort=False):
-            t[g], v[g] = part["t"].tolist(), part["v"].tolist()
-        return {"t": t, "v": v}
+        return self._newest(calc, rows, groups)
+
+    def _newest(self, calc: Calc, rows: pd.DataFrame, groups: int) -> dict[str, Any]:
+        rows = rows.sort_values(["g", "t", "v"], kind="stable").groupby("g", sort=False).tail(calc.k)
+        g = rows["g"].to_numpy()
+        return {
+            "t": arrow_lists(g, rows["t"].to_numpy(dtype=np.int64), groups, DType.INT64),
+            "v": arrow_lists(g, rows["v"].to_numpy(), groups, calc.value_type),
+        }
 
     def merge(self, calc, cols, starts, ends, key_of_row, same_pane=False):
-        ts, vs = cols["t"], cols["v"]
-        out_t, out_v = np.empty(len(starts), dtype=object), np.empty(len(starts), dtype=object)
-        for i, (s, e) in enumerate(zip(starts, ends, strict=True)):
-            if same_pane:  # rows of one pane overlap in time: merge their items by (ts, value)
-                items = sorted(
-                    (item for j in range(s, e) if ts[j] is not None for item in zip(ts[j], vs[j], strict=True)),
-                    reverse=True,
-                )[: calc.k]
-                if items:
-                    out_t[i], out_v[i] = [t for t, _ in items], [v for _, v in items]
-                continue
-            t: list = []
-            v: list = []
-            for j in range(e - 1, s - 1, -1):
-                if ts[j] is not None and len(ts[j]):
-                    take = calc.k - len(t)
-                    t.extend(list(ts[j][:take]))
-                    v.extend(list(vs[j][:take]))
-                    if len(t) == calc.k:
-                        break
-            if t:
-                out_t[i], out_v[i] = t, v
-        return {"t": out_t, "v": out_v}
+        t, v = _large_lists(cols["t"]), _large_lists(cols["v"])
+        if same_pane:  # rows of one pane overlap in time: merge their items by (ts, value)
+            group, row = range_groups(starts, ends)
+            range_of_row = np.full(len(t), -1, dtype=np.int64)
+            range_of_row[row] = group
+            parent = pc.list_parent_indices(t).to_numpy()
+            take = range_of_row[parent] >= 0
+            items = pd.DataFrame(
+                {
+                    "g": range_of_row[parent[take]],
+                    "t": pc.list_flatten(t).to_numpy()[take],
+                    "v": pc.list_flatten(v).to_numpy(zero_copy_only=False)[take],
+                }
+            )
+            return self._newest(calc, items, len(starts))
+        offsets = t.offsets.to_numpy()
+        first, last = offsets[starts], offsets[ends]  # the ranges' items: flat [first, last)
+        n = np.minimum(last - first, calc.k)
+        out_offsets = np.zeros(len(starts) + 1, dtype=np.int64)
+        np.cumsum(n, out=out_offsets[1:])
+        pick = np.repeat(last - n - out_offsets[:-1], n) + np.arange(out_offsets[-1])
+        flat = pa.array(pick)
+        return {
+            "t": pd.arrays.ArrowExtensionArray(
+                pa.LargeListArray.from_arrays(pa.array(out_offsets), pc.list_flatten(t).take(flat))
+            ),
+            "v": pd.arrays.ArrowExtensionArray(
+                pa.LargeListArray.from_arrays(pa.array(out_offsets), pc.list_flatten(v).take(flat))
+            ),
+        }
 
     def finalize(self, calc, cols):
-        out = np.empty(len(cols["v"]), dtype=object)
-        out[:] = [None if v is None else [x.item() if hasattr(x, "item") else x for x in v] for v in cols["v"]]
-        return out
+        """Newest first, null for an empty window (an Arrow list column)."""
+        v = _large_lists(cols["v"])
+        offsets = v.offsets.to_numpy()
+        n = np.diff(offsets)
+        # within each list, the items in reverse: list start + (list end - 1 - flat position)
+        reverse = np.repeat(offsets[:-1] + offsets[1:] - 1, n) - np.arange(offsets[-1]) if len(n) else np.zeros(0)
+        items = pc.list_flatten(v).take(pa.array(reverse.astype(np.int64)))
+        mask = pa.array(n == 0)
+        return pd.arrays.ArrowExtensionArray(pa.LargeListArray.from_arrays(pa.array(offsets), items, mask=mask))
+
+
+def _large_lists(column: Any) -> Any:
+    """A column of Arrow lists as one LargeListArray whose offsets start at 0."""
+    array = pa.array(column)
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    if array.offset or (len(array) and array.offsets[0].as_py()):
+        array = pa.concat_arrays([array])  # a slice: copied so that offsets start at 0
+    return array
 
 
 class Sketch(Kind):

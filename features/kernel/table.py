@@ -149,6 +149,15 @@ class Sorted:
         return {p: _values(self.table[calc.col(p)]) for p in KINDS[calc.kind].parts}
 
 
+def to_arrow(column: pd.Series, arrow_type: pa.DataType) -> pa.Array:
+    """A column of kernel output as an Arrow array of `arrow_type` (the type Spark expects)."""
+    if isinstance(column.dtype, pd.ArrowDtype):
+        array = pa.array(column)
+        array = array.combine_chunks() if isinstance(array, pa.ChunkedArray) else array
+        return array.cast(arrow_type)
+    return pa.array(column.to_numpy(), arrow_type, from_pandas=True)
+
+
 def _values(column: pd.Series) -> Any:
     """A column's values: numpy, or Arrow for the lists of variable-length partials."""
     return column.array if isinstance(column.dtype, pd.ArrowDtype) else column.to_numpy()
