@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 
 from features.kernel.plan import TS, Calc
 from features.spec import AggKind, DType
-from features.spec.aggregations import DEFAULT_HLL_LG_K, DEFAULT_KLL_K
+from features.spec.aggregations import DEFAULT_KLL_K
 
 # ---------------------------------------------------------------------------------------------------------
 # Range reductions: every aggregation as (phase 1 per group, merge over index ranges, finalize)
@@ -324,43 +324,26 @@ def _large_lists(column: Any) -> Any:
     return array
 
 
-class Sketch(Kind):
-    """approx_count_distinct (HLL) and approx_percentile (KLL) with the DataSketches library, whose sketches
-    and hashing are the ones Spark's hll_*/kll_* functions use in the batch engine."""
+class Quantiles(Kind):
+    """approx_percentile with the DataSketches library's KLL sketch (Spark's kll_* functions use the same)."""
 
     parts = ("sk",)
 
-    def __init__(self, hll: bool) -> None:
-        self.hll = hll
-
-    def _new(self):
-        import datasketches as ds
-
-        return ds.hll_sketch(DEFAULT_HLL_LG_K) if self.hll else ds.kll_doubles_sketch(DEFAULT_KLL_K)
-
-    def _load(self, blob: bytes):
-        import datasketches as ds
-
-        return ds.hll_sketch.deserialize(blob) if self.hll else ds.kll_doubles_sketch.deserialize(blob)
-
-    def _bytes(self, sketch) -> bytes:
-        return sketch.serialize_compact() if self.hll else sketch.serialize()
-
     def phase1(self, calc, codes, groups, mask, frame):
+        import datasketches as ds
+
         values = frame[calc.value].to_numpy()
         ok = mask & ~pd.isna(values)
-        c, v = codes[ok], values[ok]
+        c, v = codes[ok], values[ok].astype(np.float64)
         order = np.argsort(c, kind="stable")
         c, v = c[order], v[order]
         bounds = np.flatnonzero(np.diff(c)) + 1
         out = np.empty(groups, dtype=object)
-        cast = int if calc.value_type is DType.INT64 else (float if not self.hll else str)
         for part_c, part_v in zip(np.split(c, bounds), np.split(v, bounds), strict=True):
             if len(part_c):
-                sketch = self._new()
-                for x in part_v.tolist():
-                    sketch.update(cast(x))
-                out[part_c[0]] = self._bytes(sketch)
+                sketch = ds.kll_doubles_sketch(DEFAULT_KLL_K)
+                sketch.update(part_v)  # the whole pane's values in one call
+                out[part_c[0]] = sketch.serialize()
         return {"sk": out}
 
     def merge(self, calc, cols, starts, ends, key_of_row, same_pane=False):
@@ -370,29 +353,22 @@ class Sketch(Kind):
         out = np.empty(len(starts), dtype=object)
         for i, (s, e) in enumerate(zip(starts, ends, strict=True)):
             parts = [b for b in blobs[s:e] if b is not None]
-            if not parts:
-                continue
-            if self.hll:
-                union = ds.hll_union(DEFAULT_HLL_LG_K)
-                for b in parts:
-                    union.update(self._load(b))
-                out[i] = union.get_result(ds.tgt_hll_type.HLL_4).serialize_compact()
-            else:
-                merged = self._load(parts[0])
+            if parts:
+                merged = ds.kll_doubles_sketch.deserialize(parts[0])
                 for b in parts[1:]:
-                    merged.merge(self._load(b))
-                out[i] = self._bytes(merged)
+                    merged.merge(ds.kll_doubles_sketch.deserialize(b))
+                out[i] = merged.serialize()
         return {"sk": out}
 
     def finalize(self, calc, cols):
+        import datasketches as ds
+
         out = np.empty(len(cols["sk"]), dtype=object)
         for i, blob in enumerate(cols["sk"]):
-            if self.hll:
-                out[i] = 0 if blob is None else round(self._load(blob).get_estimate())
-            elif blob is not None:
-                sketch = self._load(blob)
-                out[i] = None if sketch.is_empty() else sketch.get_quantile(calc.quantile, True)  # as Spark: inclusive
-        return out.astype(np.int64) if self.hll else out
+            if blob is not None:
+                sketch = ds.kll_doubles_sketch.deserialize(blob)
+                out[i] = None if sketch.is_empty() else sketch.get_quantile(calc.quantile, True)  # inclusive
+        return out
 
 
 _ARROW = {DType.INT64: pa.int64(), DType.FLOAT64: pa.float64(), DType.STRING: pa.string(), DType.BOOL: pa.bool_()}
@@ -436,8 +412,13 @@ class CountDistinct(Kind):
     def phase1(self, calc, codes, groups, mask, frame):
         values = frame[calc.value].to_numpy()
         ok = mask & ~pd.isna(values)
-        pairs = pd.DataFrame({"g": codes[ok], "v": values[ok]}).drop_duplicates().sort_values("g", kind="stable")
-        return {"vals": arrow_lists(pairs["g"].to_numpy(), pairs["v"].to_numpy(), groups, calc.value_type)}
+        items, dtype = self.items(calc, values[ok])
+        pairs = pd.DataFrame({"g": codes[ok], "v": items}).drop_duplicates().sort_values("g", kind="stable")
+        return {"vals": arrow_lists(pairs["g"].to_numpy(), pairs["v"].to_numpy(), groups, dtype)}
+
+    def items(self, calc: Calc, values: np.ndarray) -> tuple[np.ndarray, DType | None]:
+        """What a pane keeps of its values: the values themselves."""
+        return values, calc.value_type
 
     def merge(self, calc, cols, starts, ends, key_of_row, same_pane=False):
         group, row = range_groups(starts, ends)
@@ -447,7 +428,11 @@ class CountDistinct(Kind):
         take = range_of_row[parent] >= 0
         pairs = pd.DataFrame({"g": range_of_row[parent[take]], "v": items[take]}).drop_duplicates()
         pairs = pairs.sort_values("g", kind="stable")
-        return {"vals": arrow_lists(pairs["g"].to_numpy(), pairs["v"].to_numpy(), len(starts), calc.value_type)}
+        dtype = pa.array(cols["vals"]).type.value_type
+        flat = pa.array(pairs["v"].to_numpy(), dtype)
+        offsets = np.zeros(len(starts) + 1, dtype=np.int64)
+        np.cumsum(np.bincount(pairs["g"].to_numpy(), minlength=len(starts)), out=offsets[1:])
+        return {"vals": pd.arrays.ArrowExtensionArray(pa.LargeListArray.from_arrays(pa.array(offsets), flat))}
 
     def counts(
         self,
@@ -487,6 +472,18 @@ class CountDistinct(Kind):
         raise NotImplementedError("count_distinct is evaluated by `counts`, never from a merged partial")
 
 
+
+class HashedDistinct(CountDistinct):
+    """approx_count_distinct: the exact count of distinct 64-bit hashes of the values, computed as
+    count_distinct is. Hashes merge in numpy, in any order, to the same result (batch = stream, bit for bit);
+    the only error is a hash collision, with probability below n^2 / 2^65 for n distinct values (under
+    1e-7 for a million), far inside an HLL sketch's 1.6%. A pane keeps 8 bytes per distinct value it holds."""
+
+    def items(self, calc: Calc, values: np.ndarray) -> tuple[np.ndarray, DType | None]:
+        hashes = pd.util.hash_array(values, categorize=False) if len(values) else np.zeros(0, np.uint64)
+        return hashes.view(np.int64), DType.INT64
+
+
 KINDS: dict[AggKind, Kind] = {
     AggKind.COUNT: Count(),
     AggKind.SUM: Sum(average=False),
@@ -497,8 +494,8 @@ KINDS: dict[AggKind, Kind] = {
     AggKind.FIRST: ByTime(earliest=True),
     AggKind.LAST: ByTime(earliest=False),
     AggKind.LAST_K: LastK(),
-    AggKind.APPROX_COUNT_DISTINCT: Sketch(hll=True),
-    AggKind.APPROX_PERCENTILE: Sketch(hll=False),
+    AggKind.APPROX_COUNT_DISTINCT: HashedDistinct(),
+    AggKind.APPROX_PERCENTILE: Quantiles(),
     AggKind.COUNT_DISTINCT: CountDistinct(),
 }
 

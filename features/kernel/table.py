@@ -261,7 +261,7 @@ def values_at(plan: Plan, s: Sorted, key_code: np.ndarray, ends: np.ndarray) -> 
         hi = s.locate(key_code, at, plan)
         lo = s.key_start(key_code) if calc.size_us is None else s.locate(key_code, at - calc.size_us, plan)
         kind = KINDS[calc.kind]
-        if isinstance(kind, CountDistinct):
+        if isinstance(kind, CountDistinct):  # and approx_count_distinct
             rank = s.position - s.key_code * s.span
             query_rank = (at - s.origin) // plan.pane_us + 1
             lists = s.table[calc.col("vals")].array
