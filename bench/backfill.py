@@ -2,6 +2,7 @@
 
     python bench/backfill.py [--events 2000000] [--users 10000] [--days 2]
     python bench/backfill.py --scale [--sizes 1000000,4000000,16000000]
+    python bench/backfill.py --mixed    (the demo's mixed groups and each aggregation alone: bench/mixed.py)
 
 Measured in one run on the same data and session, so only the ratios mean anything:
   * naive 24h/5m  vs  two-phase 24h/5m   (required: two-phase >= 30x faster)
@@ -328,11 +329,18 @@ def main() -> int:
     parser.add_argument("--scale", action="store_true", help="measure how the backfill grows with the events")
     parser.add_argument("--sizes", default="1000000,4000000,16000000", help="event counts for --scale")
     parser.add_argument("--repeats", type=int, default=3, help="runs per size for --scale")
+    parser.add_argument("--mixed", action="store_true", help="the demo's mixed groups and each aggregation alone")
+    parser.add_argument("--sample", type=int, default=1000, help="users the naive query of --mixed's single aggs reads")
     parser.add_argument("--no-save", action="store_true", help="do not update bench/RESULTS.md")
     args = parser.parse_args()
 
     spark = get_spark("bench-backfill")
-    if args.scale:
+    if args.mixed:
+        from mixed import mixed
+
+        lines, ok = mixed(spark, args.events, args.users, 3.0, min(args.runs, 3), args.sample)
+        title = "Mixed groups (bench/backfill.py --mixed)"
+    elif args.scale:
         lines = scale(spark, [int(n) for n in args.sizes.split(",")], args.days, args.repeats)
         ok, title = True, "Backfill scale (bench/backfill.py --scale)"
     else:

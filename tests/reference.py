@@ -37,6 +37,8 @@ from features.spec import AggKind
 MICROS = 1_000_000
 _EPOCH = pd.Timestamp(0, tz="UTC")
 _ONE_US = pd.Timedelta(microseconds=1)
+# approx_percentile's documented accuracy: within 1% of the exact value, relative (features.agg.approx_percentile)
+PERCENTILE_RELATIVE_ERROR = 0.01
 _NEVER_NULL = {AggKind.COUNT, AggKind.SUM, AggKind.APPROX_COUNT_DISTINCT, AggKind.COUNT_DISTINCT}
 
 
@@ -413,7 +415,7 @@ def reference_value(
     Each call rescans `events`; for many lookups use `reference_frame`, which prepares the rows once.
 
     approx_count_distinct is the exact distinct count; approx_percentile is the exact lower quantile
-    (numpy method="inverted_cdf"); judge a sketch's estimate with `rank_error` instead.
+    (numpy method="inverted_cdf"); judge an estimate with `percentile_ok`.
     """
     prepared = _prepare(events, group, feature_name)
     return _aggregate(prepared, _window_rows(prepared, key, t))
@@ -428,6 +430,11 @@ def reference_window_values(
     if column is None:
         raise ValueError(f"feature {feature_name!r} is a count() and reads no column")
     return sorted(v for _, v in _pairs(_window_rows(prepared, key, t), column))
+
+
+def percentile_ok(estimate: float, exact: float) -> bool:
+    """An approx_percentile estimate is within the documented relative accuracy of the exact quantile."""
+    return abs(estimate - exact) <= PERCENTILE_RELATIVE_ERROR * abs(exact) * (1 + 1e-9)
 
 
 def rank_error(sorted_values: Sequence[Any], estimate: float, q: float) -> float:

@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from reference import rank_error, reference_frame, reference_window_values, to_micros
+from reference import percentile_ok, reference_frame, to_micros
 
 from features import Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, Tumble, agg
 from features.engine.batch import change_points
@@ -341,13 +341,6 @@ def _native(value: Any) -> Any:
     return value.item() if isinstance(value, np.generic) else value
 
 
-def hll_ok(estimate: int, exact: int) -> bool:
-    """approx_count_distinct: exact for small counts, within 3% otherwise."""
-    if exact <= 100:
-        return estimate == exact
-    return abs(estimate - exact) <= 0.03 * exact
-
-
 def compare_value(feature: Feature, found: bool, got: Any, want: Any) -> str | None:
     """None if the engine's value matches the reference, else a description of the difference.
     `found` is False when no row precedes t: the engine says the window is empty."""
@@ -357,14 +350,12 @@ def compare_value(feature: Feature, found: bool, got: Any, want: Any) -> str | N
     elif _is_null(got):
         got = None
     got, want = _native(got), _native(want)
-    if kind is AggKind.APPROX_PERCENTILE:
-        return None  # judged on rank error, see check_percentiles
     if want is None:
         return None if got is None else f"got {got!r}, want null"
     if got is None:
         return f"got null, want {want!r}"
-    if kind is AggKind.APPROX_COUNT_DISTINCT:
-        return None if hll_ok(int(got), int(want)) else f"got {got}, exact {want}"
+    if kind is AggKind.APPROX_PERCENTILE:
+        return None if percentile_ok(float(got), float(want)) else f"got {got!r}, exact {want!r}"
     if kind in (AggKind.SUM, AggKind.AVG) and isinstance(want, float):
         return None if math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-7) else f"got {got!r}, want {want!r}"
     if kind is AggKind.STDDEV:
@@ -407,42 +398,6 @@ def check_against_reference(
     return want.assign(_found=found, **{f"got_{f.name}": got[f.name] for f in group.features})
 
 
-def check_percentiles(
-    events: pd.DataFrame, group: FeatureGroup, looked_up: pd.DataFrame, max_checks: int = 150, seed: int = 0
-) -> int:
-    """approx_percentile: null exactly when the window has no values, else rank error <= 0.02."""
-    rng = np.random.default_rng(seed)
-    picks = rng.choice(len(looked_up), min(max_checks, len(looked_up)), replace=False)
-    # A window's values depend on its key's events only: hand the reference just those (much faster).
-    keys = list(group.join_keys)
-    by_key = {
-        tuple(_native(v) for v in (k if isinstance(k, tuple) else (k,))): part for k, part in events.groupby(keys)
-    }
-    checked, problems = 0, []
-    for feat in group.features:
-        agg_ = feat.aggregation
-        if agg_.kind is not AggKind.APPROX_PERCENTILE:
-            continue
-        for i in picks:
-            row = looked_up.iloc[int(i)]
-            key = tuple(row[k] for k in group.join_keys)
-            values = reference_window_values(by_key[tuple(_native(k) for k in key)], group, feat.name, key, row["t"])
-            got = row[f"got_{feat.name}"] if row["_found"] else None
-            if not values:
-                if not _is_null(got):
-                    problems.append(f"{feat.name} key={key} t={row['t']}: got {got!r}, want null")
-                continue
-            if _is_null(got):
-                problems.append(f"{feat.name} key={key} t={row['t']}: got null for {len(values)} values")
-                continue
-            error = rank_error(values, float(got), agg_.quantile)
-            checked += 1
-            if error > 0.02:
-                problems.append(f"{feat.name} key={key} t={row['t']}: rank error {error:.4f} over {len(values)}")
-    assert not problems, f"{len(problems)} percentile problems, e.g.:\n" + "\n".join(problems[:15])
-    return checked
-
-
 def all_keys(group: FeatureGroup) -> list[tuple]:
     frame = EVENTS[list(group.join_keys)].drop_duplicates()
     return [tuple(_native(v) for v in row) for row in frame.itertuples(index=False)]
@@ -458,11 +413,10 @@ def test_every_aggregation_matches_reference(computed, range_name: str) -> None:
     start, end = RANGES[range_name]
     looked_up = check_against_reference(EVENTS, GROUP_AGGS, rows, start, end, all_keys(GROUP_AGGS), seed=1)
     assert len(looked_up) > 500
-    assert check_percentiles(EVENTS, GROUP_AGGS, looked_up, seed=1) > 100
     # The data exercised what it was built for.
     if range_name == "full":
         dense = looked_up[looked_up["user_id"] == "u3"]
-        assert dense["n"].max() > 400  # sketches compacted, merchants past HLL's exact range
+        assert dense["n"].max() > 400  # large windows: many panes, many distinct values
         assert dense["merchants"].max() > 400
         nulls = looked_up[(looked_up["user_id"] == "u_null") & (looked_up["n"] > 0)]
         assert len(nulls) > 10 and nulls["amount_avg"].isna().all()  # rows in the window, all values null
@@ -474,8 +428,7 @@ def test_every_aggregation_matches_reference(computed, range_name: str) -> None:
 def test_mixed_windows_and_every_in_one_group(computed, range_name: str) -> None:
     rows = computed(GROUP_MIXED, range_name)
     start, end = RANGES[range_name]
-    looked_up = check_against_reference(EVENTS, GROUP_MIXED, rows, start, end, all_keys(GROUP_MIXED), seed=2)
-    check_percentiles(EVENTS, GROUP_MIXED, looked_up, seed=2)
+    check_against_reference(EVENTS, GROUP_MIXED, rows, start, end, all_keys(GROUP_MIXED), seed=2)
 
 
 @pytest.mark.parametrize("range_name", ["full", "odd"])

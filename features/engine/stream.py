@@ -351,7 +351,13 @@ class PaneProcessor(StatefulProcessor):
         codes = rows[pt.KEY].to_numpy(dtype=np.int64)
         out: dict[str, Any] = keys.decode(codes)
         for c in rows.columns.drop(pt.KEY):
-            out[c] = pt.to_arrow(rows[c], self.output[c]) if c in self.output else rows[c].to_numpy()
+            arrow_type = self.output.get(c)
+            if arrow_type is None:
+                out[c] = rows[c].to_numpy()
+            elif pa.types.is_nested(arrow_type):  # PySpark converts nested values one by one, from Python lists
+                out[c] = pd.Series(pt.to_arrow(rows[c], arrow_type).to_pylist(), dtype=object).to_numpy()
+            else:
+                out[c] = pt.to_arrow(rows[c], arrow_type)
         # Rows come sorted by key, then window end: a key's newest row is the last before the key changes.
         out[LATEST] = np.r_[codes[1:] != codes[:-1], True] if len(codes) else np.zeros(0, dtype=bool)
         return self._out(ROW, len(rows), out)

@@ -11,9 +11,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from features.kernel import quantiles
 from features.kernel.plan import TS, Calc
 from features.spec import AggKind, DType
-from features.spec.aggregations import DEFAULT_KLL_K
 
 # ---------------------------------------------------------------------------------------------------------
 # Range reductions: every aggregation as (phase 1 per group, merge over index ranges, finalize)
@@ -70,6 +70,10 @@ class Kind:
 
     def finalize(self, calc: Calc, cols: dict[str, np.ndarray]) -> np.ndarray:
         raise NotImplementedError
+
+    def window(self, calc: Calc, cols: dict[str, Any], starts, ends, key_of_row) -> Any:
+        """The feature's value over the rows of each range [start, end) (a window's panes)."""
+        return self.finalize(calc, self.merge(calc, cols, starts, ends, key_of_row))
 
 
 def bincount(codes: np.ndarray, groups: int, weights: np.ndarray | None = None) -> np.ndarray:
@@ -325,50 +329,45 @@ def _large_lists(column: Any) -> Any:
 
 
 class Quantiles(Kind):
-    """approx_percentile with the DataSketches library's KLL sketch (Spark's kll_* functions use the same)."""
+    """approx_percentile: a pane's partial is its values' counts per logarithmic bucket, as Arrow lists of
+    (bucket code, count); a window's quantile is a weighted order statistic over its rows' entries, within 1%
+    of the exact value (features.kernel.quantiles)."""
 
-    parts = ("sk",)
+    parts = ("b", "c")
 
     def phase1(self, calc, codes, groups, mask, frame):
-        import datasketches as ds
+        values = frame[calc.value].to_numpy(dtype=np.float64, na_value=np.nan)
+        ok = mask & ~np.isnan(values)
+        return self._counted(codes[ok], quantiles.bucket_codes(values[ok]), None, groups)
 
-        values = frame[calc.value].to_numpy()
-        ok = mask & ~pd.isna(values)
-        c, v = codes[ok], values[ok].astype(np.float64)
-        order = np.argsort(c, kind="stable")
-        c, v = c[order], v[order]
-        bounds = np.flatnonzero(np.diff(c)) + 1
-        out = np.empty(groups, dtype=object)
-        for part_c, part_v in zip(np.split(c, bounds), np.split(v, bounds), strict=True):
-            if len(part_c):
-                sketch = ds.kll_doubles_sketch(DEFAULT_KLL_K)
-                sketch.update(part_v)  # the whole pane's values in one call
-                out[part_c[0]] = sketch.serialize()
-        return {"sk": out}
+    def _counted(self, group: np.ndarray, bucket: np.ndarray, weight: np.ndarray | None, groups: int) -> dict:
+        """(bucket, count) lists per group from one entry per value (or per weighted entry)."""
+        packed = group.astype(np.int64) * (1 << quantiles.BITS) + (bucket.astype(np.int64) + quantiles.SHIFT)
+        unique, inverse = np.unique(packed, return_inverse=True)
+        counts = np.bincount(inverse, weights=weight, minlength=len(unique)).astype(np.int64)
+        g = unique >> quantiles.BITS
+        b = (unique & ((1 << quantiles.BITS) - 1)) - quantiles.SHIFT
+        return {"b": arrow_lists(g, b, groups, DType.INT64), "c": arrow_lists(g, counts, groups, DType.INT64)}
 
     def merge(self, calc, cols, starts, ends, key_of_row, same_pane=False):
-        import datasketches as ds
+        group, row = range_groups(starts, ends)
+        range_of_row = np.full(len(cols["b"]), -1, dtype=np.int64)
+        range_of_row[row] = group
+        parent, buckets = flatten(cols["b"])
+        counts = flatten(cols["c"])[1]
+        take = range_of_row[parent] >= 0
+        return self._counted(range_of_row[parent[take]], buckets[take], counts[take], len(starts))
 
-        blobs = cols["sk"]
-        out = np.empty(len(starts), dtype=object)
-        for i, (s, e) in enumerate(zip(starts, ends, strict=True)):
-            parts = [b for b in blobs[s:e] if b is not None]
-            if parts:
-                merged = ds.kll_doubles_sketch.deserialize(parts[0])
-                for b in parts[1:]:
-                    merged.merge(ds.kll_doubles_sketch.deserialize(b))
-                out[i] = merged.serialize()
-        return {"sk": out}
+    def window(self, calc, cols, starts, ends, key_of_row):
+        lists = _large_lists(cols["b"])
+        offsets = lists.offsets.to_numpy()
+        buckets = pc.list_flatten(lists).to_numpy()
+        counts = pc.list_flatten(_large_lists(cols["c"])).to_numpy()
+        value, n = quantiles.window_quantiles(buckets, counts, offsets[starts], offsets[ends], calc.quantile)
+        return _nullable(value, n > 0)
 
     def finalize(self, calc, cols):
-        import datasketches as ds
-
-        out = np.empty(len(cols["sk"]), dtype=object)
-        for i, blob in enumerate(cols["sk"]):
-            if blob is not None:
-                sketch = ds.kll_doubles_sketch.deserialize(blob)
-                out[i] = None if sketch.is_empty() else sketch.get_quantile(calc.quantile, True)  # inclusive
-        return out
+        raise NotImplementedError("approx_percentile is evaluated over a window's rows by `window`")
 
 
 _ARROW = {DType.INT64: pa.int64(), DType.FLOAT64: pa.float64(), DType.STRING: pa.string(), DType.BOOL: pa.bool_()}

@@ -233,13 +233,13 @@ def change_ends(
     range carries the value the range starts with, without a row for every earlier end."""
     pane = table[PANE].to_numpy(dtype=np.int64)
     rows, ends = [], []
-    for calc in plan.calcs:
-        has = (table[f"fx_n{calc.condition}"].to_numpy(dtype=np.int64) > 0) & (pane != BASE)
+    for condition, every_us, size_us in dict.fromkeys((c.condition, c.every_us, c.size_us) for c in plan.calcs):
+        has = (table[f"fx_n{condition}"].to_numpy(dtype=np.int64) > 0) & (pane != BASE)
         idx = np.flatnonzero(has)
-        coarse = pane[idx] - pane[idx] % calc.every_us
-        moves = [coarse + calc.every_us]
-        if calc.size_us is not None:
-            moves.append(coarse + calc.size_us + calc.every_us)
+        coarse = pane[idx] - pane[idx] % every_us
+        moves = [coarse + every_us]
+        if size_us is not None:
+            moves.append(coarse + size_us + every_us)
         for e in moves:
             if clamp_us is not None:
                 e = np.maximum(e, clamp_us)
@@ -256,10 +256,15 @@ def change_ends(
 def values_at(plan: Plan, s: Sorted, key_code: np.ndarray, ends: np.ndarray) -> dict[str, np.ndarray]:
     """Every feature's value at window end E for each (key, E) query (sorted by key, then E)."""
     out = {}
+    ranges: dict[tuple[int, int | None], tuple[np.ndarray, np.ndarray]] = {}  # per window shape: [lo, hi) rows
     for calc in plan.calcs:
         at = ends - ends % calc.every_us
-        hi = s.locate(key_code, at, plan)
-        lo = s.key_start(key_code) if calc.size_us is None else s.locate(key_code, at - calc.size_us, plan)
+        shape = (calc.every_us, calc.size_us)
+        if shape not in ranges:
+            hi = s.locate(key_code, at, plan)
+            lo = s.key_start(key_code) if calc.size_us is None else s.locate(key_code, at - calc.size_us, plan)
+            ranges[shape] = lo, hi
+        lo, hi = ranges[shape]
         kind = KINDS[calc.kind]
         if isinstance(kind, CountDistinct):  # and approx_count_distinct
             rank = s.position - s.key_code * s.span
@@ -267,7 +272,7 @@ def values_at(plan: Plan, s: Sorted, key_code: np.ndarray, ends: np.ndarray) -> 
             lists = s.table[calc.col("vals")].array
             out[calc.name] = kind.counts(calc, lists, s.key_code, rank, key_code, query_rank, plan.pane_us)
             continue
-        out[calc.name] = kind.finalize(calc, kind.merge(calc, s.columns(calc), lo, hi, s.key_code))
+        out[calc.name] = kind.window(calc, s.columns(calc), lo, hi, s.key_code)
     return out
 
 
@@ -280,12 +285,16 @@ def emit(
     points = change_ends(plan, s.table, after_us, upto_us, clamp_us)
     if points.empty:
         return pd.DataFrame({c: [] for c in (*plan.keys, "window_end", *(c.name for c in plan.calcs))})
-    points["key"] = s.key_code[points["row"].to_numpy()]
-    points = points.drop_duplicates(["key", "E"]).sort_values(["key", "E"], kind="stable")
-    rows = points["row"].to_numpy()
-    out = {k: s.table[k].to_numpy()[rows] for k in plan.keys}
-    out["window_end"] = points["E"].to_numpy(dtype=np.int64)
-    out.update(values_at(plan, s, points["key"].to_numpy(), out["window_end"]))
+    row, end = points["row"].to_numpy(), points["E"].to_numpy(dtype=np.int64)
+    key = s.key_code[row]
+    # One sort for (key, E) unique and in order: ends are multiples of the pane length, so (key, E) packs into
+    # one integer.
+    step = (end - end.min()) // plan.pane_us
+    _, first = np.unique(key * (int(step.max()) + 1) + step, return_index=True)
+    row, end, key = row[first], end[first], key[first]
+    out = {k: s.table[k].to_numpy()[row] for k in plan.keys}
+    out["window_end"] = end
+    out.update(values_at(plan, s, key, end))
     return pd.DataFrame(out)
 
 

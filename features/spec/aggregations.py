@@ -33,8 +33,6 @@ _NUMERIC_ONLY = {AggKind.SUM, AggKind.AVG, AggKind.STDDEV, AggKind.APPROX_PERCEN
 _ORDERABLE = {AggKind.MIN, AggKind.MAX}
 _SCALAR_INPUTS = {DType.INT64, DType.FLOAT64, DType.STRING, DType.BOOL}
 
-DEFAULT_HLL_LG_K = 12  # about 1.6% relative standard error, 4 KiB per sketch
-DEFAULT_KLL_K = 200  # about 1.3% normalized rank error
 
 
 @dataclass(frozen=True)
@@ -147,7 +145,7 @@ class agg:  # noqa: N801 - used as a namespace: agg.count(), agg.sum("amount")
 
     @staticmethod
     def approx_count_distinct(column: str) -> Aggregation:
-        """Distinct values, estimated with a mergeable HLL sketch."""
+        """Distinct values, counted as distinct 64-bit hashes (exact but for hash collisions: below n^2 / 2^65)."""
         return Aggregation(AggKind.APPROX_COUNT_DISTINCT, column)
 
     @staticmethod
@@ -158,7 +156,8 @@ class agg:  # noqa: N801 - used as a namespace: agg.count(), agg.sum("amount")
 
     @staticmethod
     def approx_percentile(column: str, q: float) -> Aggregation:
-        """The `q` quantile, estimated with a mergeable KLL sketch."""
+        """The `q` quantile (the value of rank ceil(q n)), estimated within 1% relative from counts per
+        logarithmic bucket (a DDSketch-style mergeable sketch)."""
         return Aggregation(AggKind.APPROX_PERCENTILE, column, quantile=q)
 
     @staticmethod
