@@ -67,7 +67,7 @@ LANDED = "fx_landed"  # when an event's file landed (Kafka: the record's timesta
 # output row carries every column, and these would be null on all but one row per bucket.
 STAT_FIELDS = ("bucket", "state_rows", "state_bytes", "events", "watermark", "landed")
 CHUNK_US = 3600 * 1_000_000  # pane tables are stored in chunks of one hour of panes
-STATE_FORMAT = 2  # the layout of a bucket's state; saved with the checkpoint (1: pane tables keyed by the keys)
+STATE_FORMAT = 3  # the layout of a bucket's state, saved with the checkpoint (2: DataSketches partials; 1: by key)
 COMPACT_SLACK = 1024  # codes of departed keys a bucket's key dictionary may hold beyond twice its live keys
 STATE_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 KAFKA_PACKAGE = "org.apache.spark:spark-sql-kafka-0-10_2.13:{version}"

@@ -21,6 +21,7 @@ import numpy as np
 ALPHA = 0.01
 GAMMA = (1 + ALPHA) / (1 - ALPHA)
 _LOG_GAMMA = math.log(GAMMA)
+_LOG_MIDDLE = math.log(2 / (GAMMA + 1))  # a bucket (gamma^(i-1), gamma^i] is represented by 2 gamma^i / (gamma + 1)
 _OFFSET = 40_000  # > |ceil(log_gamma(x))| for every positive double x: bucket codes of x > 0 are positive
 BITS = 18  # codes + SHIFT < 2**18
 SHIFT = 2 * _OFFSET
@@ -39,7 +40,8 @@ def bucket_codes(values: np.ndarray) -> np.ndarray:
 def bucket_values(codes: np.ndarray) -> np.ndarray:
     """The representative value of each bucket code."""
     magnitude = np.abs(codes.astype(np.int64))
-    value = np.where(magnitude > 0, 2 * GAMMA ** (magnitude - _OFFSET).astype(np.float64) / (GAMMA + 1), 0.0)
+    # exp of a sum of logs: gamma^i alone overflows for the largest doubles' bucket
+    value = np.where(magnitude > 0, np.exp((magnitude - _OFFSET) * _LOG_GAMMA + _LOG_MIDDLE), 0.0)
     return np.where(codes < 0, -value, value)
 
 

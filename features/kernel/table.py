@@ -287,10 +287,9 @@ def emit(
         return pd.DataFrame({c: [] for c in (*plan.keys, "window_end", *(c.name for c in plan.calcs))})
     row, end = points["row"].to_numpy(), points["E"].to_numpy(dtype=np.int64)
     key = s.key_code[row]
-    # One sort for (key, E) unique and in order: ends are multiples of the pane length, so (key, E) packs into
-    # one integer.
-    step = (end - end.min()) // plan.pane_us
-    _, first = np.unique(key * (int(step.max()) + 1) + step, return_index=True)
+    order = np.lexsort((end, key))
+    row, end, key = row[order], end[order], key[order]
+    first = np.r_[True, (key[1:] != key[:-1]) | (end[1:] != end[:-1])]  # each (key, E) once
     row, end, key = row[first], end[first], key[first]
     out = {k: s.table[k].to_numpy()[row] for k in plan.keys}
     out["window_end"] = end
