@@ -38,10 +38,12 @@ def bucket_codes(values: np.ndarray) -> np.ndarray:
 
 
 def bucket_values(codes: np.ndarray) -> np.ndarray:
-    """The representative value of each bucket code."""
-    magnitude = np.abs(codes.astype(np.int64))
-    # exp of a sum of logs: gamma^i alone overflows for the largest doubles' bucket
-    value = np.where(magnitude > 0, np.exp((magnitude - _OFFSET) * _LOG_GAMMA + _LOG_MIDDLE), 0.0)
+    """The representative value of each bucket code. Computed with scalar math for each distinct code: numpy's
+    vectorized exp may round the last bit differently by an element's position in the array, and every engine
+    must return the same bits. (exp of a sum of logs: gamma^i alone overflows for the largest doubles' bucket.)"""
+    distinct, inverse = np.unique(np.abs(codes.astype(np.int64)), return_inverse=True)
+    values = [0.0 if c == 0 else math.exp((c - _OFFSET) * _LOG_GAMMA + _LOG_MIDDLE) for c in distinct.tolist()]
+    value = np.array(values, dtype=np.float64)[inverse.reshape(-1)]
     return np.where(codes < 0, -value, value)
 
 
