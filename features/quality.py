@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from features.errors import ConfigError, DefinitionError, ValidationFailed
+from features.kernel.quantiles import ALPHA
 from features.spec import WINDOW_END, AggKind, Feature, FeatureGroup
 
 if TYPE_CHECKING:
@@ -76,6 +77,8 @@ ALIGNED = f"aligned({WINDOW_END})"
 # ---------------------------------------------------------------------------------------------------------
 # The suite derived from the definitions
 
+# approx_percentile's estimate is within ALPHA of the exact quantile (features.kernel.quantiles)
+PERCENTILE_SLACK = ALPHA / (1 - ALPHA) * (1 + 1e-9)
 
 @dataclass(frozen=True)
 class DerivedCheck:
@@ -181,22 +184,6 @@ def _between(
     return DerivedCheck(name, expectation, unexpected_sql=condition)
 
 
-def _at_least(group: FeatureGroup, name: str, a: str, b: str, description: str) -> DerivedCheck:
-    """a >= b on rows where both are present (exact: used for values that are items of the same data)."""
-    import great_expectations.expectations as gxe
-
-    expectation = gxe.ExpectColumnPairValuesAToBeGreaterThanB(
-        column_A=a,
-        column_B=b,
-        or_equal=True,
-        ignore_row_if="either_value_is_missing",
-        description=description,
-        meta=_meta(group, name),
-    )
-    condition = f"{_q(a)} IS NOT NULL AND {_q(b)} IS NOT NULL AND NOT ({_q(a)} >= {_q(b)})"
-    return DerivedCheck(name, expectation, unexpected_sql=condition)
-
-
 def _same_values(a: Feature, b: Feature) -> bool:
     """Whether two features aggregate the same rows (column, window and filter)."""
     return (a.aggregation.column, a.window, a.where) == (b.aggregation.column, b.window, b.where)
@@ -266,17 +253,28 @@ def derived_checks(
                 _between(group, f"finite({column})", column, 0, FINITE, f"{column} is finite and not negative")
             )
         elif kind is AggKind.APPROX_PERCENTILE:
-            low = _companions(group, feat, AggKind.MIN)
-            high = _companions(group, feat, AggKind.MAX)
-            if low is not None:
-                checks.append(
-                    _at_least(group, f"at_least({column}, {low.name})", column, low.name, f"{column} >= {low.name}")
-                )
-            if high is not None:
-                checks.append(
-                    _at_least(group, f"at_most({column}, {high.name})", high.name, column, f"{column} <= {high.name}")
-                )
+            checks.extend(_percentile_bounds(group, feat))
     return checks
+
+
+def _percentile_bounds(group: FeatureGroup, feat: Feature) -> list[DerivedCheck]:
+    """A percentile lies between the min and the max of the same values, up to its estimate's accuracy: within
+    ALPHA of the exact quantile x, so |estimate - x| <= ALPHA / (1 - ALPHA) * |estimate|."""
+    low = _companions(group, feat, AggKind.MIN)
+    high = _companions(group, feat, AggKind.MAX)
+    p = _q(feat.name)
+    slack = f"{PERCENTILE_SLACK!r} * abs({p})"
+    out = []
+    for bound, op, sign, word in ((low, "<", "-", "at_least"), (high, ">", "+", "at_most")):
+        if bound is None:
+            continue
+        b = _q(bound.name)
+        condition = f"{p} IS NOT NULL AND {b} IS NOT NULL AND {p} {op} {b} {sign} {slack}"
+        name = f"{word}({feat.name}, {bound.name})"
+        description = f"{feat.name} {'>=' if op == '<' else '<='} {bound.name} (up to the estimate's 1% accuracy)"
+        query = f"SELECT * FROM {{batch}} WHERE {condition}"
+        out.append(DerivedCheck(name, _unexpected_rows(query, description, group, name), unexpected_sql=condition))
+    return out
 
 
 def _average_bounds(group: FeatureGroup, feat: Feature) -> list[DerivedCheck]:

@@ -88,9 +88,8 @@ def test_suite_is_derived_from_the_definitions() -> None:
     # The average lies between the min and max of the same window; the 1d average has no such companions.
     assert types["within(avg_1h, min_1h, max_1h)"] == "unexpected_rows_expectation"
     assert not any(name.startswith("within(avg_1d") for name in checks)
-    low, high = checks["at_least(p90_1h, min_1h)"], checks["at_most(p90_1h, max_1h)"]
-    assert (low.column_A, low.column_B, low.or_equal) == ("p90_1h", "min_1h", True)
-    assert (high.column_A, high.column_B, high.or_equal) == ("max_1h", "p90_1h", True)
+    # A percentile lies between them too, up to its estimate's 1% accuracy.
+    assert types["at_least(p90_1h, min_1h)"] == types["at_most(p90_1h, max_1h)"] == "unexpected_rows_expectation"
     # Every derived expectation says what it checks (that is its name in reports and Data Docs).
     assert all(e.description for e in checks.values())
 
