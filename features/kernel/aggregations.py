@@ -33,13 +33,11 @@ def ranges_add(values: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.n
 def _ranges_extreme(values: np.ndarray, valid: np.ndarray, starts: np.ndarray, ends: np.ndarray, smallest: bool):
     """min/max of the valid values in each range, and whether the range had any."""
     count = ranges_add(valid.astype(np.int64), starts, ends)
-    if values.dtype == object:  # strings: a loop, there is no vectorized min of str
-        pick = min if smallest else max
-        out = np.empty(len(starts), dtype=object)
-        for i, (s, e) in enumerate(zip(starts, ends, strict=True)):
-            vals = values[s:e][valid[s:e]]
-            out[i] = pick(vals) if len(vals) else None
-        return out, count > 0
+    if values.dtype == object:  # strings: reduced as their ranks in sorted order, then mapped back
+        ranks, distinct = pd.factorize(np.where(valid, values, None), sort=True, use_na_sentinel=True)
+        picked, present = _ranges_extreme(ranks.astype(np.int64), valid, starts, ends, smallest)
+        out = np.asarray(distinct, dtype=object)[np.where(present, picked, 0)] if len(distinct) else picked
+        return np.where(present, out, None), present
     if values.dtype.kind == "f":
         fill = np.inf if smallest else -np.inf
     else:
