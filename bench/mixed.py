@@ -52,9 +52,12 @@ ALONE = {
     "count_distinct": agg.count_distinct("merchant_id"),
 }
 ALONE_DEFINITIONS = """
-from fraud import transactions, user
-from features import Feature, FeatureGroup, Hop, agg
+from pathlib import Path
 
+from fraud import transactions, user
+from features import Feature, FeatureGroup, Hop, agg, to_feast
+
+HERE = Path(__file__).resolve().parent
 WINDOW = Hop("24h", every="5m")
 {groups}
 """
@@ -75,7 +78,8 @@ def make_repo(events: int, users: int, days: float) -> Repo:
     shutil.copy(FRAUD, REPO / "fraud.py")
     groups = "\n".join(
         f'alone_{name} = FeatureGroup("alone_{name}", user, transactions, '
-        f'[Feature("{name}_24h", agg.{aggregation.describe()[4:]}, window=WINDOW)])'
+        f'[Feature("{name}_24h", agg.{aggregation.describe()[4:]}, window=WINDOW)])\n'
+        f"_, alone_{name}_source, alone_{name}_view = to_feast(alone_{name}, repo_root=HERE)"
         for name, aggregation in ALONE.items()
     )
     (REPO / "alone.py").write_text(ALONE_DEFINITIONS.format(groups=groups))
