@@ -36,7 +36,7 @@ def kernel_inputs(group: FeatureGroup, types: dict[str, DType], plan: kernel.Pla
             continue
         seen.add(calc.value)
         column = F.col(feat.aggregation.column)  # type: ignore[arg-type]
-        if kernel.hll_cast(calc.kind, types[feat.aggregation.column]):  # type: ignore[index]
+        if kernel.text_cast(calc.kind, types[feat.aggregation.column]):  # type: ignore[index]
             column = column.cast("string")
         elif calc.value_type is DType.FLOAT64:
             column = column.cast("double")

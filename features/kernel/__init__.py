@@ -2,7 +2,7 @@
 Spark. `plan` says what a group computes, `aggregations` how each aggregation is reduced, `table` the pane
 tables and their change points."""
 
-from features.kernel.plan import BASE, KEY, PANE, TS, Calc, Plan, hll_cast, value_column
+from features.kernel.plan import BASE, KEY, PANE, TS, Calc, Plan, text_cast, value_column
 from features.kernel.table import (
     KeyDictionary,
     Sorted,
@@ -38,7 +38,7 @@ __all__ = [
     "emit",
     "empty_table",
     "from_bytes",
-    "hll_cast",
+    "text_cast",
     "pane_columns",
     "phase1",
     "prune",

@@ -11,7 +11,7 @@ from features.panes import MICROS, pane_length_us
 from features.spec import AggKind, DType, FeatureGroup
 
 PANE = "fx_pane"
-TS = "fx_ts"  # Spark renames pandas columns that start with "_", so the processor's start with fx_
+TS = "fx_ts"  # Spark renames pandas columns that start with "_", so the kernel's start with fx_
 KEY = "fx_key"  # a join key's code in a KeyDictionary: what the stream keeps in state instead of the keys
 BASE = np.iinfo(np.int64).min  # the `fx_pane` of a key's folded Lifetime partials
 
@@ -37,7 +37,7 @@ class Calc:
 
 @dataclass(frozen=True)
 class Plan:
-    """What the processor needs to know about a group (built on the driver, shipped to the workers)."""
+    """What the kernel needs to know about a group (built on the driver, shipped to the workers)."""
 
     keys: tuple[str, ...]
     conditions: tuple[str | None, ...]  # distinct `where`s; input column `fx_c<i>` holds each one's truth
@@ -75,7 +75,7 @@ class Plan:
 
 
 def value_column(kind: AggKind, column: str) -> str:
-    """The processor's input column for a source column, named by how Spark casts it for this kind."""
+    """The kernel's input column for a source column, named by how Spark casts it for this kind."""
     return f"fx_v_{_CAST.get(kind, 'raw')}_{column}"
 
 
@@ -86,10 +86,10 @@ def input_type(kind: AggKind, source_type: DType) -> DType:
     if kind in _CAST:
         return DType.FLOAT64
     if kind is AggKind.APPROX_COUNT_DISTINCT and source_type not in (DType.INT64, DType.STRING):
-        return DType.STRING  # hashed by its text, as the batch engine does
+        return DType.STRING  # floats and booleans are hashed by their text
     return source_type
 
 
-def hll_cast(kind: AggKind, source_type: DType) -> bool:
-    """Whether Spark must cast this kind's input to string before the processor sees it."""
-    return kind is AggKind.APPROX_COUNT_DISTINCT and source_type not in (DType.INT64, DType.STRING)
+def text_cast(kind: AggKind, source_type: DType) -> bool:
+    """Whether Spark casts this kind's input to string before the kernel sees it."""
+    return input_type(kind, source_type) is DType.STRING and source_type is not DType.STRING
