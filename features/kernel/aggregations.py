@@ -443,6 +443,10 @@ class CountDistinct(Kind):
     ) -> np.ndarray:
         """The count at each query (key code, window-end rank), rows ranked as in `table.Sorted`."""
         parent, items = flatten(lists)
+        asked = np.zeros(int(max(key_code.max(initial=0), queries.max(initial=0))) + 1, dtype=bool)
+        asked[queries] = True
+        kept = asked[key_code[parent]]  # only the keys queried (a stream's batch touches few of its state's)
+        parent, items = parent[kept], items[kept]
         if len(items) == 0:
             return np.zeros(len(queries), dtype=np.int64)
         kc, vc, r = key_code[parent], pd.factorize(items)[0], rank[parent]

@@ -199,11 +199,13 @@ def combine_sorted(plan: Plan, tables: Sequence[pd.DataFrame]) -> Sorted:
     columns = {}
     for column in s.table.columns:
         values = _values(s.table[column])
-        if isinstance(values, pd.arrays.ArrowExtensionArray):  # immutable lists: taken, then patched
-            taken = values.take(starts)
+        if isinstance(values, pd.arrays.ArrowExtensionArray):  # immutable lists: one take from rows + merged
+            pick = starts.copy()
+            merged = pa.array(values)
             if column in partials:
-                taken[several] = partials[column]
-            columns[column] = taken
+                pick[several] = len(merged) + np.arange(len(several))
+                merged = pa.concat_arrays([merged, pa.array(partials[column]).cast(merged.type)])
+            columns[column] = pd.arrays.ArrowExtensionArray(merged.take(pa.array(pick)))
             continue
         columns[column] = values[starts]
         if column in partials:
