@@ -53,6 +53,54 @@ def _ranges_extreme(values: np.ndarray, valid: np.ndarray, starts: np.ndarray, e
     return ufunc.reduceat(padded, idx)[0::2], count > 0
 
 
+_ARROW = {DType.INT64: pa.int64(), DType.FLOAT64: pa.float64(), DType.STRING: pa.string(), DType.BOOL: pa.bool_()}
+
+
+def arrow_lists(group: np.ndarray, values: np.ndarray, groups: int, dtype: DType | None) -> Any:
+    """One Arrow list per group 0..groups-1 of the `values` (given sorted by `group`): a pane-table column of
+    variable-length partials, built and flattened without a Python loop."""
+    offsets = np.zeros(groups + 1, dtype=np.int64)
+    np.cumsum(np.bincount(group, minlength=groups), out=offsets[1:])
+    flat = pa.array(values, _ARROW.get(dtype))  # type: ignore[arg-type]
+    return pd.arrays.ArrowExtensionArray(pa.LargeListArray.from_arrays(pa.array(offsets), flat))
+
+
+def flatten(lists: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(row of each item, the items) of a column of Arrow lists."""
+    array = pa.array(lists)
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    rows = pc.list_parent_indices(array).to_numpy()
+    items = pc.list_flatten(array).to_numpy(zero_copy_only=False)
+    return rows.astype(np.int64), items
+
+
+def range_groups(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For ranges [start, end) of rows: (range number, row) of every row they hold."""
+    lengths = ends - starts
+    group = np.repeat(np.arange(len(starts)), lengths)
+    row = np.repeat(starts - np.cumsum(lengths) + lengths, lengths) + np.arange(lengths.sum())
+    return group, row
+
+
+def _large_lists(column: Any) -> Any:
+    """A column of Arrow lists as one LargeListArray whose offsets start at 0."""
+    array = pa.array(column)
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    if array.offset or (len(array) and array.offsets[0].as_py()):
+        array = pa.concat_arrays([array])  # a slice: copied so that offsets start at 0
+    return array
+
+
+def range_of_rows(n: int, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """For each of n rows, the (disjoint) range [start, end) that holds it, or -1."""
+    group, row = range_groups(starts, ends)
+    out = np.full(n, -1, dtype=np.int64)
+    out[row] = group
+    return out
+
+
 class Kind:
     """How one aggregation kind is reduced. Subclasses define `parts` (partial column suffixes)."""
 
@@ -275,18 +323,10 @@ class LastK(Kind):
     def merge(self, calc, cols, starts, ends, key_of_row, same_pane=False):
         t, v = _large_lists(cols["t"]), _large_lists(cols["v"])
         if same_pane:  # rows of one pane overlap in time: merge their items by (ts, value)
-            group, row = range_groups(starts, ends)
-            range_of_row = np.full(len(t), -1, dtype=np.int64)
-            range_of_row[row] = group
-            parent = pc.list_parent_indices(t).to_numpy()
+            range_of_row = range_of_rows(len(t), starts, ends)
+            parent, times = flatten(t)
             take = range_of_row[parent] >= 0
-            items = pd.DataFrame(
-                {
-                    "g": range_of_row[parent[take]],
-                    "t": pc.list_flatten(t).to_numpy()[take],
-                    "v": pc.list_flatten(v).to_numpy(zero_copy_only=False)[take],
-                }
-            )
+            items = pd.DataFrame({"g": range_of_row[parent[take]], "t": times[take], "v": flatten(v)[1][take]})
             return self._newest(calc, items, len(starts))
         offsets = t.offsets.to_numpy()
         first, last = offsets[starts], offsets[ends]  # the ranges' items: flat [first, last)
@@ -316,16 +356,6 @@ class LastK(Kind):
         return pd.arrays.ArrowExtensionArray(pa.LargeListArray.from_arrays(pa.array(offsets), items, mask=mask))
 
 
-def _large_lists(column: Any) -> Any:
-    """A column of Arrow lists as one LargeListArray whose offsets start at 0."""
-    array = pa.array(column)
-    if isinstance(array, pa.ChunkedArray):
-        array = array.combine_chunks()
-    if array.offset or (len(array) and array.offsets[0].as_py()):
-        array = pa.concat_arrays([array])  # a slice: copied so that offsets start at 0
-    return array
-
-
 class Quantiles(Kind):
     """approx_percentile: a pane's partial is its values' counts per logarithmic bucket, as Arrow lists of
     (bucket code, count); a window's quantile is a weighted order statistic over its rows' entries, within 1%
@@ -348,9 +378,7 @@ class Quantiles(Kind):
         return {"b": arrow_lists(g, b, groups, DType.INT64), "c": arrow_lists(g, counts, groups, DType.INT64)}
 
     def merge(self, calc, cols, starts, ends, key_of_row, same_pane=False):
-        group, row = range_groups(starts, ends)
-        range_of_row = np.full(len(cols["b"]), -1, dtype=np.int64)
-        range_of_row[row] = group
+        range_of_row = range_of_rows(len(cols["b"]), starts, ends)
         parent, buckets = flatten(cols["b"])
         counts = flatten(cols["c"])[1]
         take = range_of_row[parent] >= 0
@@ -366,36 +394,6 @@ class Quantiles(Kind):
 
     def finalize(self, calc, cols):
         raise NotImplementedError("approx_percentile is evaluated over a window's rows by `window`")
-
-
-_ARROW = {DType.INT64: pa.int64(), DType.FLOAT64: pa.float64(), DType.STRING: pa.string(), DType.BOOL: pa.bool_()}
-
-
-def arrow_lists(group: np.ndarray, values: np.ndarray, groups: int, dtype: DType | None) -> Any:
-    """One Arrow list per group 0..groups-1 of the `values` (given sorted by `group`): a pane-table column of
-    variable-length partials, built and flattened without a Python loop."""
-    offsets = np.zeros(groups + 1, dtype=np.int64)
-    np.cumsum(np.bincount(group, minlength=groups), out=offsets[1:])
-    flat = pa.array(values, _ARROW.get(dtype))  # type: ignore[arg-type]
-    return pd.arrays.ArrowExtensionArray(pa.LargeListArray.from_arrays(pa.array(offsets), flat))
-
-
-def flatten(lists: Any) -> tuple[np.ndarray, np.ndarray]:
-    """(row of each item, the items) of a column of Arrow lists."""
-    array = pa.array(lists)
-    if isinstance(array, pa.ChunkedArray):
-        array = array.combine_chunks()
-    rows = pc.list_parent_indices(array).to_numpy()
-    items = pc.list_flatten(array).to_numpy(zero_copy_only=False)
-    return rows.astype(np.int64), items
-
-
-def range_groups(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """For ranges [start, end) of rows: (range number, row) of every row they hold."""
-    lengths = ends - starts
-    group = np.repeat(np.arange(len(starts)), lengths)
-    row = np.repeat(starts - np.cumsum(lengths) + lengths, lengths) + np.arange(lengths.sum())
-    return group, row
 
 
 class CountDistinct(Kind):
@@ -418,10 +416,8 @@ class CountDistinct(Kind):
         return values, calc.value_type
 
     def merge(self, calc, cols, starts, ends, key_of_row, same_pane=False):
-        group, row = range_groups(starts, ends)
+        range_of_row = range_of_rows(len(cols["vals"]), starts, ends)
         parent, items = flatten(cols["vals"])
-        range_of_row = np.full(len(cols["vals"]), -1, dtype=np.int64)  # the ranges are disjoint
-        range_of_row[row] = group
         take = range_of_row[parent] >= 0
         pairs = pd.DataFrame({"g": range_of_row[parent[take]], "v": items[take]}).drop_duplicates()
         pairs = pairs.sort_values("g", kind="stable")
