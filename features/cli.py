@@ -85,6 +85,14 @@ def build_parser() -> argparse.ArgumentParser:
     _repo_arg(validate)
     validate.add_argument("--group", action="append", default=[], help="only this group (repeatable)")
 
+    verify = sub.add_parser(
+        "verify", help="check a sample of keys: online against offline, offline against a recompute from the source"
+    )
+    _repo_arg(verify)
+    verify.add_argument("--group", action="append", default=[], help="only this group (repeatable)")
+    verify.add_argument("--sample", type=int, default=100, help="keys checked per group (default 100)")
+    verify.add_argument("--no-tracking", action="store_true", help="do not record the run in MLflow")
+
     demo = sub.add_parser("demo", help="generate transactions, apply, backfill, and show features")
     _repo_arg(demo)
     demo.add_argument("--events", type=int, default=200_000, help="events to generate (default 200000)")
@@ -171,6 +179,8 @@ def _run(args: argparse.Namespace) -> int:
         return _stream(args)
     if args.command == "validate":
         return _validate(args.repo, args.group)
+    if args.command == "verify":
+        return _verify(args)
     if args.command == "demo":
         from features.demo.run import run_demo
 
@@ -220,6 +230,27 @@ def _stream(args: argparse.Namespace) -> int:
     for progress in run.progress():
         print(progress.line())
     return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    """`features verify`: the tables per group; exit 1 when any value disagrees, naming the feature and key."""
+    from features.repo import Repo
+    from features.verify import verify
+
+    if args.sample < 1:
+        raise ConfigError(f"--sample: {args.sample} is not a positive number of keys")
+    reports = verify(Repo.load(args.repo), args.group, sample=args.sample, track=not args.no_tracking)
+    for report in reports:
+        print(report.table())
+    failed = [(r.group, check, feature, t) for r in reports for (check, feature), t in r.tallies.items() if not t.ok]
+    for group, check, feature, tally in failed:
+        first = tally.examples[0] if tally.examples else ""
+        print(
+            f"error: {group}.{feature} ({check}): {tally.mismatch} mismatched, {tally.missing} missing, "
+            f"{tally.extra} extra; {first}",
+            file=sys.stderr,
+        )
+    return 1 if failed else 0
 
 
 def _validate(repo_path: str, groups: list[str]) -> int:

@@ -62,7 +62,7 @@ if TYPE_CHECKING:
     from features.repo import Repo
     from features.training import Lineage
 
-KINDS = ("backfill", "stream")
+KINDS = ("backfill", "stream", "verify")
 ENV_URI = "MLFLOW_TRACKING_URI"
 ENV_EXPERIMENT = "MLFLOW_EXPERIMENT_NAME"
 STORE_FILE = Path("data") / "mlflow.db"

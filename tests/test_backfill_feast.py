@@ -378,3 +378,54 @@ def test_earlier_backfill_never_moves_the_online_store_back(history: History, ev
     at_mid = reference_frame(events, USER_GROUP, [(key, MID) for key in keys])
     at_end = reference_frame(events, USER_GROUP, [(key, END) for key in keys])
     assert (at_mid["txn_count_lifetime"] != at_end["txn_count_lifetime"]).sum() > len(keys) // 2
+
+
+# ---------------------------------------------------------------------------------------------------------
+# features verify
+
+
+def test_verify_finds_the_stores_consistent(spark, full, repo_root: Path) -> None:
+    from features.verify import verify_group
+
+    repo = Repo.load(repo_root)
+    for group in GROUPS:
+        report = verify_group(spark, repo, group, sample=8)
+        assert report.ok, report.table()
+        assert report.keys == 8
+        assert all(t.match > 0 for t in report.tallies.values())
+
+
+def test_verify_names_a_tampered_value(spark, full, repo_root: Path, tmp_path: Path) -> None:
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from features.backfill import ready_writer
+    from features.serving import online_features
+    from features.verify import verify_group
+
+    root = tmp_path / "repo"
+    shutil.copytree(repo_root, root)
+    repo = Repo.load(root)
+    key = keys_of(pd.read_parquet(table_path(root, USER_GROUP)), USER_GROUP)[0]
+    # Online: the same window end, another count (the event-time guard lets an equal time through).
+    row = online_features(repo, USER_GROUP, [key], with_window_end=True)
+    row["txn_count_lifetime"] = row["txn_count_lifetime"].astype("int64") + 1
+    ready_writer(repo, USER_GROUP).write(row)
+    # Offline: one stored row's sum changed in its Parquet file.
+    path = sorted(table_path(root, USER_GROUP).glob("date=*/*.parquet"))[0]
+    stored = pq.read_table(path)
+    frame = stored.to_pandas()
+    frame.loc[frame.index[0], "amount_sum_1h"] += 1.0
+    tampered = tuple(frame.loc[frame.index[0], list(USER_GROUP.join_keys)])
+    pq.write_table(pa.Table.from_pandas(frame, schema=stored.schema, preserve_index=False), path)
+
+    report = verify_group(spark, repo, USER_GROUP, sample=100)
+    assert not report.ok
+    online_tally = report.tallies["online", "txn_count_lifetime"]
+    assert online_tally.mismatch == 1 and str(key) in online_tally.examples[0]
+    offline_tally = report.tallies["offline", "amount_sum_1h"]
+    assert offline_tally.mismatch == 1 and str(tampered) in offline_tally.examples[0]
+    untouched = [t for (check, f), t in report.tallies.items() if f not in ("txn_count_lifetime", "amount_sum_1h")]
+    assert all(t.ok for t in untouched)
