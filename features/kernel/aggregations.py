@@ -446,7 +446,8 @@ class CountDistinct(Kind):
         if len(items) == 0:
             return np.zeros(len(queries), dtype=np.int64)
         kc, vc, r = key_code[parent], pd.factorize(items)[0], rank[parent]
-        order = np.lexsort((r, vc, kc))
+        # Rows are sorted by (key, rank), so a stable sort by (key, value) leaves each value's ranks in order.
+        order = np.argsort(kc * (int(vc.max()) + 1) + vc, kind="stable")
         kc, vc, r = kc[order], vc[order], r[order]
         same = np.r_[False, (kc[1:] == kc[:-1]) & (vc[1:] == vc[:-1])]
         width = None if calc.size_us is None else calc.size_us // pane_us
