@@ -122,3 +122,12 @@ def test_stream_steps_match_the_reference(group: FeatureGroup) -> None:
     rows, late, _ = run_stream(group, EVENTS, batches=7, lateness=H, seed=1)
     assert late.empty  # every event arrived within the watermark
     check_against_reference(group, rows, EVENTS)
+
+
+def test_integer_range_sums_are_exact_when_the_running_sum_wraps() -> None:
+    from features.kernel.aggregations import ranges_add
+
+    big = np.iinfo(np.int64).max // 2
+    values = np.array([big, big, big, -big, -big, 5], dtype=np.int64)  # running sums pass int64's maximum
+    starts, ends = np.array([0, 1, 2, 3, 2, 0]), np.array([1, 2, 4, 6, 2, 6])
+    assert ranges_add(values, starts, ends).tolist() == [big, big, 0, 5 - 2 * big, 0, big + 5]

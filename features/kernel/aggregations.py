@@ -20,9 +20,18 @@ from features.spec import AggKind, DType
 
 
 def ranges_add(values: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """Sum of values[s:e] for each (s, e); 0 for empty ranges. Queries sorted by start run in linear time."""
+    """Sum of values[s:e] for each (s, e); 0 for empty ranges.
+
+    Integers: differences of one running sum, O(rows + ranges) however long the ranges. Exact: the running sum
+    may wrap around in int64, but a difference is then still right modulo 2^64, so right whenever the range's
+    own sum fits. Floats: each range summed on its own, in row order (a difference of running sums would cancel
+    digits), the same order in every engine."""
     if len(starts) == 0:
         return np.zeros(0, dtype=values.dtype)
+    if values.dtype.kind in "iu":
+        running = np.zeros(len(values) + 1, dtype=np.int64)
+        np.cumsum(values, out=running[1:])
+        return running[ends] - running[starts]
     padded = np.concatenate([values, np.zeros(1, dtype=values.dtype)])
     idx = np.empty(2 * len(starts), dtype=np.int64)
     idx[0::2], idx[1::2] = starts, ends
