@@ -3,10 +3,11 @@ the online store up to each key's value as of `end`."""
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
@@ -99,12 +100,14 @@ def backfill(
     on_invalid: str | None = None,
     now: datetime | None = None,
     track: bool = True,
+    on_swapped: Callable[[FeatureGroup, date], None] | None = None,
 ) -> list[BackfillResult]:
     """Backfill the named groups (all by default) over [start, end).
 
     `on_invalid` overrides each group's policy for change points that fail validation ("fail", the default,
     or "quarantine"); `now` is the current time for the source's `max_future` check (default: the clock).
-    `track`: record the run in MLflow (features.tracking: definitions, range, counts, validation)."""
+    `track`: record the run in MLflow (features.tracking: definitions, range, counts, validation).
+    `on_swapped(group, day)`: called as each date partition of a group is swapped into its table."""
     start_t, end_t = parse_time(start, "--start"), parse_time(end, "--end")
     if start_t >= end_t:
         raise ConfigError(f"--start {start_t.isoformat()} is not before --end {end_t.isoformat()}; swap them")
@@ -130,6 +133,7 @@ def backfill(
                     on_invalid=on_invalid,
                     now=now,
                     writer=writers.get(g.name),
+                    on_swapped=None if on_swapped is None else functools.partial(on_swapped, g),
                 )
             run.log_result(result)
             results.append(result)
@@ -159,6 +163,7 @@ def backfill_group(
     now: datetime | None = None,
     validate: bool = True,
     writer: OnlineWriter | None = None,
+    on_swapped: Callable[[date], None] | None = None,
 ) -> BackfillResult:
     """Backfill one group. Bad source records go to the group's quarantine folder; the change points are
     validated (features.quality) before either store is written, and a failure does what the policy says:
@@ -204,7 +209,9 @@ def backfill_group(
         with spark_progress(spark, f"backfill {group.name}", progress):
             computed = change_points(group, source.events, micros(start), micros(end), observe=True)
             table = repo.offline_path(group)
-            rows_out = replace_range(spark, computed.rows, table, start, end, check_then_write_online)
+            rows_out = replace_range(
+                spark, computed.rows, table, start, end, check_then_write_online, on_swapped
+            )
     except BaseException:
         setting_aside.join()  # the bad records are set aside whatever else failed
         raise

@@ -46,7 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     backfill.add_argument("--force", action="store_true", help="with --date: recompute the day even if completed")
     backfill.add_argument(
-        "--days-per-run", default="1", help="consecutive days computed per Spark run (default 1: each day on its own)"
+        "--days-per-run",
+        help="at most this many consecutive days per Spark pass over the source, a memory cap (default 31); "
+        "each day is still recorded as completed on its own",
     )
     backfill.add_argument("--dry-run", action="store_true", help="print what would be computed, and stop")
     backfill.add_argument("--group", action="append", default=[], help="only this group (repeatable)")
