@@ -44,6 +44,9 @@ class BackfillResult:
     quarantine_path: str | None = None
     validation: ValidationReport | None = None
     batch_quarantined: str | None = None
+    # Where the time went, in seconds: compute (the Spark pass up to the staged rows), validation, online,
+    # offline (the swap), and from `backfill`: spark_start (waiting for the session) and tracking (MLflow set-up).
+    timings: dict[str, float] = field(default_factory=dict)
 
     @property
     def records_quarantined(self) -> int:
@@ -112,13 +115,17 @@ def backfill(
     if start_t >= end_t:
         raise ConfigError(f"--start {start_t.isoformat()} is not before --end {end_t.isoformat()}; swap them")
     selected = repo.select(groups)
-    # Fail before Spark starts when a store cannot take writes (e.g. the repo was never applied).
+    # The JVM starts while the stores are checked and the MLflow run is set up: both mostly wait on it.
+    session = _session_soon(spark)
     writers = {g.name: ready_writer(repo, g) for g in selected} if online else {}
     from features import tracking
 
     params = {"start": start_t, "end": end_t, "online": online, "on_invalid": on_invalid or "group default"}
+    setting_up = time.perf_counter()
     with tracking.start_run(repo, kind="backfill", groups=selected, params=params, enabled=track) as run:
-        spark = spark or get_spark()
+        waiting = time.perf_counter()
+        spark = session()
+        shared = {"tracking": waiting - setting_up, "spark_start": time.perf_counter() - waiting}
         results = []
         for g in selected:
             with table_lock(repo.offline_path(g)):  # a stream of the group waits to add its files
@@ -135,9 +142,48 @@ def backfill(
                     writer=writers.get(g.name),
                     on_swapped=None if on_swapped is None else functools.partial(on_swapped, g),
                 )
+            result.timings.update(shared)
+            shared = dict.fromkeys(shared, 0.0)  # paid once per run
             run.log_result(result)
             results.append(result)
     return results
+
+
+def _session_soon(spark: SparkSession | None) -> Callable[[], SparkSession]:
+    """A function returning `spark`, or the session `get_spark` gives, started now in a thread when there is
+    no active one yet (a cold process): the caller does its own set-up meanwhile."""
+    if spark is not None or SparkSession.getActiveSession() is not None:
+        return lambda: spark or get_spark()
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(1, thread_name_prefix="spark-start")
+    starting = pool.submit(get_spark)
+    pool.shutdown(wait=False)
+
+    def started() -> SparkSession:
+        session = starting.result()
+        _cancel_jobs_on_interrupt(session)
+        return session
+
+    return started
+
+
+def _cancel_jobs_on_interrupt(spark: SparkSession) -> None:
+    """What PySpark does when the main thread starts the session (here a helper thread did): Ctrl-C cancels the
+    running Spark jobs, then raises KeyboardInterrupt."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def interrupted(signum: int, frame: object) -> None:
+        try:
+            spark.sparkContext.cancelAllJobs()
+        finally:
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, interrupted)
 
 
 def ready_writer(repo: Repo, group: FeatureGroup) -> OnlineWriter:
@@ -184,11 +230,19 @@ def backfill_group(
     report: ValidationReport | None = None
     batch_quarantined: str | None = None
     online_rows = 0
+    timings: dict[str, float] = {}
+    clock = [began]
+
+    def lap(name: str) -> None:
+        now = time.perf_counter()
+        timings[name] = timings.get(name, 0.0) + now - clock[0]
+        clock[0] = now
 
     def check_then_write_online(staged: DataFrame) -> bool:
         """Validate every row about to reach a store; on success write the online store (the offline swap
         follows), on failure act as the policy says and write nothing."""
         nonlocal report, batch_quarantined, online_rows
+        lap("compute")
         per_key = None
         try:
             if validate:
@@ -198,8 +252,10 @@ def backfill_group(
                     what = f"change points for [{start.isoformat()}, {end.isoformat()}]"
                     batch_quarantined = quality.handle_invalid(report, staged, group, repo.root, chosen, what)
                     return False
+            lap("validation")
             if writer is not None:
                 online_rows = write_latest(writer, group, staged, newest=per_key)
+                lap("online")
             return True
         finally:
             if per_key is not None:
@@ -209,12 +265,11 @@ def backfill_group(
         with spark_progress(spark, f"backfill {group.name}", progress):
             computed = change_points(group, source.events, micros(start), micros(end), observe=True)
             table = repo.offline_path(group)
-            rows_out = replace_range(
-                spark, computed.rows, table, start, end, check_then_write_online, on_swapped
-            )
+            rows_out = replace_range(spark, computed.rows, table, start, end, check_then_write_online, on_swapped)
     except BaseException:
         setting_aside.join()  # the bad records are set aside whatever else failed
         raise
+    lap("offline")
     quarantined = setting_aside.result()
     rows_in = computed.events_read()
     return BackfillResult(
@@ -229,6 +284,7 @@ def backfill_group(
         quarantine_path=str(records) if quarantined else None,
         validation=report,
         batch_quarantined=batch_quarantined,
+        timings=timings,
     )
 
 

@@ -138,9 +138,7 @@ def _footer_rows(staging: Path, days: list[date]) -> int:
     return sum(pq.ParquetFile(f).metadata.num_rows for f in files)
 
 
-def _swap_in(
-    staging: Path, table: str, days: list[date], on_swapped: Callable[[date], None] | None = None
-) -> None:
+def _swap_in(staging: Path, table: str, days: list[date], on_swapped: Callable[[date], None] | None = None) -> None:
     for day in days:
         _swap_day(staging, table, day)
         if on_swapped is not None:
