@@ -115,9 +115,9 @@ def backfill(
     if start_t >= end_t:
         raise ConfigError(f"--start {start_t.isoformat()} is not before --end {end_t.isoformat()}; swap them")
     selected = repo.select(groups)
-    # The JVM starts while the stores are checked and the MLflow run is set up: both mostly wait on it.
-    session = _session_soon(spark)
+    # Fail before Spark starts when a store cannot take writes (e.g. the repo was never applied).
     writers = {g.name: ready_writer(repo, g) for g in selected} if online else {}
+    session = _session_soon(spark)  # the JVM starts while the MLflow run is set up
     from features import tracking
 
     params = {"start": start_t, "end": end_t, "online": online, "on_invalid": on_invalid or "group default"}
