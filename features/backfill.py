@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from typing import TYPE_CHECKING, Any
@@ -149,19 +150,42 @@ def backfill(
     return results
 
 
-def _session_soon(spark: SparkSession | None) -> Callable[[], SparkSession]:
-    """A function returning `spark`, or the session `get_spark` gives, started now in a thread when there is
-    no active one yet (a cold process): the caller does its own set-up meanwhile."""
-    if spark is not None or SparkSession.getActiveSession() is not None:
-        return lambda: spark or get_spark()
-    from concurrent.futures import ThreadPoolExecutor
+_EARLY: list[Future[SparkSession]] = []  # the session being started by `start_spark_early`, once per process
 
-    pool = ThreadPoolExecutor(1, thread_name_prefix="spark-start")
-    starting = pool.submit(get_spark)
-    pool.shutdown(wait=False)
+
+def start_spark_early() -> None:
+    """Start the local session in a daemon thread now, when none is active, so that the JVM starts while this
+    process goes on (loading the repo, planning, setting up MLflow): a cold job waits for it the least. A start
+    never used costs nothing more: the process does not wait for the thread when it exits."""
+    if _EARLY or SparkSession.getActiveSession() is not None:
+        return
+    import threading
+
+    future: Future[SparkSession] = Future()
+
+    def start() -> None:
+        try:
+            future.set_result(get_spark())
+        except BaseException as exc:  # raised where the session is waited for
+            future.set_exception(exc)
+
+    threading.Thread(target=start, name="spark-start", daemon=True).start()
+    _EARLY.append(future)
+
+
+def _session_soon(spark: SparkSession | None) -> Callable[[], SparkSession]:
+    """A function returning `spark`, or else the session `get_spark` gives, started now (`start_spark_early`)
+    when there is no active one yet: the caller does its own set-up meanwhile."""
+    if spark is not None:
+        return lambda: spark
+    start_spark_early()
+    if not _EARLY:
+        return get_spark
 
     def started() -> SparkSession:
-        session = starting.result()
+        session = _EARLY[0].result()
+        if session.sparkContext._jsc is None:  # stopped since (a notebook): start another
+            return get_spark()
         _cancel_jobs_on_interrupt(session)
         return session
 

@@ -697,6 +697,10 @@ def backfill_command(
 ) -> int:
     """`features backfill`: check the options, print the plan, do it; the exit status (errors raise)."""
     req = request(start=start, end=end, day=day, since_last=since_last, force=force, days_per_run=days_per_run)
+    if spark is None and not dry_run:
+        from features.backfill import start_spark_early
+
+        start_spark_early()  # the JVM starts while the repo loads and the plan is made
     repo = Repo.load(repo_path)
     the_plan = plan(repo, req, groups, now=now, spark=spark)
     print(the_plan.describe(), flush=True)
