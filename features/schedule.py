@@ -694,13 +694,16 @@ def backfill_command(
     track: bool = True,
     now: datetime | None = None,
     spark: SparkSession | None = None,
+    start_spark_early: bool = False,
 ) -> int:
-    """`features backfill`: check the options, print the plan, do it; the exit status (errors raise)."""
+    """`features backfill`: check the options, print the plan, do it; the exit status (errors raise).
+    `start_spark_early`: start the local session in the background before the repo is loaded (a process
+    that exists for this command: a session it never uses ends with it)."""
     req = request(start=start, end=end, day=day, since_last=since_last, force=force, days_per_run=days_per_run)
-    if spark is None and not dry_run:
-        from features.backfill import start_spark_early
+    if start_spark_early and spark is None and not dry_run:
+        from features import backfill
 
-        start_spark_early()  # the JVM starts while the repo loads and the plan is made
+        backfill.start_spark_early()  # the JVM starts while the repo loads and the plan is made
     repo = Repo.load(repo_path)
     the_plan = plan(repo, req, groups, now=now, spark=spark)
     print(the_plan.describe(), flush=True)
