@@ -613,7 +613,7 @@ def execute(
                         on_swapped=recorder,
                     )
                 except ValidationFailed:
-                    if len(run.days) > 1:
+                    if len(run.days) > 1 and run.record == run.days:  # whole days: the same range, day by day
                         write(f"{run.group}: {spans(run.days)} failed validation; computing these days one at a time")
                         todo[:0] = [_run(run.group, [day]) for day in run.days]
                         continue
