@@ -700,7 +700,7 @@ def backfill_command(
     `start_spark_early`: start the local session in the background before the repo is loaded (a process
     that exists for this command: a session it never uses ends with it)."""
     req = request(start=start, end=end, day=day, since_last=since_last, force=force, days_per_run=days_per_run)
-    if start_spark_early and spark is None and not dry_run:
+    if start_spark_early and spark is None and not dry_run and (Path(repo_path) / "feature_store.yaml").is_file():
         from features import backfill
 
         backfill.start_spark_early()  # the JVM starts while the repo loads and the plan is made
