@@ -165,7 +165,7 @@ def nightly(args: argparse.Namespace) -> tuple[list[str], bool]:
         f"| bare PySpark script | {min(bare):.1f} |",
         f"| `features backfill`, whole process | {ours[best]:.1f} |",
         f"| - Python start, imports, repo load, plan, exit | {other:.1f} |",
-        f"| - Spark session start (waited for; it starts beside the MLflow set-up) | {cold['spark_start']:.1f} |",
+        f"| - Spark start, waited for (started before the repo loads) | {cold['spark_start']:.1f} |",
         f"| - MLflow run set-up | {cold['tracking']:.1f} |",
         f"| - compute (one Spark pass: read, kernel, staged partitions) | {cold['compute']:.1f} |",
         f"| - validation | {cold['validation']:.1f} |",
