@@ -3,10 +3,12 @@ the online store up to each key's value as of `end`."""
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
@@ -43,6 +45,9 @@ class BackfillResult:
     quarantine_path: str | None = None
     validation: ValidationReport | None = None
     batch_quarantined: str | None = None
+    # Where the time went, in seconds: compute (the Spark pass up to the staged rows), validation, online,
+    # offline (the swap), and from `backfill`: spark_start (waiting for the session) and tracking (MLflow set-up).
+    timings: dict[str, float] = field(default_factory=dict)
 
     @property
     def records_quarantined(self) -> int:
@@ -99,23 +104,29 @@ def backfill(
     on_invalid: str | None = None,
     now: datetime | None = None,
     track: bool = True,
+    on_swapped: Callable[[FeatureGroup, date], None] | None = None,
 ) -> list[BackfillResult]:
     """Backfill the named groups (all by default) over [start, end).
 
     `on_invalid` overrides each group's policy for change points that fail validation ("fail", the default,
     or "quarantine"); `now` is the current time for the source's `max_future` check (default: the clock).
-    `track`: record the run in MLflow (features.tracking: definitions, range, counts, validation)."""
+    `track`: record the run in MLflow (features.tracking: definitions, range, counts, validation).
+    `on_swapped(group, day)`: called as each date partition of a group is swapped into its table."""
     start_t, end_t = parse_time(start, "--start"), parse_time(end, "--end")
     if start_t >= end_t:
         raise ConfigError(f"--start {start_t.isoformat()} is not before --end {end_t.isoformat()}; swap them")
     selected = repo.select(groups)
     # Fail before Spark starts when a store cannot take writes (e.g. the repo was never applied).
     writers = {g.name: ready_writer(repo, g) for g in selected} if online else {}
+    session = _session_soon(spark)  # the JVM starts while the MLflow run is set up
     from features import tracking
 
     params = {"start": start_t, "end": end_t, "online": online, "on_invalid": on_invalid or "group default"}
+    setting_up = time.perf_counter()
     with tracking.start_run(repo, kind="backfill", groups=selected, params=params, enabled=track) as run:
-        spark = spark or get_spark()
+        waiting = time.perf_counter()
+        spark = session()
+        shared = {"tracking": waiting - setting_up, "spark_start": time.perf_counter() - waiting}
         results = []
         for g in selected:
             with table_lock(repo.offline_path(g)):  # a stream of the group waits to add its files
@@ -130,10 +141,73 @@ def backfill(
                     on_invalid=on_invalid,
                     now=now,
                     writer=writers.get(g.name),
+                    on_swapped=None if on_swapped is None else functools.partial(on_swapped, g),
                 )
+            result.timings.update(shared)
+            shared = dict.fromkeys(shared, 0.0)  # paid once per run
             run.log_result(result)
             results.append(result)
     return results
+
+
+_EARLY: list[Future[SparkSession]] = []  # the session being started by `start_spark_early`, once per process
+
+
+def start_spark_early() -> None:
+    """Start the local session in a daemon thread now, when none is active, so that the JVM starts while this
+    process goes on (loading the repo, planning, setting up MLflow): a cold job waits for it the least. A start
+    never used costs nothing more: the process does not wait for the thread when it exits."""
+    if _EARLY or SparkSession.getActiveSession() is not None:
+        return
+    import threading
+
+    future: Future[SparkSession] = Future()
+
+    def start() -> None:
+        try:
+            future.set_result(get_spark())
+        except BaseException as exc:  # raised where the session is waited for
+            future.set_exception(exc)
+
+    threading.Thread(target=start, name="spark-start", daemon=True).start()
+    _EARLY.append(future)
+
+
+def _session_soon(spark: SparkSession | None) -> Callable[[], SparkSession]:
+    """A function returning `spark`, or else the session `get_spark` gives, started now (`start_spark_early`)
+    when there is no active one yet: the caller does its own set-up meanwhile."""
+    if spark is not None:
+        return lambda: spark
+    start_spark_early()
+    if not _EARLY:
+        return get_spark
+
+    def started() -> SparkSession:
+        session = _EARLY[0].result()
+        if session.sparkContext._jsc is None:  # stopped since (a notebook): start another
+            return get_spark()
+        _cancel_jobs_on_interrupt(session)
+        return session
+
+    return started
+
+
+def _cancel_jobs_on_interrupt(spark: SparkSession) -> None:
+    """What PySpark does when the main thread starts the session (here a helper thread did): Ctrl-C cancels the
+    running Spark jobs, then raises KeyboardInterrupt."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def interrupted(signum: int, frame: object) -> None:
+        try:
+            spark.sparkContext.cancelAllJobs()
+        finally:
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, interrupted)
 
 
 def ready_writer(repo: Repo, group: FeatureGroup) -> OnlineWriter:
@@ -159,6 +233,7 @@ def backfill_group(
     now: datetime | None = None,
     validate: bool = True,
     writer: OnlineWriter | None = None,
+    on_swapped: Callable[[date], None] | None = None,
 ) -> BackfillResult:
     """Backfill one group. Bad source records go to the group's quarantine folder; the change points are
     validated (features.quality) before either store is written, and a failure does what the policy says:
@@ -179,11 +254,19 @@ def backfill_group(
     report: ValidationReport | None = None
     batch_quarantined: str | None = None
     online_rows = 0
+    timings: dict[str, float] = {}
+    clock = [began]
+
+    def lap(name: str) -> None:
+        now = time.perf_counter()
+        timings[name] = timings.get(name, 0.0) + now - clock[0]
+        clock[0] = now
 
     def check_then_write_online(staged: DataFrame) -> bool:
         """Validate every row about to reach a store; on success write the online store (the offline swap
         follows), on failure act as the policy says and write nothing."""
         nonlocal report, batch_quarantined, online_rows
+        lap("compute")
         per_key = None
         try:
             if validate:
@@ -193,8 +276,10 @@ def backfill_group(
                     what = f"change points for [{start.isoformat()}, {end.isoformat()}]"
                     batch_quarantined = quality.handle_invalid(report, staged, group, repo.root, chosen, what)
                     return False
+            lap("validation")
             if writer is not None:
                 online_rows = write_latest(writer, group, staged, newest=per_key)
+                lap("online")
             return True
         finally:
             if per_key is not None:
@@ -204,10 +289,11 @@ def backfill_group(
         with spark_progress(spark, f"backfill {group.name}", progress):
             computed = change_points(group, source.events, micros(start), micros(end), observe=True)
             table = repo.offline_path(group)
-            rows_out = replace_range(spark, computed.rows, table, start, end, check_then_write_online)
+            rows_out = replace_range(spark, computed.rows, table, start, end, check_then_write_online, on_swapped)
     except BaseException:
         setting_aside.join()  # the bad records are set aside whatever else failed
         raise
+    lap("offline")
     quarantined = setting_aside.result()
     rows_in = computed.events_read()
     return BackfillResult(
@@ -222,6 +308,7 @@ def backfill_group(
         quarantine_path=str(records) if quarantined else None,
         validation=report,
         batch_quarantined=batch_quarantined,
+        timings=timings,
     )
 
 

@@ -46,7 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     backfill.add_argument("--force", action="store_true", help="with --date: recompute the day even if completed")
     backfill.add_argument(
-        "--days-per-run", default="1", help="consecutive days computed per Spark run (default 1: each day on its own)"
+        "--days-per-run",
+        help="at most this many consecutive days per Spark pass over the source, a memory cap (default 31); "
+        "each day is still recorded as completed on its own",
     )
     backfill.add_argument("--dry-run", action="store_true", help="print what would be computed, and stop")
     backfill.add_argument("--group", action="append", default=[], help="only this group (repeatable)")
@@ -141,6 +143,7 @@ def apply(repo_path: str, *, prune: bool = False) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.whole_process = argv is None  # the command line of this process (not a call from Python code)
     try:
         return _run(args)
     except DataError as exc:  # the data failed (e.g. validation), not the command: status 1
@@ -174,6 +177,7 @@ def _run(args: argparse.Namespace) -> int:
             online=not args.no_online,
             on_invalid=args.on_invalid,
             track=not args.no_tracking,
+            start_spark_early=args.whole_process,
         )
     if args.command == "stream":
         return _stream(args)

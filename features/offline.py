@@ -65,13 +65,16 @@ def replace_range(
     start: datetime,
     end: datetime,
     on_staged: Callable[[DataFrame], bool] | None = None,
+    on_swapped: Callable[[date], None] | None = None,
 ) -> int:
     """Make `rows` with window ends in [start, end) the table's content for that range; returns their count.
 
     The new partitions are staged beside the table (never under it, where readers' globs would see them),
     then swapped in. `on_staged` gets the staged rows with window ends in [start, end] (those at `end`
     included) before the swap, so that one computation feeds validation and both stores; when it returns
-    False, the staged rows are dropped and the table is left as it was (the result is then 0)."""
+    False, the staged rows are dropped and the table is left as it was (the result is then 0). `on_swapped` gets
+    each date right after its partition was swapped in (dates in order), so that a caller can record it before
+    the next one: an interruption then loses at most the date being swapped."""
     days = dates_between(start, end)
     start_ts, end_ts = F.lit(start).cast("timestamp"), F.lit(end).cast("timestamp")
     in_range = (F.col(WINDOW_END) >= start_ts) & (F.col(WINDOW_END) <= end_ts)
@@ -102,7 +105,7 @@ def replace_range(
         if on_staged is not None and not on_staged(new_rows.drop(DATE)):
             return 0
         count = _footer_rows(staging, days) if not partial else new_rows.where(~online_only).count()
-        _swap_in(staging, table, days)
+        _swap_in(staging, table, days, on_swapped)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return count
@@ -135,21 +138,27 @@ def _footer_rows(staging: Path, days: list[date]) -> int:
     return sum(pq.ParquetFile(f).metadata.num_rows for f in files)
 
 
-def _swap_in(staging: Path, table: str, days: list[date]) -> None:
+def _swap_in(staging: Path, table: str, days: list[date], on_swapped: Callable[[date], None] | None = None) -> None:
     for day in days:
-        produced = sorted((staging / f"{DATE}={day.isoformat()}").glob("*.parquet"))
-        target = partition_dir(table, day)
-        if not produced:
-            _drop_partition(target)
-            continue
-        target.mkdir(parents=True, exist_ok=True)
-        # A dot-name is invisible to readers' "*.parquet" globs until the rename makes it the partition.
-        tmp = target / f".{PART_FILE}.{uuid.uuid4().hex}.tmp"
-        shutil.move(produced[0], tmp)
-        os.replace(tmp, target / PART_FILE)
-        for other in target.glob("*.parquet"):
-            if other.name != PART_FILE:
-                other.unlink()
+        _swap_day(staging, table, day)
+        if on_swapped is not None:
+            on_swapped(day)
+
+
+def _swap_day(staging: Path, table: str, day: date) -> None:
+    produced = sorted((staging / f"{DATE}={day.isoformat()}").glob("*.parquet"))
+    target = partition_dir(table, day)
+    if not produced:
+        _drop_partition(target)
+        return
+    target.mkdir(parents=True, exist_ok=True)
+    # A dot-name is invisible to readers' "*.parquet" globs until the rename makes it the partition.
+    tmp = target / f".{PART_FILE}.{uuid.uuid4().hex}.tmp"
+    shutil.move(produced[0], tmp)
+    os.replace(tmp, target / PART_FILE)
+    for other in target.glob("*.parquet"):
+        if other.name != PART_FILE:
+            other.unlink()
 
 
 def _drop_partition(target: Path) -> None:

@@ -47,6 +47,10 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+# feast.value_type.ValueType numbers of the key types encoded here (importing Feast for two constants would cost
+# every Spark task that writes seconds: the `feast` package imports all of Feast). tests/test_online_redis.py
+# checks them against Feast's.
+STRING_TYPE, INT64_TYPE = 2, 4
 SQLITE_TYPES = ("sqlite", "feast.infra.online_stores.sqlite.SqliteOnlineStore")
 REDIS_TYPES = ("redis", "feast.infra.online_stores.redis.RedisOnlineStore")
 # How long a writer waits for another writer's lock (other Spark tasks, `feast materialize`) before failing.
@@ -637,15 +641,13 @@ def entity_keys(
             return _resp_string_keys(rows[next(iter(join_keys))], next(iter(join_keys)), suffix)
         heads = _BulkHeads()
         return [heads[len(k)] + k + b"\r\n" for k in entity_keys(rows, join_keys, version, suffix)]
-    from feast.value_type import ValueType
-
     names = sorted(join_keys)
     if version < 3 or any(join_keys[k] not in (DType.STRING, DType.INT64) for k in names):
         return [key + suffix for key in _entity_keys_by_feast(rows, join_keys, version)]
     header = [struct.pack("<I", len(names))]
     for name in names:
         encoded = name.encode("utf8")
-        header.append(struct.pack("<II", ValueType.STRING.value, len(encoded)) + encoded)
+        header.append(struct.pack("<II", STRING_TYPE, len(encoded)) + encoded)
     head = b"".join(header)
     parts: list[list[bytes]] = []
     for name in names:
@@ -656,16 +658,16 @@ def entity_keys(
                 raise DataError(f"{what}: null value; change points need a non-null key")
             encoded = list(map(_utf8, column.tolist()))
             if len(names) == 1:  # the common case, in one pass
-                prefix = _LengthPrefixes(head + struct.pack("<I", ValueType.STRING.value))
+                prefix = _LengthPrefixes(head + struct.pack("<I", STRING_TYPE))
                 return [prefix[len(e)] + e + suffix for e in encoded]
-            prefix = _LengthPrefixes(struct.pack("<I", ValueType.STRING.value))
+            prefix = _LengthPrefixes(struct.pack("<I", STRING_TYPE))
             parts.append([prefix[len(e)] + e for e in encoded])
         else:
             ints, null = _int_array(column, what)
             if null.any():
                 raise DataError(f"{what}: null value; change points need a non-null key")
             record = np.zeros(len(ints), dtype=[("type", "<u4"), ("size", "<u4"), ("value", "<i8")])
-            record["type"] = ValueType.INT64.value
+            record["type"] = INT64_TYPE
             record["size"] = 8
             record["value"] = ints
             parts.append(_split_fixed(record.tobytes(), 16, len(ints)))
@@ -674,8 +676,6 @@ def entity_keys(
 
 def _resp_string_keys(column: pd.Series, name: str, suffix: bytes) -> list[bytes]:
     """The common case (one string join key) straight to bulk strings: one concatenation per key."""
-    from feast.value_type import ValueType
-
     values = column.tolist()
     try:
         encoded = [value.encode("utf8") for value in values]
@@ -684,8 +684,8 @@ def _resp_string_keys(column: pd.Series, name: str, suffix: bytes) -> list[bytes
             raise DataError(f"join key {name!r}: null value; change points need a non-null key") from None
         encoded = list(map(_utf8, values))
     encoded_name = name.encode("utf8")
-    head = struct.pack("<III", 1, ValueType.STRING.value, len(encoded_name)) + encoded_name
-    head += struct.pack("<I", ValueType.STRING.value)
+    head = struct.pack("<III", 1, STRING_TYPE, len(encoded_name)) + encoded_name
+    head += struct.pack("<I", STRING_TYPE)
     frames = _KeyFrames(head, len(head) + 4 + len(suffix))
     tail = suffix + b"\r\n"
     return [frames[len(e)] + e + tail for e in encoded]

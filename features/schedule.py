@@ -23,9 +23,14 @@ A day is complete once it ended at least one source watermark ago (the stream ta
   them is exact, and costs little more than one date, since a Lifetime group reads the whole source for
   any date anyway.
 
-Dates are computed in order, `days_per_run` consecutive dates per Spark run (default 1), and each is
-recorded in the manifest (features.manifest) right after its partition was swapped into the table, so an
-interrupted schedule resumes with the first date it did not finish.
+Dates are computed in order, up to `days_per_run` consecutive dates per Spark run (default
+DAYS_PER_RUN): one run reads the source once and computes all its dates in one Spark pass (a Lifetime
+feature reads all history once per run, not once per date), then swaps the dates' partitions in one after
+the other, recording each in the manifest (features.manifest) right after its swap. An interrupted schedule
+therefore resumes with the first date it did not finish. `days_per_run` caps the memory of a run (the
+kernel holds a bucket's events of the whole run), not its speed: a date with no events costs a task with
+no rows. A run whose change points fail validation is redone a date at a time, so that the dates before
+the bad one are completed and the error names the bad date.
 """
 
 from __future__ import annotations
@@ -56,7 +61,8 @@ EPOCH = date(1970, 1, 1)
 NEW = "not computed yet"
 FORCED = "--force"
 RANGE = "the requested range"
-MANY_RUNS = 31  # above this many one-day runs, the plan suggests --days-per-run
+MANY_RUNS = 31  # above this many one-day runs, the plan suggests a bigger --days-per-run
+DAYS_PER_RUN = 31  # the default: a month of dates per Spark pass (a memory cap; see the module docstring)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -72,7 +78,7 @@ class Request:
     day: date | None = None
     since_last: bool = False
     force: bool = False
-    days_per_run: int = 1
+    days_per_run: int = DAYS_PER_RUN
 
     @property
     def mode(self) -> str:
@@ -93,7 +99,7 @@ def request(
     day: str | date | None = None,
     since_last: bool = False,
     force: bool = False,
-    days_per_run: int | str = 1,
+    days_per_run: int | str | None = None,
 ) -> Request:
     """Check a combination of `features backfill` options; a ConfigError names the wrong one and the fix."""
     from features.backfill import parse_time
@@ -122,7 +128,7 @@ def request(
             "--force: only with --date, to recompute a completed day (--start/--end always recomputes its range; "
             "--since-last computes the days not completed and the stale ones)"
         )
-    runs = _days_per_run(days_per_run)
+    runs = DAYS_PER_RUN if days_per_run is None else _days_per_run(days_per_run)
     if start is not None and end is not None:
         start_t, end_t = parse_time(start, "--start"), parse_time(end, "--end")
         if start_t >= end_t:
@@ -396,8 +402,8 @@ class Plan:
         one_day_runs = sum(len(g.runs) for g in self.groups)
         if self.request.mode != "range" and self.request.days_per_run == 1 and one_day_runs > MANY_RUNS:
             lines.append(
-                f"  ({one_day_runs} one-day Spark runs: --days-per-run 7 reads the source fewer times, "
-                "and an interruption then redoes at most 7 days)"
+                f"  ({one_day_runs} one-day Spark runs: without --days-per-run 1, each run computes up to "
+                f"{DAYS_PER_RUN} days in one pass over the source, and still records each day as it is done)"
             )
         return "\n".join(lines)
 
@@ -571,9 +577,12 @@ def execute(
     say: Callable[[str], None] | None = None,
 ) -> list[BackfillResult]:
     """Run the plan: remember new late batches and mark what they make stale (first, so that an interrupted
-    schedule still knows), then each run in order, recording its dates once their partitions are in the
-    table. A failing run stops the schedule with its error; the dates recorded before it stay recorded."""
+    schedule still knows), then each run in order, one Spark pass per run, recording each of its dates as
+    soon as its partition is in the table. A run of several dates that fails validation is redone a date
+    at a time (the dates before the bad one get completed). A failing run stops the schedule with its error;
+    the dates recorded before it stay recorded."""
     from features.backfill import backfill, ready_writer
+    from features.errors import ValidationFailed
     from features.progress import PartitionProgress
 
     _remember_late(repo, the_plan)
@@ -585,7 +594,10 @@ def execute(
     with PartitionProgress(the_plan.partitions, "backfill", enabled=progress) as bar:
         write = say or bar.write
         for gp in the_plan.groups:
-            for run in gp.runs:
+            todo = list(gp.runs)
+            while todo:
+                run = todo.pop(0)
+                recorder = _Recorder(repo, gp.group, run.record)
                 try:
                     [result] = backfill(
                         repo,
@@ -598,24 +610,47 @@ def execute(
                         on_invalid=on_invalid,
                         now=now,
                         track=track,
+                        on_swapped=recorder,
                     )
+                except ValidationFailed:
+                    if len(run.days) > 1 and run.record == run.days:  # whole days: the same range, day by day
+                        write(f"{run.group}: {spans(run.days)} failed validation; computing these days one at a time")
+                        todo[:0] = [_run(run.group, [day]) for day in run.days]
+                        continue
+                    _stopped(write, run, bar.partitions)
+                    raise
                 except BaseException:
-                    write(
-                        f"{run.group}: stopped at {spans(run.days)}; the {_plural(bar.partitions, 'partition')} "
-                        "completed before it stay recorded, and the same command resumes here"
-                    )
+                    _stopped(write, run, bar.partitions + len(recorder.recorded))
                     raise
                 write(result.summary())
                 if result.batch_quarantined is not None:
                     write(f"{run.group}: {spans(run.days)} not recorded as completed; the next run tries again")
-                elif run.record:
-                    record_completed(repo, gp.group, run.record)
                 bar.advance(len(run.days), result.rows_out)
                 results.append(result)
         if the_plan.runs:
             groups = _plural(sum(bool(g.runs) for g in the_plan.groups), "group")
             write(f"done: {_plural(bar.partitions, 'partition')} of {groups}, {_plural(bar.rows, 'change-point row')}")
     return results
+
+
+def _stopped(write: Callable[[str], None], run: Run, completed: int) -> None:
+    write(
+        f"{run.group}: stopped at {spans(run.days)}; the {_plural(completed, 'partition')} completed before it "
+        "stay recorded, and the same command resumes with the first one not completed"
+    )
+
+
+class _Recorder:
+    """Records a run's dates in the manifest as their partitions are swapped in (`on_swapped` of a backfill)."""
+
+    def __init__(self, repo: Repo, group: FeatureGroup, record: Sequence[date]) -> None:
+        self.repo, self.group, self.record = repo, group, set(record)
+        self.recorded: list[date] = []
+
+    def __call__(self, group: FeatureGroup, day: date) -> None:
+        if day in self.record:
+            record_completed(self.repo, self.group, [day])
+            self.recorded.append(day)
 
 
 def _remember_late(repo: Repo, the_plan: Plan) -> None:
@@ -651,7 +686,7 @@ def backfill_command(
     day: str | None = None,
     since_last: bool = False,
     force: bool = False,
-    days_per_run: str | int = 1,
+    days_per_run: str | int | None = None,
     dry_run: bool = False,
     groups: Sequence[str] = (),
     online: bool = True,
@@ -659,9 +694,16 @@ def backfill_command(
     track: bool = True,
     now: datetime | None = None,
     spark: SparkSession | None = None,
+    start_spark_early: bool = False,
 ) -> int:
-    """`features backfill`: check the options, print the plan, do it; the exit status (errors raise)."""
+    """`features backfill`: check the options, print the plan, do it; the exit status (errors raise).
+    `start_spark_early`: start the local session in the background before the repo is loaded (a process
+    that exists for this command: a session it never uses ends with it)."""
     req = request(start=start, end=end, day=day, since_last=since_last, force=force, days_per_run=days_per_run)
+    if start_spark_early and spark is None and not dry_run and (Path(repo_path) / "feature_store.yaml").is_file():
+        from features import backfill
+
+        backfill.start_spark_early()  # the JVM starts while the repo loads and the plan is made
     repo = Repo.load(repo_path)
     the_plan = plan(repo, req, groups, now=now, spark=spark)
     print(the_plan.describe(), flush=True)

@@ -310,6 +310,7 @@ class Run:
         metrics.update({f"quarantined.{reason}": n for reason, n in quarantined.items()})
         if hasattr(result, "batch_quarantined"):
             metrics["batch_quarantined"] = 0.0 if result.batch_quarantined is None else 1.0
+        metrics.update({f"seconds.{name}": value for name, value in (getattr(result, "timings", None) or {}).items()})
         self.log_metrics(metrics, step=step, group=group)
         self.set_tags(
             {

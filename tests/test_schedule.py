@@ -183,7 +183,7 @@ def test_since_last_computes_new_days_and_what_late_events_made_stale(repo: Repo
         complete(repo, group, [D1, D2, D3])
         write_late(repo, group, "7", late_rows([at(D2, "23:30"), at(D2, "23:31")]))
     now = at(D5, "00:30")
-    the_plan = plan(repo, request(since_last=True), now=now)
+    the_plan = plan(repo, request(since_last=True, days_per_run=1), now=now)
     hop, life = the_plan.groups
     assert hop.todo == {D2: "late events in batch=7", D3: "late events in batch=7", D4: NEW}
     assert life.todo == hop.todo  # the events are on D2: Lifetime changes D2 and later, as the hop does here
@@ -195,12 +195,13 @@ def test_since_last_computes_new_days_and_what_late_events_made_stale(repo: Repo
     assert "hop: 3 partitions to compute in 3 runs: 2026-03-02..2026-03-03 (late events in batch=7); " in text
     assert "2026-03-04 (not computed yet)" in text
     assert "hop: 1 new late batch (2 events): batch=7; making 2026-03-02..2026-03-03 stale" in text
-    # Planning changes nothing; more days per run, fewer runs.
+    # Planning changes nothing; more days per run, fewer runs: by default, all consecutive days in one.
     assert read_manifest(repo.offline_path(HOP), "hop").late_batches == {}
     assert [r.days for r in plan(repo, request(since_last=True, days_per_run=2), now=now).groups[0].runs] == [
         (D2, D3),
         (D4,),
     ]
+    assert [r.days for r in plan(repo, request(since_last=True), now=now).groups[0].runs] == [(D2, D3, D4)]
 
 
 def test_a_late_batch_is_read_once_and_its_stale_marks_stay(repo: Repo) -> None:
@@ -551,6 +552,60 @@ def test_interrupted_schedule_resumes_where_it_stopped(spark, tmp_path: Path) ->
     ranged = read_manifest(table, "hop")
     assert ranged.partitions[D2] == forced.partitions[D2]
     assert ranged.partitions[D3].completed_at > forced.partitions[D3].completed_at
+
+
+@pytest.mark.spark
+def test_since_last_over_many_days_is_one_pass_that_resumes_by_the_day(spark, tmp_path: Path, monkeypatch) -> None:
+    import features.backfill
+    import features.offline
+
+    days = [D1 + timedelta(days=k) for k in range(6)]
+    now = at(days[-1] + timedelta(days=1), "00:30")
+    events = events_for(days=6, n=900, seed=9)
+    opts = {"spark": spark, "now": now, "progress": False, "track": False, "online": False}
+    by_day = make_repo(tmp_path / "by_day", [LIFE], events)
+    execute(by_day, plan(by_day, request(since_last=True, days_per_run=1), now=now, spark=spark), **opts)
+
+    repo = make_repo(tmp_path / "repo", [LIFE], events)
+    passes: list[tuple[datetime, datetime]] = []
+    compute = features.backfill.change_points
+    monkeypatch.setattr(
+        features.backfill,
+        "change_points",
+        lambda group, events, lo, hi, **kw: passes.append((lo, hi)) or compute(group, events, lo, hi, **kw),
+    )
+    swap = features.offline._swap_day
+    swapped: list[date] = []
+
+    def killed_at_the_fourth_day(staging: Path, table: str, day: date) -> None:
+        if len(swapped) == 3:
+            raise KeyboardInterrupt
+        swap(staging, table, day)
+        swapped.append(day)
+
+    monkeypatch.setattr(features.offline, "_swap_day", killed_at_the_fourth_day)
+    first = plan(repo, request(since_last=True), now=now, spark=spark)
+    assert [r.days for r in first.groups[0].runs] == [tuple(days)]
+    with pytest.raises(KeyboardInterrupt):
+        execute(repo, first, **opts)
+    assert len(passes) == 1  # one computation of the six days, the source read once
+    manifest = read_manifest(repo.offline_path(LIFE), "life")
+    assert manifest.completed() == days[:3]
+
+    monkeypatch.setattr(features.offline, "_swap_day", swap)
+    second = plan(repo, request(since_last=True), now=now)
+    assert second.groups[0].todo == dict.fromkeys(days[3:], NEW)  # the completed days are not computed again
+    execute(repo, second, **opts)
+    assert passes[1:] == [(micros_of(days[3]), micros_of(days[-1] + timedelta(days=1)))]
+    resumed = read_manifest(repo.offline_path(LIFE), "life")
+    assert resumed.completed() == days
+    assert all(resumed.partitions[d] == manifest.partitions[d] for d in days[:3])
+    assert all(resumed.partitions[d].rows == footer_rows(repo, LIFE, d) for d in days)
+    pd.testing.assert_frame_equal(offline(repo, LIFE), offline(by_day, LIFE), check_exact=False, rtol=1e-9)
+
+
+def micros_of(day: date) -> int:
+    return int(at(day).timestamp()) * 1_000_000
 
 
 @pytest.mark.spark
