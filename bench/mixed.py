@@ -6,11 +6,12 @@ The groups people write mix aggregations and window shapes. On the same generate
   * the naive queries users write without this project: per window shape of the group one
     `groupBy(keys, window(ts, size, every))` with every feature of that shape, a Lifetime shape as a running
     aggregate over tumbling `every` panes, each written as Parquet (required: two-phase >= 20x faster). They take
-    many minutes on all the events (the 24h/5m shape copies each event 288 times), so they run on two samples of
-    the users and are extrapolated to all of them by the line through the two (a fixed cost plus a cost per
-    user: the windows grow with the events, as the naive query's work does);
+    many minutes on all the events (the 24h/5m shape copies each event 288 times), so they run on two uniform
+    samples of the events (by a hash of the transaction id) and are extrapolated to all of them by the line
+    through the two: a fixed cost plus a cost per event, since every event is copied into the same number of
+    windows whatever the sample;
   * each aggregation alone at 24h/5m, in events/s against the one-count group (required: none below 1/5 of the
-    one-count rate), and against its naive query measured on a sample of the users (projected to all of them);
+    one-count rate), and against its naive query (extrapolated likewise);
   * the whole-process `features backfill` of each group (cold JVM, imports, tracking), beside the warm figures.
 """
 
@@ -148,23 +149,21 @@ def naive_queries(events: DataFrame, group: FeatureGroup) -> list[DataFrame]:
     return out
 
 
-def run_naive(spark: SparkSession, group: FeatureGroup, sample_users: int | None = None) -> float:
-    """Seconds to run and write every naive query of the group (on the first `sample_users` users if given)."""
+def run_naive(spark: SparkSession, group: FeatureGroup, fraction: float) -> float:
+    """Seconds to run and write every naive query of the group on a uniform `fraction` of the events."""
     events = spark.read.parquet(str(REPO / "data" / "transactions"))
-    if sample_users is not None:
-        users = events.select("user_id").distinct().orderBy("user_id").limit(sample_users)
-        events = events.join(F.broadcast(users), "user_id")
+    events = events.where(F.pmod(F.xxhash64("txn_id"), F.lit(10_000)) < int(fraction * 10_000))
     began = time.perf_counter()
     for i, query in enumerate(naive_queries(events, group)):
         query.write.mode("overwrite").parquet(str(WORK / f"naive-{group.name}-{i}"))
     return time.perf_counter() - began
 
 
-def projected_naive(spark: SparkSession, group: FeatureGroup, sample: int, users: int) -> float:
-    """The naive queries' seconds for all users, from the line through samples of `sample` and 2 * `sample`."""
-    small, large = run_naive(spark, group, sample), run_naive(spark, group, 2 * sample)
-    per_user = max(large - small, 0.0) / sample
-    return small + per_user * (users - sample)
+def projected_naive(spark: SparkSession, group: FeatureGroup, fraction: float) -> float:
+    """The naive queries' seconds on all events, from the line through samples of `fraction` and twice that."""
+    small, large = run_naive(spark, group, fraction), run_naive(spark, group, 2 * fraction)
+    per_fraction = max(large - small, 0.0) / fraction
+    return small + per_fraction * (1 - fraction)
 
 
 def best_backfill(spark: SparkSession, repo: Repo, name: str, days: float, runs: int) -> tuple[float, list[float]]:
@@ -188,7 +187,9 @@ def cli_seconds(name: str, days: float) -> float:
     return time.perf_counter() - began
 
 
-def mixed(spark: SparkSession, events: int, users: int, days: float, runs: int, sample: int) -> tuple[list[str], bool]:
+def mixed(
+    spark: SparkSession, events: int, users: int, days: float, runs: int, sample: float
+) -> tuple[list[str], bool]:
     from results import load
 
     load_before = load()
@@ -211,7 +212,7 @@ def mixed(spark: SparkSession, events: int, users: int, days: float, runs: int, 
     ok = True
     for name in ("user_transactions", "card_merchant"):
         best, walls = timed(name)
-        naive = projected_naive(spark, repo.groups[name], sample, users)
+        naive = projected_naive(spark, repo.groups[name], sample)
         cli = cli_seconds(name, days)
         print(f"{name}: two-phase {best:.2f}s, naive {naive:.1f}s projected, whole process {cli:.1f}s", flush=True)
         ratio = naive / best
@@ -220,8 +221,9 @@ def mixed(spark: SparkSession, events: int, users: int, days: float, runs: int, 
         lines.append(f"| {name} | {best:.2f} ({listed}) | {naive:.1f} | {ratio:.1f}x | >= 20x | {cli:.1f} |")
     lines += [
         "",
-        f"Naive seconds are extrapolated from runs on {sample:,} and {2 * sample:,} of the {users:,} users. Each "
-        "aggregation alone at 24h/5m (a group of that one feature over all users; naive likewise):",
+        f"Naive seconds are extrapolated from runs on uniform samples of {sample:.0%} and {2 * sample:.0%} of the "
+        f"events. Each aggregation alone at 24h/5m (a group of that one feature over all users; its naive query "
+        f"extrapolated from {sample / 2:.0%} and {sample:.0%}):",
         "",
         "| aggregation | two-phase s | events/s | / one-count rate | naive s (projected) | naive / two-phase |",
         "|---|---|---|---|---|---|",
@@ -230,7 +232,7 @@ def mixed(spark: SparkSession, events: int, users: int, days: float, runs: int, 
     for name in ALONE:
         best, _ = timed(f"alone_{name}")
         rates[name] = events / best
-        naive = projected_naive(spark, repo.groups[f"alone_{name}"], sample, users)
+        naive = projected_naive(spark, repo.groups[f"alone_{name}"], sample / 2)
         share = rates[name] / rates["count"]
         print(f"alone {name}: {best:.2f}s, naive {naive:.0f}s projected", flush=True)
         ok = ok and share >= 0.2
