@@ -131,3 +131,22 @@ def test_integer_range_sums_are_exact_when_the_running_sum_wraps() -> None:
     values = np.array([big, big, big, -big, -big, 5], dtype=np.int64)  # running sums pass int64's maximum
     starts, ends = np.array([0, 1, 2, 3, 2, 0]), np.array([1, 2, 4, 6, 2, 6])
     assert ranges_add(values, starts, ends).tolist() == [big, big, 0, 5 - 2 * big, 0, big + 5]
+
+
+def test_a_clamped_range_start_gets_one_row_per_key_with_its_value_there() -> None:
+    """The batch engine's `clamp_us`: ends before an (unaligned) range start move to it, one row per key there."""
+    plan = pt.Plan.of(GROUP_MIXED, TYPES)
+    panes = pt.phase1(plan, processor_input(plan, GROUP_MIXED, EVENTS))
+    start = to_micros(EVENTS["event_ts"].min() + 7 * H + pd.Timedelta(seconds=30.5))
+    upto = to_micros(EVENTS["event_ts"].max() + 2 * H)
+    clamped = pt.emit(plan, panes, None, upto, clamp_us=start)
+    after = pt.emit(plan, panes, start, upto)
+    assert not clamped.duplicated(["user_id", "window_end"]).any()
+    at_start = clamped[clamped["window_end"] == start]
+    assert len(at_start) > 0 and at_start["user_id"].is_unique
+    later = clamped[clamped["window_end"] > start].reset_index(drop=True)
+    pd.testing.assert_frame_equal(later, after.reset_index(drop=True), check_dtype=False)
+    t = pd.Timestamp(start, unit="us", tz="UTC")
+    want = reference_frame(EVENTS, GROUP_MIXED, [((k,), t) for k in at_start["user_id"]])
+    for name in ("n_1h", "n_life", "failed_24h", "qty_life"):
+        assert at_start[name].tolist() == want[name].tolist(), name

@@ -258,22 +258,27 @@ def change_ends(
 def values_at(plan: Plan, s: Sorted, key_code: np.ndarray, ends: np.ndarray) -> dict[str, np.ndarray]:
     """Every feature's value at window end E for each (key, E) query (sorted by key, then E)."""
     out = {}
-    ranges: dict[tuple[int, int | None], tuple[np.ndarray, np.ndarray]] = {}  # per window shape: [lo, hi) rows
+    found: dict[tuple[int, int | None], np.ndarray] = {}  # first row at or after (every, offset): one search each
+
+    def first_row(every_us: int, offset: int | None) -> np.ndarray:
+        """Lifetime (offset None): the key's first row; else the first row at or after E's window end - offset."""
+        if offset is None:
+            every_us = 0
+        if (every_us, offset) not in found:
+            found[every_us, offset] = (
+                s.key_start(key_code) if offset is None else s.locate(key_code, ends - ends % every_us - offset, plan)
+            )
+        return found[every_us, offset]
+
     for calc in plan.calcs:
-        at = ends - ends % calc.every_us
-        shape = (calc.every_us, calc.size_us)
-        if shape not in ranges:
-            hi = s.locate(key_code, at, plan)
-            lo = s.key_start(key_code) if calc.size_us is None else s.locate(key_code, at - calc.size_us, plan)
-            ranges[shape] = lo, hi
-        lo, hi = ranges[shape]
         kind = KINDS[calc.kind]
         if isinstance(kind, CountDistinct):  # and approx_count_distinct
             rank = s.position - s.key_code * s.span
-            query_rank = (at - s.origin) // plan.pane_us + 1
+            query_rank = (ends - ends % calc.every_us - s.origin) // plan.pane_us + 1
             lists = s.table[calc.col("vals")].array
             out[calc.name] = kind.counts(calc, lists, s.key_code, rank, key_code, query_rank, plan.pane_us)
             continue
+        lo, hi = first_row(calc.every_us, calc.size_us), first_row(calc.every_us, 0)
         out[calc.name] = kind.window(calc, s.columns(calc), lo, hi, s.key_code)
     return out
 
@@ -289,9 +294,10 @@ def emit(
         return pd.DataFrame({c: [] for c in (*plan.keys, "window_end", *(c.name for c in plan.calcs))})
     row, end = points["row"].to_numpy(), points["E"].to_numpy(dtype=np.int64)
     key = s.key_code[row]
-    order = np.lexsort((end, key))
-    row, end, key = row[order], end[order], key[order]
-    first = np.r_[True, (key[1:] != key[:-1]) | (end[1:] != end[:-1])]  # each (key, E) once
+    # (key, E) packed into one integer for one sort: every end is a multiple of the pane length but a clamped
+    # range start, which is below all others, so the ends' steps above the smallest are distinct.
+    step = (end - end.min() + plan.pane_us - 1) // plan.pane_us
+    _, first = np.unique(key * (int(step.max()) + 1) + step, return_index=True)
     row, end, key = row[first], end[first], key[first]
     out = {k: s.table[k].to_numpy()[row] for k in plan.keys}
     out["window_end"] = end
