@@ -176,7 +176,9 @@ def stream(
             labels, partitions = _check_checkpoint(repo, group, checkpoint, buckets, reset, spark)
             events = engine.read_stream(spark, group, repo.source_path(group), max_files_per_trigger)
             projected, projection = engine.project(group, events, labels)
-            processor = engine.PaneProcessor(projection.plan, group.name, _arrow_types(projection.output_schema))
+            processor = engine.PaneProcessor(
+                projection.plan, group.name, _arrow_types(projection.output_schema), eager=group.online == "eager"
+            )
             out = projected.groupBy(engine.BUCKET).transformWithStateInPandas(
                 processor, projection.output_schema, "append", "EventTime"
             )
@@ -336,6 +338,8 @@ class _Sink:
             counts = {r[0]: r[1] for r in summary}
             stat_rows = [dict(zip(engine.STAT_FIELDS, json.loads(s), strict=True)) for r in summary for s in r[2]]
             rows_out = self._write_rows(batch, batch_id) if counts.get(engine.ROW) else 0
+            if counts.get(engine.EAGER) and self.writer is not None:
+                self._write_eager(batch, batch_id)
             late = counts.get(engine.LATE, 0)
             if late:
                 self._write_late(batch, batch_id)
@@ -352,13 +356,8 @@ class _Sink:
         from features import quality
         from features.engine import stream as engine
 
-        keys = list(self.group.join_keys)
         points = batch.where(F.col(engine.KIND) == engine.ROW)
-        columns = [
-            *keys,
-            F.timestamp_micros(F.col(WINDOW_END)).alias(WINDOW_END),
-            *[f.name for f in self.group.features],
-        ]
+        columns = self._columns()
         rows = points.select(*columns)
         n = None
         if self.validate:
@@ -378,6 +377,31 @@ class _Sink:
         if self.writer is not None:
             engine.write_online(self.writer, points.where(F.col(engine.LATEST)).select(*columns))
         return n if n is not None else rows.count()
+
+    def _columns(self) -> list[Any]:
+        from pyspark.sql import functions as F
+
+        return [
+            *self.group.join_keys,
+            F.timestamp_micros(F.col(WINDOW_END)).alias(WINDOW_END),
+            *[f.name for f in self.group.features],
+        ]
+
+    def _write_eager(self, batch: DataFrame, batch_id: int) -> None:
+        """Each touched key's value ahead of the watermark, to the online store only (the offline table keeps
+        final rows): validated like the change points, and left out of the store when they fail."""
+        from pyspark.sql import functions as F
+
+        from features import quality
+        from features.engine import stream as engine
+
+        rows = batch.where(F.col(engine.KIND) == engine.EAGER).select(*self._columns())
+        if self.validate:
+            report = quality.validate_batch(self.group, rows)
+            if not report.success:
+                self.run.tracker.log_validation(report, step=batch_id, artifact=True)
+                return
+        engine.write_online(self.writer, rows)  # newer-or-equal wins: a correction replaces its eager value
 
     def _not_backfilled(self, rows: DataFrame) -> DataFrame:
         """Leave to the backfill what it wrote: a backfill's partition file holds every change point of the

@@ -107,6 +107,7 @@ def definitions_code(groups: Sequence[FeatureGroup]) -> str:
             "    ],",
             f"    description={group.description!r},",
             *([f"    on_invalid={group.on_invalid!r},"] if group.on_invalid is not None else []),
+            *([f"    online={group.online!r},"] if group.online != "eager" else []),
             *(
                 ["    expectations=[", *[f"        {_expectation_code(e)}," for e in group.expectations], "    ],"]
                 if group.expectations

@@ -621,3 +621,20 @@ def test_shapes_are_distinct_and_in_definition_order():
         Feature("d", agg.count(), window=Lifetime(every="1h")),
     )
     assert shapes(group) == [WindowShape(24 * HOUR, 5 * MINUTE), WindowShape(HOUR, 5 * MINUTE), WindowShape(None, HOUR)]
+
+
+def test_an_unknown_online_mode_is_named_with_the_choices() -> None:
+    with pytest.raises(DefinitionError, match=r"FeatureGroup\('g'\)\.online: unknown mode 'lazy'.*\"final\""):
+        FeatureGroup(
+            "g",
+            Entity("user", ["user_id"]),
+            EventSource("s", "p", "ts"),
+            [Feature("n", agg.count(), Hop("1h", "5m"))],
+            online="lazy",
+        )
+    assert (
+        FeatureGroup(
+            "g", Entity("user", ["user_id"]), EventSource("s", "p", "ts"), [Feature("n", agg.count(), Hop("1h", "5m"))]
+        ).online
+        == "eager"
+    )

@@ -150,3 +150,23 @@ def test_a_clamped_range_start_gets_one_row_per_key_with_its_value_there() -> No
     want = reference_frame(EVENTS, GROUP_MIXED, [((k,), t) for k in at_start["user_id"]])
     for name in ("n_1h", "n_life", "failed_24h", "qty_life"):
         assert at_start[name].tolist() == want[name].tolist(), name
+
+
+def test_eager_values_are_the_values_of_the_events_so_far_ahead_of_the_watermark() -> None:
+    plan = pt.Plan.of(GROUP_MIXED, TYPES)
+    so_far = EVENTS.sort_values("event_ts").iloc[: len(EVENTS) // 2]
+    newest = to_micros(so_far["event_ts"].max())
+    eager_at = newest - newest % plan.pane_us
+    watermark = newest - to_micros(pd.Timestamp(0, tz="UTC") + 2 * H)
+    out = pt.step(
+        plan, pt.empty_table(plan), processor_input(plan, GROUP_MIXED, so_far), None, watermark, eager_at=eager_at
+    )
+    touched = sorted(set(so_far["user_id"]))
+    assert sorted(out.eager["user_id"]) == touched and (out.eager["window_end"] == eager_at).all()
+    t = pd.Timestamp(eager_at, unit="us", tz="UTC")
+    want = reference_frame(so_far, GROUP_MIXED, [((k,), t) for k in out.eager["user_id"]])
+    for name in ("n_1h", "n_life", "failed_24h", "qty_life", "amount_max_1h", "merchants_24h"):
+        got = [None if pd.isna(v) else v for v in out.eager[name]]
+        exact = [None if pd.isna(v) else v for v in want[name]]
+        assert got == exact, name
+    assert out.rows["window_end"].max() <= watermark  # the change points stay behind the watermark

@@ -57,6 +57,7 @@ if TYPE_CHECKING:
 BUCKET = "fx_bucket"
 KIND = "fx_kind"  # what an output row is: a change point, a late event, a bad record, or a bucket's state size
 ROW, LATE, BAD, STAT = "row", "late", "bad", "stat"
+EAGER = "eager"  # a touched key's value ahead of the watermark, for the online store only
 REASON = "fx_reason"
 RECORD = "fx_record"  # a late event or bad record as JSON; on STAT rows the bucket's STAT_FIELDS as a JSON list
 PACK = "fx_pack"  # the processor's input: one bucket's events of one Arrow batch, as Arrow IPC stream bytes
@@ -71,7 +72,6 @@ STATE_FORMAT = 3  # the layout of a bucket's state, saved with the checkpoint (2
 COMPACT_SLACK = 1024  # codes of departed keys a bucket's key dictionary may hold beyond twice its live keys
 STATE_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 KAFKA_PACKAGE = "org.apache.spark:spark-sql-kafka-0-10_2.13:{version}"
-
 
 
 def configure(spark: SparkSession) -> None:
@@ -226,15 +226,16 @@ class PaneProcessor(StatefulProcessor):
     """One hash bucket of keys: its key dictionary, its pane table (keyed by key code) in chunks, the watermark
     it emitted up to, one timer."""
 
-    def __init__(self, plan: pt.Plan, group_name: str, output: dict[str, Any]) -> None:
+    def __init__(self, plan: pt.Plan, group_name: str, output: dict[str, Any], eager: bool = True) -> None:
         self.plan = plan
+        self.eager = eager
         self.coded = replace(plan, keys=(pt.KEY,))  # what the pane table functions see
         self.group_name = group_name
         self.output = output  # column -> Arrow type, in the order of the output schema
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
-        self.meta = handle.getValueState("meta", "emitted_upto long")
+        self.meta = handle.getValueState("meta", "emitted_upto long, newest long")
         self.chunks = handle.getMapState("chunks", "chunk long", "blob binary")
         self.keys = handle.getMapState("keys", "first_code long", "blob binary")
 
@@ -275,20 +276,32 @@ class PaneProcessor(StatefulProcessor):
                 self.keys.updateValue((len(keys) - len(fresh),), (pt.to_bytes(fresh),))
         if after is not None and upto <= after:
             upto = after  # the watermark never moves back; nothing new to emit
-        step = pt.step(plan, tables, coded, after, upto, align_us=CHUNK_US)
+        ts = coded[pt.TS].to_numpy(dtype=np.int64)
+        newest = None if meta is None else meta[1]  # the newest event time the bucket has seen
+        if len(ts):
+            newest = int(ts.max()) if newest is None else max(newest, int(ts.max()))
+        # Eager: the touched keys' values at the newest window end that has closed in event time (every event
+        # before it counts, as far as received), when it is ahead of what the change points reach. The latest
+        # end on any feature's grid: there each feature's value is its value at floor(newest / every) * every.
+        eager_at = None
+        if self.eager and len(ts):
+            latest = max(newest - newest % calc.every_us for calc in plan.calcs)
+            eager_at = latest if latest > upto else None
+        step = pt.step(plan, tables, coded, after, upto, align_us=CHUNK_US, eager_at=eager_at)
         # Decoded before a compaction renumbers the keys.
         if len(step.rows):
             yield self._rows(step.rows, keys)
+        if step.eager is not None and len(step.eager):
+            yield self._rows(step.eager, keys, EAGER)
         if len(step.late):
             decoded = keys.decode(step.late[pt.KEY].to_numpy())
             late = pd.DataFrame({**{k: v.to_pandas() for k, v in decoded.items()}, pt.TS: step.late[pt.TS].to_numpy()})
             record = late.to_json(orient="records", lines=True).splitlines()
             yield self._side(LATE, np.full(len(late), "late", dtype=object), np.array(record, dtype=object))
-        ts = coded[pt.TS].to_numpy(dtype=np.int64)
         touched = set(_chunk_ids(ts - ts % plan.pane_us))
         table = self._compact(step.table, keys, stored, touched)
         state_bytes = self._store(table, stored, touched)
-        self.meta.update((upto,))
+        self.meta.update((upto, newest))
         if step.next_change is not None:
             self.handle.registerTimer(step.next_change // 1000)
         yield self._stat(bucket, len(table), state_bytes, upto, n, landed)
@@ -347,7 +360,7 @@ class PaneProcessor(StatefulProcessor):
             data[name] = pd.arrays.ArrowExtensionArray(values) if isinstance(values, pa.Array) else values
         return pd.DataFrame(data)
 
-    def _rows(self, rows: pd.DataFrame, keys: pt.KeyDictionary) -> pd.DataFrame:
+    def _rows(self, rows: pd.DataFrame, keys: pt.KeyDictionary, kind: str = ROW) -> pd.DataFrame:
         codes = rows[pt.KEY].to_numpy(dtype=np.int64)
         out: dict[str, Any] = keys.decode(codes)
         for c in rows.columns.drop(pt.KEY):
@@ -360,7 +373,7 @@ class PaneProcessor(StatefulProcessor):
                 out[c] = pt.to_arrow(rows[c], arrow_type)
         # Rows come sorted by key, then window end: a key's newest row is the last before the key changes.
         out[LATEST] = np.r_[codes[1:] != codes[:-1], True] if len(codes) else np.zeros(0, dtype=bool)
-        return self._out(ROW, len(rows), out)
+        return self._out(kind, len(rows), out)
 
     def _side(self, kind: str, reasons: np.ndarray, records: np.ndarray) -> pd.DataFrame:
         return self._out(kind, len(reasons), {REASON: reasons, RECORD: records})

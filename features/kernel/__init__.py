@@ -20,6 +20,7 @@ from features.kernel.table import (
     step,
     to_arrow,
     to_bytes,
+    values_of,
 )
 
 __all__ = [
@@ -47,4 +48,5 @@ __all__ = [
     "to_arrow",
     "to_bytes",
     "value_column",
+    "values_of",
 ]

@@ -397,6 +397,7 @@ class Step:
     rows: pd.DataFrame  # change points with window end in (after, upto]
     late: pd.DataFrame  # input events behind `after`: they would change rows already emitted
     next_change: int | None  # the first window end after `upto` where a value may change
+    eager: pd.DataFrame | None = None  # the value at `eager_at` of each key the events touched
 
 
 def step(
@@ -406,19 +407,40 @@ def step(
     after: int | None,
     upto: int,
     align_us: int | None = None,
+    eager_at: int | None = None,
 ) -> Step:
     """One micro-batch for one set of keys: merge the events' pane partials into the table (or its chunks, in
     any order), emit the change points whose window end the watermark passed, and drop what no later window
     reads.
 
     `after` is the watermark the previous step emitted up to: an event before it is late (its change points
-    were emitted already) and is returned instead of used."""
+    were emitted already) and is returned instead of used. `eager_at` (a window end ahead of the watermark):
+    also each touched key's value there, from the events received so far."""
     late = np.zeros(len(events), dtype=bool) if after is None else events[TS].to_numpy(dtype=np.int64) < after
     tables = [table] if isinstance(table, pd.DataFrame) else list(table)
-    merged = combine_sorted(plan, [*tables, phase1(plan, events[~late])])
+    fresh = events[~late]
+    merged = combine_sorted(plan, [*tables, phase1(plan, fresh)])
     if after is None or upto > after:
         rows = emit(plan, merged, after, upto)
     else:
         rows = emit(plan, merged.table.iloc[:0], None, 0)
+    eager = None if eager_at is None else values_of(plan, merged, fresh[list(plan.keys)], eager_at)
     table = prune(plan, merged.table, upto, align_us)
-    return Step(table, rows, events[late], next_change(plan, table, upto))
+    return Step(table, rows, events[late], next_change(plan, table, upto), eager)
+
+
+def values_of(plan: Plan, s: Sorted, keys: pd.DataFrame, at_us: int) -> pd.DataFrame:
+    """Rows (keys, `window_end` = at, features): the value at `at` of each key of `keys` that `s` holds."""
+    first = np.flatnonzero(np.r_[True, s.key_code[1:] != s.key_code[:-1]]) if len(s.key_code) else np.zeros(0, int)
+    held = s.table[list(plan.keys)].iloc[first]
+    wanted = keys.drop_duplicates()
+    if len(plan.keys) == 1:
+        hit = pd.Index(held.iloc[:, 0]).isin(wanted.iloc[:, 0])
+    else:
+        hit = pd.MultiIndex.from_frame(held).isin(pd.MultiIndex.from_frame(wanted))
+    rows = first[hit]
+    ends = np.full(len(rows), at_us, dtype=np.int64)
+    out = {k: s.table[k].to_numpy()[rows] for k in plan.keys}
+    out["window_end"] = ends
+    out.update(values_at(plan, s, s.key_code[rows], ends))
+    return pd.DataFrame(out)

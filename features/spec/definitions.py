@@ -19,6 +19,9 @@ FORMATS = ("parquet", "json", "kafka")
 # What a group does with a batch of feature rows that fails validation (features.quality); None = the engine's
 # default (fail for backfills, quarantine for streams).
 ON_INVALID = ("fail", "quarantine")
+# When a stream writes the online store: "eager" after every micro-batch, from the events so far (ahead of the
+# watermark, corrected by later events); "final" only once the watermark has passed a window end.
+ONLINE = ("eager", "final")
 # Columns every change-point row carries besides the join keys and features.
 WINDOW_END = "window_end"
 RESERVED_COLUMNS = frozenset({WINDOW_END, "date"})
@@ -205,6 +208,7 @@ class FeatureGroup:
     # imported here), and what a failed validation does: "fail", "quarantine", or None for the engine's default.
     expectations: tuple[Any, ...] = ()
     on_invalid: str | None = None
+    online: str = "eager"
 
     def __init__(
         self,
@@ -215,6 +219,7 @@ class FeatureGroup:
         description: str = "",
         expectations: Sequence[Any] = (),
         on_invalid: str | None = None,
+        online: str = "eager",
     ) -> None:
         check_name(name, "FeatureGroup.name")
         where = f"FeatureGroup({name!r})"
@@ -247,6 +252,12 @@ class FeatureGroup:
                 f"unknown policy {on_invalid!r}",
                 'use "fail" (stop, write nothing), "quarantine" (set the batch aside, keep going) or leave it out',
             )
+        if online not in ONLINE:
+            raise DefinitionError(
+                f"{where}.online",
+                f"unknown mode {online!r}",
+                'use "eager" (online after every micro-batch, the default) or "final" (once the watermark passed)',
+            )
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "entity", entity)
         object.__setattr__(self, "source", source)
@@ -255,6 +266,7 @@ class FeatureGroup:
         columns = [*entity.join_keys, WINDOW_END, *(f.name for f in features)]
         object.__setattr__(self, "expectations", _check_expectations(expectations, where, columns))
         object.__setattr__(self, "on_invalid", on_invalid)
+        object.__setattr__(self, "online", online)
 
     @property
     def join_keys(self) -> tuple[str, ...]:
