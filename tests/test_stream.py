@@ -134,25 +134,61 @@ def test_offline_rows_equal_the_batch_engine(spark, streamed) -> None:
             assert not bad, (group.name, feat.name, bad[:3])
 
 
-def test_online_values_are_the_reference_at_the_final_watermark(spark, streamed) -> None:
+def test_online_values_are_the_reference_at_their_window_end(spark, streamed) -> None:
+    """Eager online values: each key's value at its newest window end closed in event time, at or after the
+    final watermark (ahead of the offline table), from all the events."""
     repo, events, run = streamed
     for group in GROUPS:
         watermark = pd.Timestamp(next(p for p in run.progress() if p.group == group.name).watermark)
         keys = events[list(group.join_keys)].drop_duplicates().sort_values(list(group.join_keys))
-        got = online_features(repo, group, keys.reset_index(drop=True))
-        pairs = [(tuple(k), watermark) for k in keys.itertuples(index=False)]
+        got = online_features(repo, group, keys.reset_index(drop=True), with_window_end=True)
+        assert got[WINDOW_END].notna().all() and (got[WINDOW_END] >= watermark).all()
+        assert (got[WINDOW_END] > offline_rows(spark, repo, group)[WINDOW_END].max()).any()  # ahead of offline
+        pairs = [(tuple(k), t) for k, t in zip(keys.itertuples(index=False), got[WINDOW_END], strict=True)]
         want = reference_frame(events, group, pairs)
-        # A key without an online row has had no window end yet: every value is the empty one.
-        unseen = got[[f.name for f in group.features]].isna().all(axis=1).to_numpy()
         for feat in group.features:
             for i, (key, _) in enumerate(pairs):
                 value, exact = got[feat.name].iloc[i], want[feat.name].iloc[i]
-                if unseen[i]:
-                    assert same_value(exact, 0 if feat.aggregation.kind.empty_is_zero else None), (feat.name, key)
-                elif feat.aggregation.kind is AggKind.APPROX_PERCENTILE and exact is not None:
+                if feat.aggregation.kind is AggKind.APPROX_PERCENTILE and exact is not None:
                     assert percentile_ok(value, exact), (feat.name, key, exact, value)
                 else:
                     assert same_value(exact, value), (feat.name, key, exact, value)
+
+
+def test_an_eager_value_is_online_before_the_watermark_and_a_late_event_corrects_it(
+    spark, feast_repo_factory, tmp_path
+) -> None:
+    group = FeatureGroup(
+        "eager",
+        Entity("user", join_keys=["user_id"]),
+        EventSource("transactions", path="data/transactions", timestamp="event_ts", watermark="30m"),
+        [
+            Feature("n_1h", agg.count(), window=Hop("1h", every="5m")),
+            Feature("amount_max_1h", agg.max("amount"), window=Hop("1h", every="5m")),
+        ],
+    )
+    t0 = BASE + 10 * H
+    first = pd.DataFrame(
+        {"user_id": "u1", "event_ts": [t0 + m * pd.Timedelta(minutes=1) for m in range(1, 21)], "amount": 1.0}
+    )
+    first.loc[first.index[-1], "event_ts"] = t0 + pd.Timedelta(minutes=21)  # the newest: its pane is still open
+    land(tmp_path, first, 1)
+    feast_repo_factory(tmp_path, [group])
+    repo = Repo.load(tmp_path)
+    stream(repo, available_now=True, progress=False, tracking=False).await_termination()
+    online = online_features(repo, group, ["u1"], with_window_end=True)
+    # 19 events before t0 + 20m, whose pane closed; the watermark (t0 - 9m) is far behind.
+    assert online[WINDOW_END].iloc[0] == t0 + pd.Timedelta(minutes=20)
+    assert online["n_1h"].iloc[0] == 19 and online["amount_max_1h"].iloc[0] == 1.0
+    offline = offline_rows(spark, repo, group)
+    assert offline.empty or (offline[WINDOW_END] <= t0 - pd.Timedelta(minutes=9)).all()  # final rows only
+
+    late = pd.DataFrame({"user_id": ["u1"], "event_ts": [t0 + pd.Timedelta(seconds=210)], "amount": [7.0]})
+    land(tmp_path, late, 1, start_index=1)  # behind the eager end, within the watermark
+    stream(repo, available_now=True, progress=False, tracking=False).await_termination()
+    online = online_features(repo, group, ["u1"], with_window_end=True)
+    assert online[WINDOW_END].iloc[0] == t0 + pd.Timedelta(minutes=20)  # the same window end, corrected
+    assert online["n_1h"].iloc[0] == 20 and online["amount_max_1h"].iloc[0] == 7.0
 
 
 def test_progress_reports_every_batch(streamed) -> None:
