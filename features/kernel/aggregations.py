@@ -417,8 +417,12 @@ class CountDistinct(Kind):
         values = frame[calc.value].to_numpy()
         ok = mask & ~pd.isna(values)
         items, dtype = self.items(calc, values[ok])
-        pairs = pd.DataFrame({"g": codes[ok], "v": items}).drop_duplicates().sort_values("g", kind="stable")
-        return {"vals": arrow_lists(pairs["g"].to_numpy(), pairs["v"].to_numpy(), groups, dtype)}
+        item_codes, distinct = pd.factorize(items)
+        # (group, item) pairs packed into one integer: unique, then sorted into group order (numpy 2.4's plain
+        # np.unique is several times slower than a hash table and a sort)
+        pairs = np.sort(pd.unique(codes[ok].astype(np.int64) * max(len(distinct), 1) + item_codes))
+        g, item = np.divmod(pairs, max(len(distinct), 1))
+        return {"vals": arrow_lists(g, np.asarray(distinct)[item], groups, dtype)}
 
     def items(self, calc: Calc, values: np.ndarray) -> tuple[np.ndarray, DType | None]:
         """What a pane keeps of its values: the values themselves."""
@@ -487,7 +491,7 @@ class HashedDistinct(CountDistinct):
     1e-7 for a million), far inside an HLL sketch's 1.6%. A pane keeps 8 bytes per distinct value it holds."""
 
     def items(self, calc: Calc, values: np.ndarray) -> tuple[np.ndarray, DType | None]:
-        hashes = pd.util.hash_array(values, categorize=False) if len(values) else np.zeros(0, np.uint64)
+        hashes = pd.util.hash_array(values, categorize=True) if len(values) else np.zeros(0, np.uint64)
         return hashes.view(np.int64), DType.INT64
 
 
