@@ -190,7 +190,8 @@ def stream(
                 if available_now
                 else writer.trigger(processingTime=f"{every_s} seconds")
             )
-            run.latest[group.name] = StreamProgress(group.name)
+            # Until its first batch reports, a run stands at the watermark its checkpoint's last batch emitted up to.
+            run.latest[group.name] = StreamProgress(group.name, watermark=emitted_watermark(checkpoint / "query"))
             with _shuffle_partitions(spark, partitions):
                 run.queries[group.name] = writer.start()
             sink.query = run.queries[group.name]
@@ -227,6 +228,17 @@ def _cores(spark: SparkSession) -> int:
         return int(spark.sparkContext.defaultParallelism)
     except (AttributeError, NotImplementedError):  # Spark Connect has no SparkContext: its shuffle partitions
         return int(spark.conf.get("spark.sql.shuffle.partitions") or 1)
+
+
+def emitted_watermark(query_checkpoint: Path) -> datetime | None:
+    """The watermark the query's last committed micro-batch emitted up to (its offsets' batchWatermarkMs), or None
+    for a new checkpoint: every offline row up to it is final."""
+    commits = [int(p.name) for p in (query_checkpoint / "commits").glob("[0-9]*") if p.name.isdigit()]
+    if not commits:
+        return None
+    lines = (query_checkpoint / "offsets" / str(max(commits))).read_text().splitlines()
+    ms = json.loads(lines[1]).get("batchWatermarkMs") if len(lines) > 1 else None
+    return datetime.fromtimestamp(ms / 1000, UTC) if ms else None
 
 
 def _check_checkpoint(
@@ -478,7 +490,8 @@ class _Sink:
             events=events,
             input_rate=input_rate,
             processing_rate=events / seconds if seconds > 0 else 0.0,
-            watermark=None if not watermark else datetime.fromtimestamp(watermark / 1e6, UTC),
+            # A batch that ran no bucket reports none: the watermark emitted up to stands (it never moves back).
+            watermark=before.watermark if not watermark else datetime.fromtimestamp(watermark / 1e6, UTC),
             state_rows=sum(v[0] for v in self.state.values()),
             state_bytes=sum(v[1] for v in self.state.values()),
             rows_emitted=rows_out,
