@@ -143,7 +143,6 @@ def apply(repo_path: str, *, prune: bool = False) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    args.whole_process = argv is None  # the command line of this process (not a call from Python code)
     try:
         return _run(args)
     except DataError as exc:  # the data failed (e.g. validation), not the command: status 1
@@ -177,7 +176,6 @@ def _run(args: argparse.Namespace) -> int:
             online=not args.no_online,
             on_invalid=args.on_invalid,
             track=not args.no_tracking,
-            start_spark_early=args.whole_process,
         )
     if args.command == "stream":
         return _stream(args)

@@ -694,16 +694,10 @@ def backfill_command(
     track: bool = True,
     now: datetime | None = None,
     spark: SparkSession | None = None,
-    start_spark_early: bool = False,
 ) -> int:
-    """`features backfill`: check the options, print the plan, do it; the exit status (errors raise).
-    `start_spark_early`: start the local session in the background before the repo is loaded (a process
-    that exists for this command: a session it never uses ends with it)."""
+    """`features backfill`: check the options, print the plan, do it; the exit status (errors raise). Spark
+    starts only once the repo, the groups and the stores checked out, so that a mistake prints one line."""
     req = request(start=start, end=end, day=day, since_last=since_last, force=force, days_per_run=days_per_run)
-    if start_spark_early and spark is None and not dry_run and (Path(repo_path) / "feature_store.yaml").is_file():
-        from features import backfill
-
-        backfill.start_spark_early()  # the JVM starts while the repo loads and the plan is made
     repo = Repo.load(repo_path)
     the_plan = plan(repo, req, groups, now=now, spark=spark)
     print(the_plan.describe(), flush=True)
