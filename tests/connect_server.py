@@ -1,0 +1,91 @@
+"""A real Spark Connect server for the tests (the session kind Databricks serverless and shared clusters give).
+
+`spark_connect` (session scope) starts `org.apache.spark.sql.connect.service.SparkConnectServer` from PySpark's
+own jars in a JVM of its own (local[2], two shuffle partitions, UTC) on a free loopback port, and yields a
+Spark Connect client session to it. `connect_url` gives the `sc://` address, e.g. for `SPARK_REMOTE` in a CLI
+subprocess. The server is stopped when the run ends.
+
+PySpark refuses `SparkSession.builder.remote(...)` in a process that already has a classic session (the shared
+`spark` fixture), so the client is built with the Connect builder itself, which has no such check: both kinds
+of session live side by side in the test process, as a notebook on a Connect cluster never does.
+
+Usage in a test module: `from connect_server import connect_url, spark_connect  # noqa: F401`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+START_TIMEOUT_S = 120.0
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _answers(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="session")
+def connect_url() -> Iterator[str]:
+    """The `sc://` address of a Spark Connect server started for this test run."""
+    import pyspark
+
+    home = Path(pyspark.__file__).parent
+    port = _free_port()
+    log = Path(tempfile.mkdtemp(prefix="features-connect-")) / "server.log"
+    env = dict(os.environ, SPARK_HOME=str(home), PYSPARK_PYTHON=sys.executable)
+    env.pop("SPARK_REMOTE", None)
+    conf = {
+        "spark.connect.grpc.binding.address": "127.0.0.1",
+        "spark.connect.grpc.binding.port": str(port),
+        "spark.sql.shuffle.partitions": "2",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.ui.enabled": "false",
+        "spark.driver.memory": "2g",
+    }
+    command = [str(home / "bin" / "spark-submit"), "--master", "local[2]"]
+    for key, value in conf.items():
+        command += ["--conf", f"{key}={value}"]
+    command += ["--class", "org.apache.spark.sql.connect.service.SparkConnectServer", "spark-internal"]
+    with log.open("w") as out:
+        server = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not _answers(port):
+            if server.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"the Spark Connect server did not start; its log:\n{log.read_text()[-3000:]}")
+            time.sleep(0.5)
+        yield f"sc://127.0.0.1:{port}"
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+
+@pytest.fixture(scope="session")
+def spark_connect(connect_url: str):
+    """A Spark Connect client session (pyspark.sql.connect.session.SparkSession) to the test server."""
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    session = ConnectSession.builder.remote(connect_url).getOrCreate()
+    yield session
+    session.stop()
