@@ -4,6 +4,7 @@ the online store up to each key's value as of `end`."""
 from __future__ import annotations
 
 import functools
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
@@ -16,7 +17,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from features.engine.batch import change_points, read_lower_bound
-from features.engine.session import get_spark
+from features.engine.session import cancel_all, get_spark, is_connect, is_stopped
 from features.engine.source import quarantine_records, read_source
 from features.errors import ConfigError
 from features.locks import table_lock
@@ -88,6 +89,17 @@ def parse_time(value: str | datetime, field: str) -> datetime:
     return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
 
 
+def check_range(start: datetime, end: datetime) -> None:
+    """A ConfigError unless [start, end) holds some time (equal times are an empty range, not a swapped one)."""
+    if start == end:
+        raise ConfigError(
+            f"--start and --end are both {start.isoformat()}: the range [--start, --end) is empty; give an --end "
+            "after --start (e.g. --start 2026-01-01 --end 2026-01-02 for one day)"
+        )
+    if start > end:
+        raise ConfigError(f"--start {start.isoformat()} is not before --end {end.isoformat()}; swap them")
+
+
 def micros(t: datetime) -> int:
     return int(t.timestamp()) * 1_000_000 + t.microsecond
 
@@ -113,8 +125,7 @@ def backfill(
     `track`: record the run in MLflow (features.tracking: definitions, range, counts, validation).
     `on_swapped(group, day)`: called as each date partition of a group is swapped into its table."""
     start_t, end_t = parse_time(start, "--start"), parse_time(end, "--end")
-    if start_t >= end_t:
-        raise ConfigError(f"--start {start_t.isoformat()} is not before --end {end_t.isoformat()}; swap them")
+    check_range(start_t, end_t)
     selected = repo.select(groups)
     # Fail before Spark starts when a store cannot take writes (e.g. the repo was never applied).
     writers = {g.name: ready_writer(repo, g) for g in selected} if online else {}
@@ -159,7 +170,6 @@ def start_spark_early() -> None:
     never used costs nothing more: the process does not wait for the thread when it exits."""
     if _EARLY or SparkSession.getActiveSession() is not None:
         return
-    import threading
 
     future: Future[SparkSession] = Future()
 
@@ -184,7 +194,7 @@ def _session_soon(spark: SparkSession | None) -> Callable[[], SparkSession]:
 
     def started() -> SparkSession:
         session = _EARLY[0].result()
-        if session.sparkContext._jsc is None:  # stopped since (a notebook): start another
+        if is_stopped(session):  # stopped since (a notebook): start another
             return get_spark()
         _cancel_jobs_on_interrupt(session)
         return session
@@ -196,14 +206,13 @@ def _cancel_jobs_on_interrupt(spark: SparkSession) -> None:
     """What PySpark does when the main thread starts the session (here a helper thread did): Ctrl-C cancels the
     running Spark jobs, then raises KeyboardInterrupt."""
     import signal
-    import threading
 
     if threading.current_thread() is not threading.main_thread():
         return
 
     def interrupted(signum: int, frame: object) -> None:
         try:
-            spark.sparkContext.cancelAllJobs()
+            cancel_all(spark)
         finally:
             raise KeyboardInterrupt
 
@@ -250,7 +259,7 @@ def backfill_group(
     rejected = source.rejected_for(read_lower_bound(group, micros(start)), micros(end))
     # Bad records are counted and set aside by a job of their own while the change points are planned and
     # computed: it uses the cores that job leaves idle (while it is planned, in the tails of its stages).
-    setting_aside = _Background(quarantine_records, rejected, records)
+    setting_aside = _Background(spark, quarantine_records, rejected, records)
     report: ValidationReport | None = None
     batch_quarantined: str | None = None
     online_rows = 0
@@ -314,11 +323,9 @@ def backfill_group(
 
 class _Background:
     """`fn(*args)` in a thread that inherits the caller's Spark job group and local properties (so that its
-    jobs are cancelled and tracked with the caller's)."""
+    jobs are cancelled and tracked with the caller's); on Spark Connect, the caller's operation tags."""
 
-    def __init__(self, fn: Callable[..., Any], *args: object) -> None:
-        from pyspark import InheritableThread
-
+    def __init__(self, spark: SparkSession, fn: Callable[..., Any], *args: object) -> None:
         self._out: dict[str, Any] = {}
 
         def run() -> None:
@@ -327,7 +334,7 @@ class _Background:
             except BaseException as exc:
                 self._out["error"] = exc
 
-        self._thread = InheritableThread(target=run, daemon=True)
+        self._thread = _inheriting_thread(spark, run)
         self._thread.start()
 
     def join(self) -> None:
@@ -339,6 +346,24 @@ class _Background:
         if "error" in self._out:
             raise self._out["error"]
         return self._out["value"]
+
+
+def _inheriting_thread(spark: SparkSession, target: Callable[[], None]) -> threading.Thread:
+    """A daemon thread running `target` with the calling thread's Spark properties. PySpark's InheritableThread
+    picks its kind by the process (`is_remote()`), not by the session, so a Connect session gets a plain thread
+    that copies the tags itself (Connect keeps them per thread)."""
+    if not is_connect(spark):
+        from pyspark import InheritableThread
+
+        return InheritableThread(target=target, daemon=True)
+    tags = spark.getTags()
+
+    def tagged() -> None:
+        for tag in tags:
+            spark.addTag(tag)
+        target()
+
+    return threading.Thread(target=tagged, daemon=True)
 
 
 NEWEST = "_newest"  # per-key column: the struct of the key's newest row (window_end and features)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -15,7 +15,9 @@ if TYPE_CHECKING:
 
 @contextmanager
 def spark_progress(spark: SparkSession, desc: str, enabled: bool | None = None) -> Iterator[None]:
-    """Show completed/total Spark tasks under `desc` while the block runs (on a terminal by default)."""
+    """Show completed/total Spark tasks under `desc` while the block runs (on a terminal by default): polled
+    from the SparkContext's status tracker, or on Spark Connect (no SparkContext) from the progress the server
+    reports with each operation's results."""
     if enabled is None:
         enabled = sys.stderr.isatty()
     if not enabled:
@@ -23,10 +25,27 @@ def spark_progress(spark: SparkSession, desc: str, enabled: bool | None = None) 
         return
     from tqdm import tqdm
 
+    from features.engine.session import is_connect
+
+    bar = tqdm(total=0, desc=desc, unit="task", leave=False, file=sys.stderr)
+    seen: dict[int, tuple[int, int]] = {}  # stage id -> (completed tasks, tasks)
+
+    def show() -> None:
+        bar.total = sum(total for _, total in seen.values())
+        bar.n = sum(done for done, _ in seen.values())
+        bar.refresh()
+
+    try:
+        with _connect_progress(spark, seen, show) if is_connect(spark) else _polled_progress(spark, seen, show):
+            yield
+    finally:
+        bar.close()
+
+
+@contextmanager
+def _polled_progress(spark: SparkSession, seen: dict[int, tuple[int, int]], show: Callable[[], None]) -> Iterator[None]:
     tracker = spark.sparkContext.statusTracker()
     stop = threading.Event()
-    bar = tqdm(total=0, desc=desc, unit="task", leave=False, file=sys.stderr)
-    seen: dict[int, tuple[int, int]] = {}
 
     def poll() -> None:
         while not stop.wait(0.3):
@@ -34,9 +53,7 @@ def spark_progress(spark: SparkSession, desc: str, enabled: bool | None = None) 
                 info = tracker.getStageInfo(stage_id)
                 if info is not None:
                     seen[stage_id] = (info.numCompletedTasks, info.numTasks)
-            bar.total = sum(total for _, total in seen.values())
-            bar.n = sum(done for done, _ in seen.values())
-            bar.refresh()
+            show()
 
     thread = threading.Thread(target=poll, daemon=True)
     thread.start()
@@ -45,7 +62,25 @@ def spark_progress(spark: SparkSession, desc: str, enabled: bool | None = None) 
     finally:
         stop.set()
         thread.join()
-        bar.close()
+
+
+@contextmanager
+def _connect_progress(
+    spark: SparkSession, seen: dict[int, tuple[int, int]], show: Callable[[], None]
+) -> Iterator[None]:
+    """Spark Connect's progress handler (`registerProgressHandler`): called with each operation's stages as the
+    server reports them, in the thread that runs the operation."""
+
+    def handler(stages: Iterable[Any] | None, inflight_tasks: int, operation_id: str | None, done: bool) -> None:
+        for stage in stages or ():
+            seen[stage.stage_id] = (stage.num_completed_tasks, stage.num_tasks)
+        show()
+
+    spark.registerProgressHandler(handler)  # type: ignore[arg-type]
+    try:
+        yield
+    finally:
+        spark.removeProgressHandler(handler)  # type: ignore[arg-type]
 
 
 class PartitionProgress:

@@ -1,4 +1,9 @@
-"""The SparkSession: reuse an active one (Databricks, notebooks), else start a small local one."""
+"""The SparkSession: reuse an active one (Databricks, notebooks), connect to `SPARK_REMOTE` when it is set (PySpark's
+own convention for Spark Connect), else start a small local one.
+
+A Spark Connect session (Databricks serverless and shared clusters) has no SparkContext, RDDs or JVM in this
+process: whatever the package does with a session it was given goes through the helpers below, which take the
+Connect way when `is_connect(spark)`."""
 
 from __future__ import annotations
 
@@ -56,20 +61,59 @@ REQUIRED_CONF = {
 }
 
 
+def is_connect(spark: SparkSession) -> bool:
+    """Whether `spark` is a Spark Connect client session. Decided by its class, not `is_remote()`: a process may
+    hold both kinds (a test run), and importing the Connect module here would slow every classic start."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def is_stopped(spark: SparkSession) -> bool:
+    """Whether `spark` was stopped since (a notebook may stop the session a helper thread started)."""
+    if is_connect(spark):
+        return bool(spark.is_stopped)  # type: ignore[attr-defined]
+    return spark.sparkContext._jsc is None
+
+
+def cancel_all(spark: SparkSession) -> None:
+    """Cancel the session's running Spark jobs (Ctrl-C): `interruptAll` on Connect, the SparkContext's
+    `cancelAllJobs` otherwise."""
+    if is_connect(spark):
+        spark.interruptAll()
+    else:
+        spark.sparkContext.cancelAllJobs()
+
+
+def apply_required_conf(spark: SparkSession) -> None:
+    """Set REQUIRED_CONF where the session differs. Only differing values are set: a shared or serverless cluster
+    may refuse to set a setting at all, even to the value it already has."""
+    for key, value in REQUIRED_CONF.items():
+        if spark.conf.get(key, None) != value:
+            spark.conf.set(key, value)
+
+
 def get_spark(app_name: str = "features", shuffle_partitions: int | None = None) -> SparkSession:
-    """The active SparkSession if there is one (Databricks, notebooks, spark-submit), else a local one."""
+    """The active SparkSession if there is one (Databricks, notebooks, spark-submit; a Spark Connect session
+    there too), else a Spark Connect session to `SPARK_REMOTE` when it is set, else a local one."""
     from pyspark.sql import SparkSession
 
-    active = SparkSession.getActiveSession()
+    active = SparkSession.getActiveSession()  # under Spark Connect (is_remote()), the active Connect session
     if active is not None:
-        for key, value in REQUIRED_CONF.items():
-            active.conf.set(key, value)
+        apply_required_conf(active)
         return active
     builder = SparkSession.builder.appName(app_name)
     for key, value in REQUIRED_CONF.items():
         builder = builder.config(key, value)
     if shuffle_partitions is not None:
         builder = builder.config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+    remote = os.environ.get("SPARK_REMOTE")
+    if remote:
+        # The builder connects by itself; a master or driver settings would be refused (the server has its own).
+        # `SPARK_REMOTE=local[N]` starts a Connect server in this process: it gets the local defaults.
+        if remote.startswith("local"):
+            builder = _local_defaults(builder, shuffle_partitions, master=False)
+        spark = builder.getOrCreate()
+        apply_required_conf(spark)  # a session that already existed does not take the builder's settings
+        return spark
     if "PYSPARK_GATEWAY_PORT" not in os.environ:
         # This process starts the JVM itself; under spark-submit the user's master and memory settings stand.
         builder = _local_defaults(builder, shuffle_partitions)
@@ -78,15 +122,18 @@ def get_spark(app_name: str = "features", shuffle_partitions: int | None = None)
     return spark
 
 
-def _local_defaults(builder: SparkSession.Builder, shuffle_partitions: int | None) -> SparkSession.Builder:
+def _local_defaults(
+    builder: SparkSession.Builder, shuffle_partitions: int | None, master: bool = True
+) -> SparkSession.Builder:
     check_java()
     # Local workers must run this interpreter (with this package and its dependencies), not `python3` on PATH.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     cores = os.cpu_count() or 2
+    if master:
+        builder = builder.master(os.environ.get("FEATURES_SPARK_MASTER", f"local[{cores}]"))
     builder = (
-        builder.master(os.environ.get("FEATURES_SPARK_MASTER", f"local[{cores}]"))
-        .config("spark.sql.shuffle.partitions", str(shuffle_partitions or max(4, cores * 2)))
+        builder.config("spark.sql.shuffle.partitions", str(shuffle_partitions or max(4, cores * 2)))
         .config("spark.driver.memory", os.environ.get("FEATURES_DRIVER_MEMORY", "4g"))
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
