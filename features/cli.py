@@ -8,8 +8,12 @@ import sys
 from collections.abc import Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from features.errors import ConfigError, DataError, FeaturesError
+
+if TYPE_CHECKING:
+    from features.repo import Repo
 
 DEFAULT_REPO = "feature_repo"
 
@@ -124,21 +128,38 @@ def _in_dir(path: Path):
 
 
 def apply(repo_path: str, *, prune: bool = False) -> list[str]:
-    """Register the repo with Feast (same as `feast apply` in that folder); returns the group names.
+    """Register the repo with Feast (what `feast apply` does in that folder, plus every FeatureGroup of the
+    repo's modules, whether or not a module exports its `to_feast` objects); returns the group names.
 
-    Feature views of groups that are no longer defined are removed only with `prune` (else a ConfigError
-    names them): Feast's apply would drop them, and their online values, silently."""
-    from feast.repo_config import load_repo_config
-    from feast.repo_operations import apply_total
-
+    Each group's `where` is checked by Spark against the source's schema first, so that a typo fails here and
+    not in the first backfill. Feature views of groups that are no longer defined are removed only with `prune`
+    (else a ConfigError names them): Feast's apply would drop them, and their online values, silently."""
+    from features.feast_objects import apply_repo
     from features.repo import Repo
     from features.schedule import check_removed_groups
 
     repo = Repo.load(repo_path)
+    check_wheres(repo)
     check_removed_groups(repo, prune=prune)
     with _in_dir(repo.root):
-        apply_total(load_repo_config(repo.root, repo.root / "feature_store.yaml"), repo.root, True)
+        apply_repo(repo)
     return list(repo.groups)
+
+
+def check_wheres(repo: Repo) -> None:
+    """Spark's parser and analyzer on each `where`, over an empty frame with the source's schema (Spark starts
+    only when some feature has a `where`)."""
+    from features.feast_objects import source_schema
+
+    groups = [g for g in repo.groups.values() if any(f.where is not None for f in g.features)]
+    if not groups:
+        return
+    from features.engine.session import get_spark
+    from features.engine.source import check_columns, spark_schema
+
+    spark = get_spark()
+    for group in groups:
+        check_columns(group, spark.createDataFrame([], spark_schema(source_schema(group, repo.root))))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -154,6 +175,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # a bug, not the user's mistake: the traceback for the report, then one line
+        return _unexpected(args.command, exc)
+
+
+def _unexpected(command: str, exc: Exception) -> int:
+    """Status 3 for an unexpected exception: its traceback (for whoever debugs it), then one `error:` line (what
+    alerting shows)."""
+    import traceback
+
+    traceback.print_exc()
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    reason = f"{type(exc).__name__}: {lines[0] if lines else 'no message'}"
+    print(f"error: features {command} failed unexpectedly: {reason[:500]}", file=sys.stderr)
+    return 3
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -272,19 +307,9 @@ def _validate(repo_path: str, groups: list[str]) -> int:
 
 
 def job_main(command: str, argv: Sequence[str]) -> int:
-    """`features <command> <argv>` for schedulers (spark-submit, Databricks, cron): the statuses of `main`
-    (0 done, 1 the data failed, 2 a usage or configuration error, 130 interrupted), and for an unexpected
-    exception its traceback (for whoever debugs it) and then one `error:` line (what alerting shows), status 3."""
-    import traceback
-
-    try:
-        return main([command, *argv])
-    except Exception as exc:
-        traceback.print_exc()
-        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-        reason = f"{type(exc).__name__}: {lines[0] if lines else 'no message'}"
-        print(f"error: features {command} failed unexpectedly: {reason[:500]}", file=sys.stderr)
-        return 3
+    """`features <command> <argv>` for schedulers (spark-submit, Databricks, cron), with the statuses of `main`:
+    0 done, 1 the data failed, 2 a usage or configuration error, 3 an unexpected error, 130 interrupted."""
+    return main([command, *argv])
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -22,6 +22,8 @@ from features.spec import WINDOW_END, DType, Feature, FeatureGroup
 if TYPE_CHECKING:
     from feast import Entity, FeatureView, FileSource, ValueType
     from feast.types import FeastType
+
+    from features.repo import Repo
 
 # DuckDB (Feast's offline store) reads the FileSource path with read_parquet, which globs. A recursive glob
 # reads every date=... partition, skips Spark's _SUCCESS / .crc side files, and needs no directory support.
@@ -108,7 +110,7 @@ def source_schema(
     inferred = None
     if source.format in ("parquet", "json"):
         path = resolve(Path(repo_root or "."), source.path)
-        inferred = _infer_parquet(path, where) if source.format == "parquet" else _infer_json(path, where)
+        inferred = infer_parquet(path, where) if source.format == "parquet" else _infer_json(path, where)
         problem = f"no schema is declared and no {source.format} files were found at {source.path!r}"
     else:
         problem = f"no schema is declared, and a {source.format} source has no files to read it from"
@@ -120,18 +122,28 @@ def source_schema(
     return inferred
 
 
-def _infer_parquet(path: str, where: str) -> dict[str, DType] | None:
-    import pyarrow.dataset as ds
+def infer_parquet(path: str, where: str) -> dict[str, DType] | None:
+    """The columns of the Parquet files under `path`, each file's footer read on its own: a file that is not
+    Parquet is left out (the engines set it aside with its reason), a column typed `null` (pandas writes
+    an empty object column so) takes its type from the other files, and a timestamp is one, whatever its unit."""
+    import pyarrow.parquet as pq
 
-    try:
-        dataset = ds.dataset(path, format="parquet", partitioning="hive", ignore_prefixes=[".", "_"])
-    except (FileNotFoundError, NotADirectoryError):
+    files = _data_files(Path(path))
+    if not files:
         return None
-    except pa.ArrowException as exc:
-        raise _unreadable(where, path, exc) from exc
-    if not dataset.files:
-        return None
-    return schema_of_arrow(dataset.schema)
+    types: dict[str, DType] = {}
+    readable = 0
+    for file in files:
+        try:
+            schema = pq.read_schema(file)
+        except (pa.ArrowException, OSError):
+            continue
+        readable += 1
+        for name, dtype in schema_of_arrow(schema).items():
+            types.setdefault(name, dtype)
+    if not readable:
+        raise _unreadable(where, path, ValueError(f"none of its {len(files)} files is Parquet"))
+    return types
 
 
 def _infer_json(path: str, where: str) -> dict[str, DType] | None:
@@ -153,17 +165,23 @@ def _unreadable(where: str, path: str, exc: Exception) -> DataError:
     )
 
 
+def _data_files(folder: Path) -> list[Path]:
+    """The files (in name order) under `folder`, skipping hidden and _-prefixed side files, as Spark does."""
+    if folder.is_file():
+        return [folder]
+    if not folder.is_dir():
+        return []
+    return [
+        candidate
+        for candidate in sorted(folder.rglob("*"))
+        if candidate.is_file() and not any(p.startswith((".", "_")) for p in candidate.relative_to(folder).parts)
+    ]
+
+
 def _first_data_file(folder: Path) -> Path | None:
     """The first file (in name order) under `folder`, skipping hidden and _-prefixed side files."""
-    if folder.is_file():
-        return folder
-    if not folder.is_dir():
-        return None
-    for candidate in sorted(folder.rglob("*")):
-        parts = candidate.relative_to(folder).parts
-        if candidate.is_file() and not any(p.startswith((".", "_")) for p in parts):
-            return candidate
-    return None
+    files = _data_files(folder)
+    return files[0] if files else None
 
 
 def offline_source_path(offline_path: str) -> str:
@@ -238,3 +256,52 @@ def to_feast(
         tags={"features.source": group.source.name},
     )
     return [*entities, source, view]
+
+
+def repo_objects(repo: Repo) -> list[Entity | FileSource | FeatureView]:
+    """The Feast objects of every group of the repo, in group order."""
+    return [obj for group in repo.groups.values() for obj in to_feast(group, repo_root=repo.root)]
+
+
+def apply_repo(repo: Repo) -> None:
+    """`feast apply` for the repo folder, with every group's objects added: a module's own `to_feast` exports
+    are replaced by the same objects made here, and objects that two modules define alike (a copied module)
+    are applied once. It changes the working directory to the repo, as `feast apply` does (Feast imports the
+    repo's modules by their path from there)."""
+    import os
+
+    from feast.repo_config import load_repo_config
+    from feast.repo_operations import _get_repo_contents, _get_store_and_registry, apply_total_with_repo_instance
+
+    config = load_repo_config(repo.root, repo.root / "feature_store.yaml")
+    os.chdir(repo.root)
+    contents = _get_repo_contents(repo.root, config.project, config)
+    ours = repo_objects(repo)
+    contents = contents._replace(
+        entities=_merged(contents.entities, [o for o in ours if isinstance(o, _feast_class("Entity"))]),
+        data_sources=_merged(contents.data_sources, [o for o in ours if isinstance(o, _feast_class("FileSource"))]),
+        feature_views=_merged(contents.feature_views, [o for o in ours if isinstance(o, _feast_class("FeatureView"))]),
+    )
+    store, registry = _get_store_and_registry(config)
+    apply_total_with_repo_instance(store, config.project, registry, contents, True)
+
+
+def _feast_class(name: str) -> type:
+    import feast
+
+    return getattr(feast, name)
+
+
+def _merged(found: list[Any], ours: list[Any]) -> list[Any]:
+    """`ours`, then the objects the modules define themselves, one per name: a module's export of a group is
+    replaced by ours (the same object), and equal copies count once. Two different objects under one name
+    are both kept, for Feast to refuse as it does."""
+    names = {o.name for o in ours}
+    kept: list[Any] = list(ours)
+    for obj in found:
+        if obj.name in names:
+            continue  # a module's export of a group: the object made here is the same one
+        if any(obj.name == other.name and obj == other for other in kept):
+            continue  # a copy of an object already kept
+        kept.append(obj)
+    return kept

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from features.errors import ConfigError
+from features.errors import ConfigError, FeaturesError
 from features.spec import FeatureGroup
 
 if TYPE_CHECKING:
@@ -55,7 +55,8 @@ class Repo:
 
     @property
     def online_store_type(self) -> str:
-        return str((self.config.get("online_store") or {}).get("type", "sqlite"))
+        online = self.config.get("online_store") or {}
+        return online if isinstance(online, str) else str(online.get("type", "sqlite"))
 
     def source_path(self, group: FeatureGroup) -> str:
         return resolve(self.root, group.source.path)
@@ -101,17 +102,63 @@ class Repo:
                 f"--repo: {root} has no feature_store.yaml; point --repo at a Feast feature repository "
                 "(the folder holding feature_store.yaml and the definitions)"
             )
-        config = yaml.safe_load(config_file.read_text()) or {}
-        repo = cls(root=root, config=config)
+        repo = cls(root=root, config=read_config(config_file))
+        defined_in: dict[str, Path] = {}
         for module_file in sorted(root.rglob("*.py")):
             if _SKIP_DIRS.intersection(module_file.relative_to(root).parts[:-1]):
                 continue
             for value in vars(_import(module_file, root)).values():
-                if isinstance(value, FeatureGroup):
-                    other = repo.groups.setdefault(value.name, value)
-                    if other is not value and other != value:
-                        raise ConfigError(f"{module_file}: a second feature group is named {value.name!r}; rename one")
+                if not isinstance(value, FeatureGroup):
+                    continue
+                other = repo.groups.setdefault(value.name, value)
+                defined_in.setdefault(value.name, module_file)
+                if other is not value and other != value:  # the same definition twice (a copied module) is one
+                    raise ConfigError(
+                        f"FeatureGroup.name: {defined_in[value.name]} and {module_file} define different feature "
+                        f"groups named {value.name!r}. Fix: rename one of them, or delete the copy"
+                    )
         return repo
+
+
+def read_config(config_file: Path) -> dict[str, Any]:
+    """feature_store.yaml as a mapping, checked for what every command needs (a project, a known online store
+    type): a ConfigError naming the file, the field and the fix, not Feast's traceback later."""
+    from features.online import REDIS_TYPES, SQLITE_TYPES
+
+    example = "see feature_repo/feature_store.yaml in the features repository for a working one"
+    try:
+        config = yaml.safe_load(config_file.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or type(exc).__name__
+        raise ConfigError(
+            f"{config_file}: not valid YAML{where} ({problem}). Fix: correct the YAML; {example}"
+        ) from None
+    if not isinstance(config, dict):
+        kind = "empty" if config is None else f"a {type(config).__name__}"
+        raise ConfigError(
+            f"{config_file}: the file is {kind}, not a mapping of settings. Fix: write `key: value` lines "
+            f"(project, registry, provider, online_store); {example}"
+        )
+    if not config.get("project"):
+        raise ConfigError(
+            f"{config_file}: project: missing. Fix: add a line `project: <name>` (letters, digits and underscores)"
+        )
+    online = config.get("online_store")
+    if online is not None and not isinstance(online, dict | str):
+        raise ConfigError(
+            f"{config_file}: online_store: {online!r} is not a mapping. Fix: write `online_store:` with indented "
+            "`type: sqlite` and `path: data/online_store.db` (or `type: redis` and `connection_string: ...`)"
+        )
+    kind = online if isinstance(online, str) else (online or {}).get("type", "sqlite")
+    if kind not in (*SQLITE_TYPES, *REDIS_TYPES):
+        raise ConfigError(
+            f"{config_file}: online_store.type: {kind!r} is not an online store features can write. "
+            "Fix: use `type: sqlite` (with `path: data/online_store.db`) or `type: redis` "
+            "(with `connection_string: host:port`)"
+        )
+    return config
 
 
 def _import(module_file: Path, root: Path) -> Any:
@@ -128,7 +175,20 @@ def _import(module_file: Path, root: Path) -> Any:
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
-    except Exception:
+    except FeaturesError:
         del sys.modules[name]
-        raise
+        raise  # a definition's own error names the field and the fix
+    except Exception as exc:
+        del sys.modules[name]
+        raise ConfigError(f"{module_file}{_line_in(exc, module_file)}: {type(exc).__name__}: {exc}") from exc
     return module
+
+
+def _line_in(exc: BaseException, module_file: Path) -> str:
+    """`, line N` of the innermost frame of the traceback in `module_file` (a syntax error's own line)."""
+    import traceback
+
+    if isinstance(exc, SyntaxError) and exc.lineno is not None:
+        return f", line {exc.lineno}"
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == str(module_file)]
+    return f", line {frames[-1].lineno}" if frames else ""

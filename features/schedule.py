@@ -102,7 +102,7 @@ def request(
     days_per_run: int | str | None = None,
 ) -> Request:
     """Check a combination of `features backfill` options; a ConfigError names the wrong one and the fix."""
-    from features.backfill import parse_time
+    from features.backfill import check_range, parse_time
 
     ranged = start is not None or end is not None
     if day is not None and since_last:
@@ -131,8 +131,7 @@ def request(
     runs = DAYS_PER_RUN if days_per_run is None else _days_per_run(days_per_run)
     if start is not None and end is not None:
         start_t, end_t = parse_time(start, "--start"), parse_time(end, "--end")
-        if start_t >= end_t:
-            raise ConfigError(f"--start {start_t.isoformat()} is not before --end {end_t.isoformat()}; swap them")
+        check_range(start_t, end_t)
         return Request(start=start_t, end=end_t, days_per_run=runs)
     if day is not None:
         return Request(day=_parse_day(day), force=force, days_per_run=runs)

@@ -2,12 +2,22 @@
 aside with the reason each one cannot be used.
 
 A record is bad when it cannot be parsed (JSON that is malformed or not an object), a value does not have the
-declared type, a join key or the timestamp is missing, or the timestamp is more than the source's `max_future`
-after the current time. The engines only ever see the good records; the bad ones go to a quarantine folder.
+declared type, a value the group aggregates is infinite, a join key or the timestamp is missing, or the timestamp
+is more than the source's `max_future` after the current time. A NaN is a null (DESIGN.md section 2). A file that
+cannot be read (not Parquet, columns of other types than the declared ones) is set aside as one bad record with
+its reason, and every other file is read. The engines only ever see the good records; the bad ones go to a
+quarantine folder.
+
+Parquet files are read with an explicit schema (the declared one, else the one their footers give), twice:
+once with microsecond timestamps (Spark's own files, pyarrow's) and once with nanosecond ones (pandas'
+`to_parquet` default, which Spark refuses to read as a plain timestamp), each read skipping the files it cannot
+read, so every file is read by exactly one of them. Only SQL settings and reader options are used, no JVM
+access, so this also works on Spark Connect.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -17,7 +27,8 @@ from features.errors import ConfigError, DefinitionError, SchemaError
 from features.spec import DType, FeatureGroup
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, DataFrameReader, SparkSession
+    from pyspark.sql.streaming import DataStreamReader
     from pyspark.sql.types import DataType, StructType
 
 CORRUPT = "_corrupt_record"  # Spark's column for the text of a JSON line that does not match the schema
@@ -31,6 +42,12 @@ WRONG_TYPE = "wrong_type"
 MISSING_KEY = "missing_key"
 MISSING_TIMESTAMP = "missing_timestamp"
 FUTURE_TIMESTAMP = "future_timestamp"
+INFINITE_VALUE = "infinite_value"
+UNREADABLE_FILE = "unreadable_file"
+META = "fx_meta"  # Spark's `_metadata` of each record (its file), carried through the union of the two reads
+# Spark 4.3's nanosecond timestamps (a preview): with it, a Parquet TIMESTAMP(NANOS) column reads as
+# timestamp_ltz(9) / timestamp_ntz(9), and a cast to timestamp truncates it to the microsecond (towards -inf).
+NANOS_CONF = "spark.sql.timestampNanosTypes.enabled"
 
 _SPARK_TYPES = {
     DType.INT64: "bigint",
@@ -62,12 +79,17 @@ def schema_of(spark_schema: StructType) -> dict[str, DType]:
     return {f.name: t for f in spark_schema.fields if (t := dtype_of_spark(f.dataType)) is not None}
 
 
-def declared_spark_schema(group: FeatureGroup) -> StructType | None:
+def spark_schema(columns: Mapping[str, DType]) -> StructType:
+    """A Spark schema of columns and their logical types."""
     from pyspark.sql import types as T
 
+    return T.StructType.fromDDL(", ".join(f"`{c}` {_SPARK_TYPES[t]}" for c, t in columns.items()))
+
+
+def declared_spark_schema(group: FeatureGroup) -> StructType | None:
     if group.source.schema is None:
         return None
-    return T.StructType.fromDDL(", ".join(f"`{c}` {_SPARK_TYPES[t]}" for c, t in group.source.schema.items()))
+    return spark_schema(group.source.schema)
 
 
 @dataclass(frozen=True)
@@ -113,19 +135,56 @@ def read_events(spark: SparkSession, group: FeatureGroup, path: str, *, now: dat
 def read_source(spark: SparkSession, group: FeatureGroup, path: str, *, now: datetime | None = None) -> SourceRead:
     """The source's records, split into good ones and bad ones with their reason (see the module docstring).
 
-    Nothing is read yet: both are lazy DataFrames over the same files."""
+    Nothing is read yet: both are lazy DataFrames over the same files (only the files that cannot be read are
+    found now, one small job)."""
     from pyspark.sql import functions as F
 
-    raw = _load(spark, group, path)
-    columns = [c for c in raw.columns if c != CORRUPT]
+    raw, schema = _load(spark, group, path)
+    columns = source_columns(raw)
     now = (now or datetime.now(UTC)).astimezone(UTC)
     reason = _reason(group, raw, now)
-    events = raw.where(reason.isNull()).select(*columns)
-    extra = [F.col("_metadata.file_path").alias(SOURCE_FILE)]
+    cleaned = [*cleaned_columns(raw), F.col(META)]
+    events = raw.where(reason.isNull()).select(*cleaned).drop(META)
+    extra = [F.col(META)["file_path"].alias(SOURCE_FILE)]
     if CORRUPT in raw.columns:
         extra.append(F.col(CORRUPT).alias(RAW_RECORD))
     rejected = raw.select(reason.alias(REASON), *extra, *columns).where(F.col(REASON).isNotNull())
+    if group.source.format == "parquet":
+        bad_files = unreadable_files(spark, raw, schema, path)
+        if bad_files:
+            rejected = rejected.unionByName(_file_records(spark, bad_files, rejected.schema))
     return SourceRead(events, rejected, now, group.source.timestamp)
+
+
+def source_columns(raw: DataFrame) -> list[str]:
+    """The source's own columns of a read (not Spark's corrupt-record text, nor the file metadata)."""
+    return [c for c in raw.columns if c not in (CORRUPT, META)]
+
+
+def cleaned_columns(raw: DataFrame) -> list[Column]:
+    """The source's columns with every floating-point NaN made a null (DESIGN.md section 2: a NaN in a value
+    column is a null, so it is ignored like one by every aggregation and engine)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    floats = {f.name for f in raw.schema.fields if isinstance(f.dataType, T.FloatType | T.DoubleType)}
+    return [
+        F.nanvl(F.col(c), F.lit(None).cast(raw.schema[c].dataType)).alias(c) if c in floats else F.col(c)
+        for c in source_columns(raw)
+    ]
+
+
+def _file_records(spark: SparkSession, bad_files: list[tuple[str, str]], schema: StructType) -> DataFrame:
+    """One rejected record per file that cannot be read: its reason and path, every other column null."""
+    from pyspark.sql import functions as F
+
+    files = spark.createDataFrame(bad_files, f"{REASON} string, {SOURCE_FILE} string")
+    return files.select(
+        *[
+            F.col(f.name) if f.name in (REASON, SOURCE_FILE) else F.lit(None).cast(f.dataType).alias(f.name)
+            for f in schema.fields
+        ]
+    )
 
 
 def _reason(group: FeatureGroup, raw: DataFrame, now: datetime) -> Column:
@@ -158,6 +217,13 @@ def _reason(group: FeatureGroup, raw: DataFrame, now: datetime) -> Column:
         any_missing = any_missing | F.col(k).isNull()
     otherwise(any_missing, named(MISSING_KEY, missing))
     otherwise(ts.isNull(), F.lit(MISSING_TIMESTAMP))
+    floats = _float_values(group, raw)
+    if floats:
+        any_infinite = F.lit(False)
+        for c in floats:
+            any_infinite = any_infinite | _is_infinite(F.col(c))
+        infinite = [F.when(_is_infinite(F.col(c)), F.lit(c)) for c in floats]
+        otherwise(any_infinite, named(INFINITE_VALUE, infinite))
     if source.max_future_s is not None:
         latest = now + timedelta(seconds=source.max_future_s)
         latest_us = int(latest.timestamp()) * 1_000_000 + latest.microsecond
@@ -166,8 +232,24 @@ def _reason(group: FeatureGroup, raw: DataFrame, now: datetime) -> Column:
     return reason
 
 
-def _load(spark: SparkSession, group: FeatureGroup, path: str) -> DataFrame:
-    """Every record of the source, with `_corrupt_record` for JSON; the group's columns checked."""
+def _float_values(group: FeatureGroup, raw: DataFrame) -> list[str]:
+    """The floating-point columns the group aggregates: a record with an infinite value there is quarantined."""
+    from pyspark.sql import types as T
+
+    floats = {f.name for f in raw.schema.fields if isinstance(f.dataType, T.FloatType | T.DoubleType)}
+    read = [f.aggregation.column for f in group.features if f.aggregation.column is not None]
+    return sorted(floats.intersection(read))
+
+
+def _is_infinite(column: Column) -> Column:
+    from pyspark.sql import functions as F
+
+    return column.isin(F.lit(float("inf")), F.lit(float("-inf")))
+
+
+def _load(spark: SparkSession, group: FeatureGroup, path: str) -> tuple[DataFrame, StructType | None]:
+    """Every record of the source with its file's metadata (`fx_meta`), with `_corrupt_record` for JSON, and
+    the schema it was read with (Parquet); the group's columns checked."""
     source = group.source
     if source.format == "kafka":
         raise ConfigError(
@@ -179,10 +261,11 @@ def _load(spark: SparkSession, group: FeatureGroup, path: str) -> DataFrame:
             f"EventSource({source.name!r}).path: {path} does not exist; land event files there "
             "(the demo generates them: `features demo`) or point path= at your data"
         )
+    from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
     declared = declared_spark_schema(group)
-    reader = spark.read.option("recursiveFileLookup", "true")
+    schema = None
     if source.format == "json":
         if declared is None:
             raise DefinitionError(
@@ -191,11 +274,132 @@ def _load(spark: SparkSession, group: FeatureGroup, path: str) -> DataFrame:
                 'add schema={"column": "type", ...} to the EventSource',
             )
         with_corrupt = T.StructType([*declared.fields, T.StructField(CORRUPT, T.StringType())])
-        events = reader.schema(with_corrupt).option("mode", "PERMISSIVE").json(path)
+        reader = spark.read.option("recursiveFileLookup", "true").schema(with_corrupt).option("mode", "PERMISSIVE")
+        events = reader.json(path).withColumn(META, F.col("_metadata"))
     else:
-        events = reader.parquet(path)
+        schema = parquet_schema(spark, group, path)
+        events = read_parquet(spark, spark.read, schema, path)
     check_columns(group, events)
-    return events
+    return events, schema
+
+
+def parquet_schema(spark: SparkSession, group: FeatureGroup, path: str) -> StructType:
+    """The schema a Parquet source is read with: the declared one, else the files' own (read from their
+    footers, skipping files that are not Parquet; Spark's own inference for a URI the driver cannot list)."""
+
+    declared = declared_spark_schema(group)
+    if declared is not None:
+        return declared
+    if "://" in path or path.startswith("dbfs:"):
+        return spark.read.option("recursiveFileLookup", "true").parquet(path).schema
+    from features.feast_objects import infer_parquet
+
+    columns = infer_parquet(path, f"EventSource({group.source.name!r})")
+    if not columns:
+        raise ConfigError(
+            f"EventSource({group.source.name!r}).schema: no schema is declared and there are no Parquet files in "
+            f"{path} to read it from. Fix: land the event files there, or declare schema={{column: type, ...}}"
+        )
+    return spark_schema(columns)
+
+
+def read_parquet(
+    spark: SparkSession, reader: DataFrameReader | DataStreamReader, schema: StructType, path: str
+) -> DataFrame:
+    """A Parquet folder (batch or stream) read with `schema`: the union of a read with microsecond timestamps
+    and one with nanosecond timestamps (cast to microseconds), each skipping the files it cannot read, so each
+    file is read by the one that fits it. The records carry their file's metadata as `fx_meta`."""
+    from pyspark.sql import functions as F
+
+    reader = reader.option("recursiveFileLookup", "true").option("ignoreCorruptFiles", "true")
+    micros = reader.schema(schema).parquet(path).withColumn(META, F.col("_metadata"))
+    stamps = _timestamps(schema)
+    if not stamps or not _nanos_enabled(spark):
+        return micros
+    nanos_ddl = _ddl(schema, nanos=True)
+    # The schema of this read has types PySpark cannot parse: columns are cast before anything asks for it.
+    nanos = (
+        reader.schema(nanos_ddl)
+        .parquet(path)
+        .select(
+            *[
+                F.col(f"`{f.name}`").cast("timestamp").alias(f.name) if f.name in stamps else F.col(f"`{f.name}`")
+                for f in schema.fields
+            ],
+            F.col("_metadata").alias(META),
+        )
+    )
+    return micros.select(*[F.col(f"`{f.name}`") for f in schema.fields], F.col(META)).unionByName(nanos)
+
+
+def _nanos_enabled(spark: SparkSession) -> bool:
+    """Turn on Spark's nanosecond timestamps for this session, if this Spark has them (a setting the platform
+    may refuse, e.g. a managed Connect session: then nanosecond files are set aside as unreadable, with why)."""
+    from pyspark.errors import PySparkException
+
+    try:
+        spark.conf.set(NANOS_CONF, "true")
+    except PySparkException:
+        return False
+    if not type(spark).__module__.startswith("pyspark.sql.connect"):
+        # Classic Spark parses a reader's DDL schema with the settings of the session active in the calling
+        # thread, and a session started in another thread (as the CLI does) is active only there:
+        # createDataFrame makes it the active one in this thread too (PySpark's own doing; no JVM call here).
+        spark.createDataFrame([], "x int")
+    return True
+
+
+def unreadable_files(
+    spark: SparkSession, raw: DataFrame, schema: StructType | None, path: str
+) -> list[tuple[str, str]]:
+    """(reason, file) for each file under `path` that neither read could use: the files listed but absent
+    from the records, except those that read without error (Parquet files with no rows)."""
+    from pyspark.sql import functions as F
+
+    listed = spark.read.format("binaryFile").option("recursiveFileLookup", "true").load(path).select("path")
+    seen = raw.select(F.col(META)["file_path"].alias("path")).distinct()
+    suspects = sorted(row["path"] for row in listed.join(seen, "path", "left_anti").collect())
+    bad = []
+    for file in suspects:
+        reason = _why_unreadable(spark, schema, file)
+        if reason is not None:
+            bad.append((f"{UNREADABLE_FILE}: {reason}", file))
+    return bad
+
+
+def _why_unreadable(spark: SparkSession, schema: StructType | None, file: str) -> str | None:
+    """Why Spark cannot read one Parquet file with `schema` (None if it can, e.g. a file with no rows)."""
+    reasons = []
+    for ddl in _read_types(spark, schema):
+        try:
+            spark.read.schema(ddl).parquet(file).limit(1).collect()
+            return None
+        except Exception as exc:  # the reason is kept: classic PySpark raises py4j's error, no PySparkException
+            reasons.append(spark_reason(exc))
+    return reasons[0]
+
+
+def _read_types(spark: SparkSession, schema: StructType | None) -> list[str]:
+    """The schemas (DDL) the two reads of `read_parquet` use."""
+    if schema is None:
+        return []
+    if not _timestamps(schema) or spark.conf.get(NANOS_CONF, "false") != "true":
+        return [_ddl(schema, nanos=False)]
+    return [_ddl(schema, nanos=False), _ddl(schema, nanos=True)]
+
+
+def _timestamps(schema: StructType) -> list[str]:
+    from pyspark.sql import types as T
+
+    return [f.name for f in schema.fields if isinstance(f.dataType, T.TimestampType | T.TimestampNTZType)]
+
+
+def _ddl(schema: StructType, *, nanos: bool) -> str:
+    """`schema` as DDL; with `nanos`, its timestamps as Spark's nanosecond type."""
+    stamps = set(_timestamps(schema)) if nanos else set()
+    return ", ".join(
+        f"`{f.name}` {'timestamp_ltz(9)' if f.name in stamps else f.dataType.simpleString()}" for f in schema.fields
+    )
 
 
 def check_columns(group: FeatureGroup, events: DataFrame) -> None:
@@ -222,3 +426,14 @@ def check_columns(group: FeatureGroup, events: DataFrame) -> None:
                 f"{feat.where!r} is a {data_type.simpleString()}, not a condition",
                 'write an expression that is true or false, e.g. "amount > 100"',
             )
+
+
+def spark_reason(exc: BaseException) -> str:
+    """Spark's reason for an error in one line: the innermost `Caused by:` of a Java trace (the real reason
+    a file failed, e.g. "... is not a Parquet file"), else the first line of the message."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    causes = [line.removeprefix("Caused by: ") for line in lines if line.startswith("Caused by: ")]
+    text = causes[-1] if causes else next((line for line in lines if not line.startswith("An error occurred")), "")
+    if ": " in text.split(" ", 1)[0]:
+        text = text.split(": ", 1)[1]  # the Java exception's class name
+    return text[:300] or type(exc).__name__

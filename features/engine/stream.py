@@ -45,7 +45,18 @@ from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
 from features import kernel as pt
 from features.engine.inputs import ddl, kernel_inputs
-from features.engine.source import CORRUPT, _reason, check_columns, declared_spark_schema, schema_of
+from features.engine.source import (
+    CORRUPT,
+    META,
+    _reason,
+    check_columns,
+    cleaned_columns,
+    declared_spark_schema,
+    parquet_schema,
+    read_parquet,
+    schema_of,
+)
+from features.engine.source import source_columns as all_source_columns
 from features.errors import ConfigError, DefinitionError, EnvironmentProblem
 from features.spec import WINDOW_END, DType, FeatureGroup
 
@@ -104,11 +115,14 @@ def source_schema(spark: SparkSession, group: FeatureGroup, path: str) -> Struct
             f"EventSource({source.name!r}).path: no Parquet files in {path} to take the stream's schema from; "
             'land a first file there, or declare schema={"column": "type", ...} on the EventSource'
         )
-    return spark.read.option("recursiveFileLookup", "true").parquet(path).schema
+    return parquet_schema(spark, group, path)
 
 
 def read_stream(spark: SparkSession, group: FeatureGroup, path: str, max_files: int | None) -> DataFrame:
-    """The group's source as a streaming DataFrame with the source's columns (plus `_corrupt_record` for JSON)."""
+    """The group's source as a streaming DataFrame with the source's columns (plus `_corrupt_record` for JSON).
+
+    Parquet files are read as the batch reads them (features.engine.source.read_parquet): microsecond and
+    nanosecond timestamps both, and a file that cannot be read is skipped instead of failing the stream."""
     from pyspark.sql import types as T
 
     source = group.source
@@ -120,11 +134,13 @@ def read_stream(spark: SparkSession, group: FeatureGroup, path: str, max_files: 
         reader = reader.option("maxFilesPerTrigger", max_files)
     if source.format == "json":
         with_corrupt = T.StructType([*schema.fields, T.StructField(CORRUPT, T.StringType())])
-        events = reader.schema(with_corrupt).option("mode", "PERMISSIVE").json(path)
+        events = (
+            reader.schema(with_corrupt).option("mode", "PERMISSIVE").json(path).withColumn(META, F.col("_metadata"))
+        )
     else:
-        events = reader.schema(schema).parquet(path)
+        events = read_parquet(spark, reader, schema, path)
     check_columns(group, events)
-    return events.withColumn(LANDED, F.unix_micros(F.col("_metadata.file_modification_time")))
+    return events.withColumn(LANDED, F.unix_micros(F.col(META)["file_modification_time"])).drop(META)
 
 
 def _read_kafka(spark: SparkSession, group: FeatureGroup) -> DataFrame:
@@ -194,8 +210,10 @@ def project(group: FeatureGroup, events: DataFrame, labels: list[int]) -> tuple[
     raw = F.to_json(F.struct(*[F.col(c) for c in source_columns]))
     if CORRUPT in events.columns:
         raw = F.coalesce(F.col(CORRUPT), raw)
+    # NaN is null (DESIGN.md section 2), as in the batch read; the raw record keeps what arrived.
+    cleaned = dict(zip(all_source_columns(events), cleaned_columns(events), strict=True))
     marked = events.select(
-        *[F.col(c) for c in source_columns],
+        *[cleaned[c] for c in source_columns],
         F.col(LANDED),
         reason.alias(REASON),
         F.when(reason.isNotNull(), raw).alias(RECORD),
