@@ -27,7 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from features.errors import ConfigError, ValidationFailed
+from features.errors import ConfigError, EnvironmentProblem, ValidationFailed
 from features.locks import table_lock
 from features.repo import Repo
 from features.spec import WINDOW_END, FeatureGroup
@@ -162,6 +162,7 @@ def stream(
     selected = repo.select(groups)
     writers = {g.name: ready_writer(repo, g) for g in selected} if online else {}
     spark = spark or get_spark()
+    _check_not_connect(spark)
     engine.configure(spark)
     from features import tracking as mlflow_tracking
 
@@ -201,6 +202,23 @@ def stream(
         run._finish(exc)
         raise
     return run
+
+
+CONNECT_UNSUPPORTED = (
+    "the stream cannot run on a Spark Connect session (Databricks serverless or a shared cluster, SPARK_REMOTE): "
+    "Spark Connect runs a foreachBatch function in a Python process of its own on the server, and the stream's "
+    "micro-batch sink reports each batch to this run (progress, errors, MLflow metrics, the stop between batches), "
+    "which that process cannot reach. Run the stream on a classic session instead: a cluster in dedicated (single "
+    "user) access mode, `spark-submit jobs/stream.py`, or `features stream` without SPARK_REMOTE. Backfills "
+    "(`features backfill --since-last`, e.g. every few minutes) do run on Spark Connect"
+)
+
+
+def _check_not_connect(spark: SparkSession) -> None:
+    from features.engine.session import is_connect
+
+    if is_connect(spark):
+        raise EnvironmentProblem(CONNECT_UNSUPPORTED)
 
 
 def _arrow_types(schema: str) -> dict[str, Any]:

@@ -121,6 +121,14 @@ def test_backfill_on_connect_writes_both_stores(spark_connect, feast_repo, event
     want = reference_frame(events, GROUP, [((k,), END) for k in keys])
     for name in EXACT:
         assert _values(online[name]) == pytest.approx(_values(want[name]), rel=1e-9, nan_ok=True), name
+    # A training set from Spark rows on the Connect session: a DataFrame of that session, Feast's values.
+    rows = events[["user_id", "event_ts", "is_fraud"]].iloc[::40].rename(columns={"event_ts": "event_timestamp"})
+    expected = features.training_set(rows, [GROUP.name], root)
+    frame = features.training_set(spark_connect.createDataFrame(rows), [GROUP.name], root)
+    assert type(frame).__module__.startswith("pyspark.sql.connect")
+    got = frame.toPandas()
+    for name in EXACT:
+        assert _values(got[name]) == pytest.approx(_values(expected[name]), rel=1e-9, nan_ok=True), name
 
 
 def test_cli_backfill_with_spark_remote(connect_url: str, feast_repo, events, classic_points) -> None:  # noqa: F811
@@ -148,3 +156,28 @@ def test_cli_backfill_with_spark_remote(connect_url: str, feast_repo, events, cl
     assert done.returncode == 0, done.stderr[-3000:]
     assert "change points out" in done.stdout
     pd.testing.assert_frame_equal(_offline(root), _normalized(classic_points))
+
+
+def test_validation_runs_great_expectations_on_connect(spark_connect, events: pd.DataFrame) -> None:  # noqa: F811
+    """A user expectation always runs in Great Expectations: here on the Connect DataFrame, and it fails."""
+    import great_expectations as gx
+
+    from features import quality
+
+    limit = gx.expectations.ExpectColumnValuesToBeBetween(column="amount_sum_1h", max_value=100, description="small")
+    strict = FeatureGroup(GROUP.name, GROUP.entity, SOURCE, GROUP.features, expectations=[limit])
+    rows = features.preview(strict, spark_connect.createDataFrame(events), START, END)
+    report = quality.validate_batch(strict, rows, range_start=START.to_pydatetime())
+    assert not report.success
+    assert report.failed_names() == ["small"] or "amount_sum_1h" in report.summary(), report.summary()
+    assert all(o.success for o in report.outcomes if o not in report.failures)
+
+
+def test_stream_on_connect_stops_with_the_limitation(spark_connect, feast_repo, events) -> None:  # noqa: F811
+    from features.errors import EnvironmentProblem
+    from features.stream import stream
+
+    root = feast_repo([GROUP], events, apply=False)
+    with pytest.raises(EnvironmentProblem, match=r"cannot run on a Spark Connect session.*foreachBatch"):
+        stream(features.load_repo(root), spark=spark_connect, online=False, progress=False, tracking=False)
+    assert not (root / "data" / "checkpoints").exists()
