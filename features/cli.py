@@ -139,8 +139,8 @@ def apply(repo_path: str, *, prune: bool = False) -> list[str]:
     from features.schedule import check_removed_groups
 
     repo = Repo.load(repo_path)
-    check_wheres(repo)
     check_removed_groups(repo, prune=prune)
+    check_wheres(repo)
     with _in_dir(repo.root):
         apply_repo(repo)
     return list(repo.groups)

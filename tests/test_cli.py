@@ -152,14 +152,55 @@ def test_unknown_group(repo: Path, tmp_path: Path):
     assert_one_line_error(result, "--group", "'user_transactoins'", "card_merchant, user_transactions")
 
 
-@pytest.mark.parametrize(
-    ("start", "end"),
-    [("2026-01-02", "2026-01-01"), ("2026-01-01T06:00", "2026-01-01T06:00")],
-    ids=["after", "equal"],
-)
-def test_start_not_before_end(repo: Path, tmp_path: Path, start: str, end: str):
-    result = run("backfill", "--repo", str(repo), "--start", start, "--end", end, cwd=tmp_path)
+def test_start_after_end(repo: Path, tmp_path: Path):
+    result = run("backfill", "--repo", str(repo), "--start", "2026-01-02", "--end", "2026-01-01", cwd=tmp_path)
     assert_one_line_error(result, "--start", "is not before --end", "swap them")
+
+
+def test_start_equal_to_end(repo: Path, tmp_path: Path):
+    result = run(
+        "backfill", "--repo", str(repo), "--start", "2026-01-01T06:00", "--end", "2026-01-01T06:00", cwd=tmp_path
+    )
+    assert_one_line_error(
+        result, "--start and --end are both 2026-01-01T06:00:00+00:00", "is empty", "give an --end after"
+    )
+    assert "swap" not in result.stderr
+
+
+BROKEN_CONFIGS = {
+    "bad_yaml": ("project: [fraud\n", ["not valid YAML at line", "Fix: correct the YAML"]),
+    "a_list": ("- project: fraud\n", ["the file is a list, not a mapping of settings"]),
+    "no_project": ("provider: local\n", ["project: missing", "add a line `project: <name>`"]),
+    "unknown_store": (
+        "project: fraud\nonline_store:\n  type: cassandra_x\n",
+        ["online_store.type: 'cassandra_x' is not an online store", "type: sqlite", "type: redis"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN_CONFIGS))
+def test_broken_feature_store_yaml(repo: Path, tmp_path: Path, case: str):
+    text, needles = BROKEN_CONFIGS[case]
+    (repo / "feature_store.yaml").write_text(text)
+    result = run("apply", "--repo", str(repo), cwd=tmp_path)
+    assert_one_line_error(result, str(repo / "feature_store.yaml"), *needles)
+    assert result.returncode == 2  # a configuration error, not a data failure (1)
+
+
+def test_unexpected_crash_exits_3_with_an_error_line(repo: Path, tmp_path: Path):
+    (repo / "data").mkdir()
+    (repo / "data" / "registry.db").write_bytes(b"\xff not a Feast registry \x00" * 8)  # a bug's stand-in
+    result = run("apply", "--repo", str(repo), cwd=tmp_path)
+    assert result.returncode == 3, result.stdout + result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: features apply failed unexpectedly: "), last
+
+
+def test_definitions_module_that_fails_to_import(repo: Path, tmp_path: Path):
+    (repo / "broken.py").write_text("x = 1\ny = 1 / 0\n")
+    result = run("apply", "--repo", str(repo), cwd=tmp_path)
+    assert_one_line_error(result, "broken.py, line 2: ZeroDivisionError: division by zero")
+    assert result.returncode == 2
 
 
 @pytest.mark.parametrize(
