@@ -253,6 +253,7 @@ def derived_checks(
                 _between(group, f"finite({column})", column, 0, FINITE, f"{column} is finite and not negative")
             )
         elif kind is AggKind.APPROX_PERCENTILE:
+            checks.append(_between(group, f"finite({column})", column, -FINITE, FINITE, f"{column} is finite"))
             checks.extend(_percentile_bounds(group, feat))
     return checks
 

@@ -80,7 +80,7 @@ def test_suite_is_derived_from_the_definitions() -> None:
         assert types[f"integer({count})"] == "expect_column_values_to_be_in_type_list"
         assert types[f"not_null({count})"] == "expect_column_values_to_not_be_null"
         assert checks[f"non_negative({count})"].min_value == 0
-    for finite in ("sum_1h", "avg_1h", "avg_1d"):
+    for finite in ("sum_1h", "avg_1h", "avg_1d", "p90_1h"):
         assert checks[f"finite({finite})"].min_value == -math.inf or checks[f"finite({finite})"].min_value < -1e300
         assert checks[f"finite({finite})"].max_value > 1e300
     assert checks["finite(sd_1h)"].min_value == 0

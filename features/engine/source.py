@@ -17,7 +17,9 @@ access, so this also works on Spark Connect.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -372,7 +374,8 @@ def _why_unreadable(spark: SparkSession, schema: StructType | None, file: str) -
     reasons = []
     for ddl in _read_types(spark, schema):
         try:
-            spark.read.schema(ddl).parquet(file).limit(1).collect()
+            with quiet_spark_errors():
+                spark.read.schema(ddl).parquet(file).limit(1).collect()
             return None
         except Exception as exc:  # the reason is kept: classic PySpark raises py4j's error, no PySparkException
             reasons.append(spark_reason(exc))
@@ -412,7 +415,8 @@ def check_columns(group: FeatureGroup, events: DataFrame) -> None:
         if feat.where is None:
             continue
         try:
-            data_type = events.select(F.expr(feat.where).alias("w")).schema["w"].dataType
+            with quiet_spark_errors():
+                data_type = events.select(F.expr(feat.where).alias("w")).schema["w"].dataType
         except PySparkException as exc:
             reason = str(exc).strip().splitlines()[0]
             raise SchemaError(
@@ -426,6 +430,25 @@ def check_columns(group: FeatureGroup, events: DataFrame) -> None:
                 f"{feat.where!r} is a {data_type.simpleString()}, not a condition",
                 'write an expression that is true or false, e.g. "amount > 100"',
             )
+
+
+# PySpark logs every error that has a query context as it is raised: an 8 KB JSON line with the Java trace
+# on stderr, ahead of the one-line message the package gives for the errors it expects.
+_QUERY_CONTEXT_LOGGERS = ("SQLQueryContextLogger", "DataFrameQueryContextLogger")
+
+
+@contextmanager
+def quiet_spark_errors() -> Iterator[None]:
+    """PySpark's own logging of an error off, where the error is expected and reported in one line."""
+    loggers = [logging.getLogger(name) for name in _QUERY_CONTEXT_LOGGERS]
+    before = [logger.disabled for logger in loggers]
+    for logger in loggers:
+        logger.disabled = True
+    try:
+        yield
+    finally:
+        for logger, disabled in zip(loggers, before, strict=True):
+            logger.disabled = disabled
 
 
 def spark_reason(exc: BaseException) -> str:
