@@ -3,10 +3,13 @@
     rows = transactions[["user_id", "event_timestamp", "is_fraud"]]     # keys, a timestamp, a label
     frame = features.training_set(rows, ["user_transactions:failed_count_24h", "card_merchant"], repo="feature_repo")
 
-Each row gets every requested feature's value at its timestamp `t` (DESIGN.md section 2), looked up by Feast's
-`get_historical_features` in the offline change-point tables: the latest row with `window_end <= t`. A key
-with no such row had nothing in any window yet, so counts, sums and approx_count_distinct are 0 there and
-every other feature is null, exactly as the stores and the engines define an empty window.
+Each row gets every requested feature's value at its timestamp `t` (DESIGN.md section 2), looked up in the
+offline change-point tables: the latest row with `window_end <= t`. A key with no such row had nothing in any
+window yet, so counts, sums and distinct counts are 0 there and every other feature is null, exactly as the
+stores and the engines define an empty window.
+
+pandas rows go through Feast's `get_historical_features` (DuckDB, on the driver). Spark rows are joined in
+Spark on the same tables (features.engine.pit): the same values, the rows never pass through the driver.
 
 `fill_empty` gives a frame read from either store those values and one set of column types; the model
 wrapper (features.model) applies it to online values, so a model sees the same columns in training and serving.
@@ -115,6 +118,14 @@ def join_keys(refs: Sequence[FeatureRef]) -> list[str]:
 # One set of values and types for both stores
 
 
+def empty_value(column: FeatureColumn) -> int | float | None:
+    """A feature's value over an empty window (DESIGN.md section 2): 0 for count, sum, approx_count_distinct
+    and count_distinct (an integer 0 for integer features), None (null) for every other aggregation."""
+    if not column.empty_is_zero:
+        return None
+    return 0 if column.dtype is DType.INT64 else 0.0
+
+
 def fill_empty(
     frame: pd.DataFrame, features: Sequence[FeatureRef | FeatureColumn], full_feature_names: bool = False
 ) -> pd.DataFrame:
@@ -129,9 +140,9 @@ def fill_empty(
         ref = spec.as_column(full_feature_names) if isinstance(spec, FeatureRef) else spec
         column = ref.name
         values = out[column]
-        if ref.empty_is_zero:
-            values = pd.to_numeric(values).fillna(0)
-            out[column] = values.astype("int64" if ref.dtype is DType.INT64 else "float64")
+        empty = empty_value(ref)
+        if empty is not None:
+            out[column] = pd.to_numeric(values).fillna(empty).astype(type(empty))
         elif ref.dtype is DType.INT64:
             out[column] = pd.array(pd.to_numeric(values), dtype="Int64")
         elif ref.dtype is DType.FLOAT64:
@@ -190,24 +201,38 @@ class Lineage:
 
 
 def lineage_of(refs: Sequence[FeatureRef], times: pd.Series, timestamp_column: str, repo: Repo) -> Lineage:
+    valid = times.dropna()
+    start = valid.min().to_pydatetime() if len(valid) else None
+    end = valid.max().to_pydatetime() if len(valid) else None
+    return lineage_from(refs, len(times), start, end, timestamp_column, repo)
+
+
+def lineage_from(
+    refs: Sequence[FeatureRef],
+    rows: int,
+    start: datetime | None,
+    end: datetime | None,
+    timestamp_column: str,
+    repo: Repo,
+) -> Lineage:
+    """The lineage of a training set of `rows` rows with lookup times in [start, end] (UTC)."""
     from features.spec.fingerprint import describe
 
     groups = {r.group.name: r.group for r in refs}
-    valid = times.dropna()
     return Lineage(
         features=[r.ref for r in refs],
         definition_hashes={name: definition_hash(g) for name, g in groups.items()},
         feature_hashes={r.ref: feature_hash(r.group, r.feature) for r in refs},
         definitions={name: describe(g) for name, g in groups.items()},
-        rows=len(times),
-        start=valid.min().to_pydatetime() if len(valid) else None,
-        end=valid.max().to_pydatetime() if len(valid) else None,
+        rows=rows,
+        start=start,
+        end=end,
         timestamp_column=timestamp_column,
         offline_dates={name: _date_range(repo, g) for name, g in groups.items()},
     )
 
 
-def offline_dates(repo: Repo, group: FeatureGroup) -> list[date]:
+def offline_dates(repo: Repo, group: FeatureGroup | str) -> list[date]:
     """The dates of the group's offline table partitions (each a UTC day a backfill or stream wrote)."""
     table = Path(repo.offline_path(group))
     found = []
@@ -225,10 +250,10 @@ def _date_range(repo: Repo, group: FeatureGroup) -> list[str]:
     return [dates[0].isoformat(), dates[-1].isoformat()] if dates else []
 
 
-def _check_coverage(repo: Repo, refs: Sequence[FeatureRef], times: pd.Series) -> None:
-    """A ConfigError if a group has no offline rows; a warning if lookups fall on days no backfill covered
-    (there, a missing row would read as an empty window, and counts as 0, whatever the events said)."""
-    valid = times.dropna()
+def offline_spans(repo: Repo, refs: Sequence[FeatureRef]) -> dict[str, tuple[datetime, datetime]]:
+    """Per requested group, the UTC time its offline table's days cover: [first day, the day after the last).
+    A ConfigError if a group has no offline rows."""
+    spans = {}
     for group in {r.group.name: r.group for r in refs}.values():
         dates = offline_dates(repo, group)
         if not dates:
@@ -236,18 +261,32 @@ def _check_coverage(repo: Repo, refs: Sequence[FeatureRef], times: pd.Series) ->
                 f"features: group {group.name!r} has no offline rows in {repo.offline_path(group)}. Fix: run "
                 f"`features backfill --repo {repo.root} --start ... --end ...` over the entity rows' time range"
             )
-        if not len(valid):
-            continue
         first = datetime.combine(dates[0], datetime.min.time(), UTC)
         after = datetime.combine(dates[-1] + timedelta(days=1), datetime.min.time(), UTC)
-        early, late = int((valid < first).sum()), int((valid >= after).sum())
-        if early or late:
-            warnings.warn(
-                f"training_set: {early + late:,} entity rows lie outside the days of group {group.name!r}'s offline "
-                f"table ({dates[0]} to {dates[-1]}); their features read as empty windows (0 counts) before that "
-                "and as the last backfilled values after it. Backfill those dates for exact values",
-                stacklevel=3,
-            )
+        spans[group.name] = (first, after)
+    return spans
+
+
+def _check_coverage(repo: Repo, refs: Sequence[FeatureRef], times: pd.Series) -> None:
+    """A ConfigError if a group has no offline rows; a warning if lookups fall on days no backfill covered."""
+    valid = times.dropna()
+    for name, (first, after) in offline_spans(repo, refs).items():
+        if len(valid):
+            _warn_outside(name, (first, after), int((valid < first).sum()), int((valid >= after).sum()))
+
+
+def _warn_outside(group: str, span: tuple[datetime, datetime], early: int, late: int) -> None:
+    """Warn of lookups on days no backfill covered: there a missing row reads as an empty window (counts 0)
+    whatever the events said, and a later one as the last backfilled value."""
+    if not early and not late:
+        return
+    first, last = span[0].date(), (span[1] - timedelta(days=1)).date()
+    warnings.warn(
+        f"training_set: {early + late:,} entity rows lie outside the days of group {group!r}'s offline "
+        f"table ({first} to {last}); their features read as empty windows (0 counts) before that "
+        "and as the last backfilled values after it. Backfill those dates for exact values",
+        stacklevel=4,
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -278,9 +317,14 @@ def training_set(
     """
     loaded = repo if isinstance(repo, Repo) else Repo.load(repo)
     refs = resolve_features(loaded, features)
-    is_spark = not isinstance(entity_rows, pd.DataFrame)
-    rows = entity_rows.toPandas() if is_spark else entity_rows
-    entity_df = _entity_frame(rows, refs, timestamp_column, full_feature_names)
+    _check_names(refs, full_feature_names)
+    if not isinstance(entity_rows, pd.DataFrame):
+        frame = _spark_training_set(entity_rows, refs, loaded, timestamp_column, full_feature_names, log_lineage)
+        if spark is None or spark is True or not isinstance(spark, bool):
+            return frame
+        # pandas asked for: the joined rows are collected, typed as the pandas path types them.
+        return fill_empty(frame.toPandas(), refs, full_feature_names)
+    entity_df = _entity_frame(entity_rows, refs, timestamp_column, full_feature_names)
     _check_coverage(loaded, refs, entity_df[FEAST_TIMESTAMP])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # from Feast's DuckDB backend, not actionable here
@@ -293,51 +337,112 @@ def training_set(
     joined = joined.sort_values(ROW_ID, kind="stable").reset_index(drop=True)
     columns = [r.column(full_feature_names) for r in refs]
     # The caller's columns as given (Feast may change their types), then the features.
-    out = pd.concat([rows.reset_index(drop=True), fill_empty(joined[columns], refs, full_feature_names)], axis=1)
+    out = pd.concat([entity_rows.reset_index(drop=True), fill_empty(joined[columns], refs, full_feature_names)], axis=1)
     lineage = lineage_of(refs, entity_df[FEAST_TIMESTAMP], timestamp_column, loaded)
     out.attrs["features.lineage"] = lineage.to_dict()
     if log_lineage:
         from features import tracking
 
         tracking.log_training_lineage(lineage)
-    want_spark = is_spark if spark is None else bool(spark)
-    if not want_spark:
+    if not spark:
         return out
-    return _to_spark(out, spark if spark is not None and not isinstance(spark, bool) else None)
+    return _to_spark(out, spark if not isinstance(spark, bool) else None)
+
+
+def _spark_training_set(
+    rows: SparkDataFrame,
+    refs: Sequence[FeatureRef],
+    repo: Repo,
+    timestamp_column: str,
+    full_feature_names: bool,
+    log_lineage: bool,
+) -> SparkDataFrame:
+    """The Spark path: checks and lineage from one aggregation over the rows, then the join in Spark."""
+    from features.engine import pit
+
+    _check_columns(list(rows.columns), refs, timestamp_column, full_feature_names)
+    spans = offline_spans(repo, refs)
+    stats = pit.row_stats(rows, timestamp_column, spans)
+    if stats.unparsed:
+        raise ConfigError(
+            f"entity_rows.{timestamp_column}: {stats.unparsed:,} values are not timestamps; pass datetimes or "
+            "ISO-8601 strings"
+        )
+    _check_times(timestamp_column, stats.missing)
+    for name, (early, late) in stats.outside.items():
+        _warn_outside(name, spans[name], early, late)
+    lineage = lineage_from(refs, stats.rows, stats.start, stats.end, timestamp_column, repo)
+    if log_lineage:
+        from features import tracking
+
+        tracking.log_training_lineage(lineage)
+    if stats.start is None or stats.end is None:  # no rows: nothing to look up, the columns all the same
+        stats = pit.RowStats(0, 0, 0, datetime(1970, 1, 1, tzinfo=UTC), datetime(1970, 1, 1, tzinfo=UTC), {})
+    return pit.join_features(
+        rows,
+        refs,
+        repo,
+        timestamp_column,
+        start=stats.start,
+        end=stats.end,
+        full_feature_names=full_feature_names,
+    )
+
+
+def _check_names(refs: Sequence[FeatureRef], full_feature_names: bool) -> None:
+    """Two requested features may not give the same column (Feast refuses them too, less plainly)."""
+    seen: dict[str, str] = {}
+    for ref in refs:
+        column = ref.column(full_feature_names)
+        if column in seen:
+            raise ConfigError(
+                f"features: {seen[column]} and {ref.ref} would both be column {column!r}; pass "
+                "full_feature_names=True (columns group__feature) or request only one of them"
+            )
+        seen[column] = ref.ref
+
+
+def _check_columns(
+    columns: list[str], refs: Sequence[FeatureRef], timestamp_column: str, full_feature_names: bool
+) -> None:
+    """The rows have every join key and the timestamp column, and no column a feature would overwrite."""
+    missing = [k for k in join_keys(refs) if k not in columns]
+    if missing:
+        needed = sorted({r.group.name for r in refs if set(r.group.join_keys) & set(missing)})
+        raise ConfigError(
+            f"entity_rows: no column {', '.join(map(repr, missing))}, the join key(s) of {', '.join(needed)}; "
+            f"add it, or request other features (the rows have {', '.join(map(str, columns))})"
+        )
+    if timestamp_column not in columns:
+        raise ConfigError(
+            f"timestamp_column: entity_rows have no column {timestamp_column!r}; pass "
+            f"timestamp_column='<the column with each row's time>' (the rows have {', '.join(map(str, columns))})"
+        )
+    if timestamp_column != FEAST_TIMESTAMP and FEAST_TIMESTAMP in columns:
+        raise ConfigError(
+            f"entity_rows: a column {FEAST_TIMESTAMP!r} besides the timestamp column {timestamp_column!r}; "
+            f"rename or drop it (Feast reads the lookup time from {FEAST_TIMESTAMP!r})"
+        )
+    clash = [r.column(full_feature_names) for r in refs if r.column(full_feature_names) in columns]
+    if clash or ROW_ID in columns:
+        raise ConfigError(
+            f"entity_rows: column(s) {', '.join(map(repr, clash or [ROW_ID]))} would be overwritten by a feature; "
+            "rename them or pass full_feature_names=True"
+        )
+
+
+def _check_times(timestamp_column: str, missing: int) -> None:
+    if missing:
+        raise ConfigError(f"entity_rows.{timestamp_column}: {missing:,} rows have no timestamp; drop or fill them")
 
 
 def _entity_frame(
     rows: pd.DataFrame, refs: Sequence[FeatureRef], timestamp_column: str, full_feature_names: bool
 ) -> pd.DataFrame:
     """The entity rows as Feast wants them: UTC `event_timestamp`, a row id, no clash with feature columns."""
-    missing = [k for k in join_keys(refs) if k not in rows.columns]
-    if missing:
-        needed = sorted({r.group.name for r in refs if set(r.group.join_keys) & set(missing)})
-        raise ConfigError(
-            f"entity_rows: no column {', '.join(map(repr, missing))}, the join key(s) of {', '.join(needed)}; "
-            f"add it, or request other features (the rows have {', '.join(map(str, rows.columns))})"
-        )
-    if timestamp_column not in rows.columns:
-        raise ConfigError(
-            f"timestamp_column: entity_rows have no column {timestamp_column!r}; pass "
-            f"timestamp_column='<the column with each row's time>' (the rows have {', '.join(map(str, rows.columns))})"
-        )
-    if timestamp_column != FEAST_TIMESTAMP and FEAST_TIMESTAMP in rows.columns:
-        raise ConfigError(
-            f"entity_rows: a column {FEAST_TIMESTAMP!r} besides the timestamp column {timestamp_column!r}; "
-            f"rename or drop it (Feast reads the lookup time from {FEAST_TIMESTAMP!r})"
-        )
-    clash = [r.column(full_feature_names) for r in refs if r.column(full_feature_names) in rows.columns]
-    if clash or ROW_ID in rows.columns:
-        raise ConfigError(
-            f"entity_rows: column(s) {', '.join(map(repr, clash or [ROW_ID]))} would be overwritten by a feature; "
-            "rename them or pass full_feature_names=True"
-        )
+    _check_columns(list(rows.columns), refs, timestamp_column, full_feature_names)
     times = _utc(rows[timestamp_column], timestamp_column)
-    if times.isna().any():
-        raise ConfigError(
-            f"entity_rows.{timestamp_column}: {int(times.isna().sum()):,} rows have no timestamp; drop or fill them"
-        )
+    _check_times(timestamp_column, int(times.isna().sum()))
     frame = rows.drop(columns=[timestamp_column]).copy()
     frame[FEAST_TIMESTAMP] = times.to_numpy()
     frame[ROW_ID] = np.arange(len(frame))

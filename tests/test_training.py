@@ -25,13 +25,14 @@ import mlflow
 import numpy as np
 import pandas as pd
 import pytest
+from connect_server import connect_url, spark_connect  # noqa: F401 - fixtures
 from reference import reference_frame
 
 from features import ConfigError, Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, Tumble, agg, tracking
 from features.backfill import backfill
 from features.repo import Repo
 from features.spec.fingerprint import definition_hash, feature_hashes
-from features.training import training_set
+from features.training import resolve_features, training_set
 
 pytestmark = pytest.mark.spark
 
@@ -51,6 +52,7 @@ USER = FeatureGroup(
         Feature("last_status", agg.last("status"), window=Lifetime(every="5m")),
         Feature("last_amounts_1h", agg.last_k("amount", 3), window=Hop("1h", every="5m")),
         Feature("amount_avg_30m", agg.avg("amount"), window=Tumble("30m")),
+        Feature("merchants_exact_24h", agg.count_distinct("merchant_id"), window=Hop("24h", every="1h")),
     ],
 )
 CARD_MERCHANT = FeatureGroup(
@@ -209,6 +211,196 @@ def test_spark_rows_give_a_spark_frame_with_the_same_values(spark, repo: Repo, e
 
 
 # ---------------------------------------------------------------------------------------------------------
+# Spark rows: joined in Spark (features.engine.pit), the same values as Feast's
+
+
+def random_rows(events: pd.DataFrame, n: int, seed: int) -> pd.DataFrame:
+    """Random labelled rows at telling times: a transaction's own time, exactly on a window end of 5 minutes or
+    of 1 hour and 1us before it, the range start (before a key's first row), anywhere in the range; keys never
+    seen, a composite key with a merchant the card never used; some rows twice. Shuffled."""
+    rng = np.random.default_rng(seed)
+    picked = events.iloc[rng.choice(len(events), n)]
+    span_us = int((END - START) / pd.Timedelta(microseconds=1))
+    rows = []
+    for txn in picked.itertuples(index=False):
+        ts = pd.Timestamp(txn.event_ts)
+        five, hour = ts.floor("5min") + pd.Timedelta(minutes=5), ts.floor("1h") + pd.Timedelta(hours=1)
+        anywhere = START + pd.Timedelta(microseconds=int(rng.integers(span_us)))
+        choices = [ts, five, five - pd.Timedelta(microseconds=1), hour, hour - pd.Timedelta(microseconds=1), START]
+        t = choices[int(rng.integers(len(choices)))] if rng.random() < 0.8 else anywhere
+        merchant = txn.merchant_id if rng.random() < 0.9 else "m-never"
+        rows.append((txn.user_id, txn.card_id, merchant, t, int(txn.is_fraud), float(txn.amount)))
+    rows += [("nobody", "no-card", "no-merchant", START + pd.Timedelta("30h"), 0, 2.0)]
+    rows += [rows[int(i)] for i in rng.choice(len(rows), max(2, n // 10))]  # duplicate label rows
+    frame = pd.DataFrame(rows, columns=[*KEYS, "t", "label", "amount"])
+    frame = frame[(frame["t"] >= START) & (frame["t"] < END)]
+    return frame.sample(frac=1.0, random_state=seed).reset_index(drop=True)
+
+
+def spark_frame(session, rows: pd.DataFrame):
+    """`rows` as a Spark DataFrame of `session`, in their order, the time column a UTC timestamp."""
+    return session.createDataFrame(rows.assign(t=rows["t"].dt.tz_convert("UTC").dt.tz_localize(None)))
+
+
+def assert_same_values(got: pd.DataFrame, want: pd.DataFrame, columns: list[str]) -> None:
+    problems = []
+    for column in columns:
+        for i, (g, w) in enumerate(zip(got[column], want[column], strict=True)):
+            if not same(g, w):
+                problems.append(f"{column} row {i}: got {g!r}, want {w!r}")
+    assert not problems, f"{len(problems)} differences, e.g.:\n" + "\n".join(problems[:15])
+
+
+def assert_rows_kept(got: pd.DataFrame, rows: pd.DataFrame) -> None:
+    """The caller's rows in their order, every column kept (times compare as UTC instants)."""
+    assert len(got) == len(rows)
+    plain = [c for c in rows.columns if c != "t"]
+    pd.testing.assert_frame_equal(got[plain].reset_index(drop=True), rows[plain], check_dtype=False)
+    times = pd.to_datetime(got["t"])
+    times = times.dt.tz_localize("UTC") if times.dt.tz is None else times.dt.tz_convert("UTC")
+    assert (times.dt.as_unit("us") == rows["t"].dt.tz_convert("UTC").dt.as_unit("us")).all()
+
+
+ALL_FEATURES = [f"{g.name}__{f.name}" for g in GROUPS for f in g.features]
+
+
+def test_spark_join_equals_feast_and_the_reference_on_random_rows(spark, repo: Repo, events: pd.DataFrame):
+    for seed in (1, 2):
+        rows = random_rows(events, 70, seed)
+        want = training_set(rows, GROUPS, repo, timestamp_column="t", full_feature_names=True, log_lineage=False)
+        result = training_set(
+            spark_frame(spark, rows), GROUPS, repo, timestamp_column="t", full_feature_names=True, log_lineage=False
+        )
+        assert not isinstance(result, pd.DataFrame)
+        got = result.toPandas()
+        assert list(got.columns) == [*rows.columns, *ALL_FEATURES]
+        assert_rows_kept(got, rows)
+        assert_same_values(got, want, ALL_FEATURES)
+        assert_reference(got, rows, events, full_names=True)
+        # Never null where an empty window means 0, and typed as integers where they count.
+        fields = {f.name: f.dataType.simpleString() for f in result.schema.fields}
+        assert fields["user_transactions__merchants_exact_24h"] == "bigint"
+        assert fields["card_merchant__amount_sum_24h"] == "double"
+        assert not got["user_transactions__merchants_exact_24h"].isna().any()
+
+
+def test_spark_join_in_small_buckets_and_with_a_look_back(spark, repo: Repo, events: pd.DataFrame):
+    """Label rows on the last day only: each key's value carried in from an earlier day's partition (the
+    look-back) and, with buckets of 1h or 7min, from an earlier bucket, as Feast finds it."""
+    from features.engine import pit
+
+    rows = random_rows(events, 60, 4)
+    last_day = pd.Timestamp("2026-01-03", tz="UTC")
+    rows = rows.assign(t=last_day + (rows["t"] - START) % pd.Timedelta("6h"))
+    refs = resolve_features(repo, GROUPS)
+    want = training_set(rows, GROUPS, repo, timestamp_column="t", full_feature_names=True, log_lineage=False)
+    assert want["card_merchant__last_status"].notna().sum() > 10  # values that only the look-back finds
+    for bucket in (pd.Timedelta("1d"), pd.Timedelta("1h"), pd.Timedelta("7min")):
+        joined = pit.join_features(
+            spark_frame(spark, rows),
+            refs,
+            repo,
+            "t",
+            start=rows["t"].min().to_pydatetime(),
+            end=rows["t"].max().to_pydatetime(),
+            full_feature_names=True,
+            bucket=bucket.to_pytimedelta(),
+        )
+        got = joined.toPandas()
+        assert_rows_kept(got, rows)
+        assert_same_values(got, want, ALL_FEATURES)
+
+
+def test_spark_join_takes_naive_times_dates_and_iso_strings(spark, repo: Repo, events: pd.DataFrame):
+    rows = random_rows(events, 20, 5)
+    refs = ["user_transactions:failed_count_24h", "user_transactions:last_amounts_1h", "card_merchant:last_status"]
+    want = training_set(rows, refs, repo, timestamp_column="t", log_lineage=False)
+    columns = ["failed_count_24h", "last_amounts_1h", "last_status"]
+    naive = spark_frame(spark, rows).withColumn("t", spark_functions().col("t").cast("timestamp_ntz"))
+    iso = rows.assign(t=rows["t"].dt.tz_convert("Europe/Paris").map(lambda t: t.isoformat()))
+    for frame in (naive, spark.createDataFrame(iso)):
+        got = training_set(frame, refs, repo, timestamp_column="t", log_lineage=False).toPandas()
+        assert_same_values(got, want, columns)
+    # A date is its UTC midnight.
+    days = rows.assign(t=rows["t"].dt.floor("1d"))
+    at_midnight = training_set(days, refs, repo, timestamp_column="t", log_lineage=False)
+    dated = spark.createDataFrame(days.assign(t=days["t"].dt.date))
+    assert_same_values(training_set(dated, refs, repo, timestamp_column="t").toPandas(), at_midnight, columns)
+    # spark=False: the Spark join, collected, typed as the pandas path types it.
+    as_pandas = training_set(spark_frame(spark, rows), refs, repo, timestamp_column="t", spark=False)
+    assert isinstance(as_pandas, pd.DataFrame)
+    assert_same_values(as_pandas, want, columns)
+    assert as_pandas["failed_count_24h"].dtype == want["failed_count_24h"].dtype == np.int64
+
+
+def spark_functions():
+    from pyspark.sql import functions
+
+    return functions
+
+
+def test_spark_join_lineage_is_the_pandas_paths(spark, repo: Repo, events: pd.DataFrame, no_fluent_run):
+    rows = random_rows(events, 10, 6)
+    refs = ["user_transactions:failed_count_24h", "card_merchant:txn_count_1h"]
+    tracking.use(repo)
+    with mlflow.start_run(run_name="pandas") as by_pandas:
+        training_set(rows, refs, repo, timestamp_column="t")
+    with mlflow.start_run(run_name="spark") as by_spark:
+        training_set(spark_frame(spark, rows), refs, repo, timestamp_column="t")
+    client = mlflow.MlflowClient()
+    tags = [client.get_run(r.info.run_id).data.tags for r in (by_pandas, by_spark)]
+    logged = {k: v for k, v in tags[0].items() if k.startswith("features.")}
+    assert logged and logged == {k: v for k, v in tags[1].items() if k.startswith("features.")}
+    assert tags[1]["features.training.rows"] == str(len(rows))
+    assert tags[1]["features.training.start"] == rows["t"].min().isoformat()
+    spark_json = Path(client.download_artifacts(by_spark.info.run_id, "features/training_set.json")).read_text()
+    pandas_json = Path(client.download_artifacts(by_pandas.info.run_id, "features/training_set.json")).read_text()
+    assert json.loads(spark_json) == json.loads(pandas_json)
+
+
+def test_spark_join_mistakes_name_the_field_and_the_fix(spark, repo: Repo, events: pd.DataFrame):
+    rows = random_rows(events, 4, 7)
+    frame = spark_frame(spark, rows)
+    fn = spark_functions()
+    with pytest.raises(ConfigError, match=r"entity_rows: no column 'card_id', 'merchant_id', .* of card_merchant"):
+        training_set(frame.drop("card_id", "merchant_id"), ["card_merchant"], repo, timestamp_column="t")
+    with pytest.raises(ConfigError, match=r"timestamp_column: entity_rows have no column 'event_timestamp'; pass"):
+        training_set(frame, ["user_transactions"], repo)
+    untimed = frame.withColumn("t", fn.lit(None).cast("timestamp"))
+    with pytest.raises(ConfigError, match=rf"entity_rows.t: {len(rows)} rows have no timestamp; drop or fill them"):
+        training_set(untimed, ["user_transactions"], repo, timestamp_column="t")
+    with pytest.raises(ConfigError, match=r"entity_rows.t: not timestamps \(Spark type double\); pass a timestamp"):
+        training_set(frame.withColumn("t", fn.lit(1.5)), ["user_transactions"], repo, timestamp_column="t")
+    with pytest.raises(ConfigError, match=rf"entity_rows.t: {len(rows)} values are not timestamps; pass datetimes"):
+        training_set(frame.withColumn("t", fn.lit("yesterday")), ["user_transactions"], repo, timestamp_column="t")
+    with pytest.raises(ConfigError, match=r"entity_rows.user_id: type double, .* by string; cast the column"):
+        training_set(frame.withColumn("user_id", fn.lit(1.0)), ["user_transactions"], repo, timestamp_column="t")
+    with pytest.raises(ConfigError, match=r"group 'never_backfilled' has no offline rows .*`features backfill --repo"):
+        training_set(frame, ["never_backfilled"], repo, timestamp_column="t")
+    early = frame.withColumn("t", fn.lit(START - pd.Timedelta(days=3)).cast("timestamp"))
+    with pytest.warns(UserWarning, match=rf"{len(rows)} entity rows lie outside the days of group 'user_trans"):
+        training_set(early, ["user_transactions:failed_count_24h"], repo, timestamp_column="t")
+
+
+def test_spark_join_on_spark_connect(spark_connect, repo: Repo, events: pd.DataFrame):  # noqa: F811
+    """Rows of a Spark Connect session are joined in that session (no SparkContext, RDD or JVM there)."""
+    rows = random_rows(events, 40, 8)
+    want = training_set(rows, GROUPS, repo, timestamp_column="t", full_feature_names=True, log_lineage=False)
+    result = training_set(
+        spark_frame(spark_connect, rows),
+        GROUPS,
+        repo,
+        timestamp_column="t",
+        full_feature_names=True,
+        log_lineage=False,
+    )
+    assert type(result).__module__.startswith("pyspark.sql.connect")
+    got = result.toPandas()
+    assert_rows_kept(got, rows)
+    assert_same_values(got, want, ALL_FEATURES)
+
+
+# ---------------------------------------------------------------------------------------------------------
 # Lineage
 
 
@@ -267,6 +459,8 @@ def test_mistakes_name_the_field_and_the_fix(repo: Repo, events: pd.DataFrame):
         training_set(rows, ["user_transactions:nope"], repo, timestamp_column="t")
     with pytest.raises(ConfigError, match=r"features: no features requested"):
         training_set(rows, [], repo, timestamp_column="t")
+    with pytest.raises(ConfigError, match=r"user_transactions:last_status and card_merchant:last_status would both be"):
+        training_set(rows, ["user_transactions", "card_merchant"], repo, timestamp_column="t")
     with pytest.raises(ConfigError, match=r"'last_status' would be overwritten .* full_feature_names=True"):
         training_set(rows.assign(last_status="x"), ["card_merchant"], repo, timestamp_column="t")
     untimed = rows.copy()
