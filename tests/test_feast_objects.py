@@ -296,3 +296,61 @@ def test_unreadable_source_files_are_a_data_error(tmp_path: Path) -> None:
     (folder / "part-0.parquet").write_text("not parquet")
     with pytest.raises(DataError, match=r"EventSource\('transactions'\)\.path: cannot read the schema"):
         to_feast(_user_group(_source(schema=None)), repo_root=tmp_path)
+
+
+# --- `features apply` registers every group ---------------------------------------------------------------------
+
+PLAIN_MODULE = """
+from features import Entity, EventSource, Feature, FeatureGroup, Hop, agg
+
+group = FeatureGroup(
+    name="plain",
+    entity=Entity("user", join_keys=["user_id"]),
+    source=EventSource(name="events", path="data/events", timestamp="event_ts",
+                       schema={{"user_id": "string", "amount": "double", "event_ts": "timestamp"}}),
+    features=[Feature("amount_sum_1h", agg.sum("amount"), window=Hop("1h", every="{every}"))],
+)
+"""
+
+
+def _plain_repo(root: Path, **modules: str) -> Path:
+    root.mkdir()
+    shutil.copy(Path(__file__).resolve().parents[1] / "feature_repo" / "feature_store.yaml", root)
+    for name, text in modules.items():
+        (root / f"{name}.py").write_text(text)
+    return root
+
+
+def test_apply_registers_groups_without_exports_and_a_copied_module_once(tmp_path: Path) -> None:
+    from features.cli import apply
+
+    module = PLAIN_MODULE.format(every="5m")
+    # The copy also exports its Feast objects (for plain `feast apply`): the same objects, applied once.
+    exported = module + (
+        "\nfrom pathlib import Path\nfrom features import to_feast\n"
+        "user, source, view = to_feast(group, repo_root=Path(__file__).parent)\n"
+    )
+    root = _plain_repo(tmp_path / f"repo_{tmp_path.name[-8:]}", mod_a=module, mod_a_copy=exported)
+    assert apply(str(root)) == ["plain"]
+    store = FeatureStore(repo_path=str(root))
+    view = store.get_feature_view("plain")
+    assert [f.name for f in view.features] == ["amount_sum_1h"]
+    assert view == next(o for o in to_feast(_plain_group(root), repo_root=root) if isinstance(o, FeatureView))
+
+
+def _plain_group(root: Path) -> FeatureGroup:
+    from features.repo import Repo
+
+    return Repo.load(root).groups["plain"]
+
+
+def test_two_different_groups_under_one_name_name_both_files(tmp_path: Path) -> None:
+    from features.repo import Repo
+
+    root = _plain_repo(
+        tmp_path / f"repo_{tmp_path.name[-8:]}",
+        mod_a=PLAIN_MODULE.format(every="5m"),
+        mod_b=PLAIN_MODULE.format(every="10m"),
+    )
+    with pytest.raises(ConfigError, match=r"mod_a\.py and .*mod_b\.py define different feature groups named 'plain'"):
+        Repo.load(root)
