@@ -170,3 +170,50 @@ def test_eager_values_are_the_values_of_the_events_so_far_ahead_of_the_watermark
         exact = [None if pd.isna(v) else v for v in want[name]]
         assert got == exact, name
     assert out.rows["window_end"].max() <= watermark  # the change points stay behind the watermark
+
+
+def test_an_eager_value_follows_a_closed_pane_of_a_key_without_new_events() -> None:
+    """A key's events in a pane still open at one batch's eager end count online once a later batch moves event
+    time past that pane, though the later batch has no event of the key (and a key whose events leave a window
+    gets its lower value then too)."""
+    plan = pt.Plan.of(GROUP_MIXED, TYPES)
+    names = ("n_1h", "n_life", "failed_24h", "qty_life", "amount_max_1h", "merchants_24h")
+    events = EVENTS.sort_values("event_ts")
+    first = events.iloc[: len(events) // 2]
+    newest = to_micros(first["event_ts"].max())
+    eager_1 = newest - newest % plan.pane_us
+    watermark = eager_1 - to_micros(pd.Timestamp(0, tz="UTC") + 2 * H)
+    out_1 = pt.step(
+        plan, pt.empty_table(plan), processor_input(plan, GROUP_MIXED, first), None, watermark, eager_at=eager_1
+    )
+    later = first.iloc[:1].copy()
+    later["user_id"] = "someone_else"
+    later["event_ts"] = first["event_ts"].max() + pd.Timedelta(minutes=90)
+    newest = to_micros(later["event_ts"].max())
+    eager_2 = newest - newest % plan.pane_us
+    out_2 = pt.step(
+        plan,
+        out_1.table,
+        processor_input(plan, GROUP_MIXED, later),
+        watermark,
+        watermark,
+        eager_at=eager_2,
+        eager_after=eager_1,
+    )
+    so_far = pd.concat([first, later])
+    users = sorted(set(so_far["user_id"]))
+    at = {
+        e: reference_frame(so_far, GROUP_MIXED, [((k,), pd.Timestamp(e, unit="us", tz="UTC")) for k in users])
+        for e in (eager_1, eager_2)
+    }
+
+    def values(frame: pd.DataFrame, i: int) -> tuple:
+        return tuple(None if pd.isna(frame[n].iloc[i]) else frame[n].iloc[i] for n in names)
+
+    changed = {u for i, u in enumerate(users) if values(at[eager_1], i) != values(at[eager_2], i)}
+    assert len(changed) > 1  # more than the one key of the later batch
+    assert changed <= set(out_2.eager["user_id"])
+    assert (out_2.eager["window_end"] == eager_2).all()
+    want = at[eager_2].set_index(pd.Index(users))
+    for i, user in enumerate(out_2.eager["user_id"]):
+        assert values(out_2.eager, i) == values(want, users.index(user)), user

@@ -240,6 +240,12 @@ def project(group: FeatureGroup, events: DataFrame, labels: list[int]) -> tuple[
 # Processor
 
 
+def _closed_end(plan: pt.Plan, newest: int) -> int:
+    """The latest window end on any feature's grid that event time `newest` has passed: there each feature's
+    value is its value at floor(newest / every) * every."""
+    return max(newest - newest % calc.every_us for calc in plan.calcs)
+
+
 class PaneProcessor(StatefulProcessor):
     """One hash bucket of keys: its key dictionary, its pane table (keyed by key code) in chunks, the watermark
     it emitted up to, one timer."""
@@ -295,17 +301,22 @@ class PaneProcessor(StatefulProcessor):
         if after is not None and upto <= after:
             upto = after  # the watermark never moves back; nothing new to emit
         ts = coded[pt.TS].to_numpy(dtype=np.int64)
-        newest = None if meta is None else meta[1]  # the newest event time the bucket has seen
+        seen = None if meta is None else meta[1]  # the newest event time the bucket had seen before this batch
+        newest = seen
         if len(ts):
             newest = int(ts.max()) if newest is None else max(newest, int(ts.max()))
-        # Eager: the touched keys' values at the newest window end that has closed in event time (every event
-        # before it counts, as far as received), when it is ahead of what the change points reach. The latest
-        # end on any feature's grid: there each feature's value is its value at floor(newest / every) * every.
-        eager_at = None
+        # Eager: values at the newest window end that has closed in event time (every event before it counts, as
+        # far as received), when it is ahead of what the change points reach, for the touched keys and for every
+        # key whose value changed since the previous eager end (its pane closed, or a pane left a window).
+        eager_at = eager_after = None
         if self.eager and len(ts):
-            latest = max(newest - newest % calc.every_us for calc in plan.calcs)
-            eager_at = latest if latest > upto else None
-        step = pt.step(plan, tables, coded, after, upto, align_us=CHUNK_US, eager_at=eager_at)
+            latest = _closed_end(plan, newest)
+            if latest > upto:
+                eager_at = latest
+                eager_after = upto if seen is None else max(upto, _closed_end(plan, seen))
+        step = pt.step(
+            plan, tables, coded, after, upto, align_us=CHUNK_US, eager_at=eager_at, eager_after=eager_after
+        )
         # Decoded before a compaction renumbers the keys.
         if len(step.rows):
             yield self._rows(step.rows, keys)

@@ -418,6 +418,7 @@ def step(
     upto: int,
     align_us: int | None = None,
     eager_at: int | None = None,
+    eager_after: int | None = None,
 ) -> Step:
     """One micro-batch for one set of keys: merge the events' pane partials into the table (or its chunks, in
     any order), emit the change points whose window end the watermark passed, and drop what no later window
@@ -425,7 +426,9 @@ def step(
 
     `after` is the watermark the previous step emitted up to: an event before it is late (its change points
     were emitted already) and is returned instead of used. `eager_at` (a window end ahead of the watermark):
-    also each touched key's value there, from the events received so far."""
+    also the value there, from the events received so far, of each key the events touched and of each key whose
+    value changes in (`eager_after`, `eager_at`] (a pane of an earlier batch closed, or left a window, since the
+    previous eager value was written)."""
     late = np.zeros(len(events), dtype=bool) if after is None else events[TS].to_numpy(dtype=np.int64) < after
     tables = [table] if isinstance(table, pd.DataFrame) else list(table)
     fresh = events[~late]
@@ -434,7 +437,13 @@ def step(
         rows = emit(plan, merged, after, upto)
     else:
         rows = emit(plan, merged.table.iloc[:0], None, 0)
-    eager = None if eager_at is None else values_of(plan, merged, fresh[list(plan.keys)], eager_at)
+    eager = None
+    if eager_at is not None:
+        wanted = fresh[list(plan.keys)]
+        if eager_after is not None and eager_after < eager_at:
+            points = change_ends(plan, merged.table, eager_after, eager_at)
+            wanted = pd.concat([wanted, merged.table[list(plan.keys)].iloc[points["row"].to_numpy()]])
+        eager = values_of(plan, merged, wanted, eager_at)
     table = prune(plan, merged.table, upto, align_us)
     return Step(table, rows, events[late], next_change(plan, table, upto), eager)
 
