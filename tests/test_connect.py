@@ -9,6 +9,7 @@ brute-force reference; the stream stops with the one error that names what Spark
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import warnings
@@ -107,12 +108,20 @@ def test_preview_on_connect_equals_classic_and_reference(
     assert frame.count() == len(got)
 
 
-def test_backfill_on_connect_writes_both_stores(spark_connect, feast_repo, events, classic_points) -> None:  # noqa: F811
+def test_backfill_on_connect_writes_both_stores(
+    spark_connect,  # noqa: F811 - the fixture imported above
+    feast_repo,
+    events: pd.DataFrame,
+    classic_points: pd.DataFrame,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     from features.backfill import backfill
 
     root = feast_repo([GROUP], events)
     [result] = backfill(features.load_repo(root), START, END, spark=spark_connect, progress=True, track=False)
     assert result.rows_in == len(events) and result.validation is not None and result.validation.success
+    # The progress bar counted the tasks that Connect's progress handler reported (done/total, total > 0).
+    assert re.search(rf"backfill {GROUP.name}:.*\b\d+/[1-9]\d*\b", capsys.readouterr().err)
     pd.testing.assert_frame_equal(_offline(root), _normalized(classic_points))
     keys = sorted(events["user_id"].unique())
     with warnings.catch_warnings():
@@ -181,3 +190,25 @@ def test_stream_on_connect_stops_with_the_limitation(spark_connect, feast_repo, 
     with pytest.raises(EnvironmentProblem, match=r"cannot run on a Spark Connect session.*foreachBatch"):
         stream(features.load_repo(root), spark=spark_connect, online=False, progress=False, tracking=False)
     assert not (root / "data" / "checkpoints").exists()
+
+
+def test_notebook_01_runs_on_connect(connect_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """Notebook 01 top to bottom in a kernel whose session is Spark Connect's (`SPARK_REMOTE`, as a job or a
+    Databricks notebook gets it)."""
+    import shutil
+
+    import nbformat
+    from nbclient import NotebookClient
+
+    checkout = Path(__file__).resolve().parents[1]
+    ignored = shutil.ignore_patterns("data", ".features", "__pycache__", ".ipynb_checkpoints")
+    shutil.copytree(checkout / "feature_repo", tmp_path / "feature_repo", ignore=ignored)
+    (tmp_path / "notebooks").mkdir()
+    notebook = nbformat.read(checkout / "notebooks" / "01_define_and_explore.ipynb", as_version=4)
+    notebook.cells.append(nbformat.v4.new_code_cell("print('session:', type(spark).__module__)"))
+    monkeypatch.setenv("SPARK_REMOTE", connect_url)  # the kernel inherits this process's environment
+    folder = str(tmp_path / "notebooks")
+    NotebookClient(notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": folder}}).execute()
+    printed = "".join(o.get("text", "") for cell in notebook.cells for o in cell.get("outputs", []))
+    assert "session: pyspark.sql.connect.session" in printed
+    assert "same as the repository's definition: True" in printed and "change points for" in printed
