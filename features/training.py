@@ -312,8 +312,13 @@ def training_set(
     kind of `entity_rows`. `full_feature_names`: name columns `group__feature` (needed when two groups share
     a feature name).
 
+    pandas rows are looked up by Feast's `get_historical_features`. Spark rows are joined in Spark, in their
+    own session (classic or Spark Connect), on the same offline tables and with the same values
+    (`features.engine.pit`): they never pass through the driver, and the result is a lazy Spark DataFrame.
+
     When an MLflow run is active, the lineage (feature references, definition hashes, the rows' time range)
-    is logged on it (`features.tracking.log_training_lineage`); `frame.attrs["features.lineage"]` holds it too.
+    is logged on it (`features.tracking.log_training_lineage`); a pandas result's
+    `frame.attrs["features.lineage"]` holds it too.
     """
     loaded = repo if isinstance(repo, Repo) else Repo.load(repo)
     refs = resolve_features(loaded, features)
