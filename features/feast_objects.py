@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from features.errors import ConfigError, DataError
-from features.repo import offline_table_path, resolve
+from features.repo import deferred_exports, exports_deferred, offline_table_path, resolve
 from features.spec import WINDOW_END, DType, Feature, FeatureGroup
 
 if TYPE_CHECKING:
@@ -225,6 +225,11 @@ def to_feast(
     Unpack them into module-level names in the repo (`feast apply` only picks up module attributes, not
     objects inside a list), e.g. `user_entity, user_source, user_view = to_feast(group, repo_root=HERE)`.
     """
+    if exports_deferred():  # a module being imported by Repo.load: Feast only if an object is used
+        return deferred_exports(  # type: ignore[return-value]
+            lambda: to_feast(group, offline_path=offline_path, repo_root=repo_root, schema=schema),
+            len(group.join_keys) + 2,
+        )
     from feast import FeatureView, Field, FileSource
     from feast.data_format import ParquetFormat
 

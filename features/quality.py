@@ -643,6 +643,13 @@ def _screen(
     return n, {c.name: counts[c.name] for c in checks if c.name in counts}
 
 
+def preload() -> None:
+    """Import what a validation report is made of (Great Expectations' expectations and results: seconds in a
+    cold process), e.g. while the caller waits for its SparkSession to start."""
+    import great_expectations.expectations  # noqa: F401
+    from great_expectations.core import expectation_validation_result  # noqa: F401
+
+
 def _screened_result(check: DerivedCheck, rows: int, spark_type: str | None) -> ExpectationValidationResult:
     from great_expectations.core.expectation_validation_result import ExpectationValidationResult
 

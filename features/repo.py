@@ -11,8 +11,11 @@ Layout conventions (all relative to the repo root unless given as absolute paths
 
 from __future__ import annotations
 
+import contextvars
 import importlib.util
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,6 +32,54 @@ OFFLINE_DIR = Path("data") / "offline"
 LATE_DIR = Path("data") / "late"
 CHECKPOINT_DIR = Path("data") / "checkpoints"
 _SKIP_DIRS = {"data", "__pycache__", ".ipynb_checkpoints"}
+# True while `Repo.load` imports the repo's modules: their `to_feast` exports are then placeholders, built (and
+# Feast imported, seconds of every cold command) only if something uses them. `features apply` makes the
+# objects from the groups itself, and plain `feast apply` imports the modules in a process of its own.
+_DEFERRED_EXPORTS = contextvars.ContextVar("features_deferred_exports", default=False)
+
+
+def exports_deferred() -> bool:
+    return _DEFERRED_EXPORTS.get()
+
+
+@contextmanager
+def _exports(deferred: bool) -> Iterator[None]:
+    token = _DEFERRED_EXPORTS.set(deferred)
+    try:
+        yield
+    finally:
+        _DEFERRED_EXPORTS.reset(token)
+
+
+class DeferredExport:
+    """One of the objects a `to_feast` call in a repo module returns, while `Repo.load` imports the module: the
+    call's objects are built when any of them is first used (attribute access), then this one stands for its
+    object. `isinstance` checks do not see through it; `features apply` needs none of them."""
+
+    __slots__ = ("_build", "_index")
+
+    def __init__(self, build: Callable[[], list[Any]], index: int) -> None:
+        self._build = build
+        self._index = index
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._build()[self._index], name)
+
+    def __repr__(self) -> str:
+        return f"<to_feast export {self._index}, built when used>"
+
+
+def deferred_exports(build: Callable[[], list[Any]], count: int) -> list[DeferredExport]:
+    """`count` placeholders for the objects `build()` returns, built once, outside `Repo.load`'s deferral."""
+    built: list[list[Any]] = []
+
+    def once() -> list[Any]:
+        if not built:
+            with _exports(deferred=False):
+                built.append(build())
+        return built[0]
+
+    return [DeferredExport(once, i) for i in range(count)]
 
 
 def resolve(root: Path, path: str) -> str:
@@ -107,7 +158,9 @@ class Repo:
         for module_file in sorted(root.rglob("*.py")):
             if _SKIP_DIRS.intersection(module_file.relative_to(root).parts[:-1]):
                 continue
-            for value in vars(_import(module_file, root)).values():
+            with _exports(deferred=True):
+                module = _import(module_file, root)
+            for value in vars(module).values():
                 if not isinstance(value, FeatureGroup):
                     continue
                 other = repo.groups.setdefault(value.name, value)
