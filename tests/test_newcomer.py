@@ -100,3 +100,110 @@ def test_newcomer_path_from_an_empty_folder(tmp_path: Path):
         want = expected[feature.name].fillna(0).astype(float).to_numpy()
         have = got[feature.name].fillna(0).astype(float).to_numpy()
         np.testing.assert_allclose(have, want, rtol=1e-9, err_msg=feature.name)
+
+
+# --- each case in-process, on the shared session ------------------------------------------------------------
+
+
+def _group(source_path: Path, *, fmt: str = "parquet", schema: dict[str, str] | None = None):
+    from features import Entity, EventSource, Feature, FeatureGroup, Hop, agg
+
+    source = EventSource(
+        name="events", path=str(source_path), format=fmt, timestamp="event_ts", watermark="10m", schema=schema
+    )
+    return FeatureGroup(
+        name="g",
+        entity=Entity("user", join_keys=["user_id"]),
+        source=source,
+        features=[
+            Feature("n_1h", agg.count(), window=Hop("1h", every="5m")),
+            Feature("amount_max_1h", agg.max("amount"), window=Hop("1h", every="5m")),
+            Feature("amount_sum_1h", agg.sum("amount"), window=Hop("1h", every="5m")),
+        ],
+    )
+
+
+def _frame(users: list[str], amounts: list[float], stamps: list[str]) -> pd.DataFrame:
+    return pd.DataFrame({"user_id": users, "amount": amounts, "event_ts": pd.to_datetime(stamps, utc=True)})
+
+
+SCHEMA = {"user_id": "string", "amount": "double", "event_ts": "timestamp"}
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("declared", [False, True], ids=["inferred", "declared"])
+def test_every_readable_file_is_read_and_each_bad_one_set_aside(spark, tmp_path: Path, declared: bool):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from features.engine.source import read_source
+
+    folder = tmp_path / "events"
+    folder.mkdir()
+    ns = _frame(["a", "b"], [1.0, 2.0], ["2026-01-01 00:00:00.123456789", "1969-12-31 23:59:59.999999999"])
+    ns.to_parquet(folder / "1-aware.parquet")
+    naive = _frame(["c"], [3.0], ["2026-01-01 01:00:00.000001999"])
+    naive.assign(event_ts=naive["event_ts"].dt.tz_localize(None)).to_parquet(folder / "2-naive.parquet")
+    micros = pa.table({"user_id": ["d"], "amount": [4.0], "event_ts": pa.array([1_767_229_200_000_007], pa.int64())})
+    micros = micros.set_column(2, "event_ts", micros["event_ts"].cast(pa.timestamp("us", tz="UTC")))
+    pq.write_table(micros, folder / "3-micros.parquet")  # Spark's and pyarrow's own unit
+    _frame([], [], []).astype({"user_id": object}).to_parquet(folder / "0-empty.parquet")  # user_id typed null
+    (folder / "4-stray.parquet").write_text("not parquet\n")
+    wrong = pd.DataFrame({"user_id": ["e"], "amount": ["12.5"], "event_ts": ns["event_ts"].iloc[:1]})
+    wrong.to_parquet(folder / "5-amount-as-text.parquet")
+
+    source = read_source(spark, _group(folder, schema=SCHEMA if declared else None), str(folder))
+    got = source.events.selectExpr("user_id", "unix_micros(event_ts) AS us").toPandas().sort_values("user_id")
+    assert got.to_dict("list") == {
+        "user_id": ["a", "b", "c", "d"],  # every good record of every readable file, to the microsecond
+        "us": [1_767_225_600_123_456, -1, 1_767_229_200_000_001, 1_767_229_200_000_007],
+    }
+    rejected = {Path(r["source_file"]).name: r["reason"] for r in source.rejected.collect()}
+    assert "not a Parquet file" in rejected.pop("4-stray.parquet")
+    # The schema (declared, or the files' own) holds for every file: one whose amount is text does not fit it.
+    reason = rejected.pop("5-amount-as-text.parquet")
+    assert reason.startswith("unreadable_file: ") and "[amount]" in reason and "BINARY" in reason, reason
+    assert rejected == {}
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("fmt", ["parquet", "json"])
+def test_nan_is_null_and_an_infinite_value_is_quarantined(spark, tmp_path: Path, fmt: str):
+    from features.engine.source import read_source
+
+    folder = tmp_path / "events"
+    folder.mkdir()
+    if fmt == "json":
+        (folder / "events.json").write_text(
+            '{"user_id": "a", "amount": NaN, "event_ts": "2026-01-01T00:00:00Z"}\n'
+            '{"user_id": "a", "amount": 2.0, "event_ts": "2026-01-01T00:01:00Z"}\n'
+            '{"user_id": "b", "amount": Infinity, "event_ts": "2026-01-01T00:02:00Z"}\n'
+            '{"user_id": "c", "amount": -Infinity, "event_ts": "2026-01-01T00:03:00Z"}\n'
+        )
+    else:
+        frame = _frame(["a", "a", "b", "c"], [np.nan, 2.0, np.inf, -np.inf], ["2026-01-01"] * 4)
+        frame.to_parquet(folder / "events.parquet")
+    source = read_source(spark, _group(folder, fmt=fmt, schema=SCHEMA), str(folder))
+    good = source.events.select("user_id", "amount").toPandas().sort_values("amount", na_position="first")
+    assert good["user_id"].tolist() == ["a", "a"]
+    assert good["amount"].isna().tolist() == [True, False]  # the NaN is a null, not a value
+    rejected = sorted((r["reason"], r["user_id"]) for r in source.rejected.collect())
+    assert rejected == [("infinite_value: amount", "b"), ("infinite_value: amount", "c")]
+
+
+@pytest.mark.spark
+def test_a_where_spark_cannot_resolve_fails_at_apply(spark, tmp_path: Path, capfd):
+    from features import Feature, agg
+    from features.cli import check_wheres
+    from features.errors import SchemaError
+
+    folder = tmp_path / "repo" / "events"
+    folder.mkdir(parents=True)
+    _frame(["a"], [1.0], ["2026-01-01"]).to_parquet(folder / "events.parquet")
+    group = _group(folder)
+    bad = Feature("big_1h", agg.count(), window=group.features[0].window, where="amout > 100")
+    group = type(group)(name=group.name, entity=group.entity, source=group.source, features=[*group.features, bad])
+    repo = Repo(root=tmp_path / "repo", config={"project": "p"}, groups={group.name: group})
+    with pytest.raises(SchemaError, match=r"Feature\('big_1h'\)\.where: Spark cannot use 'amout > 100'.*amount"):
+        check_wheres(repo)
+    assert "Traceback" not in capfd.readouterr().err  # no PySpark error log with a Java trace ahead of it

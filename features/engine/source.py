@@ -359,8 +359,12 @@ def unreadable_files(
     from pyspark.sql import functions as F
 
     listed = spark.read.format("binaryFile").option("recursiveFileLookup", "true").load(path).select("path")
-    seen = raw.select(F.col(META)["file_path"].alias("path")).distinct()
-    suspects = sorted(row["path"] for row in listed.join(seen, "path", "left_anti").collect())
+    # Every column is read (the hash of them all is collected): a file whose column has the wrong type fails
+    # only when that column is read, and Spark would otherwise read nothing but the file's name.
+    every_column = F.hash(*[F.col(f"`{c}`") for c in source_columns(raw)])
+    per_file = raw.groupBy(F.col(META)["file_path"].alias("path")).agg(F.max(every_column).alias("h"))
+    seen = {row["path"] for row in per_file.collect()}
+    suspects = sorted(p for p in (row["path"] for row in listed.collect()) if p not in seen)
     bad = []
     for file in suspects:
         reason = _why_unreadable(spark, schema, file)
@@ -457,6 +461,7 @@ def spark_reason(exc: BaseException) -> str:
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     causes = [line.removeprefix("Caused by: ") for line in lines if line.startswith("Caused by: ")]
     text = causes[-1] if causes else next((line for line in lines if not line.startswith("An error occurred")), "")
-    if ": " in text.split(" ", 1)[0]:
-        text = text.split(": ", 1)[1]  # the Java exception's class name
+    head, _, rest = text.partition(": ")
+    if rest and " " not in head and "." in head:
+        text = rest  # the Java exception's class name
     return text[:300] or type(exc).__name__
