@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -207,3 +209,18 @@ def test_a_where_spark_cannot_resolve_fails_at_apply(spark, tmp_path: Path, capf
     with pytest.raises(SchemaError, match=r"Feature\('big_1h'\)\.where: Spark cannot use 'amout > 100'.*amount"):
         check_wheres(repo)
     assert "Traceback" not in capfd.readouterr().err  # no PySpark error log with a Java trace ahead of it
+
+
+def test_silencing_spark_error_logs_leaves_later_spark_errors_intact() -> None:
+    # A fresh process: whichever of quiet_spark_errors and PySpark creates the loggers first, PySpark's later
+    # `logger.exception(..., errorClass=...)` must still work (a plain Logger made every later error a TypeError).
+    code = (
+        "from features.engine.source import quiet_spark_errors\n"
+        "from pyspark.logger import PySparkLogger\n"
+        "with quiet_spark_errors():\n"
+        "    pass\n"
+        "for name in ('SQLQueryContextLogger', 'DataFrameQueryContextLogger'):\n"
+        "    PySparkLogger.getLogger(name).exception('boom', errorClass='X', fragment='f')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

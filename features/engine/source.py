@@ -17,7 +17,6 @@ access, so this also works on Spark Connect.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -444,7 +443,12 @@ _QUERY_CONTEXT_LOGGERS = ("SQLQueryContextLogger", "DataFrameQueryContextLogger"
 @contextmanager
 def quiet_spark_errors() -> Iterator[None]:
     """PySpark's own logging of an error off, where the error is expected and reported in one line."""
-    loggers = [logging.getLogger(name) for name in _QUERY_CONTEXT_LOGGERS]
+    from pyspark.logger import PySparkLogger
+
+    # PySparkLogger's own getLogger: a plain logging.getLogger would create these loggers as plain Loggers,
+    # which reject the keyword arguments PySpark passes them later (errorClass=...), turning every later
+    # Spark error with a query context into a TypeError.
+    loggers = [PySparkLogger.getLogger(name) for name in _QUERY_CONTEXT_LOGGERS]
     before = [logger.disabled for logger in loggers]
     for logger in loggers:
         logger.disabled = True
