@@ -466,15 +466,27 @@ def run_job(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 def test_job_ends_an_unexpected_error_with_one_reason_line(tmp_path: Path) -> None:
     broken = tmp_path / "repo"
-    broken.mkdir()
-    shutil.copy(ROOT / "feature_repo" / "feature_store.yaml", broken)
-    (broken / "defs.py").write_text("raise RuntimeError('boom while importing the definitions')\n")
+    shutil.copytree(ROOT / "feature_repo", broken, ignore=shutil.ignore_patterns("data", "__pycache__"))
+    # A bug's stand-in: the planner itself raises.
+    (broken / "bug.py").write_text(
+        "import features.schedule\n\n\ndef plan(*args, **kwargs):\n    raise RuntimeError('boom in the planner')\n\n\n"
+        "features.schedule.plan = plan\n"
+    )
     result = run_job("--repo", str(broken), "--since-last", cwd=tmp_path)
     assert result.returncode == 3, result.stderr
     assert "Traceback" in result.stderr  # kept for whoever debugs it
+    last = result.stderr.strip().splitlines()[-1]
+    assert last == "error: features backfill failed unexpectedly: RuntimeError: boom in the planner", last
+
+    # Definitions that raise are the user's to fix: one line naming the file and line, a configuration error.
+    (broken / "bug.py").unlink()
+    (broken / "defs.py").write_text("raise RuntimeError('boom while importing the definitions')\n")
+    result = run_job("--repo", str(broken), "--since-last", cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1] == (
-        "error: features backfill failed unexpectedly: RuntimeError: boom while importing the definitions"
+        f"error: {broken / 'defs.py'}, line 1: RuntimeError: boom while importing the definitions"
     )
+
     usage = run_job("--repo", str(tmp_path / "missing"), "--since-last", cwd=tmp_path)
     assert (
         usage.returncode == 2 and usage.stderr.strip().startswith("error: --repo") and "Traceback" not in (usage.stderr)
@@ -510,10 +522,13 @@ def footer_rows(repo: Repo, group: FeatureGroup, day: date) -> int:
 
 @pytest.mark.spark
 def test_interrupted_schedule_resumes_where_it_stopped(spark, tmp_path: Path) -> None:
-    guarded = FeatureGroup("hop", USER, SOURCE, [COUNT_1H, SUM_1H], on_invalid="fail")
+    import great_expectations as gx
+
+    cap = gx.expectations.ExpectColumnValuesToBeBetween(column="amount_sum_1h", max_value=1e6)
+    guarded = FeatureGroup("hop", USER, SOURCE, [COUNT_1H, SUM_1H], expectations=[cap], on_invalid="fail")
     repo = make_repo(tmp_path / "repo", [guarded], events_for())
-    # An infinite amount on D2 makes its sums fail validation ("sums are finite"): the run of D2 fails.
-    spike = late_rows([at(D2, "12:00")]).assign(amount=float("inf"))
+    # A huge amount on D2 breaks the user's spend cap: the run of D2 fails validation.
+    spike = late_rows([at(D2, "12:00")]).assign(amount=1e7)
     [spike_file] = write_events(spike, repo.source_path(guarded), start_index=50)
     table = repo.offline_path(guarded)
     opts = {"spark": spark, "now": NOW, "progress": False, "track": False, "online": False}
