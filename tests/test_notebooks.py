@@ -76,7 +76,6 @@ def test_notebooks_have_a_parameters_cell_and_no_machine_paths():
 # backfill, repo, CLI), which change without notice.
 PUBLIC_MODULES = {"features", "features.demo", "features.demo.run", "features.model", "features.quality"}
 PUBLIC_MODULES |= {"features.stream", "features.tracking"}
-STILL_ON_INTERNALS = {"02_backfill_and_train.ipynb"}  # imports features.engine.session and features.repo (issue 15)
 
 
 def imported_modules(notebook: nbformat.NotebookNode) -> set[str]:
@@ -95,15 +94,7 @@ def imported_modules(notebook: nbformat.NotebookNode) -> set[str]:
     return modules
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(n, marks=pytest.mark.xfail(strict=True, reason="not yet on the public API"))
-        if n in STILL_ON_INTERNALS
-        else n
-        for n in NOTEBOOKS
-    ],
-)
+@pytest.mark.parametrize("name", NOTEBOOKS)
 def test_notebooks_call_only_the_public_api(name: str) -> None:
     notebook = nbformat.read(ROOT / "notebooks" / name, as_version=4)
     internal = {m for m in imported_modules(notebook) if m.split(".")[0] == "features" and m not in PUBLIC_MODULES}
