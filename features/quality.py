@@ -542,6 +542,9 @@ def _context(spark: Any) -> Any:
 
 def _batch(context: Any, asset_name: str, rows: DataFrame) -> Any:
     datasource = context.data_sources.get(DATASOURCE)
+    # Great Expectations runs its SQL checks (a temp view, then spark.sql) on a session of its own choosing, a
+    # Spark Connect one first if the process has one: they must run on the session the rows belong to.
+    datasource.get_execution_engine().spark = rows.sparkSession
     try:
         asset = datasource.get_asset(asset_name)
     except LookupError:

@@ -182,6 +182,30 @@ def test_validation_runs_great_expectations_on_connect(spark_connect, events: pd
     assert all(o.success for o in report.outcomes if o not in report.failures)
 
 
+def test_great_expectations_checks_rows_on_their_own_session(
+    spark,
+    spark_connect,  # noqa: F811
+    events: pd.DataFrame,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With a Connect and a classic session in one process, Great Expectations' SQL checks (a temp view, then
+    spark.sql) run on the session of the rows they check, whichever ran first."""
+    from features import quality
+
+    on_connect = features.preview(GROUP, spark_connect.createDataFrame(events), START, END)
+    assert quality.validate_batch(GROUP, on_connect, range_start=START.to_pydatetime(), mode="full").success
+    monkeypatch.delenv("SPARK_CONNECT_MODE_ENABLED")
+    # Other columns than the Connect session's temp view has: a check run there could not resolve them.
+    spending = [
+        Feature("amount_avg_1h", agg.avg("amount"), window=Hop("1h", every="10m")),
+        Feature("amount_max_1h", agg.max("amount"), window=Hop("1h", every="10m")),
+    ]
+    other = FeatureGroup("spending", GROUP.entity, SOURCE, spending)
+    classic = features.preview(other, spark.createDataFrame(events), START, END, spark=spark)
+    report = quality.validate_batch(other, classic, range_start=START.to_pydatetime(), mode="full")
+    assert report.success, report.summary()
+
+
 def test_stream_on_connect_stops_with_the_limitation(spark_connect, feast_repo, events) -> None:  # noqa: F811
     from features.errors import EnvironmentProblem
     from features.stream import stream

@@ -133,12 +133,20 @@ SCHEMA = {"user_id": "string", "amount": "double", "event_ts": "timestamp"}
 
 
 @pytest.mark.spark
-@pytest.mark.parametrize("declared", [False, True], ids=["inferred", "declared"])
-def test_every_readable_file_is_read_and_each_bad_one_set_aside(spark, tmp_path: Path, declared: bool):
+@pytest.mark.parametrize(
+    "declared, remote", [(False, False), (True, False), (True, True)], ids=["inferred", "declared", "remote"]
+)
+def test_every_readable_file_is_read_and_each_bad_one_set_aside(
+    spark, tmp_path: Path, declared: bool, remote: bool, monkeypatch: pytest.MonkeyPatch
+):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from features.engine import source as source_module
     from features.engine.source import read_source
+
+    if remote:  # files the driver cannot open, as on an object store: found by one read of every column
+        monkeypatch.setattr(source_module, "_local_path", lambda uri: None)
 
     folder = tmp_path / "events"
     folder.mkdir()
@@ -153,6 +161,8 @@ def test_every_readable_file_is_read_and_each_bad_one_set_aside(spark, tmp_path:
     (folder / "4-stray.parquet").write_text("not parquet\n")
     wrong = pd.DataFrame({"user_id": ["e"], "amount": ["12.5"], "event_ts": ns["event_ts"].iloc[:1]})
     wrong.to_parquet(folder / "5-amount-as-text.parquet")
+    no_rows = pa.table({"user_id": pa.array([], pa.string()), "amount": pa.array([], pa.string())})
+    pq.write_table(no_rows.append_column("event_ts", pa.array([], pa.timestamp("us"))), folder / "6-no-rows.parquet")
 
     source = read_source(spark, _group(folder, schema=SCHEMA if declared else None), str(folder))
     got = source.events.selectExpr("user_id", "unix_micros(event_ts) AS us").toPandas().sort_values("user_id")

@@ -353,19 +353,77 @@ def _nanos_enabled(spark: SparkSession) -> bool:
 def unreadable_files(
     spark: SparkSession, raw: DataFrame, schema: StructType | None, path: str
 ) -> list[tuple[str, str]]:
-    """(reason, file) for each file under `path` that neither read could use: the files listed but absent
-    from the records, except those that read without error (Parquet files with no rows)."""
+    """(reason, file) for each file of `raw`'s read that Spark cannot read with `schema`.
+
+    Spark decides, on one file per physical layout: local files are grouped by their footers' types of the
+    columns read (a file whose footer does not parse is its own group), and one small read of a group's first
+    file (its largest) stands for all of them. Files the driver cannot open (a remote URI) are found by reading every column
+    of the source once instead."""
+    files = sorted(raw.inputFiles())
+    local = [_local_path(f) for f in files]
+    if not all(local):
+        return _unreadable_by_scan(spark, raw, schema, files)
+    layouts: dict[object, list[tuple[int, str]]] = {}
+    for file, local_path in zip(files, local, strict=True):
+        layout, rows = _layout(local_path, source_columns(raw))  # type: ignore[arg-type]
+        layouts.setdefault(layout or file, []).append((-rows, file))
+    bad = []
+    for group in layouts.values():
+        # The file with the most rows stands for its layout: a file with no rows reads without error, whatever
+        # its columns' types.
+        members = [file for _, file in sorted(group)]
+        reason = _why_unreadable(spark, schema, members[0])
+        if reason is None:
+            continue
+        for file in members:  # Spark's reason names the file: each one's own
+            why = reason if file == members[0] else _why_unreadable(spark, schema, file)
+            if why is not None:
+                bad.append((f"{UNREADABLE_FILE}: {why}", file))
+    return bad
+
+
+def _local_path(uri: str) -> str | None:
+    """The driver's path of a `file:` URI (as Spark lists files) that the driver sees, else None (a remote
+    store, or a Spark Connect server's own disk)."""
+    from urllib.parse import unquote, urlparse
+
+    parsed = urlparse(uri)
+    path = unquote(parsed.path)
+    return path if parsed.scheme in ("file", "") and Path(path).is_file() else None
+
+
+def _layout(file: str, columns: list[str]) -> tuple[tuple[str, ...] | None, int]:
+    """The physical and logical types of `columns` in a Parquet file's footer (None if it has no footer pyarrow
+    can read: a file that is not Parquet), and the file's number of rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        metadata = pq.ParquetFile(file).metadata
+    except (pa.ArrowException, OSError):
+        return None, 0
+    footer, wanted = metadata.schema, set(columns)
+    layout = tuple(
+        f"{c.path}:{c.physical_type}:{c.logical_type}:{c.max_definition_level}"
+        for c in (footer.column(i) for i in range(len(footer)))
+        if c.path.split(".")[0] in wanted
+    )
+    return layout, metadata.num_rows
+
+
+def _unreadable_by_scan(
+    spark: SparkSession, raw: DataFrame, schema: StructType | None, files: list[str]
+) -> list[tuple[str, str]]:
+    """`unreadable_files` where the driver cannot open the files: those absent from the records of a read of
+    every column (a file whose column has the wrong type fails only when that column is read), except the
+    ones that read without error (files with no rows)."""
     from pyspark.sql import functions as F
 
-    listed = spark.read.format("binaryFile").option("recursiveFileLookup", "true").load(path).select("path")
-    # Every column is read (the hash of them all is collected): a file whose column has the wrong type fails
-    # only when that column is read, and Spark would otherwise read nothing but the file's name.
     every_column = F.hash(*[F.col(f"`{c}`") for c in source_columns(raw)])
     per_file = raw.groupBy(F.col(META)["file_path"].alias("path")).agg(F.max(every_column).alias("h"))
     seen = {row["path"] for row in per_file.collect()}
-    suspects = sorted(p for p in (row["path"] for row in listed.collect()) if p not in seen)
     bad = []
-    for file in suspects:
+    for file in (f for f in files if f not in seen):
         reason = _why_unreadable(spark, schema, file)
         if reason is not None:
             bad.append((f"{UNREADABLE_FILE}: {reason}", file))
@@ -374,11 +432,17 @@ def unreadable_files(
 
 def _why_unreadable(spark: SparkSession, schema: StructType | None, file: str) -> str | None:
     """Why Spark cannot read one Parquet file with `schema` (None if it can, e.g. a file with no rows)."""
+    from pyspark.sql import functions as F
+
     reasons = []
+    names = [f.name for f in schema.fields] if schema is not None else []
+    stamps = _timestamps(schema) if schema is not None else []
+    # Every column, nanosecond timestamps as microseconds (PySpark cannot parse the nanosecond type).
+    every = [F.col(f"`{c}`").cast("timestamp") if c in stamps else F.col(f"`{c}`") for c in names]
     for ddl in _read_types(spark, schema):
         try:
             with quiet_spark_errors():
-                spark.read.schema(ddl).parquet(file).limit(1).collect()
+                spark.read.schema(ddl).parquet(file).select(*every).limit(1).collect()
             return None
         except Exception as exc:  # the reason is kept: classic PySpark raises py4j's error, no PySparkException
             reasons.append(spark_reason(exc))
