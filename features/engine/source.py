@@ -356,9 +356,9 @@ def unreadable_files(
     """(reason, file) for each file of `raw`'s read that Spark cannot read with `schema`.
 
     Spark decides, on one file per physical layout: local files are grouped by their footers' types of the
-    columns read (a file whose footer does not parse is its own group), and one small read of a group's first
-    file (its largest) stands for all of them. Files the driver cannot open (a remote URI) are found by reading every column
-    of the source once instead."""
+    columns read (a file whose footer does not parse is its own group), and one small read of a group's
+    largest file stands for all of them. Files the driver cannot open (a remote URI) are found by reading
+    every column of the source once instead."""
     files = sorted(raw.inputFiles())
     local = [_local_path(f) for f in files]
     if not all(local):
