@@ -15,6 +15,7 @@ the group's quarantine folder, both with the batch id.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import sys
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
+    from features.engine.source import FileCheck
     from features.online import OnlineWriter
 
 
@@ -346,6 +348,9 @@ class _Sink:
         self.state: dict[int, tuple[int, int]] = {}  # bucket -> (pane rows, bytes)
         self.query: StreamingQuery | None = None
         self.lock = threading.Lock()
+        self.spark = spark
+        self.files: FileCheck | None = None  # unreadable Parquet files, checked as they land
+        self.checked: set[str] = set()
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         try:
@@ -376,6 +381,7 @@ class _Sink:
             bad = counts.get(engine.BAD, 0)
             if bad:
                 self._write_bad(batch, batch_id)
+            bad += self._set_aside_unreadable_files()
         finally:
             batch.unpersist()
         self._report(batch_id, stat_rows, rows_out, late, bad, time.perf_counter() - began)
@@ -480,6 +486,34 @@ class _Sink:
         )
         folder = quality.quarantine_root(self.repo.root, self.group.name) / "records" / f"stream-b{batch_id}"
         engine.write_json_records(bad, folder, None)
+
+    def _set_aside_unreadable_files(self) -> int:
+        """The landed Parquet files Spark cannot read (the stream's reads skip them), each set aside once with
+        its reason as a record of its own (`unreadable_file: ...`), like the backfill's; the number set aside.
+        Files on a store the driver cannot open are skipped unreported."""
+        from features import quality
+        from features.engine import source
+        from features.engine import stream as engine
+
+        if self.group.source.format != "parquet":
+            return 0
+        path = self.repo.source_path(self.group)
+        if self.files is None:
+            self.files = source.FileCheck(self.spark, engine.source_schema(self.spark, self.group, path))
+        reader = self.spark.read.schema(self.files.schema).option("recursiveFileLookup", "true")
+        listed = reader.parquet(path).inputFiles()
+        new = sorted(set(listed) - self.checked)
+        self.checked.update(new)
+        bad = self.files.unreadable(new) or []
+        for reason, file in bad:
+            # Named by the file: a replay or a restart that finds it again replaces the same record.
+            name = hashlib.sha1(file.encode()).hexdigest()[:16]
+            folder = quality.quarantine_root(self.repo.root, self.group.name) / "records" / f"file-{name}"
+            record = self.spark.createDataFrame(
+                [(reason, file)], f"{source.REASON} string, {source.SOURCE_FILE} string"
+            )
+            engine.write_json_records(record, folder, None)
+        return len(bad)
 
     def _key_types(self) -> dict[str, Any]:
         from features.feast_objects import source_schema

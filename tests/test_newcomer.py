@@ -234,3 +234,43 @@ def test_silencing_spark_error_logs_leaves_later_spark_errors_intact() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.spark
+def test_a_stream_reads_pandas_files_and_sets_unreadable_ones_aside(spark, feast_repo_factory, tmp_path: Path):
+    """The stream reads what the backfill reads (pandas' nanosecond files, aware and naive, an empty file) to the
+    same change points, and sets a stray file aside once, with its reason, while the good files stream on."""
+    import features
+    from features.stream import stream
+
+    root = tmp_path / "repo"
+    landing = root / "data" / "transactions"
+    landing.mkdir(parents=True)
+    events = pandas_events()
+    events.iloc[:120].to_parquet(landing / "part-1.parquet")
+    (landing / "part-2-stray.parquet").write_text("not parquet: a stray file in the landing folder\n")
+    naive = events.iloc[120:].assign(event_ts=events["event_ts"].iloc[120:].dt.tz_localize(None))
+    naive.to_parquet(landing / "part-3.parquet")
+    events.iloc[:0].to_parquet(landing / "part-4-empty.parquet")
+    group = _group(Path("data/transactions"))
+    feast_repo_factory(root, [group])
+    repo = Repo.load(root)
+
+    for _ in range(2):  # a restart finds the stray file again: still one record of it
+        run = stream(repo, available_now=True, max_files_per_trigger=1, progress=False, tracking=False)
+        run.await_termination()
+    [progress] = run.progress()
+    records = sorted((root / "data" / "quarantine" / "g" / "records").glob("file-*"))
+    assert len(records) == 1, records
+    [record] = pd.read_parquet(records[0]).to_dict("records")
+    assert record["source_file"].endswith("part-2-stray.parquet")
+    assert record["reason"].startswith("unreadable_file: ") and "not a Parquet file" in record["reason"], record
+
+    watermark = pd.Timestamp(progress.watermark)
+    got = pd.read_parquet(repo.offline_path(group)).drop(columns=["date"])
+    got["window_end"] = pd.to_datetime(got["window_end"], utc=True).astype("datetime64[us, UTC]")
+    want = features.preview(group, events, "2026-01-01", watermark.isoformat(), spark=spark)
+    want["window_end"] = pd.to_datetime(want["window_end"], utc=True).astype("datetime64[us, UTC]")
+    keys = ["user_id", "window_end"]
+    got, want = (f.sort_values(keys, ignore_index=True) for f in (got, want))
+    pd.testing.assert_frame_equal(got[want.columns], want, check_dtype=False, rtol=1e-9)

@@ -353,33 +353,48 @@ def _nanos_enabled(spark: SparkSession) -> bool:
 def unreadable_files(
     spark: SparkSession, raw: DataFrame, schema: StructType | None, path: str
 ) -> list[tuple[str, str]]:
-    """(reason, file) for each file of `raw`'s read that Spark cannot read with `schema`.
-
-    Spark decides, on one file per physical layout: local files are grouped by their footers' types of the
-    columns read (a file whose footer does not parse is its own group), and one small read of a group's
-    largest file stands for all of them. Files the driver cannot open (a remote URI) are found by reading
-    every column of the source once instead."""
+    """(reason, file) for each file of `raw`'s read that Spark cannot read with `schema` (see `FileCheck`);
+    where the driver cannot open the files (a remote URI), those absent from a read of every column."""
     files = sorted(raw.inputFiles())
-    local = [_local_path(f) for f in files]
-    if not all(local):
-        return _unreadable_by_scan(spark, raw, schema, files)
-    layouts: dict[object, list[tuple[int, str]]] = {}
-    for file, local_path in zip(files, local, strict=True):
-        layout, rows = _layout(local_path, source_columns(raw))  # type: ignore[arg-type]
-        layouts.setdefault(layout or file, []).append((-rows, file))
-    bad = []
-    for group in layouts.values():
-        # The file with the most rows stands for its layout: a file with no rows reads without error, whatever
-        # its columns' types.
-        members = [file for _, file in sorted(group)]
-        reason = _why_unreadable(spark, schema, members[0])
-        if reason is None:
-            continue
-        for file in members:  # Spark's reason names the file: each one's own
-            why = reason if file == members[0] else _why_unreadable(spark, schema, file)
-            if why is not None:
-                bad.append((f"{UNREADABLE_FILE}: {why}", file))
-    return bad
+    bad = FileCheck(spark, schema).unreadable(files)
+    return bad if bad is not None else _unreadable_by_scan(spark, raw, schema, files)
+
+
+class FileCheck:
+    """Which Parquet files Spark cannot read with a schema. Spark decides, on one file per physical layout:
+    files are grouped by their footers' types of the schema's columns (a file whose footer does not parse is
+    its own group), and one small read of a group's largest file stands for all of them. A layout found
+    readable is remembered (the stream checks each new file as it lands)."""
+
+    def __init__(self, spark: SparkSession, schema: StructType | None) -> None:
+        self.spark, self.schema = spark, schema
+        self.columns = [f.name for f in schema.fields] if schema is not None else []
+        self.readable: set[tuple[str, ...]] = set()
+
+    def unreadable(self, files: list[str]) -> list[tuple[str, str]] | None:
+        """(reason, file) for each file Spark cannot read; None if the driver cannot open some of them."""
+        local = [_local_path(f) for f in files]
+        if not all(local):
+            return None
+        layouts: dict[object, list[tuple[int, str]]] = {}
+        for file, local_path in zip(files, local, strict=True):
+            layout, rows = _layout(local_path, self.columns)  # type: ignore[arg-type]
+            if layout not in self.readable:
+                layouts.setdefault(layout or file, []).append((-rows, file))
+        bad = []
+        for layout, group in layouts.items():
+            # The file with the most rows: a file with no rows reads without error, whatever its columns' types.
+            (most, first), *_ = sorted(group)
+            reason = _why_unreadable(self.spark, self.schema, first)
+            if reason is None:
+                if most and isinstance(layout, tuple):
+                    self.readable.add(layout)
+                continue
+            for _, file in sorted(group):  # Spark's reason names the file: each one's own
+                why = reason if file == first else _why_unreadable(self.spark, self.schema, file)
+                if why is not None:
+                    bad.append((f"{UNREADABLE_FILE}: {why}", file))
+        return bad
 
 
 def _local_path(uri: str) -> str | None:
