@@ -151,7 +151,7 @@ def read_source(spark: SparkSession, group: FeatureGroup, path: str, *, now: dat
         extra.append(F.col(CORRUPT).alias(RAW_RECORD))
     rejected = raw.select(reason.alias(REASON), *extra, *columns).where(F.col(REASON).isNotNull())
     if group.source.format == "parquet":
-        bad_files = unreadable_files(spark, raw, schema, path)
+        bad_files = unreadable_files(spark, raw, schema)
         if bad_files:
             rejected = rejected.unionByName(_file_records(spark, bad_files, rejected.schema))
     return SourceRead(events, rejected, now, group.source.timestamp)
@@ -319,17 +319,7 @@ def read_parquet(
         return micros
     nanos_ddl = _ddl(schema, nanos=True)
     # The schema of this read has types PySpark cannot parse: columns are cast before anything asks for it.
-    nanos = (
-        reader.schema(nanos_ddl)
-        .parquet(path)
-        .select(
-            *[
-                F.col(f"`{f.name}`").cast("timestamp").alias(f.name) if f.name in stamps else F.col(f"`{f.name}`")
-                for f in schema.fields
-            ],
-            F.col("_metadata").alias(META),
-        )
-    )
+    nanos = reader.schema(nanos_ddl).parquet(path).select(*_in_microseconds(schema), F.col("_metadata").alias(META))
     return micros.select(*[F.col(f"`{f.name}`") for f in schema.fields], F.col(META)).unionByName(nanos)
 
 
@@ -350,9 +340,7 @@ def _nanos_enabled(spark: SparkSession) -> bool:
     return True
 
 
-def unreadable_files(
-    spark: SparkSession, raw: DataFrame, schema: StructType | None, path: str
-) -> list[tuple[str, str]]:
+def unreadable_files(spark: SparkSession, raw: DataFrame, schema: StructType | None) -> list[tuple[str, str]]:
     """(reason, file) for each file of `raw`'s read that Spark cannot read with `schema` (see `FileCheck`);
     where the driver cannot open the files (a remote URI), those absent from a read of every column."""
     files = sorted(raw.inputFiles())
@@ -447,13 +435,9 @@ def _unreadable_by_scan(
 
 def _why_unreadable(spark: SparkSession, schema: StructType | None, file: str) -> str | None:
     """Why Spark cannot read one Parquet file with `schema` (None if it can, e.g. a file with no rows)."""
-    from pyspark.sql import functions as F
 
     reasons = []
-    names = [f.name for f in schema.fields] if schema is not None else []
-    stamps = _timestamps(schema) if schema is not None else []
-    # Every column, nanosecond timestamps as microseconds (PySpark cannot parse the nanosecond type).
-    every = [F.col(f"`{c}`").cast("timestamp") if c in stamps else F.col(f"`{c}`") for c in names]
+    every = _in_microseconds(schema) if schema is not None else []  # PySpark cannot parse the nanosecond type
     for ddl in _read_types(spark, schema):
         try:
             with quiet_spark_errors():
@@ -471,6 +455,17 @@ def _read_types(spark: SparkSession, schema: StructType | None) -> list[str]:
     if not _timestamps(schema) or spark.conf.get(NANOS_CONF, "false") != "true":
         return [_ddl(schema, nanos=False)]
     return [_ddl(schema, nanos=False), _ddl(schema, nanos=True)]
+
+
+def _in_microseconds(schema: StructType) -> list[Column]:
+    """Every column of `schema`, its timestamps (of any unit) cast to Spark's microsecond timestamp."""
+    from pyspark.sql import functions as F
+
+    stamps = set(_timestamps(schema))
+    return [
+        F.col(f"`{f.name}`").cast("timestamp").alias(f.name) if f.name in stamps else F.col(f"`{f.name}`")
+        for f in schema.fields
+    ]
 
 
 def _timestamps(schema: StructType) -> list[str]:
