@@ -130,13 +130,12 @@ def backfill(
     # Fail before Spark starts when a store cannot take writes (e.g. the repo was never applied).
     writers = {g.name: ready_writer(repo, g) for g in selected} if online else {}
     session = _session_soon(spark)  # the JVM starts while the MLflow run is set up
-    from features import quality, tracking
+    from features import tracking
 
     params = {"start": start_t, "end": end_t, "online": online, "on_invalid": on_invalid or "group default"}
     setting_up = time.perf_counter()
     with tracking.start_run(repo, kind="backfill", groups=selected, params=params, enabled=track) as run:
         waiting = time.perf_counter()
-        quality.preload()  # while the JVM starts, not after the first Spark pass
         spark = session()
         shared = {"tracking": waiting - setting_up, "spark_start": time.perf_counter() - waiting}
         results = []

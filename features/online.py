@@ -37,6 +37,7 @@ import numpy as np
 import pandas as pd
 
 from features.errors import ConfigError, DataError
+from features.online_config import online_config
 from features.spec import WINDOW_END, DType, FeatureGroup
 
 if TYPE_CHECKING:
@@ -51,8 +52,6 @@ T = TypeVar("T")
 # every Spark task that writes seconds: the `feast` package imports all of Feast). tests/test_online_redis.py
 # checks them against Feast's.
 STRING_TYPE, INT64_TYPE = 2, 4
-SQLITE_TYPES = ("sqlite", "feast.infra.online_stores.sqlite.SqliteOnlineStore")
-REDIS_TYPES = ("redis", "feast.infra.online_stores.redis.RedisOnlineStore")
 # How long a writer waits for another writer's lock (other Spark tasks, `feast materialize`) before failing.
 SQLITE_BUSY_TIMEOUT_S = 60.0
 # Page cache of a writer's connection (KiB): big batches touch many B-tree pages of the table and its indexes.
@@ -541,81 +540,32 @@ def online_writer(
     types: Mapping[str, DType],
 ) -> OnlineWriter:
     """The writer for the repo's configured online store; `types` is `group.output_types(schema)`."""
-    store, config = _store_and_config(repo_config_or_store)
-    kind = str(config.online_store.type)
+    config = online_config(repo_config_or_store)
     join_keys = {k: types[k] for k in group.join_keys}
     features = {f.name: types[f.name] for f in group.features}
-    repo_path = str(config.repo_path or "")
-    if kind in SQLITE_TYPES:
+    if config.kind == "sqlite":
         return SqliteOnlineWriter(
-            db_path=_sqlite_path(config),
-            table=f"{config.project}_{_online_name(store, config, group.name)}",
+            db_path=config.sqlite_path(),
+            table=f"{config.project}_{config.online_name(group.name)}",
             view=group.name,
             join_keys=join_keys,
             features=features,
             entity_key_serialization_version=config.entity_key_serialization_version,
-            repo_path=repo_path,
+            repo_path=str(config.repo_path or ""),
         )
-    if kind in REDIS_TYPES:
-        online = config.online_store
-        return RedisOnlineWriter(
-            connection_string=online.connection_string,
-            project=config.project,
-            view=group.name,
-            view_name=_online_name(store, config, group.name),
-            join_keys=join_keys,
-            features=features,
-            redis_type=str(getattr(online.redis_type, "value", online.redis_type)),
-            sentinel_master=online.sentinel_master,
-            key_ttl_seconds=online.key_ttl_seconds,
-            entity_key_serialization_version=config.entity_key_serialization_version,
-        )
-    raise ConfigError(
-        f"feature_store.yaml online_store.type: {kind!r} is not supported by the online writer yet. "
-        "Fix: use online_store type sqlite or redis"
+    options = config.options
+    return RedisOnlineWriter(
+        connection_string=options["connection_string"],
+        project=config.project,
+        view=group.name,
+        view_name=config.online_name(group.name),
+        join_keys=join_keys,
+        features=features,
+        redis_type=str(options["redis_type"]),
+        sentinel_master=options["sentinel_master"],
+        key_ttl_seconds=options["key_ttl_seconds"],
+        entity_key_serialization_version=config.entity_key_serialization_version,
     )
-
-
-def _store_and_config(source: Any) -> tuple[FeatureStore | None, RepoConfig]:
-    from feast import FeatureStore, RepoConfig
-    from feast.repo_config import load_repo_config
-
-    from features.repo import Repo
-
-    if isinstance(source, FeatureStore):
-        return source, source.config
-    if isinstance(source, RepoConfig):
-        return None, source
-    root = source.root if isinstance(source, Repo) else Path(source).expanduser().resolve()
-    config_file = root / "feature_store.yaml"
-    if not config_file.is_file():
-        raise ConfigError(f"--repo: {root} has no feature_store.yaml; point it at the Feast feature repository")
-    return None, load_repo_config(root, config_file)
-
-
-def _sqlite_path(config: RepoConfig) -> str:
-    """The database file, resolved like Feast's SqliteOnlineStore (relative to the repo).
-
-    Made absolute here, on the driver: executors may run in another working directory.
-    """
-    path = Path(config.online_store.path)
-    if config.repo_path and not path.is_absolute():
-        path = Path(config.repo_path) / path
-    return str(path.absolute())
-
-
-def _online_name(store: FeatureStore | None, config: RepoConfig, view: str) -> str:
-    """The view's name in the online store: its name, with Feast's version suffix when versioning is on."""
-    from feast.infra.online_stores.helpers import compute_versioned_name
-
-    if not config.registry.enable_online_feature_view_versioning:
-        return view
-    # The suffix depends on the registered version, so ask the registry (driver side, once).
-    if store is None:
-        from feast import FeatureStore
-
-        store = FeatureStore(config=config)
-    return compute_versioned_name(store.get_feature_view(view), True)
 
 
 def _quote_id(identifier: str) -> str:

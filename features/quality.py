@@ -31,13 +31,15 @@ raises `ValidationFailed`; "quarantine" also writes the failed batch, aside from
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
+import re
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -80,15 +82,48 @@ ALIGNED = f"aligned({WINDOW_END})"
 # approx_percentile's estimate is within ALPHA of the exact quantile (features.kernel.quantiles)
 PERCENTILE_SLACK = ALPHA / (1 - ALPHA) * (1 + 1e-9)
 
+
+@dataclass(frozen=True)
+class ExpectationSpec:
+    """A Great Expectations expectation, built only when Great Expectations evaluates it: importing Great
+    Expectations costs a cold process seconds, and a batch the one-pass screen passes never needs it."""
+
+    kind: str  # its class in great_expectations.expectations
+    kwargs: Mapping[str, Any]  # its arguments, description and meta included
+
+    @property
+    def expectation_type(self) -> str:
+        """Great Expectations' name of the type, e.g. expect_column_values_to_not_be_null."""
+        return re.sub(r"(?<!^)(?=[A-Z])", "_", self.kind).lower()
+
+    @property
+    def description(self) -> str:
+        return str(self.kwargs["description"])
+
+    def build(self) -> Any:
+        import great_expectations.expectations as gxe
+
+        return getattr(gxe, self.kind)(**copy.deepcopy(dict(self.kwargs)))
+
+
+def _spec(kind: str, **kwargs: Any) -> ExpectationSpec:
+    return ExpectationSpec(kind, kwargs)
+
+
 @dataclass(frozen=True)
 class DerivedCheck:
     """One expectation derived from the definitions, with how the one-pass screen evaluates it."""
 
     name: str  # short, stable: "not_null(user_id)", "finite(amount_sum_1h)", ...
-    expectation: Any  # a Great Expectations Expectation
+    spec: ExpectationSpec
     unexpected_sql: str | None = None  # Spark SQL condition, true on exactly the rows the expectation rejects
     unique: tuple[str, ...] = ()  # columns whose combination must be unique
     column_types: tuple[str, tuple[str, ...]] | None = None  # (column, Spark type names allowed)
+
+    @property
+    def expectation(self) -> Any:
+        """The Great Expectations Expectation (a new one each time: a suite takes ownership of what it holds)."""
+        return self.spec.build()
 
 
 def _q(column: str) -> str:
@@ -149,25 +184,23 @@ def _meta(group: FeatureGroup, check: str) -> dict[str, Any]:
     return {ORIGIN: {"group": group.name, "check": check}}
 
 
-def _unexpected_rows(query: str, description: str, group: FeatureGroup, check: str) -> Any:
-    import great_expectations.expectations as gxe
-
-    return gxe.UnexpectedRowsExpectation(unexpected_rows_query=query, description=description, meta=_meta(group, check))
+def _unexpected_rows(query: str, description: str, group: FeatureGroup, check: str) -> ExpectationSpec:
+    return _spec(
+        "UnexpectedRowsExpectation", unexpected_rows_query=query, description=description, meta=_meta(group, check)
+    )
 
 
 def _not_null(group: FeatureGroup, column: str, description: str) -> DerivedCheck:
-    import great_expectations.expectations as gxe
-
     name = f"not_null({column})"
-    expectation = gxe.ExpectColumnValuesToNotBeNull(column=column, description=description, meta=_meta(group, name))
-    return DerivedCheck(name, expectation, unexpected_sql=f"{_q(column)} IS NULL")
+    spec = _spec(
+        "ExpectColumnValuesToNotBeNull", column=column, description=description, meta=_meta(group, name)
+    )
+    return DerivedCheck(name, spec, unexpected_sql=f"{_q(column)} IS NULL")
 
 
 def _between(
     group: FeatureGroup, name: str, column: str, low: float | None, high: float | None, description: str
 ) -> DerivedCheck:
-    import great_expectations.expectations as gxe
-
     kwargs: dict[str, Any] = {}
     inside = []
     if low is not None:
@@ -176,12 +209,12 @@ def _between(
     if high is not None:
         kwargs["max_value"] = high
         inside.append(f"{_q(column)} <= {high!r}")
-    expectation = gxe.ExpectColumnValuesToBeBetween(
-        column=column, description=description, meta=_meta(group, name), **kwargs
+    spec = _spec(
+        "ExpectColumnValuesToBeBetween", column=column, description=description, meta=_meta(group, name), **kwargs
     )
     # As in Great Expectations on Spark: nulls are skipped, NaN compares above everything (so it is outside).
     condition = f"{_q(column)} IS NOT NULL AND NOT ({' AND '.join(inside)})"
-    return DerivedCheck(name, expectation, unexpected_sql=condition)
+    return DerivedCheck(name, spec, unexpected_sql=condition)
 
 
 def _same_values(a: Feature, b: Feature) -> bool:
@@ -205,8 +238,6 @@ def derived_checks(
     `table`: the rows are a whole offline table (any number of backfill ranges); the alignment check then
     needs window functions and has no one-pass form.
     """
-    import great_expectations.expectations as gxe
-
     checks = [_not_null(group, key, f"join key {key} is never null") for key in group.join_keys]
     checks.append(_not_null(group, WINDOW_END, f"{WINDOW_END} is never null"))
     key_columns = (*group.join_keys, WINDOW_END)
@@ -214,7 +245,8 @@ def derived_checks(
     checks.append(
         DerivedCheck(
             name,
-            gxe.ExpectCompoundColumnsToBeUnique(
+            _spec(
+                "ExpectCompoundColumnsToBeUnique",
                 column_list=list(key_columns),
                 description=f"one row per key and {WINDOW_END}: ({', '.join(key_columns)}) is unique",
                 meta=_meta(group, name),
@@ -231,7 +263,8 @@ def derived_checks(
             checks.append(
                 DerivedCheck(
                     name,
-                    gxe.ExpectColumnValuesToBeInTypeList(
+                    _spec(
+                        "ExpectColumnValuesToBeInTypeList",
                         column=column,
                         type_list=list(INTEGER_TYPES),
                         description=f"{column} is an integer {what}",
@@ -389,19 +422,39 @@ class ValidationReport:
 
     `result` is Great Expectations' own ExpectationSuiteValidationResult (render it, store it, or read its
     `results`); `outcomes` is the same in plain values, one per expectation, failures first in `failures`.
+    When the one-pass screen alone passed the batch, `result` and `suite` are built on first use, so that a
+    job whose batches pass never imports Great Expectations.
     """
 
     group: str
     success: bool
     rows: int
     outcomes: list[Outcome]
-    result: ExpectationSuiteValidationResult
-    suite: ExpectationSuite
     evaluated_by: str  # "one-pass screen" (+ Great Expectations for user expectations) or "great_expectations"
     seconds: float
+    # Great Expectations' result and suite, or (screened) what builds them
+    great_expectations: Callable[[], tuple[ExpectationSuiteValidationResult, ExpectationSuite]] = field(repr=False)
     run_id: str = field(default_factory=lambda: new_run_id())
     result_path: str | None = None  # where the result JSON was written, if it was
     docs_path: str | None = None  # the Data Docs page of this result, if published
+    _built: tuple[ExpectationSuiteValidationResult, ExpectationSuite] | None = field(default=None, repr=False)
+
+    @property
+    def result(self) -> ExpectationSuiteValidationResult:
+        return self._objects()[0]
+
+    @property
+    def suite(self) -> ExpectationSuite:
+        return self._objects()[1]
+
+    @property
+    def evaluated_by_great_expectations(self) -> bool:
+        return "great_expectations" in self.evaluated_by
+
+    def _objects(self) -> tuple[ExpectationSuiteValidationResult, ExpectationSuite]:
+        if self._built is None:
+            self._built = self.great_expectations()
+        return self._built
 
     @property
     def failures(self) -> list[Outcome]:
@@ -502,6 +555,7 @@ def _report(
     evaluated_by: str,
     began: float,
 ) -> ValidationReport:
+    """A report of what Great Expectations evaluated."""
     outcomes = [_outcome(r) for r in result.results]
     outcomes.sort(key=lambda o: o.success)  # failures first, otherwise in suite order
     return ValidationReport(
@@ -509,10 +563,9 @@ def _report(
         success=bool(result.success),
         rows=rows,
         outcomes=outcomes,
-        result=result,
-        suite=suite,
         evaluated_by=evaluated_by,
         seconds=time.perf_counter() - began,
+        great_expectations=lambda: (result, suite),
     )
 
 
@@ -646,19 +699,51 @@ def _screen(
     return n, {c.name: counts[c.name] for c in checks if c.name in counts}
 
 
-def preload() -> None:
-    """Import what a validation report is made of (Great Expectations' expectations and results: seconds in a
-    cold process), e.g. while the caller waits for its SparkSession to start."""
-    import great_expectations.expectations  # noqa: F401
-    from great_expectations.core import expectation_validation_result  # noqa: F401
+def _screened_report(
+    group: FeatureGroup,
+    checks: list[DerivedCheck],
+    rows: int,
+    types: Mapping[str, str],
+    range_start: datetime | None,
+    began: float,
+) -> ValidationReport:
+    """The report of a batch the screen passed, with no user expectations: Great Expectations' objects are
+    built only if someone reads them."""
+
+    def great_expectations() -> tuple[ExpectationSuiteValidationResult, ExpectationSuite]:
+        meta = {"features": {"group": group.name, "rows": rows, "evaluated_by": "one-pass screen"}}
+        result = _suite_result(group.name, [_screened_result(c, rows, types) for c in checks], meta)
+        return result, expectation_suite(group, range_start=range_start)
+
+    return ValidationReport(
+        group=group.name,
+        success=True,
+        rows=rows,
+        outcomes=[_screened_outcome(c) for c in checks],
+        evaluated_by="one-pass screen",
+        seconds=time.perf_counter() - began,
+        great_expectations=great_expectations,
+    )
 
 
-def _screened_result(check: DerivedCheck, rows: int, spark_type: str | None) -> ExpectationValidationResult:
+def _screened_outcome(check: DerivedCheck) -> Outcome:
+    """What `_outcome` makes of `_screened_result(check, ...)`, without Great Expectations."""
+    return Outcome(
+        name=check.spec.description,
+        expectation_type=check.spec.expectation_type,
+        success=True,
+        user=False,
+        check=check.name,
+        unexpected=None if check.column_types is not None else 0,
+    )
+
+
+def _screened_result(check: DerivedCheck, rows: int, types: Mapping[str, str]) -> ExpectationValidationResult:
     from great_expectations.core.expectation_validation_result import ExpectationValidationResult
 
     if check.column_types is not None:
-        details: dict[str, Any] = {"observed_value": spark_type}
-    elif check.expectation.expectation_type == UNEXPECTED_ROWS:
+        details: dict[str, Any] = {"observed_value": types.get(check.column_types[0])}
+    elif check.spec.expectation_type == UNEXPECTED_ROWS:
         details = {"observed_value": 0}
     else:
         details = {"element_count": rows, "unexpected_count": 0, "unexpected_percent": 0.0}
@@ -716,26 +801,26 @@ def validate_batch(
     check_user_expectations(group, rows.columns)
     checks = derived_checks(group, range_start=range_start, table=table)
     user = user_expectations(group)
-    suite = expectation_suite(group, range_start=range_start, table=table)
     if mode == "auto" and not table:
         n, counts = _screen(rows, checks, screened)
         if not any(counts.values()):
             types = {f.name: type(f.dataType).__name__ for f in rows.schema.fields}
-            results = [_screened_result(c, n, types.get(c.column_types[0]) if c.column_types else None) for c in checks]
-            user_ok = True
-            if user:
-                checked = run_great_expectations(group, rows, user, "BOOLEAN_ONLY")
-                results += list(checked.results)
-                user_ok = bool(checked.success)
-            if user_ok:
+            if not user:
+                return _screened_report(group, checks, n, types, range_start, began)
+            results = [_screened_result(c, n, types) for c in checks]
+            checked = run_great_expectations(group, rows, user, "BOOLEAN_ONLY")
+            if checked.success:
                 meta = {"features": {"group": group.name, "rows": n, "evaluated_by": "one-pass screen"}}
-                result = _suite_result(group.name, results, meta)
-                by = "one-pass screen" + (" + great_expectations (user expectations)" if user else "")
-                return _report(group, suite, result, n, by, began)
+                result = _suite_result(group.name, [*results, *checked.results], meta)
+                suite = expectation_suite(group, range_start=range_start)
+                return _report(
+                    group, suite, result, n, "one-pass screen + great_expectations (user expectations)", began
+                )
         rows_seen: int | None = n
     else:
         rows_seen = None
     # Something failed (or full mode): Great Expectations evaluates the whole suite, with details.
+    suite = expectation_suite(group, range_start=range_start, table=table)
     expectations = [c.expectation for c in checks] + user_expectations(group)
     result = run_great_expectations(group, rows, expectations, "SUMMARY")
     if rows_seen is None:

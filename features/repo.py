@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextvars
 import importlib.util
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -92,6 +93,15 @@ def resolve(root: Path, path: str) -> str:
 def offline_table_path(root: Path | str, group_name: str) -> str:
     """Where a group's offline table lives under a repo root."""
     return str((Path(root) / OFFLINE_DIR / group_name).resolve())
+
+
+# The online stores features writes (features.online), by every name feature_store.yaml may give them.
+ONLINE_STORE_TYPES = {
+    "sqlite": "sqlite",
+    "feast.infra.online_stores.sqlite.SqliteOnlineStore": "sqlite",
+    "redis": "redis",
+    "feast.infra.online_stores.redis.RedisOnlineStore": "redis",
+}
 
 
 @dataclass
@@ -176,11 +186,9 @@ class Repo:
 def read_config(config_file: Path) -> dict[str, Any]:
     """feature_store.yaml as a mapping, checked for what every command needs (a project, a known online store
     type): a ConfigError naming the file, the field and the fix, not Feast's traceback later."""
-    from features.online import REDIS_TYPES, SQLITE_TYPES
-
     example = "see feature_repo/feature_store.yaml in the features repository for a working one"
     try:
-        config = yaml.safe_load(config_file.read_text())
+        config = yaml.safe_load(os.path.expandvars(config_file.read_text()))  # as Feast reads it
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -205,7 +213,7 @@ def read_config(config_file: Path) -> dict[str, Any]:
             "`type: sqlite` and `path: data/online_store.db` (or `type: redis` and `connection_string: ...`)"
         )
     kind = online if isinstance(online, str) else (online or {}).get("type", "sqlite")
-    if kind not in (*SQLITE_TYPES, *REDIS_TYPES):
+    if kind not in ONLINE_STORE_TYPES:
         raise ConfigError(
             f"{config_file}: online_store.type: {kind!r} is not an online store features can write. "
             "Fix: use `type: sqlite` (with `path: data/online_store.db`) or `type: redis` "

@@ -26,7 +26,8 @@ What a run holds:
   `.quarantined.<reason>`, `.batch_quarantined` (1 when a batch failed validation and was set aside),
   whatever else the caller logs (a stream's `late` counts, per micro-batch with `step`);
 - per validation: metrics `<group>.validation.success` (1/0), `.expectations`, `.failed`, `.rows`, `.seconds`,
-  and the artifact `validation/<group>/<report run id>.json` (the outcomes and Great Expectations' result);
+  and the artifact `validation/<group>/<report run id>.json` (the outcomes, and Great Expectations' result when
+  it evaluated the batch: not for a batch the one-pass screen passed, whose result would only restate them);
 - status FINISHED, or FAILED with the error in tag `features.error` (a ValidationFailed's report is logged).
 
 A run in progress when an MLflow run is active in the same thread and store becomes its child run.
@@ -370,7 +371,7 @@ def validation_document(report: ValidationReport) -> dict[str, Any]:
         "seconds": report.seconds,
         "summary": report.summary(),
         "outcomes": report.to_pandas().to_dict(orient="records"),
-        "result": report.to_json_dict(),
+        "result": report.to_json_dict() if report.evaluated_by_great_expectations else None,
     }
 
 

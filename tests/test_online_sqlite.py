@@ -291,3 +291,58 @@ def test_unsupported_online_store_type(repo: Path) -> None:
 
 def test_empty_frame_writes_nothing(repo: Path) -> None:
     assert _writer(repo, USER).write(_count_rows(T0, {}).iloc[0:0]) == 0
+
+
+# feature_store.yaml files whose online settings must read the same without Feast as through Feast.
+CONFIGS = {
+    "defaults": "project: p1\nregistry: data/registry.db\nprovider: local\n",
+    "sqlite": FEATURE_STORE_YAML,
+    "class path, variable": (
+        "project: p2\nprovider: local\nregistry: {path: data/registry.db}\n"
+        "online_store:\n  type: feast.infra.online_stores.sqlite.SqliteOnlineStore\n  path: ${FX_ONLINE_DIR}/on.db\n"
+    ),
+    "redis": (
+        "project: p3\nprovider: local\nregistry: data/registry.db\nentity_key_serialization_version: 3\n"
+        "online_store:\n  type: redis\n  redis_type: redis_sentinel\n  sentinel_master: m1\n"
+        "  connection_string: redis.example:7000,db=1\n  key_ttl_seconds: 600\n"
+    ),
+    "versioned": (
+        "project: p4\nprovider: local\n"
+        "registry:\n  path: data/registry.db\n  enable_online_feature_view_versioning: true\n"
+        "online_store: redis\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_online_config_reads_as_feast_does(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from feast.repo_config import load_repo_config
+
+    from features.online_config import online_config
+
+    monkeypatch.setenv("FX_ONLINE_DIR", str(tmp_path / "online"))
+    (tmp_path / "feature_store.yaml").write_text(CONFIGS[name])
+    ours = online_config(tmp_path)
+    feasts = online_config(load_repo_config(tmp_path, tmp_path / "feature_store.yaml"))
+    assert ours == feasts
+    if ours.kind == "sqlite":
+        assert ours.sqlite_path() == feasts.sqlite_path()
+        assert ours.sqlite_path().startswith(str(tmp_path))
+
+
+def test_a_writer_from_a_repo_folder_does_not_import_feast(repo: Path) -> None:
+    # Importing Feast costs a cold job seconds; the writer's settings come from feature_store.yaml alone.
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\nfrom features.online import online_writer\nfrom features.spec import DType, FeatureGroup\n"
+        "from features import Entity, EventSource, Feature, Hop, agg\n"
+        "g = FeatureGroup('user_transactions', Entity('user', join_keys=['user_id']), "
+        "EventSource('t', path='x', timestamp='ts', schema={'user_id': 'string', 'ts': 'timestamp'}), "
+        "[Feature('txn_count', agg.count(), window=Hop('1h', every='5m'))])\n"
+        f"w = online_writer({str(repo)!r}, g, {{'user_id': DType.STRING, 'txn_count': DType.INT64}})\n"
+        "w.check_ready()\nprint(w.table, 'feast' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["test_user_transactions", "False"]

@@ -453,9 +453,9 @@ def test_crontab_example_runs_valid_commands() -> None:
         )
 
 
-def run_job(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+def run_job(*args: str, cwd: Path, python: Sequence[str] = ()) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, str(ROOT / "jobs" / "backfill.py"), *args],
+        [sys.executable, *python, str(ROOT / "jobs" / "backfill.py"), *args],
         cwd=cwd,
         capture_output=True,
         text=True,
@@ -681,13 +681,17 @@ def test_an_added_feature_recomputes_every_partition(spark, tmp_path: Path) -> N
 @pytest.mark.slow
 def test_nightly_job_end_to_end(tmp_path: Path) -> None:
     """jobs/backfill.py as a scheduler runs it, on the real clock: a first --since-last computes every day of
-    the source up to yesterday, the next finds nothing to do and starts no Spark."""
+    the source up to yesterday, the next finds nothing to do and starts no Spark. A run whose batches pass
+    imports neither Feast nor Great Expectations (seconds each, cold)."""
     today = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
-    repo = make_repo(tmp_path / "repo", [HOP], generate_transactions(600, 20, today - timedelta(days=3), 2, seed=8))
-    first = run_job(
-        "--repo", str(repo.root), "--since-last", "--days-per-run", "7", "--no-online", "--no-tracking", cwd=tmp_path
-    )
+    events = generate_transactions(600, 20, today - timedelta(days=3), 2, seed=8)
+    repo = make_repo(tmp_path / "repo", [HOP], events, apply=True)
+    options = ["--since-last", "--days-per-run", "7", "--no-tracking"]
+    first = run_job("--repo", str(repo.root), *options, cwd=tmp_path, python=["-X", "importtime"])
     assert first.returncode == 0, first.stdout + first.stderr
+    imported = {line.rsplit("|", 1)[-1].strip() for line in first.stderr.splitlines() if line.startswith("import time")}
+    assert not imported & {"feast", "great_expectations"}, "a passing nightly run imported Feast or Great Expectations"
+    assert "online" in first.stdout, first.stdout
     days = [(today - timedelta(days=k)).date() for k in (3, 2, 1)]
     if last_complete_day(HOP, datetime.now(UTC)) < days[-1]:
         days = days[:-1]  # just after midnight: yesterday is not complete yet

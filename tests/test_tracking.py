@@ -104,10 +104,12 @@ def report(group: str, success: bool) -> ValidationReport:
         success=success,
         rows=42,
         outcomes=[outcome],
-        result=ExpectationSuiteValidationResult(success=success, results=[result], suite_name=group),
-        suite=ExpectationSuite(name=group, expectations=[expectation]),
         evaluated_by="great_expectations",
         seconds=0.25,
+        great_expectations=lambda: (
+            ExpectationSuiteValidationResult(success=success, results=[result], suite_name=group),
+            ExpectationSuite(name=group, expectations=[expectation]),
+        ),
     )
 
 
