@@ -7,6 +7,7 @@ Connect way when `is_connect(spark)`."""
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -14,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from features.engine.jvm_archive import java_options
 from features.errors import EnvironmentProblem
 
 if TYPE_CHECKING:
@@ -27,14 +29,22 @@ JAVA_HELP = (
 LOG4J2_CONFIG = Path(__file__).with_name("log4j2.properties")
 
 
-def java_version() -> int | None:
-    """The major version of the Java that Spark would start, or None if there is none."""
+@functools.cache
+def java_description() -> str | None:
+    """What `java -version` prints for the Java that Spark would start, or None if there is none."""
     home = os.environ.get("JAVA_HOME")
     java = os.path.join(home, "bin", "java") if home else shutil.which("java")
     if not java or not os.path.exists(java):
         return None
-    out = subprocess.run([java, "-version"], capture_output=True, text=True, check=False).stderr
-    for token in out.replace('"', " ").split():
+    return f"{java}\n" + subprocess.run([java, "-version"], capture_output=True, text=True, check=False).stderr
+
+
+def java_version() -> int | None:
+    """The major version of the Java that Spark would start, or None if there is none."""
+    out = java_description()
+    if out is None:
+        return None
+    for token in out.split("\n", 1)[-1].replace('"', " ").split():
         head = token.split(".")[0]
         if head.isdigit() and ("." in token or token.isdigit()):
             major = int(head)
@@ -138,8 +148,13 @@ def _local_defaults(
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
     )
-    if LOG4J2_CONFIG.is_file():
-        builder = builder.config(
-            "spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={LOG4J2_CONFIG.as_uri()}"
-        )
+    options = [f"-Dlog4j2.configurationFile={LOG4J2_CONFIG.as_uri()}"] if LOG4J2_CONFIG.is_file() else []
+    options += java_options(java_description() or "")
+    if options:
+        builder = builder.config("spark.driver.extraJavaOptions", " ".join(_quoted(o) for o in options))
     return builder
+
+
+def _quoted(option: str) -> str:
+    """An option as Spark splits extraJavaOptions (a path may hold a space)."""
+    return f'"{option}"' if " " in option else option

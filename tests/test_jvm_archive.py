@@ -1,0 +1,83 @@
+"""The local JVM's class data sharing archive (features.engine.jvm_archive): made once by a JVM as it exits,
+used by every later local session, and never a file cut short (Java would crash mapping it)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from features.engine.jvm_archive import ENV, MAGIC, QUIET, java_options
+
+JAVA = "openjdk version 17 (test)"
+
+
+@pytest.fixture
+def folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv(ENV, str(tmp_path))
+    return tmp_path
+
+
+def archive_name(folder: Path) -> str:
+    option = java_options(JAVA)[0]
+    return Path(option.split("=", 1)[1]).name.split(".jsa")[0] + ".jsa"
+
+
+def test_turned_off_it_adds_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV, "off")
+    assert java_options(JAVA) == []
+
+
+def test_without_an_archive_this_jvm_makes_one_in_a_file_of_its_own(folder: Path) -> None:
+    name = archive_name(folder)
+    assert java_options(JAVA) == [f"-XX:ArchiveClassesAtExit={folder / name}.{os.getpid()}.tmp", QUIET]
+    assert folder.is_dir() and not list(folder.iterdir())  # Java writes the file as it exits
+
+
+def test_a_complete_file_becomes_the_archive_and_a_cut_one_is_deleted(folder: Path) -> None:
+    name = archive_name(folder)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    pid = int(dead.stdout)
+    cut = folder / f"{name}.{pid}.tmp"
+    cut.write_bytes(bytes(64))  # the header, written last, is still zeros
+    assert java_options(JAVA) == []  # its JVM may still be writing it
+    old = time.time() - 120
+    os.utime(cut, (old, old))
+    assert java_options(JAVA)[0].startswith("-XX:ArchiveClassesAtExit=")
+    assert not cut.exists()
+    (folder / f"{name}.{pid}.tmp").write_bytes(MAGIC + bytes(60))
+    assert java_options(JAVA) == [f"-XX:SharedArchiveFile={folder / name}", QUIET]
+    assert [p.name for p in folder.iterdir()] == [name]
+
+
+def test_while_another_process_makes_it_a_jvm_starts_without(folder: Path) -> None:
+    name = archive_name(folder)
+    (folder / f"{name}.{os.getppid()}.tmp").write_bytes(bytes(64))  # a live process, its JVM still running
+    assert java_options(JAVA) == []
+
+
+def test_a_second_local_session_starts_with_the_archive_the_first_made(tmp_path: Path) -> None:
+    script = (
+        "from features.engine.session import get_spark\n"
+        "spark = get_spark()\n"
+        "args = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments()\n"
+        "print(spark.range(1000).count(), [str(a).split('=')[0] for a in args if 'Archive' in str(a)])\n"
+    )
+    env = {**os.environ, ENV: str(tmp_path)}
+    env.pop("SPARK_REMOTE", None)
+    runs = []
+    for _ in "ab":
+        runs.append(subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True))
+        assert runs[-1].returncode == 0, runs[-1].stderr
+        deadline = time.time() + 60  # the first JVM may still be writing its archive after Python exited
+        while any(p.name.endswith(".tmp") and p.read_bytes()[:4] != MAGIC for p in tmp_path.iterdir()):
+            assert time.time() < deadline, list(tmp_path.iterdir())
+            time.sleep(0.5)
+    assert runs[0].stdout.split("\n")[0] == "1000 ['-XX:ArchiveClassesAtExit']"
+    assert runs[1].stdout.split("\n")[0] == "1000 ['-XX:SharedArchiveFile']"
+    [archive] = tmp_path.iterdir()
+    assert archive.suffix == ".jsa" and archive.read_bytes()[:4] == MAGIC
