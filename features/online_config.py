@@ -97,6 +97,10 @@ def _from_mapping(root: Path, config: Mapping[str, Any]) -> OnlineConfig:
 def _from_feast(source: Any) -> OnlineConfig:
     store = source if hasattr(source, "get_feature_view") else None
     config = store.config if store is not None else source
+    if store is None and config.registry.enable_online_feature_view_versioning:
+        from feast import FeatureStore
+
+        store = FeatureStore(config=config)  # the registry knows the versions; Feast is imported already
     online = config.online_store
     if online is None:
         raise ConfigError(
