@@ -327,16 +327,23 @@ def test_killed_streams_end_like_an_uninterrupted_one(spark, feast_repo_factory,
         return {int(p.name) for p in (query / log).glob("[0-9]*")}
 
     rng = np.random.default_rng(5)
+    # Kill i comes once targets[i] batches are committed, at a random moment of the next second and a half: in
+    # a batch, between two, or while the process starts. Progress, not the clock, decides, so that a faster
+    # start cannot let the stream finish first; two file batches always remain after the last kill.
+    targets = sorted(int(t) for t in rng.choice(FILES - 2, size=3, replace=False))
     kills, report, in_flight = 0, [], None
     while True:
         began = time.monotonic()
         proc = subprocess.Popen([*command, "--repo", str(roots["killed"])], stderr=subprocess.PIPE, text=True)
-        deadline = began + float(rng.uniform(12, 30)) if kills < 3 else None
+        kill_at = None
         caught_up = None
         while proc.poll() is None:
-            if in_flight is not None and caught_up is None and max(batches("commits"), default=-1) >= in_flight:
+            committed = batches("commits")
+            if in_flight is not None and caught_up is None and max(committed, default=-1) >= in_flight:
                 caught_up = time.monotonic() - began
-            if deadline is not None and time.monotonic() > deadline:
+            if kills < 3 and kill_at is None and len(committed) >= targets[kills]:
+                kill_at = time.monotonic() + float(rng.uniform(0, 1.5))
+            if kill_at is not None and time.monotonic() > kill_at:
                 os.kill(proc.pid, signal.SIGKILL)
                 proc.wait()
                 break
