@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from features.errors import ConfigError
-from features.repo import ONLINE_STORE_TYPES, Repo, read_config
+from features.repo import ONLINE_STORE_TYPES, Repo, online_store_type, read_config
 
 if TYPE_CHECKING:
     from feast import FeatureStore, RepoConfig
@@ -78,10 +78,9 @@ def online_config(source: RepoConfig | FeatureStore | Repo | str | Path) -> Onli
 
 def _from_mapping(root: Path, config: Mapping[str, Any]) -> OnlineConfig:
     """From feature_store.yaml as `features.repo.read_config` returns it (project and store type checked)."""
-    online = config.get("online_store") or {}
-    if isinstance(online, str):
-        online = {"type": online}
-    kind = _kind(str(online.get("type", "sqlite")))
+    kind = _kind(online_store_type(config))
+    online = config.get("online_store")
+    online = online if isinstance(online, dict) else {}
     registry = config.get("registry")
     versioned = isinstance(registry, dict) and registry.get("enable_online_feature_view_versioning") is True
     version = config.get("entity_key_serialization_version", DEFAULT_KEY_VERSION)

@@ -192,9 +192,7 @@ def _unexpected_rows(query: str, description: str, group: FeatureGroup, check: s
 
 def _not_null(group: FeatureGroup, column: str, description: str) -> DerivedCheck:
     name = f"not_null({column})"
-    spec = _spec(
-        "ExpectColumnValuesToNotBeNull", column=column, description=description, meta=_meta(group, name)
-    )
+    spec = _spec("ExpectColumnValuesToNotBeNull", column=column, description=description, meta=_meta(group, name))
     return DerivedCheck(name, spec, unexpected_sql=f"{_q(column)} IS NULL")
 
 
@@ -349,9 +347,13 @@ def expectation_suite(
     group: FeatureGroup, *, range_start: datetime | None = None, table: bool = False
 ) -> ExpectationSuite:
     """The group's Great Expectations suite: the derived expectations, then the user's."""
+    return _suite(group, derived_checks(group, range_start=range_start, table=table))
+
+
+def _suite(group: FeatureGroup, checks: list[DerivedCheck]) -> ExpectationSuite:
     import great_expectations as gx
 
-    expectations = [c.expectation for c in derived_checks(group, range_start=range_start, table=table)]
+    expectations = [c.expectation for c in checks]
     return gx.ExpectationSuite(name=group.name, expectations=[*expectations, *user_expectations(group)])
 
 
@@ -704,23 +706,23 @@ def _screened_report(
     checks: list[DerivedCheck],
     rows: int,
     types: Mapping[str, str],
-    range_start: datetime | None,
     began: float,
+    user_results: Sequence[ExpectationValidationResult] = (),
 ) -> ValidationReport:
-    """The report of a batch the screen passed, with no user expectations: Great Expectations' objects are
-    built only if someone reads them."""
+    """The report of a batch whose derived checks the screen passed (and its user expectations, if any, Great
+    Expectations): Great Expectations' objects for the derived checks are built only if someone reads them."""
 
     def great_expectations() -> tuple[ExpectationSuiteValidationResult, ExpectationSuite]:
         meta = {"features": {"group": group.name, "rows": rows, "evaluated_by": "one-pass screen"}}
-        result = _suite_result(group.name, [_screened_result(c, rows, types) for c in checks], meta)
-        return result, expectation_suite(group, range_start=range_start)
+        screened = [_screened_result(c, rows, types) for c in checks]
+        return _suite_result(group.name, [*screened, *user_results], meta), _suite(group, checks)
 
     return ValidationReport(
         group=group.name,
         success=True,
         rows=rows,
-        outcomes=[_screened_outcome(c) for c in checks],
-        evaluated_by="one-pass screen",
+        outcomes=[*map(_screened_outcome, checks), *map(_outcome, user_results)],
+        evaluated_by="one-pass screen" + (" + great_expectations (user expectations)" if user_results else ""),
         seconds=time.perf_counter() - began,
         great_expectations=great_expectations,
     )
@@ -806,21 +808,15 @@ def validate_batch(
         if not any(counts.values()):
             types = {f.name: type(f.dataType).__name__ for f in rows.schema.fields}
             if not user:
-                return _screened_report(group, checks, n, types, range_start, began)
-            results = [_screened_result(c, n, types) for c in checks]
+                return _screened_report(group, checks, n, types, began)
             checked = run_great_expectations(group, rows, user, "BOOLEAN_ONLY")
             if checked.success:
-                meta = {"features": {"group": group.name, "rows": n, "evaluated_by": "one-pass screen"}}
-                result = _suite_result(group.name, [*results, *checked.results], meta)
-                suite = expectation_suite(group, range_start=range_start)
-                return _report(
-                    group, suite, result, n, "one-pass screen + great_expectations (user expectations)", began
-                )
+                return _screened_report(group, checks, n, types, began, checked.results)
         rows_seen: int | None = n
     else:
         rows_seen = None
     # Something failed (or full mode): Great Expectations evaluates the whole suite, with details.
-    suite = expectation_suite(group, range_start=range_start, table=table)
+    suite = _suite(group, checks)
     expectations = [c.expectation for c in checks] + user_expectations(group)
     result = run_great_expectations(group, rows, expectations, "SUMMARY")
     if rows_seen is None:

@@ -15,7 +15,7 @@ import contextvars
 import importlib.util
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -95,6 +95,13 @@ def offline_table_path(root: Path | str, group_name: str) -> str:
     return str((Path(root) / OFFLINE_DIR / group_name).resolve())
 
 
+def online_store_type(config: Mapping[str, Any]) -> str:
+    """feature_store.yaml's online store type as written (`online_store: redis` or `type: redis` under it),
+    Feast's default (sqlite) when it names none."""
+    online = config.get("online_store") or {}
+    return online if isinstance(online, str) else str(online.get("type", "sqlite"))
+
+
 # The online stores features writes (features.online), by every name feature_store.yaml may give them.
 ONLINE_STORE_TYPES = {
     "sqlite": "sqlite",
@@ -116,8 +123,7 @@ class Repo:
 
     @property
     def online_store_type(self) -> str:
-        online = self.config.get("online_store") or {}
-        return online if isinstance(online, str) else str(online.get("type", "sqlite"))
+        return online_store_type(self.config)
 
     def source_path(self, group: FeatureGroup) -> str:
         return resolve(self.root, group.source.path)
@@ -212,7 +218,7 @@ def read_config(config_file: Path) -> dict[str, Any]:
             f"{config_file}: online_store: {online!r} is not a mapping. Fix: write `online_store:` with indented "
             "`type: sqlite` and `path: data/online_store.db` (or `type: redis` and `connection_string: ...`)"
         )
-    kind = online if isinstance(online, str) else (online or {}).get("type", "sqlite")
+    kind = online_store_type(config)
     if kind not in ONLINE_STORE_TYPES:
         raise ConfigError(
             f"{config_file}: online_store.type: {kind!r} is not an online store features can write. "

@@ -94,9 +94,7 @@ def _recent(temp: Path) -> bool:
 
 
 def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    if sys.platform == "win32":
+    if sys.platform == "win32":  # os.kill would end the process there
         return False
     try:
         os.kill(pid, 0)

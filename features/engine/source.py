@@ -435,7 +435,6 @@ def _unreadable_by_scan(
 
 def _why_unreadable(spark: SparkSession, schema: StructType | None, file: str) -> str | None:
     """Why Spark cannot read one Parquet file with `schema` (None if it can, e.g. a file with no rows)."""
-
     reasons = []
     every = _in_microseconds(schema) if schema is not None else []  # PySpark cannot parse the nanosecond type
     for ddl in _read_types(spark, schema):
