@@ -59,7 +59,7 @@ class BucketJob:
 
 def run_bucket(events: pa.Table, *, job: BucketJob) -> pa.Table:
     """One kernel call (applyInArrow): a bucket's events -> its keys' change points."""
-    panes = kernel.phase1(job.plan, events.drop_columns([BUCKET]).to_pandas())
+    panes = kernel.phase1_sorted(job.plan, events.drop_columns([BUCKET]).to_pandas())
     rows = kernel.emit(job.plan, panes, None, job.hi, clamp_us=job.lo)
     arrays = {name: kernel.to_arrow(rows[name], _ARROW_TYPES[t]) for name, t in job.output.items()}
     arrays[END_US] = pa.array(rows[WINDOW_END].to_numpy(), pa.int64())

@@ -147,6 +147,9 @@ def _local_defaults(
         .config("spark.driver.memory", os.environ.get("FEATURES_DRIVER_MEMORY", "4g"))
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
+        # Unless this is Int.MaxValue, Spark measures the open Arrow batch after every row it sends to Python
+        # (the kernel's input): 16% of the kernel stage. Batches stay bounded by maxRecordsPerBatch (10,000 rows).
+        .config("spark.sql.execution.arrow.maxBytesPerBatch", str(2**31 - 1))
     )
     options = [f"-Dlog4j2.configurationFile={LOG4J2_CONFIG.as_uri()}"] if LOG4J2_CONFIG.is_file() else []
     options += java_options(java_description() or "")

@@ -84,6 +84,13 @@ def flatten(lists: Any) -> tuple[np.ndarray, np.ndarray]:
     return rows.astype(np.int64), items
 
 
+def time_order(g: np.ndarray, t: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """The stable order of items by (group, time, value): text values compare by their rank in sorted order,
+    so that one integer sort replaces a sort of Python strings."""
+    rank = v if v.dtype.kind in "iufb" else pd.factorize(v, sort=True)[0]
+    return np.lexsort((rank, t, g))
+
+
 def range_groups(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """For ranges [start, end) of rows: (range number, row) of every row they hold."""
     lengths = ends - starts
@@ -265,15 +272,22 @@ class ByTime(Kind):
     def phase1(self, calc, codes, groups, mask, frame):
         values = frame[calc.value].to_numpy()
         ok = mask & ~pd.isna(values)
-        rows = pd.DataFrame({"g": codes[ok], "t": frame[TS].to_numpy()[ok], "v": values[ok]})
-        rows = rows.sort_values(["g", "t", "v"], kind="stable").drop_duplicates(
-            "g", keep="first" if self.earliest else "last"
-        )
+        g, picked_t, picked_v = self._picked(codes[ok], frame[TS].to_numpy(dtype=np.int64)[ok], values[ok])
         t = np.zeros(groups, dtype=np.int64)
         v = np.full(groups, _empty(calc.value_type), dtype=_numpy_dtype(calc.value_type))
-        g = rows["g"].to_numpy()
-        t[g], v[g] = rows["t"].to_numpy(), rows["v"].to_numpy()
+        t[g], v[g] = picked_t, picked_v
         return {"c": bincount(codes[ok], groups).astype(np.int64), "t": t, "v": v}
+
+    def _picked(self, g: np.ndarray, t: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per group of items (group, time, value): the earliest or latest item."""
+        if len(g) == 0:
+            return g, t, v
+        order = time_order(g, t, v)
+        g = g[order]
+        boundary = g[1:] != g[:-1]
+        chosen = np.r_[True, boundary] if self.earliest else np.r_[boundary, True]
+        pick = order[chosen]
+        return g[chosen], t[pick], v[pick]
 
     def merge(self, calc, cols, starts, ends, key_of_row, same_pane=False):
         valid = np.flatnonzero(cols["c"] > 0)
@@ -295,13 +309,11 @@ class ByTime(Kind):
 
     def _merge_overlapping(self, calc, cols, starts, ends):
         group, row = range_groups(starts, ends)
-        rows = pd.DataFrame({"g": group, "t": cols["t"][row], "v": cols["v"][row]})[cols["c"][row] > 0]
-        rows = rows.sort_values(["g", "t", "v"], kind="stable").drop_duplicates(
-            "g", keep="first" if self.earliest else "last"
-        )
+        present = cols["c"][row] > 0
+        group, row = group[present], row[present]
+        g, t, v = self._picked(group, cols["t"][row], cols["v"][row])
         out = empty_partial(calc, len(starts))
-        g = rows["g"].to_numpy()
-        out["c"][g], out["t"][g], out["v"][g] = 1, rows["t"].to_numpy(), rows["v"].to_numpy()
+        out["c"][g], out["t"][g], out["v"][g] = 1, t, v
         return out
 
     def finalize(self, calc, cols):
@@ -318,15 +330,18 @@ class LastK(Kind):
     def phase1(self, calc, codes, groups, mask, frame):
         values = frame[calc.value].to_numpy()
         ok = mask & ~pd.isna(values)
-        rows = pd.DataFrame({"g": codes[ok], "t": frame[TS].to_numpy()[ok], "v": values[ok]})
-        return self._newest(calc, rows, groups)
+        return self._newest(calc, codes[ok], frame[TS].to_numpy(dtype=np.int64)[ok], values[ok], groups)
 
-    def _newest(self, calc: Calc, rows: pd.DataFrame, groups: int) -> dict[str, Any]:
-        rows = rows.sort_values(["g", "t", "v"], kind="stable").groupby("g", sort=False).tail(calc.k)
-        g = rows["g"].to_numpy()
+    def _newest(self, calc: Calc, g: np.ndarray, t: np.ndarray, v: np.ndarray, groups: int) -> dict[str, Any]:
+        """Each group's k newest items (group, time, value), oldest first, as Arrow lists."""
+        order = time_order(g, t, v)
+        g = g[order]
+        group_end = np.r_[np.flatnonzero(g[1:] != g[:-1]) + 1, len(g)]
+        newest = np.arange(len(g)) >= np.repeat(group_end, np.diff(np.r_[0, group_end])) - calc.k
+        keep, g = order[newest], g[newest]
         return {
-            "t": arrow_lists(g, rows["t"].to_numpy(dtype=np.int64), groups, DType.INT64),
-            "v": arrow_lists(g, rows["v"].to_numpy(), groups, calc.value_type),
+            "t": arrow_lists(g, t[keep], groups, DType.INT64),
+            "v": arrow_lists(g, v[keep], groups, calc.value_type),
         }
 
     def merge(self, calc, cols, starts, ends, key_of_row, same_pane=False):
@@ -335,8 +350,7 @@ class LastK(Kind):
             range_of_row = range_of_rows(len(t), starts, ends)
             parent, times = flatten(t)
             take = range_of_row[parent] >= 0
-            items = pd.DataFrame({"g": range_of_row[parent[take]], "t": times[take], "v": flatten(v)[1][take]})
-            return self._newest(calc, items, len(starts))
+            return self._newest(calc, range_of_row[parent[take]], times[take], flatten(v)[1][take], len(starts))
         offsets = t.offsets.to_numpy()
         first, last = offsets[starts], offsets[ends]  # the ranges' items: flat [first, last)
         n = np.minimum(last - first, calc.k)
@@ -352,6 +366,21 @@ class LastK(Kind):
                 pa.LargeListArray.from_arrays(pa.array(out_offsets), pc.list_flatten(v).take(flat))
             ),
         }
+
+    def window(self, calc, cols, starts, ends, key_of_row):
+        """`finalize(merge(...))` in one take: the last k values of each range's slice, newest first (the
+        times only order the items, and the slice is in time order already)."""
+        v = _large_lists(cols["v"])
+        offsets = v.offsets.to_numpy()
+        last = offsets[ends]
+        n = np.minimum(last - offsets[starts], calc.k)
+        out_offsets = np.zeros(len(starts) + 1, dtype=np.int64)
+        np.cumsum(n, out=out_offsets[1:])
+        # item j of range i (output position out_offsets[i] + j) is flat item last_i - 1 - j
+        pick = np.repeat(last - 1 + out_offsets[:-1], n) - np.arange(out_offsets[-1])
+        items = pc.list_flatten(v).take(pa.array(pick))
+        mask = pa.array(n == 0)
+        return pd.arrays.ArrowExtensionArray(pa.LargeListArray.from_arrays(pa.array(out_offsets), items, mask=mask))
 
     def finalize(self, calc, cols):
         """Newest first, null for an empty window (an Arrow list column)."""

@@ -38,14 +38,25 @@ def pane_columns(plan: Plan) -> list[str]:
 
 def phase1(plan: Plan, events: pd.DataFrame) -> pd.DataFrame:
     """Reduce events (keys, `fx_ts` µs, `fx_c<i>` conditions, `fx_v_*` values) to one row per (key, pane)."""
+    return phase1_sorted(plan, events).table
+
+
+def phase1_sorted(plan: Plan, events: pd.DataFrame) -> Sorted:
+    """`phase1`, its rows sorted by (key, pane) for range reductions: the events' key codes give the order, so
+    that the pane table is neither factorized nor sorted again."""
     if events.empty:
-        return empty_table(plan)
+        return Sorted.of(plan, empty_table(plan))
     ts = events[TS].to_numpy(dtype=np.int64)
     pane = ts - ts % plan.pane_us
-    keyed = events[list(plan.keys)].assign(**{PANE: pane})
-    codes, uniques = _factorize(keyed)
-    groups = len(uniques)
-    out = {c: uniques[c].to_numpy() for c in (*plan.keys, PANE)}
+    key_codes, keys = _factorize(events[list(plan.keys)])
+    origin = int(pane.min())
+    rank = (pane - origin) // plan.pane_us + 1  # as Sorted.of ranks panes
+    span = int(rank.max()) + 2
+    position, codes = np.unique(key_codes * span + rank, return_inverse=True)
+    groups = len(position)
+    key_of_group = position // span
+    out = {k: keys[k].to_numpy()[key_of_group] for k in plan.keys}
+    out[PANE] = origin + (position % span - 1) * plan.pane_us
     masks = []
     for i in range(len(plan.conditions)):
         column = plan.condition_column(i)
@@ -55,7 +66,13 @@ def phase1(plan: Plan, events: pd.DataFrame) -> pd.DataFrame:
     for calc in plan.calcs:
         parts = KINDS[calc.kind].phase1(calc, codes, groups, masks[calc.condition], events)
         out.update({calc.col(p): v for p, v in parts.items()})
-    return pd.DataFrame(out)[pane_columns(plan)]
+    return Sorted(_frame({c: out[c] for c in pane_columns(plan)}), key_of_group, position, origin, span)
+
+
+def _frame(columns: dict[str, Any]) -> pd.DataFrame:
+    """A frame of these columns, not copied: pandas would otherwise stack the columns of each dtype into one
+    block (a copy of every column, a fifth of an emit)."""
+    return pd.DataFrame(columns, copy=False)
 
 
 def _factorize(frame: pd.DataFrame) -> tuple[np.ndarray, pd.DataFrame]:
@@ -220,7 +237,7 @@ def combine_sorted(plan: Plan, tables: Sequence[pd.DataFrame]) -> Sorted:
         columns[column] = values[starts]
         if column in partials:
             columns[column][several] = partials[column]
-    merged = pd.DataFrame(columns, copy=False)
+    merged = _frame(columns)
     return Sorted(merged, s.key_code[starts], s.position[starts], s.origin, s.span)
 
 
@@ -237,8 +254,8 @@ def _merged_partials(plan: Plan, s: Sorted, starts: np.ndarray, ends: np.ndarray
 
 def change_ends(
     plan: Plan, table: pd.DataFrame, after_us: int | None, upto_us: int | None, clamp_us: int | None = None
-) -> pd.DataFrame:
-    """(row index, E) for every window end in (after, upto] where some feature's value may change: where a
+) -> tuple[np.ndarray, np.ndarray]:
+    """(row indexes, Es) for every window end in (after, upto] where some feature's value may change: where a
     pane holding rows for it enters or leaves its window (features.panes).
 
     `clamp_us` (a backfill's range start): ends before it are moved to it, so that each key's first row of the
@@ -262,7 +279,7 @@ def change_ends(
                 keep &= e <= upto_us
             rows.append(idx[keep])
             ends.append(e[keep])
-    return pd.DataFrame({"row": np.concatenate(rows), "E": np.concatenate(ends)})
+    return np.concatenate(rows), np.concatenate(ends)
 
 
 def values_at(plan: Plan, s: Sorted, key_code: np.ndarray, ends: np.ndarray) -> dict[str, np.ndarray]:
@@ -299,26 +316,41 @@ def emit(
     """The change-point rows (keys, `window_end` µs, features) with window end in (after, upto], sorted by key
     and window end (see `change_ends` for `clamp_us`)."""
     s = table if isinstance(table, Sorted) else Sorted.of(plan, table)
-    points = change_ends(plan, s.table, after_us, upto_us, clamp_us)
-    if points.empty:
+    row, end = change_ends(plan, s.table, after_us, upto_us, clamp_us)
+    if len(row) == 0:
         return pd.DataFrame({c: [] for c in (*plan.keys, "window_end", *(c.name for c in plan.calcs))})
-    row, end = points["row"].to_numpy(), points["E"].to_numpy(dtype=np.int64)
     key = s.key_code[row]
     # (key, E) packed into one integer for one sort: every end is a multiple of the pane length but a clamped
     # range start, which is below all others, so the ends' steps above the smallest are distinct.
     step = (end - end.min() + plan.pane_us - 1) // plan.pane_us
     _, first = np.unique(key * (int(step.max()) + 1) + step, return_index=True)
     row, end, key = row[first], end[first], key[first]
-    out = {k: s.table[k].to_numpy()[row] for k in plan.keys}
+    out = _keys_at(plan, s, row)
     out["window_end"] = end
     out.update(values_at(plan, s, key, end))
-    return pd.DataFrame(out)
+    return _frame(out)
+
+
+def _keys_at(plan: Plan, s: Sorted, rows: np.ndarray) -> dict[str, Any]:
+    """The join keys of rows `rows` of `s`. Text keys are taken in Arrow from each key's first row: converting
+    millions of Python strings to Arrow on the way out costs more than most features' values."""
+    out = {}
+    for k in plan.keys:
+        column = s.table[k].to_numpy()
+        if column.dtype != object:
+            out[k] = column[rows]
+            continue
+        firsts = np.flatnonzero(np.r_[True, s.key_code[1:] != s.key_code[:-1]])
+        index_of_key = np.zeros(int(s.key_code.max(initial=0)) + 1, dtype=np.int64)
+        index_of_key[s.key_code[firsts]] = np.arange(len(firsts))
+        out[k] = pd.arrays.ArrowExtensionArray(pa.array(column[firsts]).take(pa.array(index_of_key[s.key_code[rows]])))
+    return out
 
 
 def next_change(plan: Plan, table: pd.DataFrame, after_us: int) -> int | None:
     """The first window end after `after` where a value may change (for the event-time timer)."""
-    points = change_ends(plan, table, after_us, None)
-    return None if points.empty else int(points["E"].min())
+    ends = change_ends(plan, table, after_us, None)[1]
+    return None if len(ends) == 0 else int(ends.min())
 
 
 def prune(plan: Plan, table: pd.DataFrame, upto_us: int, align_us: int | None = None) -> pd.DataFrame:
@@ -371,7 +403,7 @@ def from_bytes(plan: Plan, blob: bytes) -> pd.DataFrame:
 
 def read_frame(blob: bytes) -> pd.DataFrame:
     """A frame written by `to_bytes`."""
-    return pd.DataFrame({c: _widen(v) for c, v in pickle.loads(blob).items()})
+    return _frame({c: _widen(v) for c, v in pickle.loads(blob).items()})
 
 
 def _narrow(values: Any) -> Any:
@@ -441,8 +473,8 @@ def step(
     if eager_at is not None:
         wanted = fresh[list(plan.keys)]
         if eager_after is not None and eager_after < eager_at:
-            points = change_ends(plan, merged.table, eager_after, eager_at)
-            wanted = pd.concat([wanted, merged.table[list(plan.keys)].iloc[points["row"].to_numpy()]])
+            changed = change_ends(plan, merged.table, eager_after, eager_at)[0]
+            wanted = pd.concat([wanted, merged.table[list(plan.keys)].iloc[changed]])
         eager = values_of(plan, merged, wanted, eager_at)
     table = prune(plan, merged.table, upto, align_us)
     return Step(table, rows, events[late], next_change(plan, table, upto), eager)
@@ -459,7 +491,7 @@ def values_of(plan: Plan, s: Sorted, keys: pd.DataFrame, at_us: int) -> pd.DataF
         hit = pd.MultiIndex.from_frame(held).isin(pd.MultiIndex.from_frame(wanted))
     rows = first[hit]
     ends = np.full(len(rows), at_us, dtype=np.int64)
-    out = {k: s.table[k].to_numpy()[rows] for k in plan.keys}
+    out = _keys_at(plan, s, rows)
     out["window_end"] = ends
     out.update(values_at(plan, s, s.key_code[rows], ends))
-    return pd.DataFrame(out)
+    return _frame(out)
