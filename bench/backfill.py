@@ -331,7 +331,10 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3, help="runs per size for --scale")
     parser.add_argument("--mixed", action="store_true", help="the demo's mixed groups and each aggregation alone")
     parser.add_argument(
-        "--sample", type=float, default=0.1, help="--mixed: the naive queries run on this fraction of the events and 2x"
+        "--sample",
+        type=float,
+        default=0.1,
+        help="--mixed: the naive query of each aggregation alone runs on half this fraction and this fraction",
     )
     parser.add_argument("--no-save", action="store_true", help="do not update bench/RESULTS.md")
     args = parser.parse_args()
