@@ -345,31 +345,18 @@ class LastK(Kind):
         }
 
     def merge(self, calc, cols, starts, ends, key_of_row, same_pane=False):
-        t, v = _large_lists(cols["t"]), _large_lists(cols["v"])
-        if same_pane:  # rows of one pane overlap in time: merge their items by (ts, value)
-            range_of_row = range_of_rows(len(t), starts, ends)
-            parent, times = flatten(t)
-            take = range_of_row[parent] >= 0
-            return self._newest(calc, range_of_row[parent[take]], times[take], flatten(v)[1][take], len(starts))
-        offsets = t.offsets.to_numpy()
-        first, last = offsets[starts], offsets[ends]  # the ranges' items: flat [first, last)
-        n = np.minimum(last - first, calc.k)
-        out_offsets = np.zeros(len(starts) + 1, dtype=np.int64)
-        np.cumsum(n, out=out_offsets[1:])
-        pick = np.repeat(last - n - out_offsets[:-1], n) + np.arange(out_offsets[-1])
-        flat = pa.array(pick)
-        return {
-            "t": pd.arrays.ArrowExtensionArray(
-                pa.LargeListArray.from_arrays(pa.array(out_offsets), pc.list_flatten(t).take(flat))
-            ),
-            "v": pd.arrays.ArrowExtensionArray(
-                pa.LargeListArray.from_arrays(pa.array(out_offsets), pc.list_flatten(v).take(flat))
-            ),
-        }
+        """Rows of one pane from several batches (`same_pane`), which overlap in time: their items merged by
+        (ts, value). A window's rows cover disjoint time and are read by `window` instead."""
+        t = _large_lists(cols["t"])
+        range_of_row = range_of_rows(len(t), starts, ends)
+        parent, times = flatten(t)
+        take = range_of_row[parent] >= 0
+        values = flatten(_large_lists(cols["v"]))[1]
+        return self._newest(calc, range_of_row[parent[take]], times[take], values[take], len(starts))
 
     def window(self, calc, cols, starts, ends, key_of_row):
-        """`finalize(merge(...))` in one take: the last k values of each range's slice, newest first (the
-        times only order the items, and the slice is in time order already)."""
+        """The last k values of each range's slice, newest first, null for an empty window (an Arrow list
+        column): the slice is in time order already, so the times are not read."""
         v = _large_lists(cols["v"])
         offsets = v.offsets.to_numpy()
         last = offsets[ends]
@@ -383,15 +370,7 @@ class LastK(Kind):
         return pd.arrays.ArrowExtensionArray(pa.LargeListArray.from_arrays(pa.array(out_offsets), items, mask=mask))
 
     def finalize(self, calc, cols):
-        """Newest first, null for an empty window (an Arrow list column)."""
-        v = _large_lists(cols["v"])
-        offsets = v.offsets.to_numpy()
-        n = np.diff(offsets)
-        # within each list, the items in reverse: list start + (list end - 1 - flat position)
-        reverse = np.repeat(offsets[:-1] + offsets[1:] - 1, n) - np.arange(offsets[-1]) if len(n) else np.zeros(0)
-        items = pc.list_flatten(v).take(pa.array(reverse.astype(np.int64)))
-        mask = pa.array(n == 0)
-        return pd.arrays.ArrowExtensionArray(pa.LargeListArray.from_arrays(pa.array(offsets), items, mask=mask))
+        raise NotImplementedError("last_k is evaluated over a window's rows by `window`")
 
 
 class Quantiles(Kind):

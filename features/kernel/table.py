@@ -169,6 +169,12 @@ class Sorted:
         rank = np.clip((at_us - self.origin) // plan.pane_us + 1, 1, self.span - 1)
         return np.searchsorted(self.position, key_code * self.span + rank, side="left")
 
+    def key_firsts(self) -> np.ndarray:
+        """The index of each key's first row."""
+        if len(self.key_code) == 0:
+            return np.zeros(0, dtype=np.int64)
+        return np.flatnonzero(np.r_[True, self.key_code[1:] != self.key_code[:-1]])
+
     def key_start(self, key_code: np.ndarray) -> np.ndarray:
         return np.searchsorted(self.position, key_code * self.span, side="left")
 
@@ -334,16 +340,17 @@ def emit(
 def _keys_at(plan: Plan, s: Sorted, rows: np.ndarray) -> dict[str, Any]:
     """The join keys of rows `rows` of `s`. Text keys are taken in Arrow from each key's first row: converting
     millions of Python strings to Arrow on the way out costs more than most features' values."""
+    firsts = s.key_firsts()
+    index_of_key = np.zeros(int(s.key_code.max(initial=0)) + 1, dtype=np.int64)
+    index_of_key[s.key_code[firsts]] = np.arange(len(firsts))
+    which = pa.array(index_of_key[s.key_code[rows]])
     out = {}
     for k in plan.keys:
         column = s.table[k].to_numpy()
-        if column.dtype != object:
+        if column.dtype == object:
+            out[k] = pd.arrays.ArrowExtensionArray(pa.array(column[firsts]).take(which))
+        else:
             out[k] = column[rows]
-            continue
-        firsts = np.flatnonzero(np.r_[True, s.key_code[1:] != s.key_code[:-1]])
-        index_of_key = np.zeros(int(s.key_code.max(initial=0)) + 1, dtype=np.int64)
-        index_of_key[s.key_code[firsts]] = np.arange(len(firsts))
-        out[k] = pd.arrays.ArrowExtensionArray(pa.array(column[firsts]).take(pa.array(index_of_key[s.key_code[rows]])))
     return out
 
 
@@ -482,7 +489,7 @@ def step(
 
 def values_of(plan: Plan, s: Sorted, keys: pd.DataFrame, at_us: int) -> pd.DataFrame:
     """Rows (keys, `window_end` = at, features): the value at `at` of each key of `keys` that `s` holds."""
-    first = np.flatnonzero(np.r_[True, s.key_code[1:] != s.key_code[:-1]]) if len(s.key_code) else np.zeros(0, int)
+    first = s.key_firsts()
     held = s.table[list(plan.keys)].iloc[first]
     wanted = keys.drop_duplicates()
     if len(plan.keys) == 1:
