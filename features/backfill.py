@@ -6,17 +6,16 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from typing import TYPE_CHECKING, Any
 
-import pandas as pd
-from pyspark.sql import Column, DataFrame, SparkSession
-from pyspark.sql import functions as F
+from pyspark.sql import DataFrame, SparkSession
 
 from features.engine.batch import change_points, read_lower_bound
+from features.engine.online_rows import write_online
 from features.engine.session import cancel_all, get_spark, is_connect, is_stopped
 from features.engine.source import quarantine_records, read_source
 from features.errors import ConfigError
@@ -28,7 +27,7 @@ from features.repo import Repo
 if TYPE_CHECKING:
     from features.online import OnlineWriter
     from features.quality import ValidationReport
-from features.spec import WINDOW_END, FeatureGroup
+from features.spec import FeatureGroup
 
 
 @dataclass(frozen=True)
@@ -271,34 +270,29 @@ def backfill_group(
         timings[name] = timings.get(name, 0.0) + now - clock[0]
         clock[0] = now
 
-    def check_then_write_online(staged: DataFrame) -> bool:
-        """Validate every row about to reach a store; on success write the online store (the offline swap
-        follows), on failure act as the policy says and write nothing."""
+    def check_then_write_online(staged: DataFrame, newest: DataFrame) -> bool:
+        """Validate every row about to reach a store; on success write each key's newest row to the online
+        store (the offline swap follows), on failure act as the policy says and write nothing."""
         nonlocal report, batch_quarantined, online_rows
         lap("compute")
-        per_key = None
-        try:
-            if validate:
-                per_key = _screened_per_key(group, staged, start) if writer is not None else None
-                report = quality.validate_batch(group, staged, range_start=start, screened=per_key)
-                if not report.success:
-                    what = f"change points for [{start.isoformat()}, {end.isoformat()}]"
-                    batch_quarantined = quality.handle_invalid(report, staged, group, repo.root, chosen, what)
-                    return False
-            lap("validation")
-            if writer is not None:
-                online_rows = write_latest(writer, group, staged, newest=per_key)
-                lap("online")
-            return True
-        finally:
-            if per_key is not None:
-                per_key.unpersist()
+        if validate:
+            report = quality.validate_batch(group, staged, range_start=start)
+            if not report.success:
+                what = f"change points for [{start.isoformat()}, {end.isoformat()}]"
+                batch_quarantined = quality.handle_invalid(report, staged, group, repo.root, chosen, what)
+                return False
+        lap("validation")
+        if writer is not None:
+            online_rows = write_online(writer, newest)
+            lap("online")
+        return True
 
     try:
         with spark_progress(spark, f"backfill {group.name}", progress):
             computed = change_points(group, source.events, micros(start), micros(end), observe=True)
             table = repo.offline_path(group)
-            rows_out = replace_range(spark, computed.rows, table, start, end, check_then_write_online, on_swapped)
+            rows = computed.with_latest
+            rows_out = replace_range(spark, rows, table, start, end, check_then_write_online, on_swapped)
     except BaseException:
         setting_aside.join()  # the bad records are set aside whatever else failed
         raise
@@ -364,49 +358,3 @@ def _inheriting_thread(spark: SparkSession, target: Callable[[], None]) -> threa
         target()
 
     return threading.Thread(target=tagged, daemon=True)
-
-
-NEWEST = "_newest"  # per-key column: the struct of the key's newest row (window_end and features)
-
-
-def _newest(group: FeatureGroup, points: DataFrame) -> Column:
-    """Aggregate per key: its newest change point, as a struct (a hash aggregation, no sort)."""
-    values = [c for c in points.columns if c not in group.join_keys]
-    return F.max_by(F.struct(*values), F.col(WINDOW_END)).alias(NEWEST)
-
-
-def _screened_per_key(group: FeatureGroup, staged: DataFrame, start: datetime) -> DataFrame | None:
-    """One aggregation of the staged rows by key for both the validation screen and the online rows (each
-    key's newest), kept in memory between the two; None when the screen cannot be computed per key."""
-    from features import quality
-
-    by, screen = quality.screen_aggregates(group, range_start=start)
-    if list(by) != list(group.join_keys):
-        return None
-    return staged.groupBy(*by).agg(*screen, _newest(group, staged)).persist()
-
-
-def latest_rows(group: FeatureGroup, points: DataFrame) -> DataFrame:
-    """Each key's newest change point: its value as of the range end."""
-    keys = list(group.join_keys)
-    return points.groupBy(*keys).agg(_newest(group, points)).select(*keys, f"{NEWEST}.*")
-
-
-def write_latest(
-    writer: OnlineWriter, group: FeatureGroup, points: DataFrame, *, newest: DataFrame | None = None
-) -> int:
-    """Write each key's newest value to the online store from the executors; returns rows written.
-    `newest`: the keys' newest rows already aggregated from `points` (a `NEWEST` column per key)."""
-    keys = list(group.join_keys)
-    rows = latest_rows(group, points) if newest is None else newest.select(*keys, f"{NEWEST}.*")
-    if not writer.parallel:
-        rows = rows.coalesce(1)  # a serial store (SQLite) takes one writer at a time
-
-    def write(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-        total = 0
-        for batch in batches:
-            batch[WINDOW_END] = pd.to_datetime(batch[WINDOW_END]).dt.tz_localize(UTC)
-            total += writer.write(batch)
-        yield pd.DataFrame({"written": [total]})
-
-    return int(rows.mapInPandas(write, "written long").agg(F.sum("written")).first()[0] or 0)

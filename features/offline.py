@@ -19,6 +19,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
+from features.engine.batch import LATEST
 from features.spec import WINDOW_END
 
 DATE = "date"
@@ -43,7 +44,7 @@ def read_table(spark: SparkSession, table: str) -> DataFrame | None:
     return spark.read.option("basePath", table).parquet(str(Path(table) / f"{DATE}=*" / "*.parquet"))
 
 
-ONLINE_ONLY = "online"  # staged rows at E == end: each key's value as of `end`, not part of the range
+ONLINE_ONLY = "online"  # staged copies of each key's newest row: its value as of `end`, not part of the range
 TASK = "_task"  # the write task (and so the partition) of a staged row
 TASKS = "_tasks"  # staging subfolder the write tasks write into
 
@@ -64,24 +65,26 @@ def replace_range(
     table: str,
     start: datetime,
     end: datetime,
-    on_staged: Callable[[DataFrame], bool] | None = None,
+    on_staged: Callable[[DataFrame, DataFrame], bool] | None = None,
     on_swapped: Callable[[date], None] | None = None,
 ) -> int:
     """Make `rows` with window ends in [start, end) the table's content for that range; returns their count.
+    `rows` carries the boolean column `LATEST` (features.engine.batch): true on a copy of each key's newest row
+    (window end <= `end`), its value as of `end` for the online store.
 
     The new partitions are staged beside the table (never under it, where readers' globs would see them),
-    then swapped in. `on_staged` gets the staged rows with window ends in [start, end] (those at `end`
-    included) before the swap, so that one computation feeds validation and both stores; when it returns
-    False, the staged rows are dropped and the table is left as it was (the result is then 0). `on_swapped` gets
-    each date right after its partition was swapped in (dates in order), so that a caller can record it before
-    the next one: an interruption then loses at most the date being swapped."""
+    then swapped in. `on_staged` gets, before the swap, the staged rows with window ends in [start, end] (those
+    at `end` included) and the newest-row copies, so that one computation feeds validation and both stores; when
+    it returns False, the staged rows are dropped and the table is left as it was (the result is then 0).
+    `on_swapped` gets each date right after its partition was swapped in (dates in order), so that a caller can
+    record it before the next one: an interruption then loses at most the date being swapped."""
     days = dates_between(start, end)
     start_ts, end_ts = F.lit(start).cast("timestamp"), F.lit(end).cast("timestamp")
-    in_range = (F.col(WINDOW_END) >= start_ts) & (F.col(WINDOW_END) <= end_ts)
-    online_task = F.lit(len(days))  # the rows at `end` go to a partition of their own
-    staged = rows.where(in_range).withColumn(
-        TASK, F.when(F.col(WINDOW_END) == end_ts, online_task).otherwise(_day_index(days))
-    )
+    latest = F.col(LATEST)
+    in_range = (F.col(WINDOW_END) >= start_ts) & (F.col(WINDOW_END) < end_ts)
+    # The newest-row copies go to a partition of their own; a row at `end` is its key's newest, so only its copy.
+    task = F.when(latest, F.lit(len(days))).otherwise(_day_index(days))
+    staged = rows.where(latest | in_range).withColumn(TASK, task).drop(LATEST)
     partial = _owned_partially(days, start, end)
     existing = read_table(spark, table) if partial else None
     if existing is not None:
@@ -101,10 +104,12 @@ def replace_range(
         schema = StructType([*rows.schema.fields, StructField(DATE, StringType())])
         written = spark.read.schema(schema).parquet(str(staging))
         online_only = F.col(DATE) == ONLINE_ONLY
-        new_rows = written.where(online_only | (F.col(WINDOW_END) >= start_ts) & (F.col(WINDOW_END) < end_ts))
-        if on_staged is not None and not on_staged(new_rows.drop(DATE)):
+        new_rows = written.where(~online_only & in_range)
+        newest = written.where(online_only).drop(DATE)
+        at_end = newest.where(F.col(WINDOW_END) == end_ts)
+        if on_staged is not None and not on_staged(new_rows.drop(DATE).unionByName(at_end), newest):
             return 0
-        count = _footer_rows(staging, days) if not partial else new_rows.where(~online_only).count()
+        count = _footer_rows(staging, days) if not partial else new_rows.count()
         _swap_in(staging, table, days, on_swapped)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -651,19 +651,7 @@ def _screen_plan(checks: list[DerivedCheck]) -> _ScreenPlan:
     return _ScreenPlan(by, [F.count(F.lit(1)).alias("_rows"), distinct, *counted], grouped, conditions)
 
 
-def screen_aggregates(group: FeatureGroup, *, range_start: datetime | None = None) -> tuple[list[str], list[Any]]:
-    """The columns the one-pass screen groups a batch by (the join keys) and its aggregates per group.
-
-    A caller that aggregates the batch by the join keys anyway (the backfill, for each key's newest row) adds
-    these aggregates to its own and hands the result to `validate_batch(..., screened=)`: the batch is then read
-    once for both. Empty columns: the screen does not group, and cannot be computed that way."""
-    plan = _screen_plan(derived_checks(group, range_start=range_start))
-    return plan.by, plan.aggregates if plan.by else []
-
-
-def _screen(
-    rows: DataFrame, checks: list[DerivedCheck], screened: DataFrame | None = None
-) -> tuple[int, dict[str, int]]:
+def _screen(rows: DataFrame, checks: list[DerivedCheck]) -> tuple[int, dict[str, int]]:
     """Rows in the batch, and each check's count of rejected rows (1 for a wrong column type; for uniqueness,
     rows minus distinct combinations): one Spark job for all of them.
 
@@ -673,13 +661,12 @@ def _screen(
     count, which shuffles every row (the groups ship their window ends as one array instead). A null in the
     combination counts as a duplicate, which only ever raises a false alarm that Great Expectations clears. A
     uniqueness check of a single column counts distinct 64-bit hashes in a job of its own (a hash collision,
-    about n^2 / 2^65, is such a false alarm too). `screened`: the per-group aggregates, already computed
-    (see `screen_aggregates`)."""
+    about n^2 / 2^65, is such a false alarm too)."""
     from pyspark.sql import functions as F
 
     plan = _screen_plan(checks)
     if plan.by:
-        per_group = screened if screened is not None else rows.groupBy(*plan.by).agg(*plan.aggregates)
+        per_group = rows.groupBy(*plan.by).agg(*plan.aggregates)
         sums = ["_rows", "_distinct", *plan.conditions]
         row = per_group.agg(*[F.coalesce(F.sum(c), F.lit(0)).alias(c) for c in sums]).first()
     else:
@@ -786,7 +773,6 @@ def validate_batch(
     range_start: datetime | None = None,
     mode: str = "auto",
     table: bool = False,
-    screened: DataFrame | None = None,
 ) -> ValidationReport:
     """Validate a Spark DataFrame of the group's feature rows (join keys, window_end, one column per feature)
     against its suite. Persist `rows` first if it is expensive: it is read once (more when something fails).
@@ -794,8 +780,6 @@ def validate_batch(
     `range_start`: the start of the range the rows were computed for (see `derived_checks`).
     `mode`: "auto" (one-pass screen for the derived expectations, Great Expectations for the user's and for
     everything once anything fails) or "full" (everything in Great Expectations). `table=True` implies "full".
-    `screened`: `rows` grouped by the join keys with `screen_aggregates(group, range_start=...)` among its
-    columns; the screen then sums those instead of aggregating `rows` (which it still reads when it fails).
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -804,7 +788,7 @@ def validate_batch(
     checks = derived_checks(group, range_start=range_start, table=table)
     user = user_expectations(group)
     if mode == "auto" and not table:
-        n, counts = _screen(rows, checks, screened)
+        n, counts = _screen(rows, checks)
         if not any(counts.values()):
             types = {f.name: type(f.dataType).__name__ for f in rows.schema.fields}
             if not user:

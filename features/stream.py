@@ -391,6 +391,7 @@ class _Sink:
 
         from features import quality
         from features.engine import stream as engine
+        from features.engine.online_rows import write_online
 
         points = batch.where(F.col(engine.KIND) == engine.ROW)
         columns = self._columns()
@@ -411,7 +412,7 @@ class _Sink:
         with table_lock(table):  # a backfill rewriting the table's days finishes first
             engine.write_offline_batch(self._not_backfilled(rows), table, batch_id)
         if self.writer is not None:
-            engine.write_online(self.writer, points.where(F.col(engine.LATEST)).select(*columns))
+            write_online(self.writer, points.where(F.col(engine.LATEST)).select(*columns))
         return n if n is not None else rows.count()
 
     def _columns(self) -> list[Any]:
@@ -430,6 +431,7 @@ class _Sink:
 
         from features import quality
         from features.engine import stream as engine
+        from features.engine.online_rows import write_online
 
         rows = batch.where(F.col(engine.KIND) == engine.EAGER).select(*self._columns())
         if self.validate:
@@ -437,7 +439,7 @@ class _Sink:
             if not report.success:
                 self.run.tracker.log_validation(report, step=batch_id, artifact=True)
                 return
-        engine.write_online(self.writer, rows)  # newer-or-equal wins: a correction replaces its eager value
+        write_online(self.writer, rows)  # newer-or-equal wins: a correction replaces its eager value
 
     def _not_backfilled(self, rows: DataFrame) -> DataFrame:
         """Leave to the backfill what it wrote: a backfill's partition file holds every change point of the

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
 
@@ -24,6 +26,7 @@ from features.spec import WINDOW_END, DType, FeatureGroup
 
 BUCKET = "fx_bucket"
 END_US = "fx_end"  # the window end in µs, as the kernel returns it
+LATEST = "fx_latest"  # true on a copy of each key's newest row: its value as of the range end, for the online store
 
 _ARROW_TYPES = {
     DType.INT64: pa.int64(),
@@ -58,12 +61,28 @@ class BucketJob:
 
 
 def run_bucket(events: pa.Table, *, job: BucketJob) -> pa.Table:
-    """One kernel call (applyInArrow): a bucket's events -> its keys' change points."""
+    """One kernel call (applyInArrow): a bucket's events -> its keys' change points, then a copy of each key's
+    newest row flagged `LATEST` (the online store's row: the kernel knows it, where Spark would aggregate)."""
     panes = kernel.phase1_sorted(job.plan, events.drop_columns([BUCKET]).to_pandas())
     rows = kernel.emit(job.plan, panes, None, job.hi, clamp_us=job.lo)
     arrays = {name: kernel.to_arrow(rows[name], _ARROW_TYPES[t]) for name, t in job.output.items()}
     arrays[END_US] = pa.array(rows[WINDOW_END].to_numpy(), pa.int64())
-    return pa.table(arrays)
+    table = pa.table(arrays)
+    newest = _key_lasts(table, list(job.plan.keys))
+    flags = np.r_[np.zeros(len(table), dtype=bool), np.ones(len(newest), dtype=bool)]
+    return pa.concat_tables([table, table.take(newest)]).append_column(LATEST, pa.array(flags))
+
+
+def _key_lasts(rows: pa.Table, keys: list[str]) -> np.ndarray:
+    """The index of each key's last row, in rows sorted by key (keys are never null here)."""
+    n = len(rows)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    changes = np.zeros(n - 1, dtype=bool)
+    for k in keys:
+        column = rows[k].combine_chunks()
+        changes |= pc.not_equal(column.slice(1), column.slice(0, n - 1)).to_numpy(zero_copy_only=False)
+    return np.r_[np.flatnonzero(changes), n - 1]
 
 
 def _buckets(events: DataFrame) -> int:
@@ -76,6 +95,7 @@ def _buckets(events: DataFrame) -> int:
 @dataclass(frozen=True)
 class ChangePoints:
     rows: DataFrame  # keys, window_end, one column per feature
+    with_latest: DataFrame  # `rows`, then a copy of each key's newest row with `LATEST` true (false on the others)
     events: DataFrame  # the events read
     observed: Observation | None = None  # counts the events while `rows` is computed
 
@@ -122,13 +142,12 @@ def change_points(
     key_types = {k: outputs[k] for k in keys}
     feature_types = {f.name: outputs[f.name] for f in group.features}
     job = BucketJob(plan, start_us, end_us, {**key_types, **feature_types})
-    schema = f"{ddl(key_types)}, {END_US} bigint, {ddl(feature_types)}"
+    schema = f"{ddl(key_types)}, {END_US} bigint, {ddl(feature_types)}, {LATEST} boolean"
 
     def compute(events):  # type: ignore[no-untyped-def]  # no hints: PySpark 4.3 fails to infer from string hints
         return run_bucket(events, job=job)
 
-    computed = projected.groupBy(BUCKET).applyInArrow(compute, schema)
-    rows = computed.select(
-        *keys, F.timestamp_micros(F.col(END_US)).alias(WINDOW_END), *[F.col(f.name) for f in group.features]
+    computed = projected.groupBy(BUCKET).applyInArrow(compute, schema).select(
+        *keys, F.timestamp_micros(F.col(END_US)).alias(WINDOW_END), *[F.col(f.name) for f in group.features], LATEST
     )
-    return ChangePoints(rows, events, observed)
+    return ChangePoints(computed.where(~F.col(LATEST)).drop(LATEST), computed, events, observed)

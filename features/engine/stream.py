@@ -63,7 +63,6 @@ from features.spec import WINDOW_END, DType, FeatureGroup
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
-    from features.online import OnlineWriter
 
 BUCKET = "fx_bucket"
 KIND = "fx_kind"  # what an output row is: a change point, a late event, a bad record, or a bucket's state size
@@ -490,29 +489,6 @@ def backfilled(table: str) -> list[tuple[datetime, datetime]]:
         if stats:
             spans.append((min(s.min for s in stats), max(s.max for s in stats)))
     return spans
-
-
-def write_online(writer: OnlineWriter, rows: DataFrame) -> int:
-    """Write rows (each key's newest of the batch) to the online store: from the executors, partition by
-    partition, for a store that takes parallel writers (Redis); from the driver for a serial one (SQLite, a
-    local file that only one writer may hold), which saves a Python worker per batch."""
-    import pandas as pd
-
-    def to_utc(batch: pd.DataFrame) -> pd.DataFrame:
-        ends = pd.to_datetime(batch[WINDOW_END])
-        batch[WINDOW_END] = ends.dt.tz_localize("UTC") if ends.dt.tz is None else ends.dt.tz_convert("UTC")
-        return batch
-
-    if not writer.parallel:
-        return writer.write(to_utc(rows.toPandas()))
-
-    def write(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-        total = 0
-        for batch in batches:
-            total += writer.write(to_utc(batch))
-        yield pd.DataFrame({"written": [total]})
-
-    return int(rows.mapInPandas(write, "written long").agg(F.sum("written")).first()[0] or 0)
 
 
 def write_json_records(frame: DataFrame, folder: Path, schema: str | None) -> None:
