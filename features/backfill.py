@@ -10,14 +10,14 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pyspark.sql import DataFrame, SparkSession
 
 from features.engine.batch import change_points, read_lower_bound
 from features.engine.online_rows import write_online
-from features.engine.session import cancel_all, get_spark, is_connect, is_stopped
-from features.engine.source import quarantine_records, read_source
+from features.engine.session import cancel_all, get_spark, is_stopped
+from features.engine.source import observed_count, quarantine_records, read_source
 from features.errors import ConfigError
 from features.locks import table_lock
 from features.offline import replace_range
@@ -255,10 +255,11 @@ def backfill_group(
     if online and writer is None:
         writer = ready_writer(repo, group)
     records = quality.quarantine_root(repo.root, group.name) / "records" / quality.new_run_id()
-    rejected = source.rejected_for(read_lower_bound(group, micros(start)), micros(end))
-    # Bad records are counted and set aside by a job of their own while the change points are planned and
-    # computed: it uses the cores that job leaves idle (while it is planned, in the tails of its stages).
-    setting_aside = _Background(spark, quarantine_records, rejected, records)
+    lower = read_lower_bound(group, micros(start))
+    rejected = source.rejected_for(lower, micros(end))
+    # The pass that computes the change points also counts the bad records: only when it finds some (or files
+    # that cannot be read), a second pass sets them aside.
+    events, bad_seen = source.counted_events(lower, micros(end))
     report: ValidationReport | None = None
     batch_quarantined: str | None = None
     online_rows = 0
@@ -289,15 +290,21 @@ def backfill_group(
 
     try:
         with spark_progress(spark, f"backfill {group.name}", progress):
-            computed = change_points(group, source.events, micros(start), micros(end), observe=True)
+            computed = change_points(group, events, micros(start), micros(end), observe=True)
             table = repo.offline_path(group)
             rows = computed.with_latest
             rows_out = replace_range(spark, rows, table, start, end, check_then_write_online, on_swapped)
-    except BaseException:
-        setting_aside.join()  # the bad records are set aside whatever else failed
+    except Exception as exc:  # the bad records are set aside whatever else failed
+        try:
+            quarantine_records(rejected, records)
+        except Exception as also:
+            exc.add_note(f"Setting the bad source records aside failed too: {also}")
         raise
     lap("offline")
-    quarantined = setting_aside.result()
+    quarantined = {}
+    if source.bad_files or observed_count(bad_seen, "rejected") != 0:  # None (not known): look
+        quarantined = quarantine_records(rejected, records)
+        lap("quarantine")
     rows_in = computed.events_read()
     return BackfillResult(
         group.name,
@@ -313,48 +320,3 @@ def backfill_group(
         batch_quarantined=batch_quarantined,
         timings=timings,
     )
-
-
-class _Background:
-    """`fn(*args)` in a thread that inherits the caller's Spark job group and local properties (so that its
-    jobs are cancelled and tracked with the caller's); on Spark Connect, the caller's operation tags."""
-
-    def __init__(self, spark: SparkSession, fn: Callable[..., Any], *args: object) -> None:
-        self._out: dict[str, Any] = {}
-
-        def run() -> None:
-            try:
-                self._out["value"] = fn(*args)
-            except BaseException as exc:
-                self._out["error"] = exc
-
-        self._thread = _inheriting_thread(spark, run)
-        self._thread.start()
-
-    def join(self) -> None:
-        self._thread.join()
-
-    def result(self) -> Any:
-        """Wait, then return what the function returned or raise what it raised."""
-        self.join()
-        if "error" in self._out:
-            raise self._out["error"]
-        return self._out["value"]
-
-
-def _inheriting_thread(spark: SparkSession, target: Callable[[], None]) -> threading.Thread:
-    """A daemon thread running `target` with the calling thread's Spark properties. PySpark's InheritableThread
-    picks its kind by the process (`is_remote()`), not by the session, so a Connect session gets a plain thread
-    that copies the tags itself (Connect keeps them per thread)."""
-    if not is_connect(spark):
-        from pyspark import InheritableThread
-
-        return InheritableThread(target=target, daemon=True)
-    tags = spark.getTags()
-
-    def tagged() -> None:
-        for tag in tags:
-            spark.addTag(tag)
-        target()
-
-    return threading.Thread(target=tagged, daemon=True)

@@ -99,9 +99,9 @@ def replace_range(
         by_task = staged.repartitionById(len(days) + 1, TASK).drop(TASK)
         by_task.write.option("maxRecordsPerFile", 0).parquet(str(staging / TASKS))
         _place_task_files(staging, days)
-        # The range's rows and its rows at `end`, not rows kept from a partition at or after `end` (they
+        # The range's rows and the newest-row copies, not rows kept from a partition at or after `end` (they
         # belong to another range). The staged schema keeps `date` a string: Spark would infer a date type.
-        schema = StructType([*rows.schema.fields, StructField(DATE, StringType())])
+        schema = StructType([*by_task.schema.fields, StructField(DATE, StringType())])
         written = spark.read.schema(schema).parquet(str(staging))
         online_only = F.col(DATE) == ONLINE_ONLY
         new_rows = written.where(~online_only & in_range)

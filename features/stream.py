@@ -273,6 +273,7 @@ def _check_checkpoint(
     starts: Spark keeps the partition count in its checkpoint, and the labels are saved with the definition, as
     a key's state lives under its bucket's label."""
     from features.engine import stream as engine
+    from features.engine.inputs import bucket_labels
 
     saved = engine.saved_definition(checkpoint)
     if reset:
@@ -306,7 +307,7 @@ def _check_checkpoint(
         labels, partitions = saved["labels"], saved["partitions"]
     else:
         partitions = _cores(spark)
-        labels = engine.bucket_labels(spark, buckets or partitions, partitions)
+        labels = bucket_labels(buckets or partitions, partitions)
     current = {
         "definition_hash": definition_hash(group),
         "buckets": len(labels),

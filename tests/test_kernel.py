@@ -217,3 +217,26 @@ def test_an_eager_value_follows_a_closed_pane_of_a_key_without_new_events() -> N
     want = at[eager_2].set_index(pd.Index(users))
     for i, user in enumerate(out_2.eager["user_id"]):
         assert values(out_2.eager, i) == values(want, users.index(user)), user
+
+
+@pytest.mark.parametrize("group", [GROUP_MIXED, GROUP_COMPOSITE], ids=["one key", "two keys"])
+def test_the_batch_kernel_call_copies_each_keys_newest_row_for_the_online_store(group: FeatureGroup) -> None:
+    """features.engine.batch.run_bucket: its change points, then one copy of each key's newest row marked LATEST."""
+    import pyarrow as pa
+
+    from features.engine.batch import BUCKET, END_US, LATEST, BucketJob, run_bucket
+
+    plan = pt.Plan.of(group, TYPES)
+    events = processor_input(plan, group, EVENTS).assign(**{BUCKET: 0})
+    lo = int(events[pt.TS].min())
+    hi = int(events[pt.TS].max()) + 4 * 3600 * 1_000_000
+    types = group.output_types(TYPES)
+    output = {c: types[c] for c in (*group.join_keys, *(f.name for f in group.features))}
+    job = BucketJob(plan, lo, hi, output)
+    out = run_bucket(pa.Table.from_pandas(events, preserve_index=False), job=job).to_pandas()
+    keys = list(group.join_keys)
+    rows, copies = out[~out[LATEST]], out[out[LATEST]]
+    assert len(copies) == len(rows.drop_duplicates(keys)) > 1
+    newest = rows.sort_values(END_US).drop_duplicates(keys, keep="last").sort_values(keys)
+    want = newest.reset_index(drop=True).assign(**{LATEST: True})
+    pd.testing.assert_frame_equal(copies.sort_values(keys).reset_index(drop=True), want)

@@ -286,14 +286,17 @@ def test_state_of_an_older_layout_stops_with_the_reset_command(spark, streamed) 
 def test_buckets_spread_evenly_over_the_shuffle_partitions(spark, buckets, partitions) -> None:
     from pyspark.sql import functions as F
 
-    from features.engine.stream import bucket_labels
+    from features.engine.inputs import _spark_hash_long, bucket_labels
 
-    labels = bucket_labels(spark, buckets, partitions)
+    labels = bucket_labels(buckets, partitions)
     assert len(set(labels)) == buckets
     frame = spark.createDataFrame([(v,) for v in labels], "v bigint")
     # Where Spark's shuffle by the bucket column puts each label: pmod(hash(v), partitions).
     placed = [r[0] for r in frame.select(F.pmod(F.hash("v"), F.lit(partitions))).collect()]
     assert placed == [i % partitions for i in range(buckets)]
+    values = [-(2**63), -(2**40) - 7, -1, 0, 1, 2**40 + 3, 2**63 - 1]
+    hashed = spark.createDataFrame([(v,) for v in values], "v bigint").select(F.hash("v")).collect()
+    assert [r[0] for r in hashed] == [_spark_hash_long(v) for v in values]
 
 
 def test_stream_argument_errors(capsys) -> None:

@@ -19,8 +19,8 @@ from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
 
 from features import kernel
-from features.engine.inputs import bucket_of, ddl, kernel_inputs
-from features.engine.source import schema_of
+from features.engine.inputs import bucket_labels, bucket_of, ddl, kernel_inputs
+from features.engine.source import observed_count, schema_of
 from features.panes import MICROS, lookback_us
 from features.spec import WINDOW_END, DType, FeatureGroup
 
@@ -102,15 +102,8 @@ class ChangePoints:
     def events_read(self) -> int:
         """How many events the computation read. Once `rows` was computed (written), the count observed
         during that job, else a separate job that only scans timestamps."""
-        if self.observed is not None:
-            try:
-                return int(self.observed.get["events"])
-            except Exception as exc:
-                # Spark 4 fails an assertion here, instead of reporting 0, when the source's statistics let it
-                # skip every row group (a range before the data starts): then count the ordinary way.
-                if "assertion failed" not in str(exc):
-                    raise
-        return self.events.count()
+        counted = None if self.observed is None else observed_count(self.observed, "events")
+        return self.events.count() if counted is None else counted
 
 
 def change_points(
@@ -136,7 +129,8 @@ def change_points(
     present = ts.isNotNull()
     for key in keys:
         present = present & F.col(key).isNotNull()
-    bucket = bucket_of(group, _buckets(events)).alias(BUCKET)
+    buckets = _buckets(events)
+    bucket = bucket_of(group, bucket_labels(buckets, buckets)).alias(BUCKET)
     projected = read.where(present).select(bucket, *kernel_inputs(group, types, plan))
     outputs = group.output_types(types)
     key_types = {k: outputs[k] for k in keys}

@@ -44,9 +44,39 @@ def kernel_inputs(group: FeatureGroup, types: dict[str, DType], plan: kernel.Pla
     return cols
 
 
-def bucket_of(group: FeatureGroup, buckets: int) -> Column:
-    """A key's hash bucket, 0..buckets-1: the unit of work of one kernel call."""
-    return F.pmod(F.xxhash64(*[F.col(k) for k in group.join_keys]), F.lit(buckets))
+def bucket_of(group: FeatureGroup, labels: list[int]) -> Column:
+    """A key's hash bucket, the unit of work of one kernel call: `labels[hash of the keys % len(labels)]`."""
+    index = F.pmod(F.xxhash64(*[F.col(k) for k in group.join_keys]), F.lit(len(labels)))
+    return F.element_at(F.array(*[F.lit(v).cast("bigint") for v in labels]), (index + 1).cast("int"))
+
+
+def bucket_labels(buckets: int, partitions: int) -> list[int]:
+    """The bucket column's values: bucket i gets the smallest free number that Spark's shuffle by that column
+    puts in partition i % partitions (pmod of its Murmur3 hash). With the plain numbers 0..buckets-1, some
+    partitions get two or three buckets and others none, and one task then does the work of several while a
+    core idles."""
+    free: dict[int, list[int]] = {p: [] for p in range(partitions)}
+    for value in range(64 * (buckets + partitions)):
+        free[_spark_hash_long(value) % partitions].append(value)
+    return [free[i % partitions].pop(0) for i in range(buckets)]
+
+
+def _spark_hash_long(value: int) -> int:
+    """Spark's `hash()` of a bigint (Murmur3 x86 32-bit, seed 42), as a signed 32-bit integer."""
+    mask = 0xFFFFFFFF
+
+    def rotl(x: int, r: int) -> int:
+        return ((x << r) | (x >> (32 - r))) & mask
+
+    def mix(h: int, k: int) -> int:
+        k = rotl((k * 0xCC9E2D51) & mask, 15) * 0x1B873593 & mask
+        return (rotl(h ^ k, 13) * 5 + 0xE6546B64) & mask
+
+    h = mix(mix(42, value & mask), (value >> 32) & mask) ^ 8
+    h = ((h ^ (h >> 16)) * 0x85EBCA6B) & mask
+    h = ((h ^ (h >> 13)) * 0xC2B2AE35) & mask
+    h ^= h >> 16
+    return h - (1 << 32) if h & 0x80000000 else h
 
 
 def ddl(columns: dict[str, DType]) -> str:

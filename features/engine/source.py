@@ -28,7 +28,7 @@ from features.errors import ConfigError, DefinitionError, SchemaError
 from features.spec import DType, FeatureGroup
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, DataFrameReader, SparkSession
+    from pyspark.sql import Column, DataFrame, DataFrameReader, Observation, SparkSession
     from pyspark.sql.streaming import DataStreamReader
     from pyspark.sql.types import DataType, StructType
 
@@ -45,6 +45,7 @@ MISSING_TIMESTAMP = "missing_timestamp"
 FUTURE_TIMESTAMP = "future_timestamp"
 INFINITE_VALUE = "infinite_value"
 UNREADABLE_FILE = "unreadable_file"
+MARK = "fx_reason"  # a record's reason while it is read (the source may have a column named `reason`)
 META = "fx_meta"  # Spark's `_metadata` of each record (its file), carried through the union of the two reads
 # Spark 4.3's nanosecond timestamps (a preview): with it, a Parquet TIMESTAMP(NANOS) column reads as
 # timestamp_ltz(9) / timestamp_ntz(9), and a cast to timestamp truncates it to the microsecond (towards -inf).
@@ -101,18 +102,55 @@ class SourceRead:
     rejected: DataFrame  # bad records: reason, source_file, raw_record (JSON only), then the source's columns
     now: datetime  # the current time the `max_future` check used
     timestamp: str  # the timestamp column
+    marked: DataFrame  # every record with its reason in MARK (null for a good one), before NaNs are made nulls
+    good: list[Column]  # the columns of `events` from `marked`
+    future_us: int | None  # timestamps after this are bad (`max_future`)
+    bad_files: int = 0  # files that cannot be read, among `rejected`
 
-    def rejected_for(self, lower_us: int | None, end_us: int) -> DataFrame:
-        """The bad records a read of [lower, end) would have used: those stamped in that range, and those
-        without a usable time (no timestamp, unparseable, or beyond `max_future`), which any read may hold."""
+    def _in_range(self, lower_us: int | None, end_us: int) -> Column:
         from pyspark.sql import functions as F
 
         ts = F.col(self.timestamp).cast("timestamp")
         in_range = ts < F.timestamp_micros(F.lit(end_us))
         if lower_us is not None:
             in_range = in_range & (ts >= F.timestamp_micros(F.lit(lower_us)))
-        timeless = ts.isNull() | (F.col(REASON) == F.lit(FUTURE_TIMESTAMP))
-        return self.rejected.where(timeless | in_range)
+        return in_range
+
+    def rejected_for(self, lower_us: int | None, end_us: int) -> DataFrame:
+        """The bad records a read of [lower, end) would have used: those stamped in that range, and those
+        without a usable time (no timestamp, unparseable, or beyond `max_future`), which any read may hold."""
+        from pyspark.sql import functions as F
+
+        timeless = F.col(self.timestamp).cast("timestamp").isNull() | (F.col(REASON) == F.lit(FUTURE_TIMESTAMP))
+        return self.rejected.where(timeless | self._in_range(lower_us, end_us))
+
+    def counted_events(self, lower_us: int | None, end_us: int) -> tuple[DataFrame, Observation]:
+        """The good events of [lower, end), read by a plan that also counts (as "rejected", at least) the bad
+        records `rejected_for` gives: one pass over the source tells whether there is anything to set aside.
+        The Observation is filled by the first job that reads the events (see `observed_count`)."""
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+
+        ts = F.col(self.timestamp).cast("timestamp")
+        # Conditions on the timestamp alone, so that Parquet row groups outside them are still skipped.
+        timeless = ts.isNull()
+        if self.future_us is not None:
+            timeless = timeless | (ts > F.timestamp_micros(F.lit(self.future_us)))
+        observation = Observation()
+        read = self.marked.where(timeless | self._in_range(lower_us, end_us))
+        read = read.observe(observation, F.count_if(F.col(MARK).isNotNull()).alias("rejected"))
+        return read.where(F.col(MARK).isNull()).select(*self.good).drop(META), observation
+
+
+def observed_count(observation: Observation, name: str) -> int | None:
+    """A count an Observation made during a job that has run, or None when Spark cannot give it: Spark 4 fails
+    an assertion, instead of reporting 0, when the source's statistics let it skip every row group."""
+    try:
+        return int(observation.get[name])
+    except Exception as exc:
+        if "assertion failed" not in str(exc):
+            raise
+        return None
 
 
 def quarantine_records(rejected: DataFrame, folder: str | Path) -> dict[str, int]:
@@ -143,18 +181,19 @@ def read_source(spark: SparkSession, group: FeatureGroup, path: str, *, now: dat
     raw, schema = _load(spark, group, path)
     columns = source_columns(raw)
     now = (now or datetime.now(UTC)).astimezone(UTC)
-    reason = _reason(group, raw, now)
-    cleaned = [*cleaned_columns(raw), F.col(META)]
-    events = raw.where(reason.isNull()).select(*cleaned).drop(META)
+    marked = raw.withColumn(MARK, _reason(group, raw, now))
+    good = [*cleaned_columns(raw), F.col(META)]
+    events = marked.where(F.col(MARK).isNull()).select(*good).drop(META)
     extra = [F.col(META)["file_path"].alias(SOURCE_FILE)]
     if CORRUPT in raw.columns:
         extra.append(F.col(CORRUPT).alias(RAW_RECORD))
-    rejected = raw.select(reason.alias(REASON), *extra, *columns).where(F.col(REASON).isNotNull())
-    if group.source.format == "parquet":
-        bad_files = unreadable_files(spark, raw, schema)
-        if bad_files:
-            rejected = rejected.unionByName(_file_records(spark, bad_files, rejected.schema))
-    return SourceRead(events, rejected, now, group.source.timestamp)
+    rejected = marked.select(F.col(MARK).alias(REASON), *extra, *columns).where(F.col(REASON).isNotNull())
+    bad_files = unreadable_files(spark, raw, schema) if group.source.format == "parquet" else []
+    if bad_files:
+        rejected = rejected.unionByName(_file_records(spark, bad_files, rejected.schema))
+    return SourceRead(
+        events, rejected, now, group.source.timestamp, marked, good, _future_us(group, now), len(bad_files)
+    )
 
 
 def source_columns(raw: DataFrame) -> list[str]:
@@ -225,12 +264,19 @@ def _reason(group: FeatureGroup, raw: DataFrame, now: datetime) -> Column:
             any_infinite = any_infinite | _is_infinite(F.col(c))
         infinite = [F.when(_is_infinite(F.col(c)), F.lit(c)) for c in floats]
         otherwise(any_infinite, named(INFINITE_VALUE, infinite))
-    if source.max_future_s is not None:
-        latest = now + timedelta(seconds=source.max_future_s)
-        latest_us = int(latest.timestamp()) * 1_000_000 + latest.microsecond
-        otherwise(ts > F.timestamp_micros(F.lit(latest_us)), F.lit(FUTURE_TIMESTAMP))
+    future_us = _future_us(group, now)
+    if future_us is not None:
+        otherwise(ts > F.timestamp_micros(F.lit(future_us)), F.lit(FUTURE_TIMESTAMP))
     assert reason is not None
     return reason
+
+
+def _future_us(group: FeatureGroup, now: datetime) -> int | None:
+    """The latest usable timestamp (µs) under the source's `max_future`, or None without one."""
+    if group.source.max_future_s is None:
+        return None
+    latest = now + timedelta(seconds=group.source.max_future_s)
+    return int(latest.timestamp()) * 1_000_000 + latest.microsecond
 
 
 def _float_values(group: FeatureGroup, raw: DataFrame) -> list[str]:

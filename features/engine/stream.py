@@ -44,7 +44,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
 from features import kernel as pt
-from features.engine.inputs import ddl, kernel_inputs
+from features.engine.inputs import bucket_of, ddl, kernel_inputs
 from features.engine.source import (
     CORRUPT,
     META,
@@ -62,7 +62,6 @@ from features.spec import WINDOW_END, DType, FeatureGroup
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
-
 
 BUCKET = "fx_bucket"
 KIND = "fx_kind"  # what an output row is: a change point, a late event, a bad record, or a bucket's state size
@@ -182,20 +181,6 @@ class Projection:
     feature_types: dict[str, DType]
 
 
-def bucket_labels(spark: SparkSession, buckets: int, partitions: int) -> list[int]:
-    """The bucket column's values: bucket i gets a number that Spark's shuffle puts in partition
-    i % partitions. Spark places a group in partition pmod(hash(value), partitions); with the plain numbers
-    0..buckets-1, some partitions get two or three buckets and others none, and one task then does the work of
-    several while a core idles."""
-    candidates = spark.range(0, 64 * (buckets + partitions)).select(
-        "id", F.pmod(F.hash("id"), F.lit(partitions)).alias("p")
-    )
-    free: dict[int, list[int]] = {p: [] for p in range(partitions)}
-    for row in candidates.orderBy("id").collect():
-        free[int(row["p"])].append(int(row["id"]))
-    return [free[i % partitions].pop(0) for i in range(buckets)]
-
-
 def project(group: FeatureGroup, events: DataFrame, labels: list[int]) -> tuple[DataFrame, Projection]:
     """The processor's input: bucket (`labels[hash of the keys % len(labels)]`), keys, `fx_ts` (µs), one
     truth column per `where`, the cast value columns,
@@ -222,8 +207,7 @@ def project(group: FeatureGroup, events: DataFrame, labels: list[int]) -> tuple[
     keys = list(group.join_keys)
     cols = kernel_inputs(group, types, plan)
     cols += [F.col(REASON), F.col(RECORD), F.col(LANDED)]
-    index = F.pmod(F.xxhash64(*[F.col(k) for k in keys]), F.lit(len(labels)))
-    bucket = F.element_at(F.array(*[F.lit(v).cast("bigint") for v in labels]), (index + 1).cast("int")).alias(BUCKET)
+    bucket = bucket_of(group, labels).alias(BUCKET)
     projected = marked.select(bucket, *cols).mapInArrow(_pack, f"{BUCKET} bigint, {PACK} binary")
     key_types = ddl({k: output[k] for k in keys})
     feature_types = {f.name: output[f.name] for f in group.features}
