@@ -230,7 +230,7 @@ def test_the_batch_kernel_call_copies_each_keys_newest_row_for_the_online_store(
     events = processor_input(plan, group, EVENTS).assign(**{BUCKET: 0})
     lo = int(events[pt.TS].min())
     hi = int(events[pt.TS].max()) + 4 * 3600 * 1_000_000
-    types = group.output_types(TYPES)
+    types = group.output_types({**TYPES, "event_ts": DType.TIMESTAMP})
     output = {c: types[c] for c in (*group.join_keys, *(f.name for f in group.features))}
     job = BucketJob(plan, lo, hi, output)
     out = run_bucket(pa.Table.from_pandas(events, preserve_index=False), job=job).to_pandas()
