@@ -679,11 +679,10 @@ def _screen(rows: DataFrame, checks: list[DerivedCheck]) -> tuple[int, dict[str,
     """Rows in the batch, and each check's count of rejected rows (1 for a wrong column type; for uniqueness,
     rows minus distinct combinations): one Spark job for all of them.
 
-    Uniqueness of (join keys, window_end) is exact and needs no hashing: the rows are grouped by the join keys,
-    and each group counts its rows and its distinct window ends (`array_distinct`), with the row conditions
-    counted alongside; the groups' counts are then summed. Per row, this costs about half of a global distinct
-    count, which shuffles every row (the groups ship their window ends as one array instead). A null in the
-    combination counts as a duplicate, which only ever raises a false alarm that Great Expectations clears. A
+    Uniqueness of (join keys, window_end) needs no hashing of the rows: they are grouped by the join keys (and a
+    block of window-end slots, see `_screen_plan`), and each group counts its rows and its distinct window ends,
+    with the row conditions counted alongside; the groups' counts are then summed. A null in the combination
+    counts as a duplicate, which only ever raises a false alarm that Great Expectations clears. A
     uniqueness check of a single column counts distinct 64-bit hashes in a job of its own (a hash collision,
     about n^2 / 2^65, is such a false alarm too)."""
     from pyspark.sql import functions as F

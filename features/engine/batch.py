@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
 
@@ -68,21 +67,9 @@ def run_bucket(events: pa.Table, *, job: BucketJob) -> pa.Table:
     arrays = {name: kernel.to_arrow(rows[name], _ARROW_TYPES[t]) for name, t in job.output.items()}
     arrays[END_US] = pa.array(rows[WINDOW_END].to_numpy(), pa.int64())
     table = pa.table(arrays)
-    newest = _key_lasts(table, list(job.plan.keys))
+    newest = np.flatnonzero(kernel.key_lasts([rows[k].array for k in job.plan.keys]))
     flags = np.r_[np.zeros(len(table), dtype=bool), np.ones(len(newest), dtype=bool)]
     return pa.concat_tables([table, table.take(newest)]).append_column(LATEST, pa.array(flags))
-
-
-def _key_lasts(rows: pa.Table, keys: list[str]) -> np.ndarray:
-    """The index of each key's last row, in rows sorted by key (keys are never null here)."""
-    n = len(rows)
-    if n == 0:
-        return np.zeros(0, dtype=np.int64)
-    changes = np.zeros(n - 1, dtype=bool)
-    for k in keys:
-        column = rows[k].combine_chunks()
-        changes |= pc.not_equal(column.slice(1), column.slice(0, n - 1)).to_numpy(zero_copy_only=False)
-    return np.r_[np.flatnonzero(changes), n - 1]
 
 
 def _buckets(events: DataFrame) -> int:

@@ -98,7 +98,6 @@ def declared_spark_schema(group: FeatureGroup) -> StructType | None:
 class SourceRead:
     """A source split into the records the engines use and the ones set aside."""
 
-    events: DataFrame  # good records: the source's columns
     rejected: DataFrame  # bad records: reason, source_file, raw_record (JSON only), then the source's columns
     now: datetime  # the current time the `max_future` check used
     timestamp: str  # the timestamp column
@@ -106,6 +105,16 @@ class SourceRead:
     good: list[Column]  # the columns of `events` from `marked`
     future_us: int | None  # timestamps after this are bad (`max_future`)
     bad_files: int = 0  # files that cannot be read, among `rejected`
+
+    @property
+    def events(self) -> DataFrame:
+        """The good records: the source's columns."""
+        return self._good(self.marked)
+
+    def _good(self, marked: DataFrame) -> DataFrame:
+        from pyspark.sql import functions as F
+
+        return marked.where(F.col(MARK).isNull()).select(*self.good).drop(META)
 
     def _in_range(self, lower_us: int | None, end_us: int) -> Column:
         from pyspark.sql import functions as F
@@ -139,7 +148,7 @@ class SourceRead:
         observation = Observation()
         read = self.marked.where(timeless | self._in_range(lower_us, end_us))
         read = read.observe(observation, F.count_if(F.col(MARK).isNotNull()).alias("rejected"))
-        return read.where(F.col(MARK).isNull()).select(*self.good).drop(META), observation
+        return self._good(read), observation
 
 
 def observed_count(observation: Observation, name: str) -> int | None:
@@ -183,7 +192,6 @@ def read_source(spark: SparkSession, group: FeatureGroup, path: str, *, now: dat
     now = (now or datetime.now(UTC)).astimezone(UTC)
     marked = raw.withColumn(MARK, _reason(group, raw, now))
     good = [*cleaned_columns(raw), F.col(META)]
-    events = marked.where(F.col(MARK).isNull()).select(*good).drop(META)
     extra = [F.col(META)["file_path"].alias(SOURCE_FILE)]
     if CORRUPT in raw.columns:
         extra.append(F.col(CORRUPT).alias(RAW_RECORD))
@@ -191,9 +199,7 @@ def read_source(spark: SparkSession, group: FeatureGroup, path: str, *, now: dat
     bad_files = unreadable_files(spark, raw, schema) if group.source.format == "parquet" else []
     if bad_files:
         rejected = rejected.unionByName(_file_records(spark, bad_files, rejected.schema))
-    return SourceRead(
-        events, rejected, now, group.source.timestamp, marked, good, _future_us(group, now), len(bad_files)
-    )
+    return SourceRead(rejected, now, group.source.timestamp, marked, good, _future_us(group, now), len(bad_files))
 
 
 def source_columns(raw: DataFrame) -> list[str]:

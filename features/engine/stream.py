@@ -383,8 +383,7 @@ class PaneProcessor(StatefulProcessor):
                 out[c] = pd.Series(pt.to_arrow(rows[c], arrow_type).to_pylist(), dtype=object).to_numpy()
             else:
                 out[c] = pt.to_arrow(rows[c], arrow_type)
-        # Rows come sorted by key, then window end: a key's newest row is the last before the key changes.
-        out[LATEST] = np.r_[codes[1:] != codes[:-1], True] if len(codes) else np.zeros(0, dtype=bool)
+        out[LATEST] = pt.key_lasts([codes])  # rows come sorted by key, then window end
         return self._out(kind, len(rows), out)
 
     def _side(self, kind: str, reasons: np.ndarray, records: np.ndarray) -> pd.DataFrame:

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from features.kernel.aggregations import KINDS, CountDistinct, bincount, empty_partial, ranges_add
 from features.kernel.plan import BASE, KEY, PANE, TS, Calc, Plan
@@ -335,6 +336,18 @@ def emit(
     out["window_end"] = end
     out.update(values_at(plan, s, key, end))
     return _frame(out)
+
+
+def key_lasts(columns: Sequence[Any]) -> np.ndarray:
+    """A mask of each key's last row, in rows sorted by key (as `emit` returns them): `columns` are the key's
+    columns (numpy, pandas or Arrow arrays, never null)."""
+    n = len(columns[0])
+    last = np.zeros(n, dtype=bool)
+    last[-1:] = True
+    for column in columns:
+        column = pa.array(column)
+        last[:-1] |= np.asarray(pc.not_equal(column[1:], column[:-1]), dtype=bool)
+    return last
 
 
 def _keys_at(plan: Plan, s: Sorted, rows: np.ndarray) -> dict[str, Any]:
