@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import operator
 import shutil
 import sys
 import threading
@@ -25,6 +26,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from functools import reduce
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +43,7 @@ if TYPE_CHECKING:
 
     from features.engine.source import FileCheck
     from features.online import OnlineWriter
+    from features.screen import Screen
 
 
 @dataclass(frozen=True)
@@ -361,21 +364,35 @@ class _Sink:
             raise
 
     def _batch(self, batch: DataFrame, batch_id: int) -> None:
+        """Three Spark jobs when all is well: one computes the batch (and caches it), counts its rows of each
+        kind and screens the final and eager rows; one writes the offline table; one the online store."""
         from pyspark.sql import functions as F
 
         from features.engine import stream as engine
+        from features.engine.online_rows import write_online
 
         began = time.perf_counter()
+        # The cache lives for this batch only and is read twice: compressing it costs more than it saves. (The
+        # batch's session is the query's own, so users' caches keep the setting.)
+        batch.sparkSession.conf.set("spark.sql.inMemoryColumnarStorage.compressed", "false")
         batch = batch.persist()
         try:
-            # One job computes the batch (and caches it): how many rows of each kind, and the buckets' stats.
-            stat = F.when(F.col(engine.KIND) == engine.STAT, F.col(engine.RECORD))
-            summary = batch.groupBy(engine.KIND).agg(F.count(F.lit(1)), F.collect_list(stat)).collect()
-            counts = {r[0]: r[1] for r in summary}
-            stat_rows = [dict(zip(engine.STAT_FIELDS, json.loads(s), strict=True)) for r in summary for s in r[2]]
-            rows_out = self._write_rows(batch, batch_id) if counts.get(engine.ROW) else 0
-            if counts.get(engine.EAGER) and self.writer is not None:
-                self._write_eager(batch, batch_id)
+            kind = F.col(engine.KIND)
+            screens = self._summary(batch)
+            counts = {k: s.rows for k, s in screens.items()}
+            stat_rows = [
+                dict(zip(engine.STAT_FIELDS, json.loads(r[0]), strict=True))
+                for r in batch.where(kind == engine.STAT).select(engine.RECORD).collect()
+            ]
+            rows_out, online = 0, []
+            if counts.get(engine.ROW) and self._write_rows(batch, batch_id, screens[engine.ROW]):
+                rows_out = counts[engine.ROW]
+                online.append((kind == engine.ROW) & F.col(engine.LATEST))
+            if counts.get(engine.EAGER) and self._eager_valid(batch, batch_id, screens[engine.EAGER]):
+                online.append(kind == engine.EAGER)
+            if self.writer is not None and online:
+                # Eager values are ahead of the final rows, and newer-or-equal wins: one write takes both.
+                write_online(self.writer, batch.where(reduce(operator.or_, online)).select(*self._columns()))
             late = counts.get(engine.LATE, 0)
             if late:
                 self._write_late(batch, batch_id)
@@ -387,34 +404,56 @@ class _Sink:
             batch.unpersist()
         self._report(batch_id, stat_rows, rows_out, late, bad, time.perf_counter() - began)
 
-    def _write_rows(self, batch: DataFrame, batch_id: int) -> int:
+    def _summary(self, batch: DataFrame) -> dict[str, Screen]:
+        """The batch's rows of each kind, screened (final and eager rows; the other kinds are only counted)."""
         from pyspark.sql import functions as F
 
         from features import quality
         from features.engine import stream as engine
-        from features.engine.online_rows import write_online
+        from features.screen import Screen
 
-        points = batch.where(F.col(engine.KIND) == engine.ROW)
-        columns = self._columns()
-        rows = points.select(*columns)
-        n = None
         if self.validate:
-            report = quality.validate_batch(self.group, rows)
+            return quality.screen_batches(self.group, batch.select(engine.KIND, *self._columns()), engine.KIND)
+        return {k: Screen(n, {}, {}) for k, n in batch.groupBy(engine.KIND).agg(F.count(F.lit(1))).collect()}
+
+    def _write_rows(self, batch: DataFrame, batch_id: int, screened: Screen) -> bool:
+        """Validate the change points and append them to the offline table; False when they were quarantined."""
+        from pyspark.sql import functions as F
+
+        from features import quality
+        from features.engine import stream as engine
+
+        rows = batch.where(F.col(engine.KIND) == engine.ROW).select(*self._columns())
+        if self.validate:
+            report = quality.validate_batch(self.group, rows, screened=screened)
             self.run.tracker.log_validation(report, step=batch_id, artifact=not report.success)
-            n = report.rows
             if not report.success:
                 if self.policy == quality.FAIL:
                     quality.handle_invalid(report, rows, self.group, self.repo.root, quality.FAIL, "change points")
                 folder = quality.quarantine_root(self.repo.root, self.group.name) / "batches" / f"stream-b{batch_id}"
                 quality.quarantine_batch(report, rows, folder)
                 self.quarantined = getattr(self, "quarantined", 0) + 1
-                return 0
+                return False
         table = self.repo.offline_path(self.group)
         with table_lock(table):  # a backfill rewriting the table's days finishes first
             engine.write_offline_batch(self._not_backfilled(rows), table, batch_id)
-        if self.writer is not None:
-            write_online(self.writer, points.where(F.col(engine.LATEST)).select(*columns))
-        return n if n is not None else rows.count()
+        return True
+
+    def _eager_valid(self, batch: DataFrame, batch_id: int, screened: Screen) -> bool:
+        """Whether the eager rows (each touched key's value ahead of the watermark, for the online store only)
+        pass validation like the change points; they are left out of the store when they fail."""
+        from pyspark.sql import functions as F
+
+        from features import quality
+        from features.engine import stream as engine
+
+        if not self.validate or self.writer is None:
+            return self.writer is not None
+        rows = batch.where(F.col(engine.KIND) == engine.EAGER).select(*self._columns())
+        report = quality.validate_batch(self.group, rows, screened=screened)
+        if not report.success:
+            self.run.tracker.log_validation(report, step=batch_id, artifact=True)
+        return report.success
 
     def _columns(self) -> list[Any]:
         from pyspark.sql import functions as F
@@ -424,23 +463,6 @@ class _Sink:
             F.timestamp_micros(F.col(WINDOW_END)).alias(WINDOW_END),
             *[f.name for f in self.group.features],
         ]
-
-    def _write_eager(self, batch: DataFrame, batch_id: int) -> None:
-        """Each touched key's value ahead of the watermark, to the online store only (the offline table keeps
-        final rows): validated like the change points, and left out of the store when they fail."""
-        from pyspark.sql import functions as F
-
-        from features import quality
-        from features.engine import stream as engine
-        from features.engine.online_rows import write_online
-
-        rows = batch.where(F.col(engine.KIND) == engine.EAGER).select(*self._columns())
-        if self.validate:
-            report = quality.validate_batch(self.group, rows)
-            if not report.success:
-                self.run.tracker.log_validation(report, step=batch_id, artifact=True)
-                return
-        write_online(self.writer, rows)  # newer-or-equal wins: a correction replaces its eager value
 
     def _not_backfilled(self, rows: DataFrame) -> DataFrame:
         """Leave to the backfill what it wrote: a backfill's partition file holds every change point of the

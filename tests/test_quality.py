@@ -210,9 +210,10 @@ assert len(CORRUPTIONS) <= USERS
 
 def screened(rows) -> set[str]:
     """The checks the one-pass screen rejects."""
-    from features.quality import _screen, derived_checks
+    from features.checks import derived_checks
+    from features.screen import screen
 
-    _, counts = _screen(rows, derived_checks(ROWS_GROUP))
+    counts = screen(rows, derived_checks(ROWS_GROUP))[()].rejected
     return {name for name, n in counts.items() if n}
 
 
@@ -241,7 +242,8 @@ def test_the_screen_counts_duplicate_window_ends_exactly(spark, seed: int) -> No
     count: ends on the grid over several blocks and words, repeated ends, null ends and null keys."""
     import numpy as np
 
-    from features.quality import _screen, derived_checks
+    from features.checks import derived_checks
+    from features.screen import screen
 
     rng = np.random.default_rng(seed)
     n = 3000
@@ -254,7 +256,7 @@ def test_the_screen_counts_duplicate_window_ends_exactly(spark, seed: int) -> No
     for feat in ROWS_GROUP.features:
         rows = rows.withColumn(feat.name, F.lit(None).cast("bigint" if feat.name.startswith("n") else "double"))
     checks = [c for c in derived_checks(ROWS_GROUP) if c.unique]
-    _, counts = _screen(rows, checks)
+    counts = screen(rows, checks)[()].rejected
     valid = frame.dropna(subset=[WINDOW_END]).astype({"user_id": object}).fillna({"user_id": "<null>"})
     assert counts["unique(user_id, window_end)"] == n - len(valid.drop_duplicates())
 
@@ -264,6 +266,30 @@ def test_the_screen_counts_duplicate_window_ends_exactly(spark, seed: int) -> No
 def test_each_corruption_fails_exactly_its_check(spark, corruption: str) -> None:
     make, expected = CORRUPTIONS[corruption]
     assert screened(make(clean_rows(spark), 0)) == expected
+
+
+@pytest.mark.spark
+def test_batches_screened_in_one_job_are_each_screened_as_alone(spark) -> None:
+    """screen_batches (the stream's final and eager rows in one job): each batch gets what the screen finds in
+    it alone, and validate_batch takes that as its screen."""
+    from features.quality import screen_batches, validate_batch
+
+    clean = clean_rows(spark)
+    batches = {name: make(clean, 0) for name, (make, _) in list(CORRUPTIONS.items())[:3]}
+    batches["clean"] = clean
+    together = None
+    for name, rows in batches.items():
+        tagged = rows.withColumn("batch", F.lit(name))
+        together = tagged if together is None else together.unionByName(tagged)
+    found = screen_batches(ROWS_GROUP, together, "batch")
+    assert set(found) == set(batches)
+    for name, rows in batches.items():
+        assert {c for c, n in found[name].rejected.items() if n} == screened(rows), name
+        assert found[name].rows == rows.count()
+    report = validate_batch(ROWS_GROUP, clean, screened=found["clean"])
+    assert report.success and report.rows == clean.count() and report.evaluated_by == "one-pass screen"
+    with pytest.raises(ValueError, match="screened rows"):
+        validate_batch(ROWS_GROUP, clean, screened=found["clean"], mode="full")
 
 
 @pytest.mark.spark

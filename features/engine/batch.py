@@ -58,7 +58,6 @@ class BucketJob:
     output: dict[str, DType]  # keys and features, in output order
 
 
-
 def run_bucket(events: pa.Table, *, job: BucketJob) -> pa.Table:
     """One kernel call (applyInArrow): a bucket's events -> its keys' change points, then a copy of each key's
     newest row flagged `LATEST` (the online store's row: the kernel knows it, where Spark would aggregate)."""
@@ -128,7 +127,11 @@ def change_points(
     def compute(events):  # type: ignore[no-untyped-def]  # no hints: PySpark 4.3 fails to infer from string hints
         return run_bucket(events, job=job)
 
-    computed = projected.groupBy(BUCKET).applyInArrow(compute, schema).select(
-        *keys, F.timestamp_micros(F.col(END_US)).alias(WINDOW_END), *[F.col(f.name) for f in group.features], LATEST
+    computed = (
+        projected.groupBy(BUCKET)
+        .applyInArrow(compute, schema)
+        .select(
+            *keys, F.timestamp_micros(F.col(END_US)).alias(WINDOW_END), *[F.col(f.name) for f in group.features], LATEST
+        )
     )
     return ChangePoints(computed.where(~F.col(LATEST)).drop(LATEST), computed, events, observed)

@@ -297,9 +297,7 @@ class PaneProcessor(StatefulProcessor):
             if latest > upto:
                 eager_at = latest
                 eager_after = upto if seen is None else max(upto, _closed_end(plan, seen))
-        step = pt.step(
-            plan, tables, coded, after, upto, align_us=CHUNK_US, eager_at=eager_at, eager_after=eager_after
-        )
+        step = pt.step(plan, tables, coded, after, upto, align_us=CHUNK_US, eager_at=eager_at, eager_after=eager_after)
         # Decoded before a compaction renumbers the keys.
         if len(step.rows):
             yield self._rows(step.rows, keys)
@@ -438,7 +436,7 @@ def write_offline_batch(rows: DataFrame, table: str, batch_id: int) -> int:
     """Append a micro-batch's change points to the offline table: a file per date partition and task, named by the
     batch id, moved into place atomically. A replayed batch rewrites the same files, so no row is doubled."""
     staging = Path(table).parent / "_staging" / f"{Path(table).name}-stream-{batch_id}-{uuid.uuid4().hex[:8]}"
-    dated = rows.withColumn("date", F.date_format(F.col(WINDOW_END), "yyyy-MM-dd"))
+    dated = rows.withColumn("date", F.to_date(F.col(WINDOW_END)))  # written as yyyy-MM-dd, without formatting
     # Each task (one per core: the stream's partitions) writes one file per date it holds, without a shuffle; a
     # replay holds the same rows in the same tasks, so it writes the same files.
     dated.write.partitionBy("date").parquet(str(staging))

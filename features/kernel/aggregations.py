@@ -491,7 +491,6 @@ class CountDistinct(Kind):
         raise NotImplementedError("count_distinct is evaluated by `counts`, never from a merged partial")
 
 
-
 class HashedDistinct(CountDistinct):
     """approx_count_distinct: the exact count of distinct 64-bit hashes of the values, computed as
     count_distinct is. Hashes merge in numpy, in any order, to the same result (batch = stream, bit for bit);

@@ -155,13 +155,7 @@ class Sorted:
 
     @classmethod
     def of(cls, plan: Plan, table: pd.DataFrame) -> Sorted:
-        codes = _key_codes(plan, table)
-        pane = table[PANE].to_numpy(dtype=np.int64)
-        real = pane[pane != BASE]
-        origin = int(real.min()) if len(real) else 0
-        rank = np.where(pane == BASE, 0, (pane - origin) // plan.pane_us + 1)
-        span = int(rank.max()) + 2 if len(rank) else 2
-        position = codes.astype(np.int64) * span + rank
+        codes, position, origin, span = _positions(plan, table)
         order = np.argsort(position, kind="stable")
         return cls(_renumbered(table.iloc[order]), codes[order], position[order], origin, span)
 
@@ -181,6 +175,17 @@ class Sorted:
 
     def columns(self, calc: Calc) -> dict[str, Any]:
         return {p: _values(self.table[calc.col(p)]) for p in KINDS[calc.kind].parts}
+
+
+def _positions(plan: Plan, table: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """Each row's key code and (key, pane) position (`Sorted.position`, unsorted), the origin and the span."""
+    codes = _key_codes(plan, table)
+    pane = table[PANE].to_numpy(dtype=np.int64)
+    real = pane[pane != BASE]
+    origin = int(real.min()) if len(real) else 0
+    rank = np.where(pane == BASE, 0, (pane - origin) // plan.pane_us + 1)
+    span = int(rank.max()) + 2 if len(rank) else 2
+    return codes, codes.astype(np.int64) * span + rank, origin, span
 
 
 def to_arrow(column: pd.Series, arrow_type: pa.DataType) -> pa.Array:
@@ -222,30 +227,39 @@ def combine_sorted(plan: Plan, tables: Sequence[pd.DataFrame]) -> Sorted:
     """`combine`, sorted for range reductions (one sort serves the merge and the emit)."""
     frames = [t for t in tables if len(t)] or [empty_table(plan)]
     table = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
-    s = Sorted.of(plan, table)
-    first = np.r_[True, np.diff(s.position) != 0]
+    codes, position, origin, span = _positions(plan, table)
+    order = np.argsort(position, kind="stable")
+    position = position[order]
+    first = np.r_[True, np.diff(position) != 0]
     if first.all():
-        return s
+        return Sorted(_renumbered(table.iloc[order]), codes[order], position, origin, span)
     starts = np.flatnonzero(first)
-    ends = np.r_[starts[1:], len(s.position)]
-    several = np.flatnonzero(ends - starts > 1)  # most (key, pane)s got rows from one batch only: kept as they are
-    partials = _merged_partials(plan, s, starts[several], ends[several])
+    ends = np.r_[starts[1:], len(position)]
+    # Most (key, pane)s got rows from one batch only: each column is taken once, at the first row of each
+    # (key, pane); the rows of the few with several are gathered apart and merged.
+    several = np.flatnonzero(ends - starts > 1)
+    lengths = ends[several] - starts[several]
+    within = np.repeat(starts[several] - np.r_[0, np.cumsum(lengths)[:-1]], lengths) + np.arange(lengths.sum())
+    rows = order[within]
+    group = Sorted(_renumbered(table.iloc[rows]), codes[rows], position[within], origin, span)
+    bounds = np.r_[0, np.cumsum(lengths)]
+    partials = _merged_partials(plan, group, bounds[:-1], bounds[1:])
+    keep = order[starts]
     columns = {}
-    for column in s.table.columns:
-        values = _values(s.table[column])
+    for column in table.columns:
+        values = _values(table[column])
         if isinstance(values, pd.arrays.ArrowExtensionArray):  # immutable lists: one take from rows + merged
-            pick = starts.copy()
-            merged = pa.array(values)
+            pick = keep.copy()
+            merged = pa.chunked_array(values._pa_array)  # as concatenated: in chunks
             if column in partials:
                 pick[several] = len(merged) + np.arange(len(several))
-                merged = pa.concat_arrays([merged, pa.array(partials[column]).cast(merged.type)])
-            columns[column] = pd.arrays.ArrowExtensionArray(merged.take(pa.array(pick)))
+                merged = pa.chunked_array([*merged.chunks, pa.array(partials[column]).cast(merged.type)])
+            columns[column] = pd.arrays.ArrowExtensionArray(merged.take(pa.array(pick)).combine_chunks())
             continue
-        columns[column] = values[starts]
+        columns[column] = values[keep]
         if column in partials:
             columns[column][several] = partials[column]
-    merged = _frame(columns)
-    return Sorted(merged, s.key_code[starts], s.position[starts], s.origin, s.span)
+    return Sorted(_frame(columns), codes[keep], position[starts], origin, span)
 
 
 def _merged_partials(plan: Plan, s: Sorted, starts: np.ndarray, ends: np.ndarray) -> dict[str, np.ndarray]:
@@ -318,12 +332,18 @@ def values_at(plan: Plan, s: Sorted, key_code: np.ndarray, ends: np.ndarray) -> 
 
 
 def emit(
-    plan: Plan, table: pd.DataFrame | Sorted, after_us: int | None, upto_us: int, clamp_us: int | None = None
+    plan: Plan,
+    table: pd.DataFrame | Sorted,
+    after_us: int | None,
+    upto_us: int,
+    clamp_us: int | None = None,
+    changes: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> pd.DataFrame:
     """The change-point rows (keys, `window_end` µs, features) with window end in (after, upto], sorted by key
-    and window end (see `change_ends` for `clamp_us`)."""
+    and window end (see `change_ends` for `clamp_us`). `changes`: `change_ends` of the table from `after` on,
+    when the caller has them."""
     s = table if isinstance(table, Sorted) else Sorted.of(plan, table)
-    row, end = change_ends(plan, s.table, after_us, upto_us, clamp_us)
+    row, end = change_ends(plan, s.table, after_us, upto_us, clamp_us) if changes is None else _upto(changes, upto_us)
     if len(row) == 0:
         return pd.DataFrame({c: [] for c in (*plan.keys, "window_end", *(c.name for c in plan.calcs))})
     key = s.key_code[row]
@@ -367,10 +387,10 @@ def _keys_at(plan: Plan, s: Sorted, rows: np.ndarray) -> dict[str, Any]:
     return out
 
 
-def next_change(plan: Plan, table: pd.DataFrame, after_us: int) -> int | None:
-    """The first window end after `after` where a value may change (for the event-time timer)."""
-    ends = change_ends(plan, table, after_us, None)[1]
-    return None if len(ends) == 0 else int(ends.min())
+def _upto(changes: tuple[np.ndarray, np.ndarray], upto_us: int) -> tuple[np.ndarray, np.ndarray]:
+    row, end = changes
+    keep = end <= upto_us
+    return row[keep], end[keep]
 
 
 def prune(plan: Plan, table: pd.DataFrame, upto_us: int, align_us: int | None = None) -> pd.DataFrame:
@@ -485,19 +505,23 @@ def step(
     tables = [table] if isinstance(table, pd.DataFrame) else list(table)
     fresh = events[~late]
     merged = combine_sorted(plan, [*tables, phase1(plan, fresh)])
+    # Every end after `after` where a value may change, found once for the rows, the eager values and the timer
+    # (the panes `prune` drops make no change after `upto`).
+    row, end = change_ends(plan, merged.table, after, None)
     if after is None or upto > after:
-        rows = emit(plan, merged, after, upto)
+        rows = emit(plan, merged, after, upto, changes=(row, end))
     else:
         rows = emit(plan, merged.table.iloc[:0], None, 0)
     eager = None
     if eager_at is not None:
         wanted = fresh[list(plan.keys)]
         if eager_after is not None and eager_after < eager_at:
-            changed = change_ends(plan, merged.table, eager_after, eager_at)[0]
+            changed = row[(end > eager_after) & (end <= eager_at)]
             wanted = pd.concat([wanted, merged.table[list(plan.keys)].iloc[changed]])
         eager = values_of(plan, merged, wanted, eager_at)
     table = prune(plan, merged.table, upto, align_us)
-    return Step(table, rows, events[late], next_change(plan, table, upto), eager)
+    later = end[end > upto]
+    return Step(table, rows, events[late], int(later.min()) if len(later) else None, eager)
 
 
 def values_of(plan: Plan, s: Sorted, keys: pd.DataFrame, at_us: int) -> pd.DataFrame:

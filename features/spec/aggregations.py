@@ -34,7 +34,6 @@ _ORDERABLE = {AggKind.MIN, AggKind.MAX}
 _SCALAR_INPUTS = {DType.INT64, DType.FLOAT64, DType.STRING, DType.BOOL}
 
 
-
 @dataclass(frozen=True)
 class Aggregation:
     """An aggregation kind with its input column and parameters. Build it with `features.agg`."""

@@ -1,0 +1,117 @@
+"""The one-pass screen: a group's derived checks (features.checks) evaluated together in one Spark aggregation,
+instead of the dozens of jobs Great Expectations runs for a suite. features.quality reports what it finds, and
+hands a batch to Great Expectations when anything fails.
+
+Uniqueness of (join keys, window_end) needs no hashing of the rows: they are grouped by the join keys (and a
+block of window-end slots, see `_screen_plan`), and each group counts its rows and its distinct window ends,
+with the row conditions counted alongside; the groups' counts are then summed. A null in the combination
+counts as a duplicate, which only ever raises a false alarm that Great Expectations clears. A uniqueness check
+of a single column counts distinct 64-bit hashes in a job of its own (a hash collision, about n^2 / 2^65, is
+such a false alarm too).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from features.checks import DerivedCheck, _q
+from features.spec import WINDOW_END
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+SLOT_WORDS = 8  # 64-bit words of window-end slots per key and block in the screen's uniqueness count
+
+
+@dataclass(frozen=True)
+class _ScreenPlan:
+    """The one-pass screen's aggregation: per group of `by` (none: the whole batch), `aggregates`."""
+
+    by: list[Any]  # column names or Spark Columns
+    aggregates: list[Any]  # Spark Columns
+    grouped: DerivedCheck | None  # the uniqueness check counted per group
+    conditions: dict[str, DerivedCheck]  # output column -> row-condition check
+
+
+def _screen_plan(checks: list[DerivedCheck]) -> _ScreenPlan:
+    from pyspark.sql import functions as F
+
+    conditions = {f"_c{i}": c for i, c in enumerate(checks) if c.unexpected_sql}
+    counted = [F.count_if(F.expr(str(c.unexpected_sql))).alias(name) for name, c in conditions.items()]
+    grouped = next((c for c in checks if len(c.unique) > 1), None)
+    if grouped is None:
+        return _ScreenPlan([], [F.count(F.lit(1)).alias("_rows"), *counted], None, conditions)
+    *by, last = grouped.unique
+    if last != WINDOW_END or not grouped.slot_us:
+        distinct = F.size(F.array_distinct(F.collect_list(F.col(last)))).alias("_distinct")
+        return _ScreenPlan(by, [F.count(F.lit(1)).alias("_rows"), distinct, *counted], grouped, conditions)
+
+    # Window ends as bits, grouped by key and block of SLOT_WORDS * 64 slots (slot = window end / slot length):
+    # each word a bit_or of its slots, the distinct ends of a (key, block) its bits set. Only integer
+    # aggregates, which Spark hashes, where collecting the ends in arrays falls back to sorting every row. Two
+    # ends in one slot (an end off the grid) look like a duplicate: a false alarm, which Great Expectations clears.
+    def floor_div(x: str, y: int) -> str:  # `div` rounds toward zero: before 1970, two slots would share one
+        return f"(({x}) - pmod({x}, {y})) div {y}"
+
+    slot = floor_div(f"unix_micros({_q(WINDOW_END)})", grouped.slot_us)
+    bit = f"pmod({slot}, {64 * SLOT_WORDS})"
+    words = [
+        f"coalesce(bit_count(bit_or(CASE WHEN {bit} div 64 = {w} THEN shiftleft(1L, int(pmod({bit}, 64))) END)), 0)"
+        for w in range(SLOT_WORDS)
+    ]
+    distinct = F.expr(" + ".join(words)).alias("_distinct")
+    block = F.expr(floor_div(slot, 64 * SLOT_WORDS)).alias("_block")
+    keys = [F.col(_q(k)) for k in by]
+    return _ScreenPlan([*keys, block], [F.count(F.lit(1)).alias("_rows"), distinct, *counted], grouped, conditions)
+
+
+@dataclass(frozen=True)
+class Screen:
+    """What the screen found in one batch: its rows, and each check's count of rejected rows (1 for a wrong
+    column type; for uniqueness, rows minus distinct combinations)."""
+
+    rows: int
+    rejected: dict[str, int]
+    types: dict[str, str]  # column -> Spark type name, of the rows screened
+
+
+def screen(rows: DataFrame, checks: list[DerivedCheck], by: Sequence[str] = ()) -> dict[tuple[Any, ...], Screen]:
+    """Screen `rows` in one Spark job: one batch, or (`by`) the batches that the values of the columns `by` tell
+    apart, each screened on its own. Keyed by the values of `by` (`()` for one batch); a value no row has is
+    absent."""
+    from pyspark.sql import functions as F
+
+    plan = _screen_plan(checks)
+    if plan.by:
+        per_group = rows.groupBy(*by, *plan.by).agg(*plan.aggregates)
+        sums = ["_rows", "_distinct", *plan.conditions]
+        found = per_group.groupBy(*by).agg(*[F.coalesce(F.sum(c), F.lit(0)).alias(c) for c in sums]).collect()
+    else:
+        found = rows.groupBy(*by).agg(*plan.aggregates).collect()
+    types = {f.name: type(f.dataType).__name__ for f in rows.schema.fields}
+    screens = {}
+    for row in found:
+        value = tuple(row[b] for b in by)
+        n = int(row["_rows"])
+        counts = {c.name: int(row[name]) for name, c in plan.conditions.items()}
+        for check in checks:
+            if check is plan.grouped:
+                counts[check.name] = n - int(row["_distinct"])
+            elif check.unique:
+                counts[check.name] = n - _distinct_hashes(rows, check.unique, by, value)
+            elif check.column_types is not None:
+                column, allowed = check.column_types
+                counts[check.name] = 0 if types.get(column) in allowed else 1
+        screens[value] = Screen(n, {c.name: counts[c.name] for c in checks if c.name in counts}, types)
+    return screens
+
+
+def _distinct_hashes(rows: DataFrame, columns: Sequence[str], by: Sequence[str], value: tuple[Any, ...]) -> int:
+    from pyspark.sql import functions as F
+
+    for column, v in zip(by, value, strict=True):
+        rows = rows.where(F.col(column).eqNullSafe(v))
+    found = rows.agg(F.count_distinct(F.xxhash64(*[F.col(c) for c in columns]))).first()
+    return int(found[0]) if found is not None else 0
