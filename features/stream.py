@@ -385,11 +385,13 @@ class _Sink:
                 for r in batch.where(kind == engine.STAT).select(engine.RECORD).collect()
             ]
             rows_out, online = 0, []
-            if counts.get(engine.ROW) and self._write_rows(batch, batch_id, screens[engine.ROW]):
+            if counts.get(engine.ROW) and self._rows_valid(batch, batch_id, screens[engine.ROW]):
                 rows_out = counts[engine.ROW]
                 online.append((kind == engine.ROW) & F.col(engine.LATEST))
             if counts.get(engine.EAGER) and self._eager_valid(batch, batch_id, screens[engine.EAGER]):
                 online.append(kind == engine.EAGER)
+            if rows_out:
+                self._write_offline(batch, batch_id)
             if self.writer is not None and online:
                 # Eager values are ahead of the final rows, and newer-or-equal wins: one write takes both.
                 write_online(self.writer, batch.where(reduce(operator.or_, online)).select(*self._columns()))
@@ -416,28 +418,36 @@ class _Sink:
             return quality.screen_batches(self.group, batch.select(engine.KIND, *self._columns()), engine.KIND)
         return {k: Screen(n, {}, {}) for k, n in batch.groupBy(engine.KIND).agg(F.count(F.lit(1))).collect()}
 
-    def _write_rows(self, batch: DataFrame, batch_id: int, screened: Screen) -> bool:
-        """Validate the change points and append them to the offline table; False when they were quarantined."""
+    def _rows_valid(self, batch: DataFrame, batch_id: int, screened: Screen) -> bool:
+        """Validate the change points; False when they were quarantined (the policy "fail" raises)."""
         from pyspark.sql import functions as F
 
         from features import quality
         from features.engine import stream as engine
 
+        if not self.validate:
+            return True
         rows = batch.where(F.col(engine.KIND) == engine.ROW).select(*self._columns())
-        if self.validate:
-            report = quality.validate_batch(self.group, rows, screened=screened)
-            self.run.tracker.log_validation(report, step=batch_id, artifact=not report.success)
-            if not report.success:
-                if self.policy == quality.FAIL:
-                    quality.handle_invalid(report, rows, self.group, self.repo.root, quality.FAIL, "change points")
-                folder = quality.quarantine_root(self.repo.root, self.group.name) / "batches" / f"stream-b{batch_id}"
-                quality.quarantine_batch(report, rows, folder)
-                self.quarantined = getattr(self, "quarantined", 0) + 1
-                return False
+        report = quality.validate_batch(self.group, rows, screened=screened)
+        self.run.tracker.log_validation(report, step=batch_id, artifact=not report.success)
+        if report.success:
+            return True
+        if self.policy == quality.FAIL:
+            quality.handle_invalid(report, rows, self.group, self.repo.root, quality.FAIL, "change points")
+        folder = quality.quarantine_root(self.repo.root, self.group.name) / "batches" / f"stream-b{batch_id}"
+        quality.quarantine_batch(report, rows, folder)
+        self.quarantined = getattr(self, "quarantined", 0) + 1
+        return False
+
+    def _write_offline(self, batch: DataFrame, batch_id: int) -> None:
+        from pyspark.sql import functions as F
+
+        from features.engine import stream as engine
+
+        rows = batch.where(F.col(engine.KIND) == engine.ROW).select(*self._columns())
         table = self.repo.offline_path(self.group)
         with table_lock(table):  # a backfill rewriting the table's days finishes first
             engine.write_offline_batch(self._not_backfilled(rows), table, batch_id)
-        return True
 
     def _eager_valid(self, batch: DataFrame, batch_id: int, screened: Screen) -> bool:
         """Whether the eager rows (each touched key's value ahead of the watermark, for the online store only)

@@ -5,6 +5,7 @@ points looked up as-of, at every change point and between them."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -170,6 +171,31 @@ def test_eager_values_are_the_values_of_the_events_so_far_ahead_of_the_watermark
         exact = [None if pd.isna(v) else v for v in want[name]]
         assert got == exact, name
     assert out.rows["window_end"].max() <= watermark  # the change points stay behind the watermark
+
+
+def test_the_streams_key_codes_give_the_same_step_as_the_keys() -> None:
+    """The stream hands `step` its key dictionary's codes instead of the keys (and then tells `values_at` in
+    advance which keys the rows and the eager values read): the same rows and eager values."""
+    plan = pt.Plan.of(GROUP_MIXED, TYPES)
+    so_far = EVENTS.sort_values("event_ts").iloc[: len(EVENTS) // 2]
+    newest = to_micros(so_far["event_ts"].max())
+    eager_at = newest - newest % plan.pane_us
+    watermark = newest - to_micros(pd.Timestamp(0, tz="UTC") + 2 * H)
+    events = processor_input(plan, GROUP_MIXED, so_far)
+    plain = pt.step(plan, pt.empty_table(plan), events, None, watermark, eager_at=eager_at)
+    codes, users = pd.factorize(events["user_id"])
+    coded_plan = replace(plan, keys=(pt.KEY,))
+    coded_events = events.drop(columns=["user_id"]).assign(**{pt.KEY: codes})
+    coded = pt.step(coded_plan, pt.empty_table(coded_plan), coded_events, None, watermark, eager_at=eager_at)
+    assert len(plain.rows) and len(plain.eager)
+    for got, want in ((coded.rows, plain.rows), (coded.eager, plain.eager)):
+        got = got.assign(user_id=users[got[pt.KEY].to_numpy()]).drop(columns=[pt.KEY])[list(want.columns)]
+        order = ["user_id", "window_end"]
+        pd.testing.assert_frame_equal(
+            got.sort_values(order).reset_index(drop=True),
+            want.sort_values(order).reset_index(drop=True),
+            check_dtype=False,
+        )
 
 
 def test_an_eager_value_follows_a_closed_pane_of_a_key_without_new_events() -> None:

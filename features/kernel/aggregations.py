@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -413,6 +414,28 @@ class Quantiles(Kind):
         raise NotImplementedError("approx_percentile is evaluated over a window's rows by `window`")
 
 
+@dataclass(frozen=True)
+class Coverage:
+    """count_distinct's values as runs of window-end ranks per key: a value counts at the ends where one of its
+    runs has started and not ended. Positions are key code * span + rank, sorted, so a key's runs are found by
+    binary search."""
+
+    asked: np.ndarray  # the key codes it was built for (a mask)
+    span: int
+    limit: int  # a rank at or after every run's end
+    starts: np.ndarray  # position of the first end rank each run counts at
+    ends: np.ndarray | None  # position of the first end rank it no longer counts at (None: Lifetime, never)
+
+    def count(self, queries: np.ndarray, query_rank: np.ndarray) -> np.ndarray:
+        """The count at each query (key code, window-end rank); every key queried must be `asked`."""
+        base = queries * self.span
+        q = base + np.clip(query_rank, 0, self.limit)
+        count = np.searchsorted(self.starts, q, "right") - np.searchsorted(self.starts, base, "right")
+        if self.ends is not None:
+            count -= np.searchsorted(self.ends, q, "right") - np.searchsorted(self.ends, base, "right")
+        return count.astype(np.int64)
+
+
 class CountDistinct(Kind):
     """Exact distinct non-null values (Chronon's unique_count). A pane's partial is the list of its distinct
     values. A value counts at window end E while some pane holding it is in the window, so per (key, value) the
@@ -448,44 +471,31 @@ class CountDistinct(Kind):
         np.cumsum(np.bincount(pairs["g"].to_numpy(), minlength=len(starts)), out=offsets[1:])
         return {"vals": pd.arrays.ArrowExtensionArray(pa.LargeListArray.from_arrays(pa.array(offsets), flat))}
 
-    def counts(
-        self,
-        calc: Calc,
-        lists: Any,
-        key_code: np.ndarray,
-        rank: np.ndarray,
-        queries: np.ndarray,
-        query_rank: np.ndarray,
-        pane_us: int,
-    ) -> np.ndarray:
-        """The count at each query (key code, window-end rank), rows ranked as in `table.Sorted`."""
+    def coverage(self, calc: Calc, lists: Any, key_code: np.ndarray, rank: np.ndarray, asked: np.ndarray, pane_us: int):
+        """Where each value counts, for the keys `asked` (a mask over key codes), rows ranked as in
+        `table.Sorted`: the window-end ranks of each run of panes that hold it (`Coverage`)."""
         parent, items = flatten(lists)
-        asked = np.zeros(int(max(key_code.max(initial=0), queries.max(initial=0))) + 1, dtype=bool)
-        asked[queries] = True
         kept = asked[key_code[parent]]  # only the keys queried (a stream's batch touches few of its state's)
         parent, items = parent[kept], items[kept]
+        width = None if calc.size_us is None else calc.size_us // pane_us
         if len(items) == 0:
-            return np.zeros(len(queries), dtype=np.int64)
+            return Coverage(asked, 2, 0, np.zeros(0, np.int64), None if width is None else np.zeros(0, np.int64))
         kc, vc, r = key_code[parent], pd.factorize(items)[0], rank[parent]
         # Rows are sorted by (key, rank), so a stable sort by (key, value) leaves each value's ranks in order.
         order = np.argsort(kc * (int(vc.max()) + 1) + vc, kind="stable")
         kc, vc, r = kc[order], vc[order], r[order]
         same = np.r_[False, (kc[1:] == kc[:-1]) & (vc[1:] == vc[:-1])]
-        width = None if calc.size_us is None else calc.size_us // pane_us
-        # A pane of rank r is in the windows whose end has rank r+1 .. r+width.
+        # A pane of rank r is in the windows whose end has rank r+1 .. r+width: a run of a value's panes with
+        # gaps of at most `width` covers the ends from its first rank + 1 to its last + width.
         begins = ~same if width is None else ~same | (np.r_[0, np.diff(r)] > width)
         first = np.flatnonzero(begins)
-        pad = 2 + (width or 0)
-        span = int(max(r.max(), query_rank.max(initial=0), 0)) + 2 * pad + 2
-        start_pos = np.sort(kc[first] * span + r[first] + 1 + pad)
-        key_base = queries * span
-        q = queries * span + np.clip(query_rank, -pad, span - 2 * pad) + pad
-        count = np.searchsorted(start_pos, q, "right") - np.searchsorted(start_pos, key_base, "right")
-        if width is not None:
-            last = np.r_[first[1:] - 1, len(r) - 1]
-            end_pos = np.sort(kc[first] * span + r[last] + width + 1 + pad)
-            count -= np.searchsorted(end_pos, q, "right") - np.searchsorted(end_pos, key_base, "right")
-        return count.astype(np.int64)
+        limit = int(r.max()) + (width or 0) + 1  # every count is settled by this rank
+        span = limit + 1
+        starts = np.sort(kc[first] * span + r[first] + 1)
+        if width is None:
+            return Coverage(asked, span, limit, starts, None)
+        last = np.r_[first[1:] - 1, len(r) - 1]
+        return Coverage(asked, span, limit, starts, np.sort(kc[first] * span + r[last] + width + 1))
 
     def finalize(self, calc, cols):
         raise NotImplementedError("count_distinct is evaluated by `counts`, never from a merged partial")

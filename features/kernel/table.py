@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -143,6 +143,9 @@ def empty_table(plan: Plan) -> pd.DataFrame:
     )
 
 
+ASKED = "asked"  # Sorted.memo: key codes that reads of the table will ask about, when known in advance
+
+
 @dataclass
 class Sorted:
     """A pane table sorted by (key, pane) with a dense key code per row, ready for range reductions."""
@@ -152,6 +155,7 @@ class Sorted:
     position: np.ndarray  # key_code * span + pane rank: sorted, so ranges are found by searchsorted
     origin: int
     span: int
+    memo: dict[str, Any] = field(default_factory=dict, repr=False)  # what reads of the table share
 
     @classmethod
     def of(cls, plan: Plan, table: pd.DataFrame) -> Sorted:
@@ -321,10 +325,15 @@ def values_at(plan: Plan, s: Sorted, key_code: np.ndarray, ends: np.ndarray) -> 
     for calc in plan.calcs:
         kind = KINDS[calc.kind]
         if isinstance(kind, CountDistinct):  # and approx_count_distinct
-            rank = s.position - s.key_code * s.span
-            query_rank = (ends - ends % calc.every_us - s.origin) // plan.pane_us + 1
-            lists = s.table[calc.col("vals")].array
-            out[calc.name] = kind.counts(calc, lists, s.key_code, rank, key_code, query_rank, plan.pane_us)
+            cover = s.memo.get(calc.name)
+            if cover is None or not cover.asked[key_code].all():
+                asked = np.zeros(int(max(s.key_code.max(initial=0), key_code.max(initial=0))) + 1, dtype=bool)
+                asked[key_code] = True
+                asked[s.memo.get(ASKED, key_code)] = True
+                rank = s.position - s.key_code * s.span
+                lists = s.table[calc.col("vals")].array
+                cover = s.memo[calc.name] = kind.coverage(calc, lists, s.key_code, rank, asked, plan.pane_us)
+            out[calc.name] = cover.count(key_code, (ends - ends % calc.every_us - s.origin) // plan.pane_us + 1)
             continue
         lo, hi = first_row(calc.every_us, calc.size_us), first_row(calc.every_us, 0)
         out[calc.name] = kind.window(calc, s.columns(calc), lo, hi, s.key_code)
@@ -508,6 +517,10 @@ def step(
     # Every end after `after` where a value may change, found once for the rows, the eager values and the timer
     # (the panes `prune` drops make no change after `upto`).
     row, end = change_ends(plan, merged.table, after, None)
+    if eager_at is not None and plan.keys == (KEY,):
+        # The keys whose values the rows and the eager values read (key codes here: the stream's), so that what
+        # they share is built once (`values_at`).
+        merged.memo[ASKED] = np.concatenate([fresh[KEY].to_numpy(dtype=np.int64), merged.key_code[row]])
     if after is None or upto > after:
         rows = emit(plan, merged, after, upto, changes=(row, end))
     else:
