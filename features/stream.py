@@ -385,10 +385,13 @@ class _Sink:
                 for r in batch.where(kind == engine.STAT).select(engine.RECORD).collect()
             ]
             rows_out, online = 0, []
+            eager = bool(counts.get(engine.EAGER)) and self._eager_valid(batch, batch_id, screens[engine.EAGER])
             if counts.get(engine.ROW) and self._rows_valid(batch, batch_id, screens[engine.ROW]):
                 rows_out = counts[engine.ROW]
-                online.append((kind == engine.ROW) & F.col(engine.LATEST))
-            if counts.get(engine.EAGER) and self._eager_valid(batch, batch_id, screens[engine.EAGER]):
+                latest = (kind == engine.ROW) & F.col(engine.LATEST)
+                # A key's eager value is newer than its last change point: the store needs only that one.
+                online.append(latest & ~F.coalesce(F.col(engine.REPLACED), F.lit(False)) if eager else latest)
+            if eager:
                 online.append(kind == engine.EAGER)
             if rows_out:
                 self._write_offline(batch, batch_id)

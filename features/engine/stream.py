@@ -71,6 +71,7 @@ REASON = "fx_reason"
 RECORD = "fx_record"  # a late event or bad record as JSON; on STAT rows the bucket's STAT_FIELDS as a JSON list
 PACK = "fx_pack"  # the processor's input: one bucket's events of one Arrow batch, as Arrow IPC stream bytes
 LATEST = "fx_latest"  # on ROW rows: the key's newest row of the batch, the one the online store gets
+REPLACED = "fx_replaced"  # on LATEST rows: the key has an EAGER row too, newer, which replaces it online
 LANDED = "fx_landed"  # when an event's file landed (Kafka: the record's timestamp), µs
 # What a STAT row tells of its bucket: pane rows and serialized bytes in state, events read, the watermark it
 # emitted up to (µs), and when its oldest event landed (µs). One JSON column rather than a column each: every
@@ -213,8 +214,8 @@ def project(group: FeatureGroup, events: DataFrame, labels: list[int]) -> tuple[
     feature_types = {f.name: output[f.name] for f in group.features}
     features = ddl(feature_types)
     schema = (
-        f"{KIND} string, {key_types}, {WINDOW_END} bigint, {features}, {LATEST} boolean, {REASON} string, "
-        f"{RECORD} string"
+        f"{KIND} string, {key_types}, {WINDOW_END} bigint, {features}, {LATEST} boolean, {REPLACED} boolean, "
+        f"{REASON} string, {RECORD} string"
     )
     return projected, Projection(plan, cols, schema, feature_types)
 
@@ -300,7 +301,8 @@ class PaneProcessor(StatefulProcessor):
         step = pt.step(plan, tables, coded, after, upto, align_us=CHUNK_US, eager_at=eager_at, eager_after=eager_after)
         # Decoded before a compaction renumbers the keys.
         if len(step.rows):
-            yield self._rows(step.rows, keys)
+            eager_keys = None if step.eager is None else step.eager[pt.KEY].to_numpy(dtype=np.int64)
+            yield self._rows(step.rows, keys, superseded=eager_keys)
         if step.eager is not None and len(step.eager):
             yield self._rows(step.eager, keys, EAGER)
         if len(step.late):
@@ -370,7 +372,9 @@ class PaneProcessor(StatefulProcessor):
             data[name] = pd.arrays.ArrowExtensionArray(values) if isinstance(values, pa.Array) else values
         return pd.DataFrame(data)
 
-    def _rows(self, rows: pd.DataFrame, keys: pt.KeyDictionary, kind: str = ROW) -> pd.DataFrame:
+    def _rows(
+        self, rows: pd.DataFrame, keys: pt.KeyDictionary, kind: str = ROW, superseded: np.ndarray | None = None
+    ) -> pd.DataFrame:
         codes = rows[pt.KEY].to_numpy(dtype=np.int64)
         out: dict[str, Any] = keys.decode(codes)
         for c in rows.columns.drop(pt.KEY):
@@ -382,6 +386,8 @@ class PaneProcessor(StatefulProcessor):
             else:
                 out[c] = pt.to_arrow(rows[c], arrow_type)
         out[LATEST] = pt.key_lasts([codes])  # rows come sorted by key, then window end
+        if superseded is not None:
+            out[REPLACED] = out[LATEST] & np.isin(codes, superseded)
         return self._out(kind, len(rows), out)
 
     def _side(self, kind: str, reasons: np.ndarray, records: np.ndarray) -> pd.DataFrame:
