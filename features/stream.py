@@ -365,7 +365,8 @@ class _Sink:
 
     def _batch(self, batch: DataFrame, batch_id: int) -> None:
         """Three Spark jobs when all is well: one computes the batch (and caches it), counts its rows of each
-        kind and screens the final and eager rows; one writes the offline table; one the online store."""
+        kind and screens the final and eager rows; one writes the offline table; one the online store. (And a
+        small one reads the buckets' stats from the cache.)"""
         from pyspark.sql import functions as F
 
         from features.engine import stream as engine
@@ -423,14 +424,13 @@ class _Sink:
 
     def _rows_valid(self, batch: DataFrame, batch_id: int, screened: Screen) -> bool:
         """Validate the change points; False when they were quarantined (the policy "fail" raises)."""
-        from pyspark.sql import functions as F
 
         from features import quality
         from features.engine import stream as engine
 
         if not self.validate:
             return True
-        rows = batch.where(F.col(engine.KIND) == engine.ROW).select(*self._columns())
+        rows = self._rows_of(batch, engine.ROW)
         report = quality.validate_batch(self.group, rows, screened=screened)
         self.run.tracker.log_validation(report, step=batch_id, artifact=not report.success)
         if report.success:
@@ -443,11 +443,10 @@ class _Sink:
         return False
 
     def _write_offline(self, batch: DataFrame, batch_id: int) -> None:
-        from pyspark.sql import functions as F
 
         from features.engine import stream as engine
 
-        rows = batch.where(F.col(engine.KIND) == engine.ROW).select(*self._columns())
+        rows = self._rows_of(batch, engine.ROW)
         table = self.repo.offline_path(self.group)
         with table_lock(table):  # a backfill rewriting the table's days finishes first
             engine.write_offline_batch(self._not_backfilled(rows), table, batch_id)
@@ -455,18 +454,24 @@ class _Sink:
     def _eager_valid(self, batch: DataFrame, batch_id: int, screened: Screen) -> bool:
         """Whether the eager rows (each touched key's value ahead of the watermark, for the online store only)
         pass validation like the change points; they are left out of the store when they fail."""
-        from pyspark.sql import functions as F
 
         from features import quality
         from features.engine import stream as engine
 
         if not self.validate or self.writer is None:
             return self.writer is not None
-        rows = batch.where(F.col(engine.KIND) == engine.EAGER).select(*self._columns())
-        report = quality.validate_batch(self.group, rows, screened=screened)
+        report = quality.validate_batch(self.group, self._rows_of(batch, engine.EAGER), screened=screened)
         if not report.success:
             self.run.tracker.log_validation(report, step=batch_id, artifact=True)
         return report.success
+
+    def _rows_of(self, batch: DataFrame, kind: str) -> DataFrame:
+        """The batch's feature rows of one kind (ROW or EAGER), as the stores take them."""
+        from pyspark.sql import functions as F
+
+        from features.engine import stream as engine
+
+        return batch.where(F.col(engine.KIND) == kind).select(*self._columns())
 
     def _columns(self) -> list[Any]:
         from pyspark.sql import functions as F

@@ -106,17 +106,21 @@ def _batches() -> list[pd.DataFrame]:
     return out
 
 
-def _run(monkeypatch, slack: int) -> tuple[pd.DataFrame, engine.PaneProcessor]:
+def _run(
+    monkeypatch, slack: int, resident: bool = True, kinds: tuple[str, ...] = (engine.ROW,)
+) -> tuple[pd.DataFrame, engine.PaneProcessor]:
     monkeypatch.setattr(engine, "COMPACT_SLACK", slack)
     processor = engine.PaneProcessor(PLAN, GROUP.name, OUTPUT)
     processor.init(_Handle())
     rows = []
     for events in _batches():
+        if not resident:  # as if each batch ran on another Python worker
+            engine._RESIDENT.clear()
         arrow = pa.Table.from_pandas(events, preserve_index=False).to_batches(max_chunksize=150)
         packed = pd.DataFrame({engine.PACK: [engine._ipc(b) for b in arrow]})
         watermark = int(events[pt.TS].max()) - 10 * 60 * 1_000_000
         for out in processor.handleInputRows((0,), iter([packed]), _Timers(watermark)):
-            rows.append(out[out[engine.KIND] == engine.ROW])
+            rows.append(out[out[engine.KIND].isin(kinds)])
     return pd.concat(rows, ignore_index=True), processor
 
 
@@ -130,6 +134,47 @@ def test_compacting_the_key_dictionary_changes_no_value(monkeypatch) -> None:
     live = {int(c) for b in processor.chunks.items.values() for c in pt.read_frame(b)[pt.KEY]}
     assert len(live) <= len(keys) <= 2 * len(live) < 160
     assert live <= set(range(len(keys)))
+
+
+@pytest.mark.parametrize("slack", [10**9, 0], ids=["kept", "compacted"])
+def test_state_kept_in_the_worker_gives_what_the_state_store_gives(monkeypatch, slack: int) -> None:
+    """A bucket whose next batch runs on the same Python worker starts from the state the worker kept; every
+    row, eager value and stat equals a run that reads the state store each batch."""
+    kinds = (engine.ROW, engine.EAGER, engine.STAT)
+    reads = []
+    dictionary = engine.PaneProcessor._dictionary
+    monkeypatch.setattr(engine.PaneProcessor, "_dictionary", lambda self: reads.append(1) or dictionary(self))
+    stored, _ = _run(monkeypatch, slack, resident=False, kinds=kinds)
+    assert len(reads) == len(_batches())
+    reads.clear()
+    kept, _ = _run(monkeypatch, slack, resident=True, kinds=kinds)
+    assert len(reads) == 1  # only the first batch read the store
+    pd.testing.assert_frame_equal(kept, stored)
+    assert (kept[engine.KIND] == engine.EAGER).any()
+
+
+def test_a_worker_keeps_no_state_that_the_store_does_not_hold(monkeypatch) -> None:
+    """A step whose batch Spark then discards (its state store not committed) leaves the worker's copy
+    unusable: the next batch reads the store."""
+    processor = engine.PaneProcessor(PLAN, GROUP.name, OUTPUT)
+    handle = _Handle()
+    processor.init(handle)
+    batches = _batches()
+    for events in batches[:3]:
+        committed = (handle.value.value, {n: dict(m.items) for n, m in handle.maps.items()})
+        list(processor.handleInputRows((0,), iter([_packed(events)]), _Timers(int(events[pt.TS].max()))))
+    handle.value.value = committed[0]  # the third batch failed: the store rolls back to the second
+    for name, items in committed[1].items():
+        handle.maps[name].items = items
+    reads = []
+    dictionary = engine.PaneProcessor._dictionary
+    monkeypatch.setattr(engine.PaneProcessor, "_dictionary", lambda self: reads.append(1) or dictionary(self))
+    list(processor.handleInputRows((0,), iter([_packed(batches[2])]), _Timers(int(batches[2][pt.TS].max()))))
+    assert reads == [1]
+
+
+def _packed(events: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame({engine.PACK: [engine._ipc(pa.RecordBatch.from_pandas(events, preserve_index=False))]})
 
 
 def test_key_dictionary_codes_round_trip() -> None:

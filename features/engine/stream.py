@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import uuid
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -78,7 +80,8 @@ LANDED = "fx_landed"  # when an event's file landed (Kafka: the record's timesta
 # output row carries every column, and these would be null on all but one row per bucket.
 STAT_FIELDS = ("bucket", "state_rows", "state_bytes", "events", "watermark", "landed")
 CHUNK_US = 3600 * 1_000_000  # pane tables are stored in chunks of one hour of panes
-STATE_FORMAT = 3  # the layout of a bucket's state, saved with the checkpoint (2: DataSketches partials; 1: by key)
+STATE_FORMAT = 4  # the layout of a bucket's state, saved with the checkpoint (3: no token; 2: DataSketches; 1: by key)
+RESIDENT_BUCKETS = 4  # buckets whose state a Python worker keeps between batches (_Resident)
 COMPACT_SLACK = 1024  # codes of departed keys a bucket's key dictionary may hold beyond twice its live keys
 STATE_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 KAFKA_PACKAGE = "org.apache.spark:spark-sql-kafka-0-10_2.13:{version}"
@@ -243,7 +246,7 @@ class PaneProcessor(StatefulProcessor):
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
-        self.meta = handle.getValueState("meta", "emitted_upto long, newest long")
+        self.meta = handle.getValueState("meta", "emitted_upto long, newest long, token long")
         self.chunks = handle.getMapState("chunks", "chunk long", "blob binary")
         self.keys = handle.getMapState("keys", "first_code long", "blob binary")
 
@@ -272,9 +275,13 @@ class PaneProcessor(StatefulProcessor):
         upto = timer_values.getCurrentWatermarkInMs() * 1000
         meta = self.meta.get() if self.meta.exists() else None
         after = None if meta is None else meta[0]
-        stored = {int(k[0]): v[0] for k, v in self.chunks.iterator()}
-        tables = [pt.from_bytes(plan, blob) for blob in stored.values()]
-        keys = self._dictionary()
+        resident = _RESIDENT.pop((self.group_name, bucket), None)  # taken: put back only once the step is stored
+        if resident is not None and meta is not None and resident.token == meta[2]:
+            tables, stored, keys = [resident.table], resident.sizes, resident.keys
+        else:
+            blobs = {int(k[0]): v[0] for k, v in self.chunks.iterator()}
+            tables = [pt.from_bytes(plan, blob) for blob in blobs.values()]
+            stored, keys = {c: len(b) for c, b in blobs.items()}, self._dictionary()
         if events is None:
             coded = pd.DataFrame({pt.KEY: np.zeros(0, np.int64), pt.TS: np.zeros(0, np.int64)})
         else:
@@ -312,11 +319,13 @@ class PaneProcessor(StatefulProcessor):
             yield self._side(LATE, np.full(len(late), "late", dtype=object), np.array(record, dtype=object))
         touched = set(_chunk_ids(ts - ts % plan.pane_us))
         table = self._compact(step.table, keys, stored, touched)
-        state_bytes = self._store(table, stored, touched)
-        self.meta.update((upto, newest))
+        sizes = self._store(table, stored, touched)
+        token = secrets.randbits(63)
+        self.meta.update((upto, newest, token))
+        _keep_resident((self.group_name, bucket), _Resident(token, table, sizes, keys))
         if step.next_change is not None:
             self.handle.registerTimer(step.next_change // 1000)
-        yield self._stat(bucket, len(table), state_bytes, upto, n, landed)
+        yield self._stat(bucket, len(table), sum(sizes.values()), upto, n, landed)
 
     def _dictionary(self) -> pt.KeyDictionary:
         segments = sorted((int(k[0]), v[0]) for k, v in self.keys.iterator())
@@ -325,7 +334,7 @@ class PaneProcessor(StatefulProcessor):
         return pt.KeyDictionary(self.plan.keys, frame)
 
     def _compact(
-        self, table: pd.DataFrame, keys: pt.KeyDictionary, stored: dict[int, bytes], touched: set[int]
+        self, table: pd.DataFrame, keys: pt.KeyDictionary, stored: dict[int, int], touched: set[int]
     ) -> pd.DataFrame:
         """Drop the codes of keys no pane holds any more once they make up most of the dictionary (keys come
         and go): renumber the rest, and rewrite the dictionary and every chunk."""
@@ -342,22 +351,23 @@ class PaneProcessor(StatefulProcessor):
         touched.update(stored)
         return table
 
-    def _store(self, table: pd.DataFrame, stored: dict[int, bytes], touched: set[int]) -> int:
-        """Write the chunks whose rows changed; remove the ones pruned. Returns the bytes the bucket holds."""
+    def _store(self, table: pd.DataFrame, stored: dict[int, int], touched: set[int]) -> dict[int, int]:
+        """Write the chunks whose rows changed; remove the ones pruned. `stored`: the stored chunks' sizes;
+        returns them after the write."""
         of_row = pt.chunk_of(table, CHUNK_US)
         current = set(pd.unique(of_row).tolist())
-        size = 0
+        sizes = {}
         for chunk in current:
             if chunk not in stored or chunk in touched or chunk == pt.BASE:
                 blob = pt.to_bytes(table[of_row == chunk])
                 self.chunks.updateValue((chunk,), (blob,))
-                size += len(blob)
+                sizes[chunk] = len(blob)
             else:
-                size += len(stored[chunk])
+                sizes[chunk] = stored[chunk]
         for chunk in stored:
             if chunk not in current:
                 self.chunks.removeKey((chunk,))
-        return size
+        return sizes
 
     def _out(self, kind: str, n: int, columns: dict[str, Any]) -> pd.DataFrame:
         """An output frame; the columns not given are null. Arrow-backed where it can be: PySpark hands an Arrow
@@ -400,6 +410,28 @@ class PaneProcessor(StatefulProcessor):
 
     def close(self) -> None:
         pass
+
+
+@dataclass(frozen=True)
+class _Resident:
+    """A bucket's state as its last step left it, kept in the Python worker that ran the step: the next batch
+    of the bucket that lands on this worker (Spark reuses its Python workers) skips reading and decoding the
+    chunks and the key dictionary. `token` is the one the step saved in the bucket's meta state: a batch whose
+    state store holds another (a failed or replayed batch, a step on another worker) reads the store."""
+
+    token: int
+    table: pd.DataFrame
+    sizes: dict[int, int]  # serialized bytes of each stored chunk
+    keys: pt.KeyDictionary
+
+
+_RESIDENT: OrderedDict[tuple[str, int], _Resident] = OrderedDict()  # (group, bucket), least recently stored first
+
+
+def _keep_resident(bucket: tuple[str, int], state: _Resident) -> None:
+    _RESIDENT[bucket] = state
+    while len(_RESIDENT) > RESIDENT_BUCKETS:
+        _RESIDENT.popitem(last=False)
 
 
 def _pack(batches: Iterator[Any]) -> Iterator[Any]:
