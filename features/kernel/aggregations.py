@@ -498,7 +498,7 @@ class CountDistinct(Kind):
         return Coverage(asked, span, limit, starts, np.sort(kc[first] * span + r[last] + width + 1))
 
     def finalize(self, calc, cols):
-        raise NotImplementedError("count_distinct is evaluated by `counts`, never from a merged partial")
+        raise NotImplementedError("count_distinct is evaluated by `coverage`, never from a merged partial")
 
 
 class HashedDistinct(CountDistinct):
