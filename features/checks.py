@@ -89,7 +89,8 @@ class DerivedCheck:
         return self.spec.build()
 
 
-def _q(column: str) -> str:
+def quoted(column: str) -> str:
+    """A column name as Spark SQL reads it."""
     return f"`{column}`"
 
 
@@ -100,7 +101,7 @@ def _grid_us(group: FeatureGroup) -> list[int]:
 
 
 def _on_grid_sql(group: FeatureGroup) -> str:
-    ends = f"unix_micros({_q(WINDOW_END)})"
+    ends = f"unix_micros({quoted(WINDOW_END)})"
     return " OR ".join(f"pmod({ends}, {every}) = 0" for every in _grid_us(group))
 
 
@@ -111,14 +112,14 @@ def _grid_text(group: FeatureGroup) -> str:
 
 
 def _alignment(group: FeatureGroup, range_start: datetime | None, table: bool) -> DerivedCheck:
-    off_grid = f"{_q(WINDOW_END)} IS NOT NULL AND NOT ({_on_grid_sql(group)})"
+    off_grid = f"{quoted(WINDOW_END)} IS NOT NULL AND NOT ({_on_grid_sql(group)})"
     grid = _grid_text(group)
     if table:
         # A backfill that starts off the grid leaves a snapshot row per key at its start: the key's first row,
         # or one that repeats the key's previous values. Anything else off the grid is wrong.
-        keys = ", ".join(_q(k) for k in group.join_keys)
-        over = f"OVER (PARTITION BY {keys} ORDER BY {_q(WINDOW_END)})"
-        same = " AND ".join(f"(lag({_q(f.name)}) {over} <=> {_q(f.name)})" for f in group.features)
+        keys = ", ".join(quoted(k) for k in group.join_keys)
+        over = f"OVER (PARTITION BY {keys} ORDER BY {quoted(WINDOW_END)})"
+        same = " AND ".join(f"(lag({quoted(f.name)}) {over} <=> {quoted(f.name)})" for f in group.features)
         query = (
             f"SELECT * FROM (SELECT *, row_number() {over} AS __features_row, ({same}) AS __features_repeat "
             f"FROM {{batch}}) WHERE {off_grid} AND __features_row > 1 AND NOT __features_repeat"
@@ -132,7 +133,7 @@ def _alignment(group: FeatureGroup, range_start: datetime | None, table: bool) -
     description = f"{WINDOW_END} is on the grid of a feature's every ({grid})"
     if range_start is not None:
         start_us = _micros(range_start)
-        condition += f" AND {_q(WINDOW_END)} <> timestamp_micros({start_us})"
+        condition += f" AND {quoted(WINDOW_END)} <> timestamp_micros({start_us})"
         description += f" or is the range start {range_start.astimezone(UTC).isoformat()}"
     query = f"SELECT * FROM {{batch}} WHERE {condition}"
     return DerivedCheck(ALIGNED, _unexpected_rows(query, description, group, ALIGNED), unexpected_sql=condition)
@@ -156,7 +157,7 @@ def _unexpected_rows(query: str, description: str, group: FeatureGroup, check: s
 def _not_null(group: FeatureGroup, column: str, description: str) -> DerivedCheck:
     name = f"not_null({column})"
     spec = _spec("ExpectColumnValuesToNotBeNull", column=column, description=description, meta=_meta(group, name))
-    return DerivedCheck(name, spec, unexpected_sql=f"{_q(column)} IS NULL")
+    return DerivedCheck(name, spec, unexpected_sql=f"{quoted(column)} IS NULL")
 
 
 def _between(
@@ -166,15 +167,15 @@ def _between(
     inside = []
     if low is not None:
         kwargs["min_value"] = low
-        inside.append(f"{_q(column)} >= {low!r}")
+        inside.append(f"{quoted(column)} >= {low!r}")
     if high is not None:
         kwargs["max_value"] = high
-        inside.append(f"{_q(column)} <= {high!r}")
+        inside.append(f"{quoted(column)} <= {high!r}")
     spec = _spec(
         "ExpectColumnValuesToBeBetween", column=column, description=description, meta=_meta(group, name), **kwargs
     )
     # As in Great Expectations on Spark: nulls are skipped, NaN compares above everything (so it is outside).
-    condition = f"{_q(column)} IS NOT NULL AND NOT ({' AND '.join(inside)})"
+    condition = f"{quoted(column)} IS NOT NULL AND NOT ({' AND '.join(inside)})"
     return DerivedCheck(name, spec, unexpected_sql=condition)
 
 
@@ -258,13 +259,13 @@ def _percentile_bounds(group: FeatureGroup, feat: Feature) -> list[DerivedCheck]
     ALPHA of the exact quantile x, so |estimate - x| <= ALPHA / (1 - ALPHA) * |estimate|."""
     low = _companions(group, feat, AggKind.MIN)
     high = _companions(group, feat, AggKind.MAX)
-    p = _q(feat.name)
+    p = quoted(feat.name)
     slack = f"{PERCENTILE_SLACK!r} * abs({p})"
     out = []
     for bound, op, sign, word in ((low, "<", "-", "at_least"), (high, ">", "+", "at_most")):
         if bound is None:
             continue
-        b = _q(bound.name)
+        b = quoted(bound.name)
         condition = f"{p} IS NOT NULL AND {b} IS NOT NULL AND {p} {op} {b} {sign} {slack}"
         name = f"{word}({feat.name}, {bound.name})"
         description = f"{feat.name} {'>=' if op == '<' else '<='} {bound.name} (up to the estimate's 1% accuracy)"
@@ -279,12 +280,12 @@ def _average_bounds(group: FeatureGroup, feat: Feature) -> list[DerivedCheck]:
     high = _companions(group, feat, AggKind.MAX)
     if low is None and high is None:
         return []
-    avg = _q(feat.name)
+    avg = quoted(feat.name)
     outside = []
     for bound, op in ((low, "<"), (high, ">")):
         if bound is None:
             continue
-        b = _q(bound.name)
+        b = quoted(bound.name)
         sign = "-" if op == "<" else "+"
         slack = f"{AVG_TOLERANCE!r} * (abs({b}) + abs({avg}))"
         outside.append(f"({b} IS NOT NULL AND {avg} {op} {b} {sign} {slack})")
@@ -333,7 +334,8 @@ def expectation_name(expectation: Any) -> str:
     return f"{expectation.expectation_type}({', '.join(columns)})"
 
 
-def _config_name(config: Any) -> str:
+def config_name(config: Any) -> str:
+    """How reports name an expectation from its configuration (as in a validation result)."""
     description = getattr(config, "description", None)
     if description:
         return str(description)

@@ -36,8 +36,8 @@ from features.checks import (
     ORIGIN,
     UNEXPECTED_ROWS,
     DerivedCheck,
-    _config_name,
     check_user_expectations,
+    config_name,
     derived_checks,
     suite_of,
     user_expectations,
@@ -193,7 +193,7 @@ def _outcome(result: ExpectationValidationResult) -> Outcome:
         unexpected = observed
     examples = details.get("partial_unexpected_list") or details.get("details", {}).get("unexpected_rows") or []
     return Outcome(
-        name=_config_name(config) if config is not None else "?",
+        name=config_name(config) if config is not None else "?",
         expectation_type=config.type if config is not None else "?",
         success=bool(result.success),
         user=ORIGIN not in meta,

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from features.checks import DerivedCheck, _q
+from features.checks import DerivedCheck, quoted
 from features.spec import WINDOW_END
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ def _screen_plan(checks: list[DerivedCheck]) -> _ScreenPlan:
     def floor_div(x: str, y: int) -> str:  # `div` rounds toward zero: before 1970, two slots would share one
         return f"(({x}) - pmod({x}, {y})) div {y}"
 
-    slot = floor_div(f"unix_micros({_q(WINDOW_END)})", grouped.slot_us)
+    slot = floor_div(f"unix_micros({quoted(WINDOW_END)})", grouped.slot_us)
     bit = f"pmod({slot}, {64 * SLOT_WORDS})"
     words = [
         f"coalesce(bit_count(bit_or(CASE WHEN {bit} div 64 = {w} THEN shiftleft(1L, int(pmod({bit}, 64))) END)), 0)"
@@ -63,7 +63,7 @@ def _screen_plan(checks: list[DerivedCheck]) -> _ScreenPlan:
     ]
     distinct = F.expr(" + ".join(words)).alias("_distinct")
     block = F.expr(floor_div(slot, 64 * SLOT_WORDS)).alias("_block")
-    keys = [F.col(_q(k)) for k in by]
+    keys = [F.col(quoted(k)) for k in by]
     return _ScreenPlan([*keys, block], [F.count(F.lit(1)).alias("_rows"), distinct, *counted], grouped, conditions)
 
 

@@ -387,7 +387,8 @@ class _Sink:
             ]
             rows_out, online = 0, []
             eager = bool(counts.get(engine.EAGER)) and self._eager_valid(batch, batch_id, screens[engine.EAGER])
-            if counts.get(engine.ROW) and self._rows_valid(batch, batch_id, screens[engine.ROW]):
+            rows = self._rows_of(batch, engine.ROW)
+            if counts.get(engine.ROW) and self._rows_valid(rows, batch_id, screens[engine.ROW]):
                 rows_out = counts[engine.ROW]
                 latest = (kind == engine.ROW) & F.col(engine.LATEST)
                 # A key's eager value is newer than its last change point: the store needs only that one.
@@ -395,7 +396,7 @@ class _Sink:
             if eager:
                 online.append(kind == engine.EAGER)
             if rows_out:
-                self._write_offline(batch, batch_id)
+                self._write_offline(rows, batch_id)
             if self.writer is not None and online:
                 # Eager values are ahead of the final rows, and newer-or-equal wins: one write takes both.
                 write_online(self.writer, batch.where(reduce(operator.or_, online)).select(*self._columns()))
@@ -422,15 +423,12 @@ class _Sink:
             return quality.screen_batches(self.group, batch.select(engine.KIND, *self._columns()), engine.KIND)
         return {k: Screen(n, {}, {}) for k, n in batch.groupBy(engine.KIND).agg(F.count(F.lit(1))).collect()}
 
-    def _rows_valid(self, batch: DataFrame, batch_id: int, screened: Screen) -> bool:
+    def _rows_valid(self, rows: DataFrame, batch_id: int, screened: Screen) -> bool:
         """Validate the change points; False when they were quarantined (the policy "fail" raises)."""
-
         from features import quality
-        from features.engine import stream as engine
 
         if not self.validate:
             return True
-        rows = self._rows_of(batch, engine.ROW)
         report = quality.validate_batch(self.group, rows, screened=screened)
         self.run.tracker.log_validation(report, step=batch_id, artifact=not report.success)
         if report.success:
@@ -442,11 +440,9 @@ class _Sink:
         self.quarantined = getattr(self, "quarantined", 0) + 1
         return False
 
-    def _write_offline(self, batch: DataFrame, batch_id: int) -> None:
-
+    def _write_offline(self, rows: DataFrame, batch_id: int) -> None:
         from features.engine import stream as engine
 
-        rows = self._rows_of(batch, engine.ROW)
         table = self.repo.offline_path(self.group)
         with table_lock(table):  # a backfill rewriting the table's days finishes first
             engine.write_offline_batch(self._not_backfilled(rows), table, batch_id)
@@ -454,7 +450,6 @@ class _Sink:
     def _eager_valid(self, batch: DataFrame, batch_id: int, screened: Screen) -> bool:
         """Whether the eager rows (each touched key's value ahead of the watermark, for the online store only)
         pass validation like the change points; they are left out of the store when they fail."""
-
         from features import quality
         from features.engine import stream as engine
 

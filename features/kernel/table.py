@@ -254,10 +254,12 @@ def combine_sorted(plan: Plan, tables: Sequence[pd.DataFrame]) -> Sorted:
         values = _values(table[column])
         if isinstance(values, pd.arrays.ArrowExtensionArray):  # immutable lists: one take from rows + merged
             pick = keep.copy()
-            merged = pa.chunked_array(values._pa_array)  # as concatenated: in chunks
+            merged = pa.array(values)  # in chunks, as concatenated
+            chunks = merged.chunks if isinstance(merged, pa.ChunkedArray) else [merged]
             if column in partials:
                 pick[several] = len(merged) + np.arange(len(several))
-                merged = pa.chunked_array([*merged.chunks, pa.array(partials[column]).cast(merged.type)])
+                chunks.append(pa.array(partials[column]).cast(merged.type))
+            merged = pa.chunked_array(chunks, merged.type)
             columns[column] = pd.arrays.ArrowExtensionArray(merged.take(pa.array(pick)).combine_chunks())
             continue
         columns[column] = values[keep]
