@@ -44,7 +44,8 @@ from online_repos import (
 from redis_server import RedisServer
 
 from features import ConfigError, DataError
-from features.online import RedisOnlineWriter, encode_values, entity_keys, online_writer, resp_values
+from features.feast_codec import INT64_TYPE, STRING_TYPE, encode_values, entity_keys, resp_values
+from features.online import RedisOnlineWriter, online_writer
 from features.spec import DType
 
 redis_server = redis_fixtures.redis_server  # the session's real Redis (a fixture)
@@ -74,6 +75,9 @@ def _users(root: Path, ids: list[str], group=USER) -> dict[str, list]:
 
 
 def test_entity_keys_are_feasts_serialization() -> None:
+    from feast.value_type import ValueType
+
+    assert (ValueType.STRING.value, ValueType.INT64.value) == (STRING_TYPE, INT64_TYPE)
     strings = ["u1", "", "ü-3 😀", "x" * 300, "u1"]
     ints = [0, -1, 2**63 - 1, -(2**63), 7]
     rows = pd.DataFrame({"user_id": [*strings, "z"], "card_id": ["c"] * 6, "merchant_id": [*ints, 1]})
@@ -127,13 +131,13 @@ def test_values_are_protobufs_serialization(dtype: DType, values: list, proto) -
 
 def _feast_rows(rows: pd.DataFrame) -> list[tuple]:
     """The rows as Feast's `online_write_batch` takes them (its own proto conversion)."""
-    from features.online import _proto_converter
+    from features.feast_codec import proto_converter
 
     types = USER.output_types(SOURCE.schema)
     data = []
     for record in rows.to_dict("records"):
         key = EntityKeyProto(join_keys=["user_id"], entity_values=[ValueProto(string_val=record["user_id"])])
-        values = {f.name: _proto_converter(types[f.name], f.name)(record[f.name]) for f in USER.features}
+        values = {f.name: proto_converter(types[f.name], f.name)(record[f.name]) for f in USER.features}
         data.append((key, values, record["window_end"].to_pydatetime(), None))
     return data
 

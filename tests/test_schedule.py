@@ -38,14 +38,13 @@ from features.schedule import (
     chunk_runs,
     execute,
     last_complete_day,
-    late_event_micros,
     plan,
     request,
     spans,
-    stale_days,
 )
 from features.spec import WINDOW_END
 from features.spec.fingerprint import definition_hash, feature_hashes
+from features.stale import late_event_micros, stale_days
 
 ROOT = Path(__file__).resolve().parents[1]
 D1, D2, D3, D4, D5 = (date(2026, 3, d) for d in range(1, 6))

@@ -1,0 +1,140 @@
+"""Stale partitions: which completed days of a group a changed definition or the stream's late events make
+wrong, so that `features backfill --date/--since-last` recomputes them (features.schedule).
+
+An event at time ts changes the window ends in (ts, ts + size + every] of each feature, so the completed days
+holding those ends are stale; a `Lifetime` window changes at every later window end, so a late event makes
+every completed day from its own on stale (recomputing them costs little more than one day: a Lifetime group
+reads the whole source for any day anyway). The stream writes events that arrive behind its watermark to
+`Repo.late_path(group)` as `batch=<id>/*.parquet`; each batch is read once, and remembered in the manifest by
+a signature of its files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import date, datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+
+from features.manifest import LateBatch, Manifest, batch_order
+from features.panes import MICROS, WindowShape
+from features.repo import Repo
+from features.spec import FeatureGroup
+
+DAY_US = 86_400 * MICROS
+EPOCH = date(1970, 1, 1)
+
+
+def definition_change(recorded: Mapping[str, str], current: Mapping[str, str]) -> str:
+    """What changed between the feature hashes a partition was computed with and the current ones."""
+    added = sorted(set(current) - set(recorded))
+    removed = sorted(set(recorded) - set(current))
+    changed = sorted(n for n in set(recorded) & set(current) if recorded[n] != current[n])
+    parts = [
+        f"{what} feature{'s' if len(names) > 1 else ''} {', '.join(map(repr, names))}"
+        for what, names in (("added", added), ("removed", removed), ("changed", changed))
+        if names
+    ]
+    return "definition changed" + (": " + "; ".join(parts) if parts else "")
+
+
+def affected_days(group: FeatureGroup, event_us: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """Per event time, the first and last day (days since 1970-01-01) of the window ends it changes;
+    the last is None when a Lifetime window makes every later day change."""
+    ts = np.asarray(event_us, dtype=np.int64)
+    firsts, lasts = [], []
+    for shape in {WindowShape.of(f.window) for f in group.features}:
+        pane = ts - ts % shape.every_us
+        firsts.append(pane + shape.every_us)  # the pane enters
+        lasts.append(None if shape.size_us is None else pane + shape.size_us + shape.every_us)  # it leaves
+    first = np.minimum.reduce(firsts) // DAY_US
+    if any(last is None for last in lasts):
+        return first, None
+    return first, np.maximum.reduce(lasts) // DAY_US
+
+
+def stale_days(group: FeatureGroup, event_us: np.ndarray, completed: Iterable[date]) -> list[date]:
+    """The completed days whose partitions events at these times change."""
+    done = sorted(completed)
+    if len(event_us) == 0 or not done:
+        return []
+    first, last = affected_days(group, event_us)
+    if last is None:
+        start = EPOCH + timedelta(days=int(first.min()))
+        return [d for d in done if d >= start]
+    spans_ = np.unique(np.stack([first, last], axis=1), axis=0)
+    out = []
+    for day in done:
+        n = (day - EPOCH).days
+        if np.any((spans_[:, 0] <= n) & (n <= spans_[:, 1])):
+            out.append(day)
+    return out
+
+
+def late_batch_folders(repo: Repo, group: FeatureGroup) -> dict[str, Path]:
+    """The stream's late-event batches of a group: `batch=<id>` folders (hidden or staged ones skipped)."""
+    root = Path(repo.late_path(group))
+    if not root.is_dir():
+        return {}
+    found = {p.name.split("=", 1)[1]: p for p in root.glob("batch=*") if p.is_dir() and p.name != "batch="}
+    return dict(sorted(found.items(), key=lambda item: batch_order(item[0])))
+
+
+def _data_files(folder: Path) -> list[Path]:
+    """A batch folder's Parquet files (Spark's _SUCCESS, .crc and hidden staging files skipped)."""
+    return sorted(
+        f for f in folder.rglob("*.parquet") if not any(p.startswith((".", "_")) for p in f.relative_to(folder).parts)
+    )
+
+
+def batch_signature(folder: Path) -> str:
+    """Changes when the batch folder is written again (file names, sizes and modification times)."""
+    import hashlib
+
+    stats = [(str(f.relative_to(folder)), f.stat().st_size, f.stat().st_mtime_ns) for f in _data_files(folder)]
+    return hashlib.sha256(repr(stats).encode()).hexdigest()[:16]
+
+
+def late_event_micros(folder: Path, timestamp: str) -> np.ndarray:
+    """The event times (UTC microseconds) in a late batch's Parquet files."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    files = _data_files(folder)
+    if not files:
+        return np.empty(0, dtype=np.int64)
+    try:
+        column = pa.concat_arrays(
+            [chunk for f in files for chunk in pq.read_table(f, columns=[timestamp]).column(0).chunks]
+        )
+    except (pa.ArrowException, KeyError, OSError) as exc:
+        from features.errors import DataError
+
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise DataError(
+            f"{folder}: cannot read the late events' {timestamp!r} column ({reason}); the stream writes the "
+            "source's columns there; move the folder away if it is not one of its late batches"
+        ) from exc
+    if pa.types.is_timestamp(column.type):
+        micros = column.cast(pa.timestamp("us", tz=column.type.tz), safe=False).cast(pa.int64())
+        return micros.drop_null().to_numpy()
+    import pandas as pd
+
+    parsed = pd.to_datetime(pd.Series(column.to_pylist()), utc=True, errors="coerce").dropna()
+    return parsed.dt.as_unit("us").astype("int64").to_numpy()
+
+
+def new_late_batches(repo: Repo, group: FeatureGroup, manifest: Manifest, now: datetime) -> dict[str, LateBatch]:
+    """Late batches not looked at before (or written again since), each with the completed days it makes
+    stale."""
+    completed = manifest.completed()
+    out = {}
+    for batch, folder in late_batch_folders(repo, group).items():
+        signature = batch_signature(folder)
+        known = manifest.late_batches.get(batch)
+        if known is not None and known.signature == signature:
+            continue
+        events = late_event_micros(folder, group.source.timestamp)
+        out[batch] = LateBatch(batch, now, len(events), tuple(stale_days(group, events, completed)), signature)
+    return out
