@@ -292,22 +292,17 @@ def resp_values(column: pd.Series, dtype: DType, what: str) -> RespColumn:
 
 
 def timestamp_resp(ends: pd.Series) -> RespColumn:
-    """`timestamp_protos` as bulk strings, each distinct window end framed once (a batch has few)."""
+    """Each window end as the serialized google.protobuf.Timestamp Feast's Redis store keeps in `_ts:<view>`, as
+    bulk strings, each distinct window end framed once (a batch has few).
+
+    Feast builds it with `Timestamp.FromDatetime` from a Python datetime, i.e. at microsecond precision.
+    """
     codes, protos = _timestamp_codes(ends)
     framed = [resp_bulk(p) for p in protos]
     lengths = np.array([len(f) for f in framed], dtype=np.int64)[codes]
     offsets = np.zeros(len(codes) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     return RespColumn(b"".join(list(map(framed.__getitem__, codes.tolist()))), offsets.tolist())
-
-
-def timestamp_protos(ends: pd.Series) -> list[bytes]:
-    """Each window end as the serialized google.protobuf.Timestamp Feast's Redis store keeps in `_ts:<view>`.
-
-    Feast builds it with `Timestamp.FromDatetime` from a Python datetime, i.e. at microsecond precision.
-    """
-    codes, protos = _timestamp_codes(ends)
-    return [protos[c] for c in codes.tolist()]
 
 
 def _timestamp_codes(ends: pd.Series) -> tuple[np.ndarray, list[bytes]]:
