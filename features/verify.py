@@ -150,21 +150,28 @@ def verify_group(spark: SparkSession, repo: Repo, group: FeatureGroup, sample: i
     keys = list(group.join_keys)
     features = [f.name for f in group.features]
     table = read_table(spark, repo.offline_path(group))
+    source = read_source(spark, group, repo.source_path(group)).events
+    # A stream that has emitted no final row yet has only eager online values: their keys come from the source.
+    sampled_from = source if table is None else table
+    picked = sampled_from.select(*keys).distinct().orderBy(F.xxhash64(*keys, F.lit(seed))).limit(sample)
     if table is None:
-        raise ConfigError(
-            f"verify: group {group.name!r} has no offline table yet; run `features backfill` or `features stream` first"
-        )
-    picked = table.select(*keys).distinct().orderBy(F.xxhash64(*keys, F.lit(seed))).limit(sample)
-    offline = table.join(F.broadcast(picked), keys).drop("date").toPandas()
-    key_rows = offline[keys].drop_duplicates().reset_index(drop=True)
+        offline = picked.toPandas().assign(**{WINDOW_END: pd.Series(dtype="datetime64[us, UTC]")}).iloc[:0]
+    else:
+        offline = table.join(F.broadcast(picked), keys).drop("date").toPandas()
+    key_rows = (picked.toPandas() if table is None else offline[keys]).drop_duplicates().reset_index(drop=True)
     stored = Series(offline, keys)
     online = online_features(repo, group, key_rows, with_window_end=True)
     online_ends = online[WINDOW_END].dropna()
-    bounds = [stored.rows[WINDOW_END].min(), stored.rows[WINDOW_END].max()]
+    bounds = [int(t) for t in (stored.rows[WINDOW_END].min(), stored.rows[WINDOW_END].max()) if not pd.isna(t)]
     if len(online_ends):
-        bounds.append(int(_micros(online_ends).max()))
-    start, end = int(min(bounds)), int(max(bounds))
-    events = read_source(spark, group, repo.source_path(group)).events.join(F.broadcast(picked), keys)
+        bounds += [int(_micros(online_ends).min()), int(_micros(online_ends).max())]
+    if not bounds:
+        raise ConfigError(
+            f"verify: group {group.name!r} has no offline rows and no online values yet; run `features backfill` "
+            "or `features stream` first"
+        )
+    start, end = min(bounds), max(bounds)
+    events = source.join(F.broadcast(picked), keys)
     recomputed = Series(change_points(group, events, start, end).rows.toPandas(), keys)
     tallies = {(check, f): Tally() for check in CHECKS for f in features}
     last_offline = {k: int(part[WINDOW_END].max()) for k, part in stored.by_key.items()}
@@ -201,7 +208,7 @@ def verify_group(spark: SparkSession, repo: Repo, group: FeatureGroup, sample: i
                 tallies["offline", f].add(
                     "mismatch", f"key {key} at {_iso(t)}: offline {row[f]!r}, recompute {_value(group, want, f)!r}"
                 )
-    limit = int(stored.rows[WINDOW_END].max())
+    limit = int(stored.rows[WINDOW_END].max()) if len(stored.rows) else -1  # no offline row: nothing to miss
     for _, row in recomputed.rows.iterrows():
         key, t = tuple(row[k] for k in keys), int(row[WINDOW_END])
         if t > limit or stored.has(key, t):

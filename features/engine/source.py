@@ -233,8 +233,14 @@ def _file_records(spark: SparkSession, bad_files: list[tuple[str, str]], schema:
     )
 
 
-def _reason(group: FeatureGroup, raw: DataFrame, now: datetime) -> Column:
-    """Why a record cannot be used, or null for a good record. The first reason that applies wins."""
+def _reason(group: FeatureGroup, raw: DataFrame, now: datetime | Column) -> Column:
+    """Why a record cannot be used, or null for a good record. The first reason that applies wins.
+
+    `now` is the current time of the `max_future` check: a fixed time for a batch read, and for a stream the
+    column `current_timestamp()`, which Structured Streaming evaluates once per micro-batch (its batch time,
+    kept in the checkpoint's offset log, so a replayed batch decides as its first attempt did). A time fixed
+    when a stream starts would mark every event as from the future once the stream ran longer than
+    `max_future`."""
     from pyspark.sql import functions as F
 
     source = group.source
@@ -270,9 +276,12 @@ def _reason(group: FeatureGroup, raw: DataFrame, now: datetime) -> Column:
             any_infinite = any_infinite | _is_infinite(F.col(c))
         infinite = [F.when(_is_infinite(F.col(c)), F.lit(c)) for c in floats]
         otherwise(any_infinite, named(INFINITE_VALUE, infinite))
-    future_us = _future_us(group, now)
-    if future_us is not None:
-        otherwise(ts > F.timestamp_micros(F.lit(future_us)), F.lit(FUTURE_TIMESTAMP))
+    if group.source.max_future_s is not None:
+        if isinstance(now, datetime):
+            latest = F.timestamp_micros(F.lit(_future_us(group, now)))
+        else:
+            latest = now + F.make_dt_interval(secs=F.lit(group.source.max_future_s))
+        otherwise(ts > latest, F.lit(FUTURE_TIMESTAMP))
     assert reason is not None
     return reason
 

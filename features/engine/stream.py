@@ -34,6 +34,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -72,6 +73,9 @@ EAGER = "eager"  # a touched key's value ahead of the watermark, for the online 
 REASON = "fx_reason"
 RECORD = "fx_record"  # a late event or bad record as JSON; on STAT rows the bucket's STAT_FIELDS as a JSON list
 PACK = "fx_pack"  # the processor's input: one bucket's events of one Arrow batch, as Arrow IPC stream bytes
+# On the processor's input: the newest good event time a task of the batch read (µs), sent to every bucket so that
+# each one knows the stream-wide event time of the batch (eager values are taken there, not at a bucket's own).
+NEWEST = "fx_newest"
 LATEST = "fx_latest"  # on ROW rows: the key's newest row of the batch, the one the online store gets
 REPLACED = "fx_replaced"  # on LATEST rows: the key has an EAGER row too, newer, which replaces it online
 LANDED = "fx_landed"  # when an event's file landed (Kafka: the record's timestamp), µs
@@ -193,7 +197,7 @@ def project(group: FeatureGroup, events: DataFrame, labels: list[int]) -> tuple[
     output = group.output_types(types)
     plan = pt.Plan.of(group, types)
     source = group.source
-    reason = _reason(group, events, datetime.now().astimezone())
+    reason = _reason(group, events, F.current_timestamp())
     source_columns = [c for c in events.columns if c not in (CORRUPT, LANDED)]
     raw = F.to_json(F.struct(*[F.col(c) for c in source_columns]))
     if CORRUPT in events.columns:
@@ -212,7 +216,9 @@ def project(group: FeatureGroup, events: DataFrame, labels: list[int]) -> tuple[
     cols = kernel_inputs(group, types, plan)
     cols += [F.col(REASON), F.col(RECORD), F.col(LANDED)]
     bucket = bucket_of(group, labels).alias(BUCKET)
-    projected = marked.select(bucket, *cols).mapInArrow(_pack, f"{BUCKET} bigint, {PACK} binary")
+    projected = marked.select(bucket, *cols).mapInArrow(
+        partial(_pack, labels), f"{BUCKET} bigint, {PACK} binary, {NEWEST} bigint"
+    )
     key_types = ddl({k: output[k] for k in keys})
     feature_types = {f.name: output[f.name] for f in group.features}
     features = ddl(feature_types)
@@ -225,12 +231,6 @@ def project(group: FeatureGroup, events: DataFrame, labels: list[int]) -> tuple[
 
 # ---------------------------------------------------------------------------------------------------------
 # Processor
-
-
-def _closed_end(plan: pt.Plan, newest: int) -> int:
-    """The latest window end on any feature's grid that event time `newest` has passed: there each feature's
-    value is its value at floor(newest / every) * every."""
-    return max(newest - newest % calc.every_us for calc in plan.calcs)
 
 
 class PaneProcessor(StatefulProcessor):
@@ -251,7 +251,10 @@ class PaneProcessor(StatefulProcessor):
         self.keys = handle.getMapState("keys", "first_code long", "blob binary")
 
     def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any) -> Iterator[pd.DataFrame]:  # noqa: N802, N803
-        table = _unpack(rows)
+        table, stream_newest = _unpack(rows)
+        if table is None:  # no event of this bucket: only the batch's event time, to bring its eager values up to it
+            yield from self._advance(key[0], None, timerValues, 0, None, stream_newest)
+            return
         n, landed = len(table), pc.min(table[LANDED]).as_py()
         if table[REASON].null_count < n:
             bad = pc.is_valid(table[REASON])
@@ -259,7 +262,7 @@ class PaneProcessor(StatefulProcessor):
             yield self._side(BAD, side[REASON].to_numpy(), side[RECORD].to_numpy())
             table = table.filter(pc.invert(bad))
         events = table.drop_columns([REASON, RECORD, LANDED]).to_pandas()
-        yield from self._advance(key[0], events, timerValues, n, landed)
+        yield from self._advance(key[0], events, timerValues, n, landed, stream_newest)
 
     def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Iterator[pd.DataFrame]:  # noqa: N802, N803
         upto = timerValues.getCurrentWatermarkInMs() * 1000
@@ -269,7 +272,13 @@ class PaneProcessor(StatefulProcessor):
         yield from self._advance(key[0], None, timerValues, 0, None)
 
     def _advance(
-        self, bucket: int, events: pd.DataFrame | None, timer_values: Any, n: int, landed: int | None
+        self,
+        bucket: int,
+        events: pd.DataFrame | None,
+        timer_values: Any,
+        n: int,
+        landed: int | None,
+        stream_newest: int | None = None,
     ) -> Iterator[pd.DataFrame]:
         plan = self.coded
         upto = timer_values.getCurrentWatermarkInMs() * 1000
@@ -292,19 +301,19 @@ class PaneProcessor(StatefulProcessor):
         if after is not None and upto <= after:
             upto = after  # the watermark never moves back; nothing new to emit
         ts = coded[pt.TS].to_numpy(dtype=np.int64)
-        seen = None if meta is None else meta[1]  # the newest event time the bucket had seen before this batch
-        newest = seen
-        if len(ts):
-            newest = int(ts.max()) if newest is None else max(newest, int(ts.max()))
+        # The newest event time of the stream (every bucket's, see NEWEST) before and after this batch.
+        seen = None if meta is None else meta[1]
+        times = [t for t in (seen, stream_newest, int(ts.max()) if len(ts) else None) if t is not None]
+        newest = max(times) if times else None
         # Eager: values at the newest window end that has closed in event time (every event before it counts, as
         # far as received), when it is ahead of what the change points reach, for the touched keys and for every
         # key whose value changed since the previous eager end (its pane closed, or a pane left a window).
         eager_at = eager_after = None
-        if self.eager and len(ts):
-            latest = _closed_end(plan, newest)
-            if latest > upto:
-                eager_at = latest
-                eager_after = upto if seen is None else max(upto, _closed_end(plan, seen))
+        if self.eager and newest is not None:
+            latest = plan.closed_end(newest)
+            previous = upto if seen is None else max(upto, plan.closed_end(seen))
+            if latest > upto and (len(ts) or previous < latest):
+                eager_at, eager_after = latest, previous
         step = pt.step(plan, tables, coded, after, upto, align_us=CHUNK_US, eager_at=eager_at, eager_after=eager_after)
         # Decoded before a compaction renumbers the keys.
         if len(step.rows):
@@ -434,19 +443,32 @@ def _keep_resident(bucket: tuple[str, int], state: _Resident) -> None:
         _RESIDENT.popitem(last=False)
 
 
-def _pack(batches: Iterator[Any]) -> Iterator[Any]:
+def _pack(every_label: list[int], batches: Iterator[Any]) -> Iterator[Any]:
     """mapInArrow: each Arrow batch of projected events (bucket first) as one row per bucket, its events as
-    Arrow IPC bytes."""
+    Arrow IPC bytes; then one row for every bucket, events or not, with the newest good event time the task read
+    (NEWEST), so that a bucket whose keys had no event still learns how far the stream's event time got."""
+    newest = None
     for batch in batches:
         if batch.num_rows == 0:
             continue
+        good = pc.filter(batch.column(pt.TS), pc.is_null(batch.column(REASON)))
+        if len(good):
+            top = pc.max(good).as_py()
+            newest = top if newest is None else max(newest, top)
         buckets = batch.column(0).to_numpy()
         order = np.argsort(buckets, kind="stable")
         events = batch.select(range(1, batch.num_columns)).take(pa.array(order))
         labels, starts = np.unique(buckets[order], return_index=True)
         ends = np.r_[starts[1:], len(order)]
         blobs = [_ipc(events.slice(s, e - s)) for s, e in zip(starts.tolist(), ends.tolist(), strict=True)]
-        yield pa.RecordBatch.from_arrays([pa.array(labels, pa.int64()), pa.array(blobs, pa.binary())], [BUCKET, PACK])
+        yield _packed(labels, pa.array(blobs, pa.binary()), pa.nulls(len(labels), pa.int64()))
+    if newest is not None:
+        n = len(every_label)
+        yield _packed(every_label, pa.nulls(n, pa.binary()), pa.array([newest] * n, pa.int64()))
+
+
+def _packed(labels: Any, blobs: pa.Array, newest: pa.Array) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays([pa.array(labels, pa.int64()), blobs, newest], [BUCKET, PACK, NEWEST])
 
 
 def _ipc(batch: Any) -> bytes:
@@ -456,10 +478,16 @@ def _ipc(batch: Any) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def _unpack(frames: Iterator[pd.DataFrame]) -> Any:
-    """The events of one bucket's packed rows as one Arrow table."""
-    tables = [pa.ipc.open_stream(blob).read_all() for frame in frames for blob in frame[PACK].tolist()]
-    return pa.concat_tables(tables)
+def _unpack(frames: Iterator[pd.DataFrame]) -> tuple[Any, int | None]:
+    """The events of one bucket's packed rows as one Arrow table (None when there are none), and the newest
+    event time of the batch's tasks (None when no task said)."""
+    tables, newest = [], None
+    for frame in frames:
+        tables += [pa.ipc.open_stream(blob).read_all() for blob in frame[PACK].dropna().tolist()]
+        if NEWEST in frame.columns and frame[NEWEST].notna().any():
+            top = int(frame[NEWEST].max())
+            newest = top if newest is None else max(newest, top)
+    return (pa.concat_tables(tables) if tables else None), newest
 
 
 def _chunk_ids(panes: np.ndarray) -> list[int]:
@@ -472,24 +500,30 @@ def _chunk_ids(panes: np.ndarray) -> list[int]:
 
 def write_offline_batch(rows: DataFrame, table: str, batch_id: int) -> int:
     """Append a micro-batch's change points to the offline table: a file per date partition and task, named by the
-    batch id, moved into place atomically. A replayed batch rewrites the same files, so no row is doubled."""
+    batch id, moved into place atomically. A replayed batch rewrites the same files, so no row is doubled, and
+    removes the files of its earlier attempt that it did not rewrite (an attempt may spread its rows over more
+    tasks or dates)."""
     staging = Path(table).parent / "_staging" / f"{Path(table).name}-stream-{batch_id}-{uuid.uuid4().hex[:8]}"
     dated = rows.withColumn("date", F.to_date(F.col(WINDOW_END)))  # written as yyyy-MM-dd, without formatting
     # Each task (one per core: the stream's partitions) writes one file per date it holds, without a shuffle; a
     # replay holds the same rows in the same tasks, so it writes the same files.
     dated.write.partitionBy("date").parquet(str(staging))
-    written = 0
+    name = f"stream-b{batch_id:010d}"
+    placed = set()
     try:
         for part in sorted(staging.glob("date=*")):
             files = sorted(part.glob("*.parquet"))
             target = Path(table) / part.name
             target.mkdir(parents=True, exist_ok=True)
             for i, f in enumerate(files):  # in task order
-                os.replace(f, target / f"stream-b{batch_id:010d}-{i:03d}.parquet")
-                written += 1
+                placed.add(target / f"{name}-{i:03d}.parquet")
+                os.replace(f, target / f"{name}-{i:03d}.parquet")
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return written
+    for earlier in Path(table).glob(f"date=*/{name}-*.parquet"):
+        if earlier not in placed:
+            earlier.unlink()
+    return len(placed)
 
 
 def backfilled(table: str) -> list[tuple[datetime, datetime]]:

@@ -70,6 +70,12 @@ class Plan:
             )
         return cls(tuple(group.join_keys), tuple(conds), tuple(calcs), pane_length_us(f.window for f in group.features))
 
+    def closed_end(self, t_us: int) -> int:
+        """The latest window end, on any feature's grid, that event time `t_us` has passed. Once change points
+        were emitted up to `t_us`, an event before this end would change one of them (it is late); an event at or
+        after it changes only window ends not emitted yet."""
+        return max(t_us - t_us % calc.every_us for calc in self.calcs)
+
     def condition_column(self, i: int) -> str | None:
         return None if self.conditions[i] is None else f"fx_c{i}"
 

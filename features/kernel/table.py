@@ -507,12 +507,16 @@ def step(
     any order), emit the change points whose window end the watermark passed, and drop what no later window
     reads.
 
-    `after` is the watermark the previous step emitted up to: an event before it is late (its change points
-    were emitted already) and is returned instead of used. `eager_at` (a window end ahead of the watermark):
-    also the value there, from the events received so far, of each key the events touched and of each key whose
-    value changes in (`eager_after`, `eager_at`] (a pane of an earlier batch closed, or left a window, since the
-    previous eager value was written)."""
-    late = np.zeros(len(events), dtype=bool) if after is None else events[TS].to_numpy(dtype=np.int64) < after
+    `after` is the watermark the previous step emitted up to: an event before the window end it closed
+    (`Plan.closed_end`) is late (it would change a change point emitted already) and is returned instead of used;
+    one between that end and `after` changes only rows still to come, and is used.
+
+    `eager_at` (a window end ahead of the watermark): also the value there, from the events received so far, of
+    each key the events touched and of each key whose value changes in (`eager_after`, `eager_at`] (a pane of an
+    earlier batch closed, or left a window, since the previous eager value was written)."""
+    late = np.zeros(len(events), dtype=bool)
+    if after is not None:
+        late = events[TS].to_numpy(dtype=np.int64) < plan.closed_end(after)
     tables = [table] if isinstance(table, pd.DataFrame) else list(table)
     fresh = events[~late]
     merged = combine_sorted(plan, [*tables, phase1(plan, fresh)])
