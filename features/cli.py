@@ -86,6 +86,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     stream.add_argument("--no-online", action="store_true", help="write the offline table only")
     stream.add_argument("--no-tracking", action="store_true", help="do not record the run in MLflow")
+    stream.add_argument(
+        "--metrics-every", default="1m", help="MLflow gets one point per metric per this much time (default 1m)"
+    )
+    stream.add_argument(
+        "--retention",
+        default="30d",
+        help="keep late events and quarantined data this long, then remove them ('none': for ever; default 30d)",
+    )
+
+    retention = sub.add_parser("retention", help="report what groups keep set aside (late, quarantined), sweep the old")
+    _repo_arg(retention)
+    retention.add_argument("--group", action="append", default=[], help="only this group (repeatable)")
+    retention.add_argument("--keep", default="30d", help="remove what was set aside longer ago than this (default 30d)")
+    retention.add_argument("--dry-run", action="store_true", help="report what would be removed, remove nothing")
 
     validate = sub.add_parser("validate", help="validate groups' offline tables and write Great Expectations Data Docs")
     _repo_arg(validate)
@@ -212,6 +226,8 @@ def _run(args: argparse.Namespace) -> int:
             on_invalid=args.on_invalid,
             track=not args.no_tracking,
         )
+    if args.command == "retention":
+        return _retention(args)
     if args.command == "stream":
         return _stream(args)
     if args.command == "validate":
@@ -255,6 +271,8 @@ def _stream(args: argparse.Namespace) -> int:
         max_files_per_trigger=args.max_files_per_trigger,
         progress=True,
         tracking=not args.no_tracking,
+        metrics_every=args.metrics_every,
+        retention=None if args.retention.lower() == "none" else args.retention,
     )
     try:
         run.await_termination()
@@ -266,6 +284,24 @@ def _stream(args: argparse.Namespace) -> int:
         print("stopped; the next run resumes from the checkpoint", file=sys.stderr)
     for progress in run.progress():
         print(progress.line())
+    return 0
+
+
+def _retention(args: argparse.Namespace) -> int:
+    """`features retention`: what each group keeps set aside, after removing what is older than --keep."""
+    from features.repo import Repo
+    from features.retention import held, sweep
+    from features.spec.durations import parse_duration
+
+    repo = Repo.load(args.repo)
+    keep_s = parse_duration(args.keep, "--keep")
+    for group in repo.select(args.group):
+        removed = sweep(repo, group.name, keep_s, dry_run=args.dry_run)
+        verb = "would remove" if args.dry_run else "removed"
+        for gone in (r for r in removed if r.folders):
+            print(f"{verb}: {gone.line()}")
+        for kept in held(repo, group.name):
+            print(f"held:    {kept.line()}")
     return 0
 
 

@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, Any
 from features.errors import ConfigError, EnvironmentProblem, ValidationFailed
 from features.locks import table_lock
 from features.repo import Repo
+from features.retention import DEFAULT_KEEP, SWEEP_EVERY_S, held, sweep
+from features.rollup import MetricRollup
 from features.spec import WINDOW_END, FeatureGroup
 from features.spec.durations import parse_duration
 from features.spec.fingerprint import definition_hash, describe
@@ -94,11 +96,14 @@ class StreamRun:
     errors: dict[str, BaseException] = field(default_factory=dict)
     tracker: Any = None  # the MLflow run (features.tracking) the batches log to
     _tracking: Any = None  # its context manager, ended when the queries end
+    rollups: list[MetricRollup] = field(default_factory=list)  # the batches' metrics not logged yet, per group
 
     def _finish(self, error: BaseException | None) -> None:
-        """End the MLflow run once: FINISHED, or FAILED with the error."""
+        """End the MLflow run once, after the metrics of the last batches: FINISHED, or FAILED with the error."""
         tracking, self._tracking = self._tracking, None
         if tracking is not None:
+            for rollup in self.rollups:
+                rollup.flush()
             if error is None:
                 tracking.__exit__(None, None, None)
             else:
@@ -154,9 +159,13 @@ def stream(
     max_files_per_trigger: int | None = None,
     progress: bool | None = None,
     tracking: bool = True,
+    metrics_every: str = "1m",
+    retention: str | None = DEFAULT_KEEP,
 ) -> StreamRun:
     """Start one streaming query per group (all by default) and return without waiting. The run is one MLflow
-    run (features.tracking) with each micro-batch's counts as metrics; `tracking=False` records nothing."""
+    run (features.tracking) with the micro-batches' counts as metrics, one point per `metrics_every` of wall
+    time (features.rollup); `tracking=False` records nothing. Late events and quarantined data are kept for
+    `retention` (None: for ever), swept when the stream starts and hourly (features.retention)."""
     from features.backfill import ready_writer
     from features.engine import stream as engine
     from features.engine.session import get_spark
@@ -164,6 +173,8 @@ def stream(
     if buckets is not None and buckets < 1:
         raise ConfigError(f"--buckets: {buckets} is not a positive number of hash buckets")
     every_s = parse_duration(trigger, "--trigger")
+    metrics_s = parse_duration(metrics_every, "--metrics-every")
+    keep_s = None if retention is None else parse_duration(retention, "--retention")
     selected = repo.select(groups)
     writers = {g.name: ready_writer(repo, g) for g in selected} if online else {}
     spark = spark or get_spark()
@@ -188,7 +199,7 @@ def stream(
             out = projected.groupBy(engine.BUCKET).transformWithStateInPandas(
                 processor, projection.output_schema, "append", "EventTime"
             )
-            sink = _Sink(repo, group, writers.get(group.name), validate, run, show, spark)
+            sink = _Sink(repo, group, writers.get(group.name), validate, run, show, spark, metrics_s, keep_s)
             writer = out.writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint / "query"))
             writer = writer.queryName(f"features_{group.name}")
             writer = (
@@ -343,6 +354,8 @@ class _Sink:
         run: StreamRun,
         show: bool,
         spark: SparkSession,
+        metrics_s: float = 60.0,
+        keep_s: float | None = None,
     ) -> None:
         from features import quality
 
@@ -355,6 +368,11 @@ class _Sink:
         self.spark = spark
         self.files: FileCheck | None = None  # unreadable Parquet files, checked as they land
         self.checked: set[str] = set()
+        tracker = run.tracker
+        self.rollup = MetricRollup(lambda m, step, g: tracker.log_metrics(m, step=step, group=g), metrics_s)
+        run.rollups.append(self.rollup)
+        self.keep_s, self.swept = keep_s, None
+        self._sweep(-1)  # before the first batch: what an earlier run left beyond the retention
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         try:
@@ -410,6 +428,20 @@ class _Sink:
         finally:
             batch.unpersist()
         self._report(batch_id, stat_rows, rows_out, late, bad, time.perf_counter() - began)
+        self._sweep(batch_id)
+
+    def _sweep(self, batch_id: int) -> None:
+        """Remove what was set aside longer ago than the retention (hourly); log what is held."""
+        if self.keep_s is None or (self.swept is not None and time.monotonic() - self.swept < SWEEP_EVERY_S):
+            return
+        self.swept = time.monotonic()
+        sweep(self.repo, self.group.name, self.keep_s)
+        kept = {
+            f"aside.{h.kind}.{unit}": getattr(h, unit)
+            for h in held(self.repo, self.group.name)
+            for unit in ("files", "bytes")
+        }
+        self.rollup.add(kept, max(batch_id, 0), self.group.name)
 
     def _summary(self, batch: DataFrame) -> dict[str, Screen]:
         """The batch's rows of each kind, screened (final and eager rows; the other kinds are only counted)."""
@@ -429,8 +461,12 @@ class _Sink:
 
         if not self.validate:
             return True
+        from features.tracking import validation_metrics, validation_prefix
+
         report = quality.validate_batch(self.group, rows, screened=screened)
-        self.run.tracker.log_validation(report, step=batch_id, artifact=not report.success)
+        self.rollup.add(validation_metrics(report), batch_id, validation_prefix(self.group.name))
+        if not report.success:
+            self.run.tracker.log_validation(report, step=batch_id, metrics=False)
         if report.success:
             return True
         if self.policy == quality.FAIL:
@@ -596,7 +632,7 @@ class _Sink:
         with self.lock:
             self.run.latest[self.group.name] = now
             self.run.history.append(now)
-            self.run.tracker.log_metrics(
+            self.rollup.add(
                 {
                     "events": events,
                     "rows_out": rows_out,
@@ -607,8 +643,8 @@ class _Sink:
                     "batch_seconds": seconds,
                     **({"freshness_seconds": freshness} if freshness is not None else {}),
                 },
-                step=batch_id,
-                group=self.group.name,
+                batch_id,
+                self.group.name,
             )
         if self.show:
             print(now.line(), file=sys.stderr, flush=True)

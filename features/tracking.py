@@ -286,20 +286,13 @@ class Run:
     def log_dict(self, data: Mapping[str, Any], artifact_file: str) -> None:
         self.client.log_dict(self.run_id, dict(data), artifact_file)
 
-    def log_validation(self, report: ValidationReport, step: int | None = None, artifact: bool = True) -> None:
-        """A validation's outcome as `<group>.validation.*` metrics and (by default) a JSON artifact."""
-        prefix = _key(report.group, "validation")
-        self.log_metrics(
-            {
-                "success": 1.0 if report.success else 0.0,
-                "expectations": len(report.outcomes),
-                "failed": len(report.failures),
-                "rows": report.rows,
-                "seconds": report.seconds,
-            },
-            step=step,
-            group=prefix,
-        )
+    def log_validation(
+        self, report: ValidationReport, step: int | None = None, artifact: bool = True, metrics: bool = True
+    ) -> None:
+        """A validation's outcome as `<group>.validation.*` metrics and (by default) a JSON artifact.
+        `metrics=False`: the artifact only (a stream rolls the metrics up itself, features.rollup)."""
+        if metrics:
+            self.log_metrics(validation_metrics(report), step=step, group=validation_prefix(report.group))
         if artifact:
             self.log_dict(validation_document(report), f"validation/{_key(report.group)}/{_key(report.run_id)}.json")
 
@@ -355,6 +348,21 @@ class DisabledRun(Run):
 
     def log_result(self, result: Any, step: int | None = None) -> None:
         return None
+
+
+def validation_prefix(group: str) -> str:
+    return _key(group, "validation")
+
+
+def validation_metrics(report: ValidationReport) -> dict[str, float]:
+    """A validation's outcome as the numbers logged under `validation_prefix`."""
+    return {
+        "success": 1.0 if report.success else 0.0,
+        "expectations": len(report.outcomes),
+        "failed": len(report.failures),
+        "rows": report.rows,
+        "seconds": report.seconds,
+    }
 
 
 def _text(value: Any, limit: int) -> str:
