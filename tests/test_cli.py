@@ -100,7 +100,7 @@ def test_demo_runs_end_to_end_and_again(repo: Path, tmp_path: Path):
     labels = {row[3] for row in rows}  # event_timestamp prints as two words: date and time
     assert labels == {"0", "1"}, rows
 
-    # The data landed where the README says: source files, and the offline table partitioned by date.
+    # The data landed where docs/operations.md says: source files, and the offline table partitioned by date.
     assert len(list((repo / "data" / "transactions").glob("*.parquet"))) > 1
     for group in GROUPS:
         assert offline_dates(repo, group) == ["date=2026-01-01", "date=2026-01-02"]
