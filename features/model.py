@@ -11,19 +11,34 @@ approx_count_distinct, null otherwise: features.training.fill_empty, the same as
 returns the wrapped model's probability of the positive class, one per row, as a Series named `probability`.
 
 The wrapped model is anything with `predict_proba` (scikit-learn style) fitted on the columns
-`input_columns + feature columns` of a training set. The model knows its repo by the absolute path it had when
-logged; set `FEATURES_REPO` where it is served to point it at another copy (with the same feature_store.yaml).
-The `features` package must be installed where the model is served (it is with `--env-manager local`).
+`input_columns + feature columns` of a training set.
+
+Where the model is served, it finds its feature repo (the folder with feature_store.yaml, whose registry and
+online store it reads; the definitions and data are not needed) by, in order: a `repo` other than the recorded
+one in the model config at load (`mlflow.pyfunc.load_model(uri, model_config={"repo": PATH})`, or
+`MLFLOW_PYFUNC_INFERENCE_CONFIG`), then `FEATURES_REPO`, then the path the repo had when the model was logged.
+
+A logged model carries what it needs to load in a clean environment (Model Serving, `mlflow models serve` with
+its own virtualenv): the `features` package as a wheel built from the source imported at log time
+(`code/features-<version>-py3-none-any.whl` in the model folder), and a requirements.txt naming that wheel
+and pinning, at the versions installed where it was logged, what loading and `predict` import: MLflow and
+cloudpickle, Feast for the online reads (with the extras that opening the repo's store needs: duckdb, which
+Feast imports for the offline store feature_store.yaml names, and redis for a Redis online store), pandas,
+numpy, pyarrow, pyyaml, and the libraries the wrapped model's classes come from (`extra_pip_requirements`
+adds others). Not Spark or Great Expectations: the wheel declares no dependencies, so neither comes along.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -38,6 +53,7 @@ import numpy as np
 import pandas as pd
 
 from features.errors import ConfigError
+from features.repo import ONLINE_STORE_TYPES
 from features.spec import DType
 from features.training import FeatureColumn, fill_empty, join_keys, resolve_features
 
@@ -48,8 +64,33 @@ if TYPE_CHECKING:
     from features.repo import Repo
 
 ENV_REPO = "FEATURES_REPO"
+CONFIG_REPO = "repo"  # the model_config key naming the feature repo
 OUTPUT = "probability"
-_REQUIREMENTS = ("mlflow", "scikit-learn", "pandas", "numpy", "feast", "pyarrow", "pyyaml")
+CODE_DIR = "code"  # where MLflow puts `code_paths` in a model folder; requirements.txt names the wheel there
+# What loading the model and `predict` import where it is served: MLflow and cloudpickle (the pickled model),
+# Feast (features.serving), pandas, numpy, pyarrow and pyyaml (features.training, features.repo).
+_REQUIREMENTS = ("mlflow", "cloudpickle", "feast", "pandas", "numpy", "pyarrow", "pyyaml")
+# The Feast extras that opening the repo's store needs where the model is served: the online store's client
+# (SQLite's is in the standard library), and the offline store's, which Feast imports to read feature_store.yaml
+# even when only online values are read (DuckDB's: ibis and duckdb).
+_ONLINE_EXTRAS = {"redis": "redis"}
+_OFFLINE_EXTRAS = {"duckdb": "duckdb", "feast.infra.offline_stores.duckdb.DuckDBOfflineStore": "duckdb"}
+# The wheel a model ships: the package's modules, and no dependencies (the model's requirements pin them).
+_WHEEL_PYPROJECT = """\
+[build-system]
+requires = ["setuptools>=68"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "features"
+version = "{version}"
+description = "features as shipped with a logged model; the model's requirements.txt pins what it needs"
+requires-python = ">=3.11"
+dependencies = []
+
+[tool.setuptools.packages.find]
+include = ["features*"]
+"""
 
 
 class FeatureModel(mlflow.pyfunc.PythonModel):
@@ -81,15 +122,37 @@ class FeatureModel(mlflow.pyfunc.PythonModel):
         return state
 
     def load_context(self, context: Any) -> None:
+        config = getattr(context, "model_config", None) or {}
+        self._configured_repo = config.get(CONFIG_REPO)
         # Open the store while the server starts, not in its first request (Feast's import, the registry).
         self._store = None
         self.store()
+
+    def repo_root(self) -> Path:
+        """The feature repo where the model runs: a model_config `repo` given at load (one other than the
+        recorded path), else FEATURES_REPO, else the path recorded when the model was logged."""
+        configured = getattr(self, "_configured_repo", None)  # absent in a model never loaded by MLflow
+        env = os.environ.get(ENV_REPO, "").strip()
+        if configured and configured != self.repo:
+            path, origin = configured, f"model_config {CONFIG_REPO!r} given at load"
+        elif env:
+            path, origin = env, f"{ENV_REPO}={env}"
+        else:
+            path, origin = self.repo, f"{ENV_REPO} is not set; the path recorded when the model was logged"
+        root = Path(path).expanduser().resolve()
+        if not (root / "feature_store.yaml").is_file():
+            raise ConfigError(
+                f"{ENV_REPO}: {root} has no feature_store.yaml ({origin}). Fix: set {ENV_REPO} where the model "
+                "is served to its feature repository (the folder holding feature_store.yaml and the registry and "
+                f"online store it names), or load it with model_config={{{CONFIG_REPO!r}: PATH}}"
+            )
+        return root
 
     def store(self) -> FeatureStore:
         if self._store is None:
             from features.serving import feature_store
 
-            self._store = feature_store(os.environ.get(ENV_REPO) or self.repo)
+            self._store = feature_store(self.repo_root())
         return self._store
 
     def feature_frame(self, rows: pd.DataFrame) -> pd.DataFrame:
@@ -156,15 +219,74 @@ def feature_model(
     return FeatureModel(model, specs, input_columns, join_keys(refs), str(loaded.root))
 
 
-def requirements() -> list[str]:
-    """Pinned requirements of the serving environment (what is installed here), so MLflow need not infer them."""
-    pins = []
-    for name in _REQUIREMENTS:
-        try:
-            pins.append(f"{name}=={metadata.version(name)}")
-        except metadata.PackageNotFoundError:
-            continue
-    return pins
+def requirements(repo: Repo | None = None, model: Any = None, extra: Sequence[str] = ()) -> list[str]:
+    """Pinned requirements of the serving environment, at the versions installed here: what loading the model
+    and `predict` import (Feast with the extras the repo's stores need), the distributions the wrapped model's
+    classes come from, then `extra` as given (replacing a pin of the same name). Not `features` itself:
+    log_model ships it as a wheel."""
+    extras = {"feast": feast_extras(repo)} if repo is not None else {}
+    pins: dict[str, str] = {}
+    for name in [*_REQUIREMENTS, *(model_distributions(model) if model is not None else [])]:
+        spec = f"{name}[{','.join(extras[name])}]" if extras.get(name) else name
+        pins.setdefault(_canonical(name), f"{spec}=={metadata.version(name)}")
+    for requirement in extra:
+        pins[_canonical(re.split(r"[\s\[<>=!~;@]", requirement.strip(), maxsplit=1)[0])] = requirement.strip()
+    return list(pins.values())
+
+
+def feast_extras(repo: Repo) -> list[str]:
+    """The Feast extras that opening the repo's FeatureStore needs (its online and offline stores' clients)."""
+    offline = repo.config.get("offline_store") or {}
+    offline_type = offline if isinstance(offline, str) else str(offline.get("type", "file"))
+    online_type = ONLINE_STORE_TYPES.get(repo.online_store_type, "")
+    return sorted({e for e in (_ONLINE_EXTRAS.get(online_type), _OFFLINE_EXTRAS.get(offline_type)) if e})
+
+
+def model_distributions(model: Any) -> list[str]:
+    """The installed distributions the model's classes come from: scikit-learn for a scikit-learn classifier,
+    and for a composite one (a Pipeline) those of its parts too (the objects in `get_params(deep=True)`)."""
+    objects = [model]
+    get_params = getattr(model, "get_params", None)
+    if callable(get_params):
+        objects += list(get_params(deep=True).values())
+    providers = metadata.packages_distributions()
+    names: list[str] = []
+    for obj in objects:
+        for name in providers.get(type(obj).__module__.partition(".")[0], []):
+            if name not in names and _canonical(name) != "features":  # shipped as the wheel, not a pin
+                names.append(name)
+    return names
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def build_wheel(wheel_dir: str | Path) -> Path:
+    """Build the `features` wheel a logged model ships into `wheel_dir`, from the source of the package
+    imported here (`pip wheel --no-deps`); its path. The wheel declares no dependencies, so installing it
+    brings neither Spark nor Great Expectations: the model's requirements pin what serving needs."""
+    try:
+        version = metadata.version("features")
+    except metadata.PackageNotFoundError:  # imported from a source folder (sys.path), never installed
+        version = "0+source"
+    out = Path(wheel_dir)
+    with tempfile.TemporaryDirectory(prefix="features-wheel-") as tmp:
+        project = Path(tmp)
+        package = Path(__file__).resolve().parent
+        shutil.copytree(package, project / "features", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        (project / "pyproject.toml").write_text(_WHEEL_PYPROJECT.format(version=version))
+        command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--disable-pip-version-check", "--quiet"]
+        done = subprocess.run(
+            [*command, "--wheel-dir", str(out), str(project)], capture_output=True, text=True, check=False
+        )
+    if done.returncode != 0:
+        raise ConfigError(
+            f"log_model: building the features wheel the model ships failed (pip wheel exited {done.returncode}):"
+            f"\n{(done.stdout + done.stderr)[-4000:]}\nFix: pip needs setuptools>=68 to build it, from the package "
+            "index or its cache"
+        )
+    return next(out.glob("features-*.whl"))
 
 
 def log_model(
@@ -177,16 +299,23 @@ def log_model(
     name: str = "model",
     registered_model_name: str | None = None,
     full_feature_names: bool = False,
+    extra_pip_requirements: Sequence[str] = (),
 ) -> ModelInfo:
     """Log the wrapped model on the active MLflow run, with a signature taken from `input_example` (rows of
     join keys and input columns) and its prediction, and register it under `registered_model_name`.
 
-    The model's metadata lists its feature references and their groups' definition hashes."""
+    The model ships the `features` wheel and pins its requirements (`requirements`; `extra_pip_requirements`
+    adds to them, e.g. "xgboost==2.1.1", or replaces a pin of the same name), so that it loads in a clean
+    environment. Its model config records the repo's path (`repo`; where the model is served, a `repo` given at
+    load or FEATURES_REPO overrides it). Its metadata lists its feature references, their groups' definition
+    hashes and the shipped wheel."""
     from mlflow.models import infer_signature
 
+    from features.repo import Repo
     from features.spec.fingerprint import definition_hash
 
-    wrapped = feature_model(model, features, repo, input_columns, full_feature_names)
+    loaded = repo if isinstance(repo, Repo) else Repo.load(repo)
+    wrapped = feature_model(model, features, loaded, input_columns, full_feature_names)
     needed = [*wrapped.keys, *wrapped.input_columns]
     missing = [c for c in needed if c not in input_example.columns]
     if missing:
@@ -196,25 +325,28 @@ def log_model(
         )
     example = input_example[needed].head(5).reset_index(drop=True)
     signature = infer_signature(example, wrapped.predict(None, example))
-    from features.repo import Repo
-
-    loaded = repo if isinstance(repo, Repo) else Repo.load(repo)
     groups = {f["group"] for f in wrapped.features}
-    metadata_ = {
-        "features": [f["ref"] for f in wrapped.features],
-        "definition_hashes": {g: definition_hash(loaded.groups[g]) for g in sorted(groups)},
-        "input_columns": wrapped.input_columns,
-        "join_keys": wrapped.keys,
-    }
-    return mlflow.pyfunc.log_model(
-        name=name,
-        python_model=wrapped,
-        signature=signature,
-        input_example=example,
-        registered_model_name=registered_model_name,
-        pip_requirements=requirements(),
-        metadata=metadata_,
-    )
+    with tempfile.TemporaryDirectory(prefix="features-model-") as tmp:
+        wheel = build_wheel(tmp)
+        shipped = f"{CODE_DIR}/{wheel.name}"  # relative to the model folder, where MLflow and pip install it
+        metadata_ = {
+            "features": [f["ref"] for f in wrapped.features],
+            "definition_hashes": {g: definition_hash(loaded.groups[g]) for g in sorted(groups)},
+            "input_columns": wrapped.input_columns,
+            "join_keys": wrapped.keys,
+            "features_wheel": shipped,
+        }
+        return mlflow.pyfunc.log_model(
+            name=name,
+            python_model=wrapped,
+            signature=signature,
+            input_example=example,
+            registered_model_name=registered_model_name,
+            pip_requirements=[*requirements(loaded, model, extra_pip_requirements), shipped],
+            code_paths=[str(wheel)],
+            model_config={CONFIG_REPO: wrapped.repo},
+            metadata=metadata_,
+        )
 
 
 def latest_version(name: str, tracking_uri: str | None = None) -> int | None:

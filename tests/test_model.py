@@ -2,7 +2,8 @@
 
 - `predict` fetches each key's current online values and predicts exactly what the wrapped classifier
   predicts on the reference values as of the backfill end (keys never seen: empty windows, 0 counts).
-- Logged with a signature, registered in the MLflow model registry, loaded back by `models:/` URI.
+- Logged with a signature, registered in the MLflow model registry, loaded back by `models:/` URI (here; in a
+  clean virtualenv from the model's own requirements: tests/test_model_serving.py).
 - Served by `mlflow models serve --env-manager local` on 127.0.0.1 (a free port): the HTTP predictions are
   the in-process ones; a request without a needed column is refused.
 - Mistakes name the column or the fix.
@@ -98,7 +99,7 @@ def registered(repo: Repo, classifier, rows: pd.DataFrame):
 
 
 def expected_probabilities(classifier, events: pd.DataFrame, rows: pd.DataFrame) -> np.ndarray:
-    """The classifier on the reference values as of END, with DESIGN.md's empty-window values."""
+    """The classifier on the reference values as of END, with the empty-window values of docs/semantics.md."""
     want = reference_frame(events, GROUP, [((user,), END) for user in rows["user_id"]])
     features = pd.DataFrame({"amount": rows["amount"].to_numpy()})
     for name in FEATURES:
@@ -136,6 +137,7 @@ def test_logged_with_a_signature_registered_and_loaded_back(registered, classifi
     assert info.signature.outputs is not None
     assert info.metadata["features"] == REFS
     assert info.metadata["definition_hashes"] == {"user_risk": definition_hash(GROUP)}
+    assert info.metadata["features_wheel"].startswith("code/features-")  # see tests/test_model_serving.py
     versions = mlflow.MlflowClient().search_model_versions(f"name = '{MODEL_NAME}'")
     assert [str(v.version) for v in versions] == ["1"]
     loaded = mlflow.pyfunc.load_model(f"models:/{MODEL_NAME}/1")
