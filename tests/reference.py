@@ -1,4 +1,4 @@
-"""Brute-force reference of DESIGN.md section 2: what every feature value means.
+"""Brute-force reference of docs/semantics.md: what every feature value means.
 
 Written straight from the definition, slow and obvious, with no Spark and no `features.panes`:
 
@@ -332,8 +332,14 @@ def _prepare(events: pd.DataFrame, group: FeatureGroup, feature_name: str) -> _F
     for key, part in rows.groupby(keys, dropna=True, sort=False):
         by_key[tuple(_native(k) for k in key)] = part
     column = feature.aggregation.column
-    integral = column is not None and pd.api.types.is_integer_dtype(events[column])
+    integral = column is not None and _integral(events[column])
     return _FeatureRows(feature, by_key, integral)
+
+
+def _integral(column: pd.Series) -> bool:
+    """An integer column: int64, nullable `Int64`, or Python ints with None (object), whose sums stay integers. (An
+    object column of ints is not an integer dtype: its sums would go through floats, rounding above 2^53.)"""
+    return pd.api.types.is_integer_dtype(column) or pd.api.types.infer_dtype(column, skipna=True) == "integer"
 
 
 def _as_key(key: object) -> tuple[object, ...]:

@@ -1,4 +1,4 @@
-"""The Spark batch engine: events -> change-point series, in two phases (DESIGN.md section 3).
+"""The Spark batch engine: events -> change-point series, in two phases (docs/internals.md, Two phases).
 
 Spark reads the range's events, projects what the features read (features.engine.inputs) and shuffles them
 once, by a hash bucket of the key. Each bucket then goes to one kernel call (features.kernel, through
@@ -61,7 +61,7 @@ class BucketJob:
 def run_bucket(events: pa.Table, *, job: BucketJob) -> pa.Table:
     """One kernel call (applyInArrow): a bucket's events -> its keys' change points, then a copy of each key's
     newest row flagged `LATEST` (the online store's row: the kernel knows it, where Spark would aggregate)."""
-    panes = kernel.phase1_sorted(job.plan, events.drop_columns([BUCKET]).to_pandas())
+    panes = kernel.phase1_sorted(job.plan, kernel.events_frame(events.drop_columns([BUCKET])))
     rows = kernel.emit(job.plan, panes, None, job.hi, clamp_us=job.lo)
     arrays = {name: kernel.to_arrow(rows[name], _ARROW_TYPES[t]) for name, t in job.output.items()}
     arrays[END_US] = pa.array(rows[WINDOW_END].to_numpy(), pa.int64())

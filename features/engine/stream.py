@@ -51,6 +51,8 @@ from features.engine.inputs import bucket_of, ddl, kernel_inputs
 from features.engine.source import (
     CORRUPT,
     META,
+    RAW_RECORD,
+    SOURCE_FILE,
     _reason,
     check_columns,
     cleaned_columns,
@@ -79,6 +81,7 @@ NEWEST = "fx_newest"
 LATEST = "fx_latest"  # on ROW rows: the key's newest row of the batch, the one the online store gets
 REPLACED = "fx_replaced"  # on LATEST rows: the key has an EAGER row too, newer, which replaces it online
 LANDED = "fx_landed"  # when an event's file landed (Kafka: the record's timestamp), µs
+FILE = "fx_file"  # the file an event was read from (null for Kafka), kept with a bad record
 # What a STAT row tells of its bucket: pane rows and serialized bytes in state, events read, the watermark it
 # emitted up to (µs), and when its oldest event landed (µs). One JSON column rather than a column each: every
 # output row carries every column, and these would be null on all but one row per bucket.
@@ -146,7 +149,8 @@ def read_stream(spark: SparkSession, group: FeatureGroup, path: str, max_files: 
     else:
         events = read_parquet(spark, reader, schema, path)
     check_columns(group, events)
-    return events.withColumn(LANDED, F.unix_micros(F.col(META)["file_modification_time"])).drop(META)
+    landed = F.unix_micros(F.col(META)["file_modification_time"])
+    return events.withColumn(LANDED, landed).withColumn(FILE, F.col(META)["file_path"]).drop(META)
 
 
 def _read_kafka(spark: SparkSession, group: FeatureGroup) -> DataFrame:
@@ -174,7 +178,8 @@ def _read_kafka(spark: SparkSession, group: FeatureGroup) -> DataFrame:
     with_corrupt = T.StructType([*declared.fields, T.StructField(CORRUPT, T.StringType())])
     text = F.col("value").cast("string")
     parsed = F.from_json(text, with_corrupt, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})
-    return raw.select(parsed.alias("r"), F.unix_micros(F.col("timestamp")).alias(LANDED)).select("r.*", LANDED)
+    landed = F.unix_micros(F.col("timestamp")).alias(LANDED)
+    return raw.select(parsed.alias("r"), landed, F.lit(None).cast("string").alias(FILE)).select("r.*", LANDED, FILE)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -187,6 +192,7 @@ class Projection:
     columns: list[Column]  # the processor's input, besides the bucket
     output_schema: str
     feature_types: dict[str, DType]
+    record_schema: str  # a bad record's columns (DDL), as the backfill's quarantine files have them
 
 
 def project(group: FeatureGroup, events: DataFrame, labels: list[int]) -> tuple[DataFrame, Projection]:
@@ -198,11 +204,17 @@ def project(group: FeatureGroup, events: DataFrame, labels: list[int]) -> tuple[
     plan = pt.Plan.of(group, types)
     source = group.source
     reason = _reason(group, events, F.current_timestamp())
-    source_columns = [c for c in events.columns if c not in (CORRUPT, LANDED)]
-    raw = F.to_json(F.struct(*[F.col(c) for c in source_columns]))
-    if CORRUPT in events.columns:
-        raw = F.coalesce(F.col(CORRUPT), raw)
-    # NaN is null (DESIGN.md section 2), as in the batch read; the raw record keeps what arrived.
+    source_columns = [c for c in events.columns if c not in (CORRUPT, LANDED, FILE)]
+    # A bad record as the backfill sets it aside (features.engine.source: reason, source_file, raw_record, the
+    # source's columns as read), carried as JSON to the sink, which writes it with `record_schema`.
+    raw = F.to_json(
+        F.struct(
+            F.col(FILE).alias(SOURCE_FILE),
+            (F.col(CORRUPT) if CORRUPT in events.columns else F.lit(None).cast("string")).alias(RAW_RECORD),
+            *[F.col(c) for c in source_columns],
+        )
+    )
+    # NaN is null (docs/semantics.md, Nulls), as in the batch read; the raw record keeps what arrived.
     cleaned = dict(zip(all_source_columns(events), cleaned_columns(events), strict=True))
     marked = events.select(
         *[cleaned[c] for c in source_columns],
@@ -226,7 +238,12 @@ def project(group: FeatureGroup, events: DataFrame, labels: list[int]) -> tuple[
         f"{KIND} string, {key_types}, {WINDOW_END} bigint, {features}, {LATEST} boolean, {REPLACED} boolean, "
         f"{REASON} string, {RECORD} string"
     )
-    return projected, Projection(plan, cols, schema, feature_types)
+    source_fields = [f for f in events.schema.fields if f.name in source_columns]
+    records = ", ".join(
+        [f"`{SOURCE_FILE}` string", f"`{RAW_RECORD}` string"]
+        + [f"`{f.name}` {f.dataType.simpleString()}" for f in source_fields]
+    )
+    return projected, Projection(plan, cols, schema, feature_types, records)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -261,7 +278,7 @@ class PaneProcessor(StatefulProcessor):
             side = table.filter(bad).select([REASON, RECORD]).to_pandas()
             yield self._side(BAD, side[REASON].to_numpy(), side[RECORD].to_numpy())
             table = table.filter(pc.invert(bad))
-        events = table.drop_columns([REASON, RECORD, LANDED]).to_pandas()
+        events = pt.events_frame(table.drop_columns([REASON, RECORD, LANDED]))
         yield from self._advance(key[0], events, timerValues, n, landed, stream_newest)
 
     def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Iterator[pd.DataFrame]:  # noqa: N802, N803

@@ -1,7 +1,8 @@
-"""The phase-2 kernel (DESIGN.md section 3), shared by the batch and streaming engines: pure numpy/pandas, no
-Spark. `plan` says what a group computes, `aggregations` how each aggregation is reduced, `table` the pane
-tables and their change points."""
+"""The phase-2 kernel (docs/internals.md, Two phases), shared by the batch and streaming engines: pure numpy/pandas, no
+Spark. `plan` says what a group computes, `frames` how the engines' Arrow input becomes pandas with every integer
+exact, `aggregations` how each aggregation is reduced, `table` the pane tables and their change points."""
 
+from features.kernel.frames import events_frame
 from features.kernel.plan import BASE, KEY, PANE, TS, Calc, Plan, text_cast, value_column
 from features.kernel.table import (
     KeyDictionary,
@@ -40,6 +41,7 @@ __all__ = [
     "combine_sorted",
     "emit",
     "empty_table",
+    "events_frame",
     "from_bytes",
     "key_lasts",
     "pane_columns",

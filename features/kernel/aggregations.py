@@ -1,6 +1,6 @@
 """Every aggregation as a mergeable partial over pane tables, vectorized in numpy: phase 1 (events of each
 (key, pane) -> partial columns), merge (partials over index ranges of a sorted pane table -> partial), finalize
-(partial -> feature value with DESIGN.md's meaning of an empty window)."""
+(partial -> feature value with the meaning of an empty window in docs/semantics.md, Empty windows)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from features.kernel import quantiles
+from features.kernel.frames import column_values
 from features.kernel.plan import TS, Calc
 from features.spec import AggKind, DType
 
@@ -171,8 +172,8 @@ class Sum(Kind):
         self.average = average
 
     def phase1(self, calc, codes, groups, mask, frame):
-        values = frame[calc.value].to_numpy()
-        ok = mask & ~pd.isna(values)
+        values, valid = column_values(frame[calc.value], calc.value_type)
+        ok = mask & valid
         dtype = np.int64 if calc.value_type is DType.INT64 and not self.average else np.float64
         s = _group_sum(codes[ok], groups, values[ok].astype(dtype))
         return {"c": bincount(codes[ok], groups).astype(np.int64), "s": s}
@@ -193,8 +194,8 @@ class Stddev(Kind):
     parts = ("n", "mean", "m2")
 
     def phase1(self, calc, codes, groups, mask, frame):
-        values = frame[calc.value].to_numpy(dtype=np.float64, na_value=np.nan)
-        ok = mask & ~np.isnan(values)
+        values, valid = column_values(frame[calc.value], DType.FLOAT64)
+        ok = mask & valid
         c, v = codes[ok], values[ok]
         n = bincount(c, groups)
         mean = bincount(c, groups, v) / np.maximum(n, 1)
@@ -245,8 +246,8 @@ class Extreme(Kind):
         self.smallest = smallest
 
     def phase1(self, calc, codes, groups, mask, frame):
-        values = frame[calc.value].to_numpy()
-        ok = mask & ~pd.isna(values)
+        values, valid = column_values(frame[calc.value], calc.value_type)
+        ok = mask & valid
         series = pd.Series(values[ok], dtype=_pandas_dtype(calc.value_type)).groupby(codes[ok])
         picked = series.min() if self.smallest else series.max()
         v = np.full(groups, _empty(calc.value_type), dtype=_numpy_dtype(calc.value_type))
@@ -271,8 +272,8 @@ class ByTime(Kind):
         self.earliest = earliest
 
     def phase1(self, calc, codes, groups, mask, frame):
-        values = frame[calc.value].to_numpy()
-        ok = mask & ~pd.isna(values)
+        values, valid = column_values(frame[calc.value], calc.value_type)
+        ok = mask & valid
         g, picked_t, picked_v = self._picked(codes[ok], frame[TS].to_numpy(dtype=np.int64)[ok], values[ok])
         t = np.zeros(groups, dtype=np.int64)
         v = np.full(groups, _empty(calc.value_type), dtype=_numpy_dtype(calc.value_type))
@@ -329,8 +330,8 @@ class LastK(Kind):
     parts = ("t", "v")
 
     def phase1(self, calc, codes, groups, mask, frame):
-        values = frame[calc.value].to_numpy()
-        ok = mask & ~pd.isna(values)
+        values, valid = column_values(frame[calc.value], calc.value_type)
+        ok = mask & valid
         return self._newest(calc, codes[ok], frame[TS].to_numpy(dtype=np.int64)[ok], values[ok], groups)
 
     def _newest(self, calc: Calc, g: np.ndarray, t: np.ndarray, v: np.ndarray, groups: int) -> dict[str, Any]:
@@ -382,8 +383,8 @@ class Quantiles(Kind):
     parts = ("b", "c")
 
     def phase1(self, calc, codes, groups, mask, frame):
-        values = frame[calc.value].to_numpy(dtype=np.float64, na_value=np.nan)
-        ok = mask & ~np.isnan(values)
+        values, valid = column_values(frame[calc.value], DType.FLOAT64)
+        ok = mask & valid
         return self._counted(codes[ok], quantiles.bucket_codes(values[ok]), None, groups)
 
     def _counted(self, group: np.ndarray, bucket: np.ndarray, weight: np.ndarray | None, groups: int) -> dict:
@@ -445,8 +446,8 @@ class CountDistinct(Kind):
     parts = ("vals",)
 
     def phase1(self, calc, codes, groups, mask, frame):
-        values = frame[calc.value].to_numpy()
-        ok = mask & ~pd.isna(values)
+        values, valid = column_values(frame[calc.value], calc.value_type)
+        ok = mask & valid
         items, dtype = self.items(calc, values[ok])
         item_codes, distinct = pd.factorize(items)
         # (group, item) pairs packed into one integer: unique, then sorted into group order (numpy 2.4's plain

@@ -6,7 +6,7 @@ each feature's partial columns `<feature>.<part>` (features.kernel.aggregations)
 `fx_pane == BASE`: the merged partials of panes that only Lifetime windows still read.
 
 The batch engine runs `phase1` and `emit` on each hash bucket of keys (all of their events at once); the stream
-runs `step` on each bucket's state once per micro-batch. The meaning of every value is DESIGN.md section 2; the
+runs `step` on each bucket's state once per micro-batch. The meaning of every value is docs/semantics.md; the
 window and pane arithmetic is `features.panes`.
 """
 
