@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pyspark.sql import DataFrame, SparkSession
@@ -17,9 +18,18 @@ from pyspark.sql import DataFrame, SparkSession
 from features.engine.batch import change_points, read_lower_bound
 from features.engine.online_rows import write_online
 from features.engine.session import cancel_all, get_spark, is_stopped
-from features.engine.source import observed_count, quarantine_records, read_source
+from features.engine.source import (
+    FILE_REASONS,
+    SetAsideFile,
+    file_days,
+    observed_count,
+    quarantine_counts,
+    read_source,
+)
 from features.errors import ConfigError
 from features.locks import table_lock
+from features.manifest import read_manifest
+from features.manifest import update as update_manifest
 from features.offline import replace_range
 from features.progress import spark_progress
 from features.repo import Repo
@@ -48,10 +58,18 @@ class BackfillResult:
     # Where the time went, in seconds: compute (the Spark pass up to the staged rows), validation, online,
     # offline (the swap), and from `backfill`: spark_start (waiting for the session) and tracking (MLflow set-up).
     timings: dict[str, float] = field(default_factory=dict)
+    # The source files set aside whole (unreadable, or not conforming to the source's schema): a record each
+    # among `quarantined`, and the events they hold.
+    files_set_aside: tuple[SetAsideFile, ...] = ()
 
     @property
     def records_quarantined(self) -> int:
         return sum(self.quarantined.values())
+
+    @property
+    def events_set_aside(self) -> int:
+        """The events of the files set aside whole."""
+        return sum(f.events for f in self.files_set_aside)
 
     def summary(self) -> str:
         span = f"[{self.start.isoformat()}, {self.end.isoformat()})"
@@ -66,12 +84,37 @@ class BackfillResult:
                 f"{self.group}: {self.rows_in:,} events in, {self.rows_out:,} change points out for {span}, "
                 f"{self.online_rows:,} keys online, {self.seconds:.1f}s"
             )
-        if self.quarantined:
-            reasons = ", ".join(f"{n:,} {reason}" for reason, n in self.quarantined.items())
-            text += (
-                f"; {self.records_quarantined:,} bad source records quarantined ({reasons}) in {self.quarantine_path}"
+        return text + self._set_aside_text()
+
+    def _set_aside_text(self) -> str:
+        """What was set aside: the files (how many, of what kind, their names and events), then the bad
+        records (how many, per reason), and where they went."""
+        parts = []
+        if self.files_set_aside:
+            kinds: dict[str, list[str]] = {}
+            for f in self.files_set_aside:
+                kinds.setdefault(f.kind, []).append(Path(f.file).name)
+            listed = "; ".join(f"{len(names):,} {kind}: {_names(names)}" for kind, names in sorted(kinds.items()))
+            parts.append(
+                f"{_plural(len(self.files_set_aside), 'file')} set aside whole with "
+                f"{_plural(self.events_set_aside, 'event')} ({listed})"
             )
-        return text
+        records = {r: n for r, n in self.quarantined.items() if r.split(":", 1)[0] not in FILE_REASONS}
+        if records:
+            reasons = ", ".join(f"{n:,} {reason}" for reason, n in records.items())
+            parts.append(f"{sum(records.values()):,} bad source records quarantined ({reasons})")
+        if not parts:
+            return ""
+        return "; " + ", ".join(parts) + (f" in {self.quarantine_path}" if self.quarantine_path else "")
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
+
+
+def _names(names: list[str], most: int = 3) -> str:
+    shown = ", ".join(names[:most])
+    return shown if len(names) <= most else f"{shown} and {len(names) - most} more"
 
 
 def parse_time(value: str | datetime, field: str) -> datetime:
@@ -288,23 +331,33 @@ def backfill_group(
             lap("online")
         return True
 
+    swapped: list[date] = []
+
+    def swapped_day(day: date) -> None:
+        swapped.append(day)
+        if on_swapped is not None:
+            on_swapped(day)
+
+    table = repo.offline_path(group)
     try:
         with spark_progress(spark, f"backfill {group.name}", progress):
             computed = change_points(group, events, micros(start), micros(end), observe=True)
-            table = repo.offline_path(group)
             rows = computed.with_latest
-            rows_out = replace_range(spark, rows, table, start, end, check_then_write_online, on_swapped)
+            rows_out = replace_range(spark, rows, table, start, end, check_then_write_online, swapped_day)
     except Exception as exc:  # the bad records are set aside whatever else failed
         try:
-            quarantine_records(rejected, records)
+            _, by_day = quarantine_counts(rejected, records, group.source.timestamp)
+            record_set_aside(table, group, swapped, source.set_aside, by_day)
         except Exception as also:
             exc.add_note(f"Setting the bad source records aside failed too: {also}")
         raise
     lap("offline")
-    quarantined = {}
+    quarantined: dict[str, int] = {}
+    by_day: dict[date, int] = {}
     if source.bad_files or observed_count(bad_seen, "rejected") != 0:  # None (not known): look
-        quarantined = quarantine_records(rejected, records)
+        quarantined, by_day = quarantine_counts(rejected, records, group.source.timestamp)
         lap("quarantine")
+    record_set_aside(table, group, swapped, source.set_aside, by_day)
     rows_in = computed.events_read()
     return BackfillResult(
         group.name,
@@ -319,4 +372,26 @@ def backfill_group(
         validation=report,
         batch_quarantined=batch_quarantined,
         timings=timings,
+        files_set_aside=source.set_aside,
     )
+
+
+def record_set_aside(
+    table: str, group: FeatureGroup, days: list[date], files: tuple[SetAsideFile, ...], records: Mapping[date, int]
+) -> None:
+    """Record in the table's manifest, for each date whose partition this backfill swapped in, what it set
+    aside of the events stamped that date: the files set aside whole that hold some (their events counted from
+    the files' timestamps; a file without a readable timestamp counts on no date), and the bad records
+    (features.manifest.set_aside_by_day reads it back). A later backfill of a date replaces its entry."""
+    if not days:
+        return
+    stamped = [d for d in (file_days(f.file, group.source.timestamp) for f in files) if d is not None]
+    notes = {}
+    for day in sorted(set(days)):
+        per_file = [d[day] for d in stamped if d.get(day)]
+        notes[day] = (len(per_file), sum(per_file), records.get(day, 0))
+    if not any(any(n) for n in notes.values()) and not set(notes) & set(read_manifest(table, group.name).set_aside):
+        return  # nothing to note, nor to clear: the manifest stays as it is (or absent)
+    with update_manifest(table, group.name) as manifest:
+        for day, (files_n, events_n, records_n) in notes.items():
+            manifest.note_set_aside(day, files_n, events_n, records_n)

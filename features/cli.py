@@ -145,15 +145,20 @@ def apply(repo_path: str, *, prune: bool = False) -> list[str]:
     """Register the repo with Feast (what `feast apply` does in that folder, plus every FeatureGroup of the
     repo's modules, whether or not a module exports its `to_feast` objects); returns the group names.
 
-    Each group's `where` is checked by Spark against the source's schema first, so that a typo fails here and
-    not in the first backfill. Feature views of groups that are no longer defined are removed only with `prune`
-    (else a ConfigError names them): Feast's apply would drop them, and their online values, silently."""
-    from features.feast_objects import apply_repo
+    The schema of each Parquet source that declares none is inferred from all its files and recorded in the
+    repo (data/schemas/<source>.json): every later read uses it, until the next apply; a conflict between files
+    is printed as a warning naming them and the type recorded. Each group's `where` is checked by Spark against
+    the source's schema first, so that a typo fails here and not in the first backfill. Feature views of groups
+    that are no longer defined are removed only with `prune` (else a ConfigError names them): Feast's apply
+    would drop them, and their online values, silently."""
+    from features.feast_objects import apply_repo, record_source_schemas
     from features.repo import Repo
     from features.schedule import check_removed_groups
 
     repo = Repo.load(repo_path)
     check_removed_groups(repo, prune=prune)
+    for warning in record_source_schemas(repo):
+        print(f"warning: {warning}", file=sys.stderr)
     check_wheres(repo)
     with _in_dir(repo.root):
         apply_repo(repo)

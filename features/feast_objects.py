@@ -9,6 +9,7 @@ latest row with `window_end <= t` is already the exact value at t.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,7 +17,15 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from features.errors import ConfigError, DataError
-from features.repo import deferred_exports, exports_deferred, offline_table_path, resolve
+from features.repo import (
+    deferred_exports,
+    exports_deferred,
+    offline_table_path,
+    read_schema_record,
+    recorded_schema,
+    resolve,
+    write_schema_record,
+)
 from features.spec import WINDOW_END, DType, Feature, FeatureGroup
 
 if TYPE_CHECKING:
@@ -100,7 +109,8 @@ def feast_value_type(dtype: DType) -> ValueType:
 def source_schema(
     group: FeatureGroup, repo_root: str | Path | None = None, schema: Mapping[str, DType] | None = None
 ) -> dict[str, DType]:
-    """The source columns and their types: `schema`, else the declared one, else read from the files."""
+    """The source columns and their types: `schema`, else the declared one, else the one `features apply`
+    recorded for a Parquet source (`record_source_schemas`), else read from the files (all of them, for Parquet)."""
     if schema is not None:
         return dict(schema)
     source = group.source
@@ -110,6 +120,9 @@ def source_schema(
     inferred = None
     if source.format in ("parquet", "json"):
         path = resolve(Path(repo_root or "."), source.path)
+        recorded = read_schema_record(repo_root, source) if repo_root is not None else recorded_schema(source, path)
+        if recorded is not None and source.format == "parquet":
+            return recorded
         inferred = infer_parquet(path, where) if source.format == "parquet" else _infer_json(path, where)
         problem = f"no schema is declared and no {source.format} files were found at {source.path!r}"
     else:
@@ -123,27 +136,205 @@ def source_schema(
 
 
 def infer_parquet(path: str, where: str) -> dict[str, DType] | None:
-    """The columns of the Parquet files under `path`, each file's footer read on its own: a file that is not
-    Parquet is left out (the engines set it aside with its reason), a column typed `null` (pandas writes
-    an empty object column so) takes its type from the other files, and a timestamp is one, whatever its unit."""
+    """The columns of the Parquet files under `path` and their types, decided by all the files together (see
+    `infer_parquet_schema`); None when there are no files."""
+    inferred = infer_parquet_schema(path, where)
+    return None if inferred is None else dict(inferred.columns)
+
+
+@dataclass(frozen=True)
+class FileColumn:
+    """One file's type of a column, as its footer gives it."""
+
+    file: str
+    type: str  # the Arrow type, e.g. "string", "int64", "timestamp[ns, tz=UTC]"
+    rows: int
+
+
+@dataclass(frozen=True)
+class ColumnConflict:
+    """A column whose files disagree on its type: the type recorded, and the files that do not fit it (they are
+    set aside whole at each read, as nonconforming)."""
+
+    column: str
+    recorded: DType
+    fitting_files: int
+    fitting_rows: int
+    misfits: tuple[FileColumn, ...]
+
+    def describe(self, where: str) -> str:
+        by_type: dict[str, list[FileColumn]] = {}
+        for misfit in self.misfits:
+            by_type.setdefault(misfit.type, []).append(misfit)
+        others = "; ".join(
+            f"{kind} in {_count(len(files), 'file')} ({_count(sum(f.rows for f in files), 'row')}: "
+            f"{_names([f.file for f in files])})"
+            for kind, files in sorted(by_type.items())
+        )
+        return (
+            f"{where}: column {self.column!r} has conflicting types across files: "
+            f"{self.recorded.value} in {_count(self.fitting_files, 'file')} ({_count(self.fitting_rows, 'row')}), "
+            f"{others}. Recorded {self.recorded.value} (the type most rows fit); every read sets the other files "
+            f"aside whole as nonconforming. Fix: rewrite those files with {self.column!r} as "
+            f"{self.recorded.value}, or declare the type you mean with schema= on the EventSource"
+        )
+
+
+@dataclass(frozen=True)
+class InferredSchema:
+    """A source's schema as all its files give it: each column's type is the one most rows fit (a conflict
+    between files is kept, to report and record), and which files lack a column."""
+
+    columns: dict[str, DType]
+    files: int  # the Parquet files read (files that are not Parquet are left out)
+    conflicts: tuple[ColumnConflict, ...] = ()
+    missing: dict[str, tuple[str, ...]] = field(default_factory=dict)  # column -> the files without it
+
+    def missing_note(self, where: str, column: str) -> str | None:
+        """A warning for a column that some files lack (they are set aside where a group reads it)."""
+        files = self.missing.get(column)
+        if not files:
+            return None
+        return (
+            f"{where}: column {column!r} is missing from {_count(len(files), 'file')} of {self.files} "
+            f"({_names(list(files))}); every read sets them aside whole as nonconforming, as a group reads "
+            f"{column!r}. Fix: write {column!r} into those files, or move them out of the source folder"
+        )
+
+
+# Type order for a tie between types that fit the same rows and files: the narrowest first.
+_TIE_ORDER = (DType.BOOL, DType.INT64, DType.FLOAT64, DType.TIMESTAMP, DType.STRING)
+
+
+def infer_parquet_schema(path: str, where: str) -> InferredSchema | None:
+    """The schema of the Parquet files under `path`, each file's footer read on its own, and never decided by
+    which file comes first: a column's type is the one that the most rows convert to without loss (then the
+    most files; see `conversion_problem`), and files of other types are conflicts. A file that is not
+    Parquet is left out (the engines set it aside with its reason), a column typed `null` (pandas writes an
+    empty object column so) fits any type, and a timestamp is one, whatever its unit."""
     import pyarrow.parquet as pq
 
-    files = _data_files(Path(path))
+    folder = Path(path)
+    files = _data_files(folder)
     if not files:
         return None
-    types: dict[str, DType] = {}
-    readable = 0
+    seen: dict[str, list[tuple[FileColumn, pa.DataType]]] = {}
+    names: list[str] = []
     for file in files:
         try:
-            schema = pq.read_schema(file)
+            metadata = pq.ParquetFile(file).metadata
+            schema = metadata.schema.to_arrow_schema()
         except (pa.ArrowException, OSError):
             continue
-        readable += 1
-        for name, dtype in schema_of_arrow(schema).items():
-            types.setdefault(name, dtype)
-    if not readable:
+        name = str(file.relative_to(folder)) if folder.is_dir() else file.name
+        names.append(name)
+        for column in schema.names:
+            arrow_type = schema.field(column).type
+            seen.setdefault(column, []).append((FileColumn(name, str(arrow_type), metadata.num_rows), arrow_type))
+    if not names:
         raise _unreadable(where, path, ValueError(f"none of its {len(files)} files is Parquet"))
-    return types
+    columns: dict[str, DType] = {}
+    conflicts = []
+    for column, found in seen.items():
+        candidates = {d for _, t in found if (d := dtype_of_arrow(t)) is not None}
+        if not candidates:
+            continue  # only null-typed (or unusable) columns: nothing to read a type from
+        fits = {d: [f for f, t in found if conversion_problem(t, d) is None] for d in candidates}
+        chosen = max(
+            candidates, key=lambda d: (sum(f.rows for f in fits[d]), len(fits[d]), -_TIE_ORDER.index(d))
+        )
+        columns[column] = chosen
+        misfits = tuple(f for f, t in found if conversion_problem(t, chosen) is not None)
+        if misfits:
+            fitting = fits[chosen]
+            conflicts.append(ColumnConflict(column, chosen, len(fitting), sum(f.rows for f in fitting), misfits))
+    present = {column: {f.file for f, _ in found} for column, found in seen.items()}
+    missing = {
+        column: tuple(n for n in names if n not in present[column])
+        for column in columns
+        if len(present[column]) < len(names)
+    }
+    return InferredSchema(columns, len(names), tuple(conflicts), missing)
+
+
+# Arrow types whose every value is a float64 exactly (and Spark's reader converts them so).
+_EXACT_IN_FLOAT64 = (pa.float32(), pa.float64(), pa.int8(), pa.int16(), pa.int32(), pa.uint8(), pa.uint16())
+
+
+def conversion_problem(found: pa.DataType, want: DType) -> str | None:
+    """Why values of Arrow type `found` do not convert to `want` without loss as Spark's Parquet reader reads
+    them, or None when they do. Integers fit int64 up to int64 and uint32; float64 takes floats and the
+    integers up to 32 bits (exact); int64 does not fit float64, since only its values below 2^53 convert exactly
+    (and Spark's reader refuses it). A null-typed column has no values, so it fits any type."""
+    if pa.types.is_dictionary(found):
+        found = found.value_type
+    if pa.types.is_null(found):
+        return None
+    fits = {
+        DType.INT64: pa.types.is_signed_integer(found) or found in (pa.uint8(), pa.uint16(), pa.uint32()),
+        DType.FLOAT64: found in _EXACT_IN_FLOAT64,
+        DType.STRING: pa.types.is_string(found) or pa.types.is_large_string(found) or _is_string_view(found),
+        DType.BOOL: pa.types.is_boolean(found),
+        DType.TIMESTAMP: pa.types.is_timestamp(found),
+    }.get(want, False)
+    if fits:
+        return None
+    if want is DType.FLOAT64 and found in (pa.int64(), pa.uint64()):
+        return f"{found} converts to float64 exactly only below 2^53, so a 64-bit integer column is not read as float64"
+    if want is DType.FLOAT64 and found == pa.uint32():
+        return "Spark's Parquet reader converts uint32 to float64 wrongly (values from 2^31 on come out negative)"
+    if want is DType.INT64 and found == pa.uint64():
+        return "uint64 values above 2^63-1 do not fit int64"
+    return f"{found} does not convert to {want.value} without loss"
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
+
+
+def _names(files: list[str], most: int = 5) -> str:
+    shown = ", ".join(files[:most])
+    return shown if len(files) <= most else f"{shown} and {len(files) - most} more"
+
+
+def record_source_schemas(repo: Repo) -> list[str]:
+    """Infer the schema of every Parquet source of the repo that declares none, from all the files present, and
+    record it in the repo (`features.repo.write_schema_record`): every later read uses it, until the next
+    `features apply`. Returns a warning per conflict between files (a type, or a column a group reads that some
+    files lack), naming the files and the choice recorded."""
+    from features.engine.source import read_columns
+
+    warnings: list[str] = []
+    sources: dict[str, list[FeatureGroup]] = {}
+    for group in repo.groups.values():
+        source = group.source
+        if source.schema is None and source.format == "parquet" and "://" not in repo.source_path(group):
+            sources.setdefault(source.name, []).append(group)
+    for name, groups in sources.items():
+        source = groups[0].source
+        where = f"EventSource({name!r})"
+        inferred = infer_parquet_schema(repo.source_path(groups[0]), where)
+        if inferred is None:
+            continue  # no files yet: the first read that finds some infers from them (nothing recorded)
+        read = {c for g in groups for c in read_columns(g, inferred.columns)}
+        conflicts = [c for c in inferred.conflicts if c.column in read]
+        warnings += [c.describe(where) for c in conflicts]
+        warnings += [note for c in sorted(read) if (note := inferred.missing_note(where, c)) is not None]
+        write_schema_record(
+            repo.root,
+            source,
+            inferred.columns,
+            files=inferred.files,
+            conflicts=[
+                {
+                    "column": c.column,
+                    "recorded": c.recorded.value,
+                    "set_aside": [{"file": f.file, "type": f.type, "rows": f.rows} for f in c.misfits],
+                }
+                for c in inferred.conflicts
+            ],
+        )
+    return warnings
 
 
 def _infer_json(path: str, where: str) -> dict[str, DType] | None:

@@ -4,7 +4,9 @@ It is `_manifest.json` inside the table's folder (`data/offline/<group>/`): read
 `_`-names, and removing the table removes its manifest too. Per date it holds the definition hash and the
 feature hashes the partition was computed with, its rows, when it completed, the late-event batches its
 computation consumed, and a stale mark when late events made it out of date. It also lists every late batch
-already looked at, so that each is read once.
+already looked at, so that each is read once, and, per date, what the latest backfill of it set aside of the
+source: whole files (unreadable, or not conforming to the source's schema), their events stamped that date, and
+the bad records stamped that date (`set_aside_by_day`, for a status report).
 
 Only a backfill records a date, and only after its partition was swapped into the table: rows the stream
 appended for a date do not make it completed. The file is replaced atomically (written aside, then renamed
@@ -67,11 +69,26 @@ class LateBatch:
     signature: str = ""
 
 
+@dataclass(frozen=True)
+class SetAside:
+    """What the latest backfill of a date set aside of the source's events stamped that date."""
+
+    files: int  # files set aside whole that hold events of the date
+    events: int  # their events stamped that date
+    records: int  # bad records stamped that date (each set aside on its own)
+    recorded_at: datetime
+
+    @property
+    def total_events(self) -> int:
+        return self.events + self.records
+
+
 @dataclass
 class Manifest:
     group: str
     partitions: dict[date, PartitionRecord] = field(default_factory=dict)
     late_batches: dict[str, LateBatch] = field(default_factory=dict)
+    set_aside: dict[date, SetAside] = field(default_factory=dict)
 
     def completed(self) -> list[date]:
         return sorted(self.partitions)
@@ -108,6 +125,13 @@ class Manifest:
     def remember_late(self, batch: LateBatch) -> None:
         self.late_batches[batch.batch] = batch
 
+    def note_set_aside(self, day: date, files: int, events: int, records: int, at: datetime | None = None) -> None:
+        """What a backfill of `day` set aside, replacing what an earlier one did (nothing set aside: no entry)."""
+        if files or events or records:
+            self.set_aside[day] = SetAside(files, events, records, at or now_utc())
+        else:
+            self.set_aside.pop(day, None)
+
 
 def batch_order(batch: str) -> tuple[int, int | str]:
     """Numeric batch ids in numeric order (batch=9 before batch=10), others after them by name."""
@@ -141,6 +165,11 @@ def read_manifest(table: str | Path, group: str) -> Manifest:
             f"{path}: not a readable manifest ({type(exc).__name__}: {exc}); restore it, or delete it to treat "
             "every partition of the table as not computed (the next --since-last recomputes them)"
         ) from None
+
+
+def set_aside_by_day(table: str | Path, group: str) -> dict[date, SetAside]:
+    """Per date, what the latest backfill of it set aside (dates where it set nothing aside are left out)."""
+    return dict(sorted(read_manifest(table, group).set_aside.items()))
 
 
 def write_manifest(table: str | Path, manifest: Manifest) -> None:
@@ -209,6 +238,15 @@ def _to_json(manifest: Manifest) -> dict[str, Any]:
             }
             for batch in sorted(manifest.late_batches.values(), key=lambda b: batch_order(b.batch))
         },
+        "set_aside": {
+            day.isoformat(): {
+                "files": entry.files,
+                "events": entry.events,
+                "records": entry.records,
+                "recorded_at": _time(entry.recorded_at),
+            }
+            for day, entry in sorted(manifest.set_aside.items())
+        },
     }
 
 
@@ -270,4 +308,10 @@ def _from_json(data: dict[str, Any], group: str, path: Path) -> Manifest:
         )
         for batch, entry in data.get("late_batches", {}).items()
     }
-    return Manifest(group, partitions, late)
+    set_aside = {
+        date.fromisoformat(day): SetAside(
+            int(entry["files"]), int(entry["events"]), int(entry["records"]), _parse_time(entry["recorded_at"])
+        )
+        for day, entry in data.get("set_aside", {}).items()
+    }
+    return Manifest(group, partitions, late, set_aside)

@@ -7,24 +7,29 @@ Layout conventions (all relative to the repo root unless given as absolute paths
     data/late/<group>/          events the stream received behind its watermark, batch=<id>/*.parquet with the
                                 source's columns: the next backfill of their dates makes the offline table exact
     data/checkpoints/<group>/   the stream's checkpoint and state (default; the user can set another root)
+    data/schemas/<source>.json  the schema `features apply` inferred for a Parquet source that declares none,
+                                from all its files: every later read uses it, until the next apply
 """
 
 from __future__ import annotations
 
 import contextvars
 import importlib.util
+import json
 import os
 import sys
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from features.errors import ConfigError, FeaturesError
-from features.spec import FeatureGroup
+from features.spec import DType, EventSource, FeatureGroup
 
 if TYPE_CHECKING:
     from feast import FeatureStore
@@ -32,6 +37,8 @@ if TYPE_CHECKING:
 OFFLINE_DIR = Path("data") / "offline"
 LATE_DIR = Path("data") / "late"
 CHECKPOINT_DIR = Path("data") / "checkpoints"
+SCHEMA_DIR = Path("data") / "schemas"
+SCHEMA_FORMAT = 1
 _SKIP_DIRS = {"data", "__pycache__", ".ipynb_checkpoints"}
 # True while `Repo.load` imports the repo's modules: their `to_feast` exports are then placeholders, built (and
 # Feast imported, seconds of every cold command) only if something uses them. `features apply` makes the
@@ -126,7 +133,10 @@ class Repo:
         return online_store_type(self.config)
 
     def source_path(self, group: FeatureGroup) -> str:
-        return resolve(self.root, group.source.path)
+        """The group's source folder; the reads of it use this repo's recorded schema (`recorded_schema`)."""
+        path = resolve(self.root, group.source.path)
+        _RECORDS_OF[(group.source.name, path)] = self.root
+        return path
 
     def offline_path(self, group: FeatureGroup | str) -> str:
         name = group if isinstance(group, str) else group.name
@@ -186,7 +196,86 @@ class Repo:
                         f"FeatureGroup.name: {defined_in[value.name]} and {module_file} define different feature "
                         f"groups named {value.name!r}. Fix: rename one of them, or delete the copy"
                     )
+        for group in repo.groups.values():
+            repo.source_path(group)  # notes the repo whose recorded schemas the reads of its sources use
         return repo
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Recorded source schemas
+
+# (source name, source folder) -> the root of the repo last loaded that reads it: the engines read a source by
+# its folder alone, and take the recorded schema of the repo that named that folder (`Repo.source_path`).
+_RECORDS_OF: dict[tuple[str, str], Path] = {}
+
+
+def schema_record_path(root: Path | str, source_name: str) -> Path:
+    """Where a repo records the inferred schema of a source."""
+    return Path(root) / SCHEMA_DIR / f"{source_name}.json"
+
+
+def write_schema_record(
+    root: Path | str,
+    source: EventSource,
+    columns: Mapping[str, DType],
+    *,
+    files: int,
+    conflicts: list[dict[str, Any]] | None = None,
+) -> Path:
+    """Record a source's inferred schema (atomically: written aside, then renamed over the old record), with
+    the number of files it was inferred from and the conflicts between them."""
+    path = schema_record_path(root, source.name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {
+        "format": SCHEMA_FORMAT,
+        "source": source.name,
+        "path": source.path,
+        "columns": {column: dtype.value for column, dtype in columns.items()},
+        "inferred_from_files": files,
+        "recorded_at": datetime.now(UTC).isoformat(),
+        "conflicts": conflicts or [],
+    }
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        tmp.write_text(json.dumps(data, indent=1) + "\n")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def read_schema_record(root: Path | str, source: EventSource) -> dict[str, DType] | None:
+    """The schema recorded for `source` in the repo at `root`, or None when there is none. A ConfigError naming
+    the file and the fix when the record is unreadable or was inferred for another path."""
+    path = schema_record_path(root, source.name)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    again = f"run `features apply --repo {root}` to infer the schema from the files and record it again"
+    try:
+        data = json.loads(text)
+        if data.get("format") != SCHEMA_FORMAT:
+            raise ValueError(f"format {data.get('format')!r}, this version of features reads {SCHEMA_FORMAT}")
+        columns = {str(column): DType(value) for column, value in data["columns"].items()}
+        recorded_path = str(data["path"])
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ConfigError(
+            f"{path}: not a readable schema record ({type(exc).__name__}: {exc}). Fix: {again}"
+        ) from None
+    if recorded_path != source.path:
+        raise ConfigError(
+            f"{path}: the schema of EventSource({source.name!r}) was recorded for path {recorded_path!r}, and the "
+            f"source now reads {source.path!r}. Fix: {again}"
+        )
+    return columns
+
+
+def recorded_schema(source: EventSource, folder: str) -> dict[str, DType] | None:
+    """The recorded schema of `source` read from `folder`, in the repo that last named that folder for it
+    (`Repo.source_path`); None when no loaded repo did, or it recorded none."""
+    root = _RECORDS_OF.get((source.name, folder))
+    return None if root is None else read_schema_record(root, source)
 
 
 def read_config(config_file: Path) -> dict[str, Any]:

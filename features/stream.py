@@ -199,7 +199,9 @@ def stream(
             out = projected.groupBy(engine.BUCKET).transformWithStateInPandas(
                 processor, projection.output_schema, "append", "EventTime"
             )
-            sink = _Sink(repo, group, writers.get(group.name), validate, run, show, spark, metrics_s, keep_s)
+            writer_of = writers.get(group.name)
+            schema = projection.record_schema
+            sink = _Sink(repo, group, writer_of, validate, run, show, spark, schema, metrics_s, keep_s)
             writer = out.writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint / "query"))
             writer = writer.queryName(f"features_{group.name}")
             writer = (
@@ -354,6 +356,7 @@ class _Sink:
         run: StreamRun,
         show: bool,
         spark: SparkSession,
+        record_schema: str,
         metrics_s: float = 60.0,
         keep_s: float | None = None,
     ) -> None:
@@ -372,6 +375,7 @@ class _Sink:
         self.rollup = MetricRollup(lambda m, step, g: tracker.log_metrics(m, step=step, group=g), metrics_s)
         run.rollups.append(self.rollup)
         self.keep_s, self.swept = keep_s, None
+        self.record_schema = record_schema  # a bad record's columns (engine.Projection.record_schema)
         self._sweep(-1)  # before the first batch: what an earlier run left beyond the retention
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
@@ -551,20 +555,27 @@ class _Sink:
         from pyspark.sql import functions as F
 
         from features import quality
+        from features.engine import source
         from features.engine import stream as engine
 
+        # The columns of the backfill's quarantined records (features.engine.source.SourceRead.rejected); the batch
+        # id is in the folder's name.
         bad = batch.where(F.col(engine.KIND) == engine.BAD).select(
-            F.col(engine.REASON).alias("reason"),
-            F.lit(batch_id).alias("batch_id"),
-            F.col(engine.RECORD).alias("record"),
+            F.col(engine.REASON).alias(source.REASON),
+            F.from_json(F.col(engine.RECORD), self.record_schema).alias("r"),
         )
+        bad = bad.select(source.REASON, "r.*")
+        if self.group.source.format != "json":
+            bad = bad.drop(source.RAW_RECORD)  # only a JSON line has a raw text beside its parsed columns
         folder = quality.quarantine_root(self.repo.root, self.group.name) / "records" / f"stream-b{batch_id}"
         engine.write_json_records(bad, folder, None)
 
     def _set_aside_unreadable_files(self) -> int:
-        """The landed Parquet files Spark cannot read (the stream's reads skip them), each set aside once with
-        its reason as a record of its own (`unreadable_file: ...`), like the backfill's; the number set aside.
-        Files on a store the driver cannot open are skipped unreported."""
+        """The landed Parquet files set aside whole (the stream's reads skip them): those that do not conform to
+        the source's schema (`nonconforming_file: ...`, a column the group reads missing or of a type that does
+        not convert without loss) and those Spark cannot read (`unreadable_file: ...`), each set aside once with
+        its reason as a record of its own, like the backfill's; the number set aside. Files on a store the
+        driver cannot open are skipped unreported."""
         from features import quality
         from features.engine import source
         from features.engine import stream as engine

@@ -343,7 +343,9 @@ class DisabledRun(Run):
     def log_dict(self, data: Mapping[str, Any], artifact_file: str) -> None:
         return None
 
-    def log_validation(self, report: ValidationReport, step: int | None = None, artifact: bool = True) -> None:
+    def log_validation(
+        self, report: ValidationReport, step: int | None = None, artifact: bool = True, metrics: bool = True
+    ) -> None:
         return None
 
     def log_result(self, result: Any, step: int | None = None) -> None:

@@ -190,3 +190,26 @@ def test_closed_end_is_the_latest_end_on_any_grid() -> None:
     assert plan.closed_end(52 * minute) == 50 * minute
     assert plan.closed_end(57 * minute) == 55 * minute  # the 5m grid's
     assert plan.closed_end(50 * minute) == 50 * minute
+
+
+def test_the_stream_sets_bad_records_aside_as_the_backfill_does(spark, feast_repo_factory, tmp_path) -> None:
+    """One kind of quarantine file: the same columns (reason, source_file, the source's columns) and values
+    from a backfill and from the stream."""
+    from features.backfill import backfill
+    from features.quality import quarantine_root
+
+    group = _group("aside_alike")
+    events = _events("u1", [T0 + m * M for m in (1, 2, 3)])
+    events.loc[1, "user_id"] = None
+    land(tmp_path, events, 1)
+    feast_repo_factory(tmp_path, [group])
+    repo = Repo.load(tmp_path)
+    backfill(repo, T0, T0 + 60 * M, online=False, progress=False, track=False)
+    stream(repo, available_now=True, progress=False, tracking=False).await_termination()
+    records = quarantine_root(repo.root, group.name) / "records"
+    by_stream = [pd.read_parquet(f) for f in records.glob("stream-b*/*.parquet")]
+    by_backfill = [pd.read_parquet(f) for f in records.glob("[!s]*/*.parquet")]
+    assert len(by_stream) == 1 and len(by_backfill) == 1
+    pd.testing.assert_frame_equal(by_stream[0], by_backfill[0], check_dtype=False)
+    assert by_stream[0]["reason"].tolist() == ["missing_key: user_id"]
+    assert by_stream[0]["source_file"].str.endswith("part-00000.parquet").all()

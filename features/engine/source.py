@@ -3,10 +3,16 @@ aside with the reason each one cannot be used.
 
 A record is bad when it cannot be parsed (JSON that is malformed or not an object), a value does not have the
 declared type, a value the group aggregates is infinite, a join key or the timestamp is missing, or the timestamp
-is more than the source's `max_future` after the current time. A NaN is a null (DESIGN.md section 2). A file that
-cannot be read (not Parquet, columns of other types than the declared ones) is set aside as one bad record with
-its reason, and every other file is read. The engines only ever see the good records; the bad ones go to a
+is more than the source's `max_future` after the current time. A NaN is a null (docs/semantics.md, Nulls). A file that
+cannot be read (not Parquet), or that does not conform to the source's schema (a column the group reads is
+missing, or has a type that does not convert to the schema's without loss), is set aside whole as one bad record
+with its reason, and every other file is read. The engines only ever see the good records; the bad ones go to a
 quarantine folder.
+
+The source's schema is fixed by the definitions, never by the files' order: the declared one, else the one
+`features apply` inferred from all the files and recorded in the repo (features.repo.read_schema_record), else
+(a source no apply has seen) one inferred from all the files at each read. The columns the group reads are
+marked in the Spark schema's field metadata (`READ`), so that every read of it knows what a file must hold.
 
 Parquet files are read with an explicit schema (the declared one, else the one their footers give), twice:
 once with microsecond timestamps (Spark's own files, pyarrow's) and once with nanosecond ones (pandas'
@@ -17,10 +23,13 @@ access, so this also works on Spark Connect.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import functools
+import os
+import re
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,6 +37,8 @@ from features.errors import ConfigError, DefinitionError, SchemaError
 from features.spec import DType, FeatureGroup
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
     from pyspark.sql import Column, DataFrame, DataFrameReader, Observation, SparkSession
     from pyspark.sql.streaming import DataStreamReader
     from pyspark.sql.types import DataType, StructType
@@ -45,6 +56,9 @@ MISSING_TIMESTAMP = "missing_timestamp"
 FUTURE_TIMESTAMP = "future_timestamp"
 INFINITE_VALUE = "infinite_value"
 UNREADABLE_FILE = "unreadable_file"
+NONCONFORMING_FILE = "nonconforming_file"
+FILE_REASONS = (NONCONFORMING_FILE, UNREADABLE_FILE)  # reasons of a file set aside whole, one record per file
+READ = "features_read"  # field metadata: the group reads this column, so each file must hold it, of a fitting type
 MARK = "fx_reason"  # a record's reason while it is read (the source may have a column named `reason`)
 META = "fx_meta"  # Spark's `_metadata` of each record (its file), carried through the union of the two reads
 # Spark 4.3's nanosecond timestamps (a preview): with it, a Parquet TIMESTAMP(NANOS) column reads as
@@ -81,17 +95,72 @@ def schema_of(spark_schema: StructType) -> dict[str, DType]:
     return {f.name: t for f in spark_schema.fields if (t := dtype_of_spark(f.dataType)) is not None}
 
 
-def spark_schema(columns: Mapping[str, DType]) -> StructType:
-    """A Spark schema of columns and their logical types."""
+def spark_schema(columns: Mapping[str, DType], read: Collection[str] = ()) -> StructType:
+    """A Spark schema of columns and their logical types, the columns in `read` marked as read (`READ`)."""
     from pyspark.sql import types as T
 
-    return T.StructType.fromDDL(", ".join(f"`{c}` {_SPARK_TYPES[t]}" for c, t in columns.items()))
+    schema = T.StructType.fromDDL(", ".join(f"`{c}` {_SPARK_TYPES[t]}" for c, t in columns.items()))
+    return T.StructType(
+        [T.StructField(f.name, f.dataType, f.nullable, {READ: True} if f.name in read else None) for f in schema]
+    )
+
+
+def group_schema(group: FeatureGroup, columns: Mapping[str, DType]) -> StructType:
+    """The Spark schema a group reads its source with: `columns`, those the group reads marked (`READ`)."""
+    return spark_schema(columns, read_columns(group, columns))
 
 
 def declared_spark_schema(group: FeatureGroup) -> StructType | None:
     if group.source.schema is None:
         return None
-    return spark_schema(group.source.schema)
+    return group_schema(group, group.source.schema)
+
+
+# Text a `where` holds that names no column: quoted strings. Left are the names, plain or in backquotes.
+_QUOTED = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"")
+_NAME = re.compile(r"`([^`]+)`|([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def read_columns(group: FeatureGroup, columns: Iterable[str]) -> list[str]:
+    """The columns of `columns` the group reads: the timestamp, the join keys, the aggregated columns and the
+    columns its `where`s name (matched as Spark matches them, ignoring case)."""
+    by_name = {c.lower(): c for c in columns}
+    wanted = [group.source.timestamp, *group.join_keys]
+    wanted += [f.aggregation.column for f in group.features if f.aggregation.column is not None]
+    for feat in group.features:
+        if feat.where is not None:
+            wanted += [quoted or plain for quoted, plain in _NAME.findall(_QUOTED.sub(" ", feat.where))]
+    read: list[str] = []
+    for name in wanted:
+        column = by_name.get(name.lower())
+        if column is not None and column not in read:
+            read.append(column)
+    return read
+
+
+def expected_columns(schema: StructType | None) -> dict[str, DType]:
+    """The columns of a read schema the group reads (marked `READ`), with their logical types."""
+    if schema is None:
+        return {}
+    return {
+        f.name: dtype
+        for f in schema.fields
+        if f.metadata.get(READ) and (dtype := dtype_of_spark(f.dataType)) is not None
+    }
+
+
+@dataclass(frozen=True)
+class SetAsideFile:
+    """A file set aside whole: its reason (`nonconforming_file: ...` or `unreadable_file: ...`) and how many
+    events it holds (from its footer; 0 for a file that is not Parquet)."""
+
+    file: str  # as Spark lists it (a URI)
+    reason: str
+    events: int
+
+    @property
+    def kind(self) -> str:
+        return self.reason.split(":", 1)[0]
 
 
 @dataclass(frozen=True)
@@ -104,7 +173,8 @@ class SourceRead:
     marked: DataFrame  # every record with its reason in MARK (null for a good one), before NaNs are made nulls
     good: list[Column]  # the columns of `events` from `marked`
     future_us: int | None  # timestamps after this are bad (`max_future`)
-    bad_files: int = 0  # files that cannot be read, among `rejected`
+    bad_files: int = 0  # files set aside whole (unreadable or nonconforming), among `rejected`
+    set_aside: tuple[SetAsideFile, ...] = ()  # those files, with their reasons and events
 
     @property
     def events(self) -> DataFrame:
@@ -165,14 +235,30 @@ def observed_count(observation: Observation, name: str) -> int | None:
 def quarantine_records(rejected: DataFrame, folder: str | Path) -> dict[str, int]:
     """Write bad records (a `SourceRead.rejected` frame) as Parquet into `folder`, which must not exist yet;
     returns how many there were per reason. Nothing is written when there are none."""
+    return quarantine_counts(rejected, folder)[0]
+
+
+def quarantine_counts(
+    rejected: DataFrame, folder: str | Path, timestamp: str | None = None
+) -> tuple[dict[str, int], dict[date, int]]:
+    """`quarantine_records`, and with `timestamp` (the source's timestamp column) also how many of the records
+    are stamped on each UTC day (records without a usable time, and the records of whole files, on none)."""
     from pyspark.sql import functions as F
 
-    counts = {
-        str(row[REASON]): int(row["n"]) for row in rejected.groupBy(REASON).agg(F.count(F.lit(1)).alias("n")).collect()
-    }
+    day = F.lit(None).cast("bigint")
+    if timestamp is not None:
+        day = F.floor(F.unix_micros(F.col(timestamp).cast("timestamp")) / F.lit(86_400_000_000))
+    rows = rejected.groupBy(F.col(REASON), day.alias("day")).agg(F.count(F.lit(1)).alias("n")).collect()
+    counts: dict[str, int] = {}
+    days: dict[date, int] = {}
+    for row in rows:
+        counts[str(row[REASON])] = counts.get(str(row[REASON]), 0) + int(row["n"])
+        if row["day"] is not None:
+            stamped = date(1970, 1, 1) + timedelta(days=int(row["day"]))
+            days[stamped] = days.get(stamped, 0) + int(row["n"])
     if counts:
         rejected.write.parquet(str(folder))
-    return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+    return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0]))), dict(sorted(days.items()))
 
 
 def read_events(spark: SparkSession, group: FeatureGroup, path: str, *, now: datetime | None = None) -> DataFrame:
@@ -190,16 +276,30 @@ def read_source(spark: SparkSession, group: FeatureGroup, path: str, *, now: dat
     raw, schema = _load(spark, group, path)
     columns = source_columns(raw)
     now = (now or datetime.now(UTC)).astimezone(UTC)
+    checked = FileCheck(spark, schema)
+    bad_files = unreadable_files(spark, raw, schema, checked) if group.source.format == "parquet" else []
+    if bad_files:
+        # Spark reads some files that do not conform (a missing column reads as nulls): none of a file set aside
+        # is used. A filter on the file's path alone also spares Spark opening those files.
+        spellings = [spelling for _, file in bad_files for spelling in _uri_spellings(file)]
+        raw = raw.where(~F.col(META)["file_path"].isin(spellings))
     marked = raw.withColumn(MARK, _reason(group, raw, now))
     good = [*cleaned_columns(raw), F.col(META)]
     extra = [F.col(META)["file_path"].alias(SOURCE_FILE)]
     if CORRUPT in raw.columns:
         extra.append(F.col(CORRUPT).alias(RAW_RECORD))
     rejected = marked.select(F.col(MARK).alias(REASON), *extra, *columns).where(F.col(REASON).isNotNull())
-    bad_files = unreadable_files(spark, raw, schema) if group.source.format == "parquet" else []
     if bad_files:
         rejected = rejected.unionByName(_file_records(spark, bad_files, rejected.schema))
-    return SourceRead(rejected, now, group.source.timestamp, marked, good, _future_us(group, now), len(bad_files))
+    set_aside = tuple(SetAsideFile(file, reason, checked.rows.get(file, 0)) for reason, file in bad_files)
+    future_us = _future_us(group, now)
+    return SourceRead(rejected, now, group.source.timestamp, marked, good, future_us, len(bad_files), set_aside)
+
+
+def _uri_spellings(uri: str) -> list[str]:
+    """A file's URI as Spark lists it (`file:///p`) and as its records' `_metadata.file_path` gives it
+    (`file:/p`), both percent-encoded alike."""
+    return [uri, "file:/" + uri.removeprefix("file:///")] if uri.startswith("file:///") else [uri]
 
 
 def source_columns(raw: DataFrame) -> list[str]:
@@ -208,7 +308,7 @@ def source_columns(raw: DataFrame) -> list[str]:
 
 
 def cleaned_columns(raw: DataFrame) -> list[Column]:
-    """The source's columns with every floating-point NaN made a null (DESIGN.md section 2: a NaN in a value
+    """The source's columns with every floating-point NaN made a null (docs/semantics.md, Nulls: a NaN in a value
     column is a null, so it is ignored like one by every aggregation and engine)."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
@@ -346,12 +446,18 @@ def _load(spark: SparkSession, group: FeatureGroup, path: str) -> tuple[DataFram
 
 
 def parquet_schema(spark: SparkSession, group: FeatureGroup, path: str) -> StructType:
-    """The schema a Parquet source is read with: the declared one, else the files' own (read from their
-    footers, skipping files that are not Parquet; Spark's own inference for a URI the driver cannot list)."""
+    """The schema a Parquet source is read with, the columns the group reads marked (`READ`): the declared
+    one, else the one `features apply` recorded, else the files' own (all footers together, skipping files that
+    are not Parquet: features.feast_objects.infer_parquet_schema; Spark's own inference for a URI the driver
+    cannot list)."""
+    from features.repo import recorded_schema
 
     declared = declared_spark_schema(group)
     if declared is not None:
         return declared
+    recorded = recorded_schema(group.source, path)
+    if recorded is not None:
+        return group_schema(group, recorded)
     if "://" in path or path.startswith("dbfs:"):
         return spark.read.option("recursiveFileLookup", "true").parquet(path).schema
     from features.feast_objects import infer_parquet
@@ -362,7 +468,7 @@ def parquet_schema(spark: SparkSession, group: FeatureGroup, path: str) -> Struc
             f"EventSource({group.source.name!r}).schema: no schema is declared and there are no Parquet files in "
             f"{path} to read it from. Fix: land the event files there, or declare schema={{column: type, ...}}"
         )
-    return spark_schema(columns)
+    return group_schema(group, columns)
 
 
 def read_parquet(
@@ -370,18 +476,59 @@ def read_parquet(
 ) -> DataFrame:
     """A Parquet folder (batch or stream) read with `schema`: the union of a read with microsecond timestamps
     and one with nanosecond timestamps (cast to microseconds), each skipping the files it cannot read, so each
-    file is read by the one that fits it. The records carry their file's metadata as `fx_meta`."""
+    file is read by the one that fits it. The records carry their file's metadata as `fx_meta`.
+
+    A stream also leaves out the records of every file that does not conform to the columns `schema` marks as
+    read (`nonconformity`), as each file lands: the batch read finds those files before it reads
+    (`read_source`), and a stream learns of its files only as it reads them."""
     from pyspark.sql import functions as F
 
     reader = reader.option("recursiveFileLookup", "true").option("ignoreCorruptFiles", "true")
     micros = reader.schema(schema).parquet(path).withColumn(META, F.col("_metadata"))
     stamps = _timestamps(schema)
     if not stamps or not _nanos_enabled(spark):
-        return micros
-    nanos_ddl = _ddl(schema, nanos=True)
-    # The schema of this read has types PySpark cannot parse: columns are cast before anything asks for it.
-    nanos = reader.schema(nanos_ddl).parquet(path).select(*_in_microseconds(schema), F.col("_metadata").alias(META))
-    return micros.select(*[F.col(f"`{f.name}`") for f in schema.fields], F.col(META)).unionByName(nanos)
+        read = micros
+    else:
+        nanos_ddl = _ddl(schema, nanos=True)
+        # The schema of this read has types PySpark cannot parse: columns are cast before anything asks for it.
+        nanos = reader.schema(nanos_ddl).parquet(path).select(*_in_microseconds(schema), F.col("_metadata").alias(META))
+        read = micros.select(*[F.col(f"`{f.name}`") for f in schema.fields], F.col(META)).unionByName(nanos)
+    expected = expected_columns(schema)
+    if read.isStreaming and expected:
+        read = read.where(_conforms(expected))
+    return read
+
+
+def _conforms(expected: Mapping[str, DType]) -> Column:
+    """Whether a record's file conforms to `expected` (`nonconformity`), decided once per file in each Python
+    worker, from the file's footer. A file the worker cannot open (a remote store) is left to Spark's reader."""
+    import pandas as pd
+    from pyspark.sql import functions as F
+
+    wanted = tuple((column, dtype.value) for column, dtype in expected.items())
+
+    def conforms(files: pd.Series) -> pd.Series:
+        verdicts = {file: _file_conforms(file, wanted) for file in files.unique()}
+        return files.map(verdicts).astype(bool)
+
+    # PySpark reads a pandas UDF's kind from its type hints: here objects, not this module's postponed strings.
+    conforms.__annotations__ = {"files": pd.Series, "return": pd.Series}
+    return F.pandas_udf(conforms, "boolean")(F.col(META)["file_path"])  # type: ignore[call-overload]
+
+
+def _file_conforms(uri: str, wanted: tuple[tuple[str, str], ...]) -> bool:
+    local = _local_path(uri)
+    if local is None:
+        return True
+    stat = os.stat(local)
+    return _conforms_cached(local, stat.st_size, stat.st_mtime_ns, wanted)
+
+
+@functools.lru_cache(maxsize=4096)
+def _conforms_cached(local: str, size: int, mtime_ns: int, wanted: tuple[tuple[str, str], ...]) -> bool:
+    """A file's verdict, kept while its size and time stay (the key): files land once and are not rewritten."""
+    footer = _arrow_schema(_footer(local))
+    return footer is None or nonconformity(footer, {column: DType(t) for column, t in wanted}) is None
 
 
 def _nanos_enabled(spark: SparkSession) -> bool:
@@ -401,49 +548,135 @@ def _nanos_enabled(spark: SparkSession) -> bool:
     return True
 
 
-def unreadable_files(spark: SparkSession, raw: DataFrame, schema: StructType | None) -> list[tuple[str, str]]:
-    """(reason, file) for each file of `raw`'s read that Spark cannot read with `schema` (see `FileCheck`);
-    where the driver cannot open the files (a remote URI), those absent from a read of every column."""
+def unreadable_files(
+    spark: SparkSession, raw: DataFrame, schema: StructType | None, check: FileCheck | None = None
+) -> list[tuple[str, str]]:
+    """(reason, file) for each file of `raw`'s read that does not conform to `schema` or that Spark cannot read
+    with it (see `FileCheck`, or `check`); where the driver cannot open the files (a remote URI), those absent
+    from a read of every column."""
     files = sorted(raw.inputFiles())
-    bad = FileCheck(spark, schema).unreadable(files)
+    bad = (check or FileCheck(spark, schema)).unreadable(files)
     return bad if bad is not None else _unreadable_by_scan(spark, raw, schema, files)
 
 
 class FileCheck:
-    """Which Parquet files Spark cannot read with a schema. Spark decides, on one file per physical layout:
-    files are grouped by their footers' types of the schema's columns (a file whose footer does not parse is
-    its own group), and one small read of a group's largest file stands for all of them. A layout found
-    readable is remembered (the stream checks each new file as it lands)."""
+    """Which Parquet files are set aside whole with a schema: those that do not conform to the columns it marks
+    as read (`nonconformity`, from each footer), then those Spark cannot read. Spark decides on one file per
+    physical layout: files are grouped by their footers' types of the read columns (a file whose footer does
+    not parse is its own group), and one small read of a group's largest file stands for all of them. A layout
+    found readable is remembered (the stream checks each new file as it lands)."""
 
     def __init__(self, spark: SparkSession, schema: StructType | None) -> None:
+        from pyspark.sql import types as T
+
         self.spark, self.schema = spark, schema
-        self.columns = [f.name for f in schema.fields] if schema is not None else []
+        self.expected = expected_columns(schema)
+        # Spark checks the columns the group reads (all of the schema's, where none is marked): a read of
+        # the source prunes the others, so a file whose other columns do not fit is read all the same.
+        self.checked = schema
+        if schema is not None and self.expected:
+            self.checked = T.StructType([f for f in schema.fields if f.name in self.expected])
+        self.columns = [f.name for f in self.checked.fields] if self.checked is not None else []
         self.readable: set[tuple[str, ...]] = set()
+        self.rows: dict[str, int] = {}  # file -> rows, from its footer, for each file checked
 
     def unreadable(self, files: list[str]) -> list[tuple[str, str]] | None:
-        """(reason, file) for each file Spark cannot read; None if the driver cannot open some of them."""
+        """(reason, file) for each file set aside; None if the driver cannot open some of them."""
         local = [_local_path(f) for f in files]
         if not all(local):
             return None
         layouts: dict[object, list[tuple[int, str]]] = {}
+        bad = []
         for file, local_path in zip(files, local, strict=True):
-            layout, rows = _layout(local_path, self.columns)  # type: ignore[arg-type]
+            metadata = _footer(local_path)  # type: ignore[arg-type]
+            rows = metadata.num_rows if metadata is not None else 0
+            self.rows[file] = rows
+            footer = _arrow_schema(metadata)
+            misfit = nonconformity(footer, self.expected) if footer is not None and self.expected else None
+            if misfit is not None:
+                bad.append((misfit.reason(local_path), file))  # type: ignore[arg-type]
+                continue
+            layout = _layout(metadata, self.columns)
             if layout not in self.readable:
                 layouts.setdefault(layout or file, []).append((-rows, file))
-        bad = []
         for layout, group in layouts.items():
             # The file with the most rows: a file with no rows reads without error, whatever its columns' types.
             (most, first), *_ = sorted(group)
-            reason = _why_unreadable(self.spark, self.schema, first)
+            reason = _why_unreadable(self.spark, self.checked, first)
             if reason is None:
                 if most and isinstance(layout, tuple):
                     self.readable.add(layout)
                 continue
             for _, file in sorted(group):  # Spark's reason names the file: each one's own
-                why = reason if file == first else _why_unreadable(self.spark, self.schema, file)
+                why = reason if file == first else _why_unreadable(self.spark, self.checked, file)
                 if why is not None:
                     bad.append((f"{UNREADABLE_FILE}: {why}", file))
         return bad
+
+
+@dataclass(frozen=True)
+class Misfit:
+    """How a file does not conform to the columns a group reads: one column, missing or of a type that does
+    not convert to the schema's without loss."""
+
+    column: str
+    want: DType
+    found: str | None  # the file's Arrow type of the column; None when the file lacks it
+    detail: str  # what is wrong, e.g. "column 'amount' missing (found columns: amt, event_ts, user_id)"
+
+    def reason(self, file: str) -> str:
+        """The reason of the file's quarantine record: the file, the column, the type found, and the fix."""
+        if self.found is None:
+            fix = f"write {self.column!r} ({self.want.value}) into the file, or move the file out of the source folder"
+        else:
+            fix = (
+                f"rewrite the file with {self.column!r} as {self.want.value}, or move it out of the source folder "
+                f"(if {self.want.value} is not the type you mean, declare schema= on the EventSource)"
+            )
+        return f"{NONCONFORMING_FILE}: {file}: {self.detail}; fix: {fix}, then backfill its days again with --force"
+
+
+def nonconformity(footer: pa.Schema, expected: Mapping[str, DType]) -> Misfit | None:
+    """How a file's columns do not fit the columns a group reads (`expected`), or None when they do: the first
+    such column missing (matched as Spark matches names, ignoring case), else the first whose type does not
+    convert to the expected one without loss (features.feast_objects.conversion_problem). Other columns, and
+    extra ones, are fine."""
+    from features.feast_objects import conversion_problem
+
+    by_name = {name.lower(): name for name in footer.names}
+    for column, want in expected.items():
+        name = by_name.get(column.lower())
+        if name is None:
+            found = sorted(footer.names)
+            listed = ", ".join(found[:12]) + (f" and {len(found) - 12} more" if len(found) > 12 else "")
+            return Misfit(column, want, None, f"column {column!r} missing (found columns: {listed or 'none'})")
+        found_type = footer.field(name).type
+        problem = conversion_problem(found_type, want)
+        if problem is not None:
+            detail = f"column {column!r} is {found_type} where the source schema has {want.value} ({problem})"
+            return Misfit(column, want, str(found_type), detail)
+    return None
+
+
+def file_days(file: str, timestamp: str) -> dict[date, int] | None:
+    """How many of a Parquet file's events are stamped on each UTC day, from its timestamp column (a naive
+    time taken as UTC); None when the driver cannot open the file or it has no such timestamp column."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    local = _local_path(file)
+    footer = _arrow_schema(_footer(local)) if local is not None else None
+    if footer is None:
+        return None
+    name = {n.lower(): n for n in footer.names}.get(timestamp.lower())
+    if name is None or not pa.types.is_timestamp(footer.field(name).type):
+        return None
+    stamps = pq.read_table(local, columns=[name]).column(name).drop_null()
+    per_day = {"s": 86_400, "ms": 86_400_000, "us": 86_400_000_000, "ns": 86_400_000_000_000}[stamps.type.unit]
+    days, counts = np.unique(np.floor_divide(stamps.cast(pa.int64()).to_numpy(), per_day), return_counts=True)
+    epoch = date(1970, 1, 1)
+    return {epoch + timedelta(days=int(d)): int(n) for d, n in zip(days, counts, strict=True)}
 
 
 def _local_path(uri: str) -> str | None:
@@ -456,23 +689,39 @@ def _local_path(uri: str) -> str | None:
     return path if parsed.scheme in ("file", "") and Path(path).is_file() else None
 
 
-def _layout(file: str, columns: list[str]) -> tuple[tuple[str, ...] | None, int]:
-    """The physical and logical types of `columns` in a Parquet file's footer (None if it has no footer pyarrow
-    can read: a file that is not Parquet), and the file's number of rows."""
+def _footer(file: str) -> pq.FileMetaData | None:
+    """A Parquet file's footer, or None if pyarrow cannot read one (a file that is not Parquet)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
-        metadata = pq.ParquetFile(file).metadata
+        return pq.ParquetFile(file).metadata
     except (pa.ArrowException, OSError):
-        return None, 0
+        return None
+
+
+def _arrow_schema(metadata: pq.FileMetaData | None) -> pa.Schema | None:
+    """A footer's columns as Arrow types (pandas' and pyarrow's own types where the file keeps them)."""
+    import pyarrow as pa
+
+    if metadata is None:
+        return None
+    try:
+        return metadata.schema.to_arrow_schema()
+    except (pa.ArrowException, OSError):
+        return None
+
+
+def _layout(metadata: pq.FileMetaData | None, columns: list[str]) -> tuple[str, ...] | None:
+    """The physical and logical types of `columns` in a Parquet file's footer (None without a footer)."""
+    if metadata is None:
+        return None
     footer, wanted = metadata.schema, set(columns)
-    layout = tuple(
+    return tuple(
         f"{c.path}:{c.physical_type}:{c.logical_type}:{c.max_definition_level}"
         for c in (footer.column(i) for i in range(len(footer)))
         if c.path.split(".")[0] in wanted
     )
-    return layout, metadata.num_rows
 
 
 def _unreadable_by_scan(
