@@ -586,9 +586,10 @@ class _Sink:
         if self.files is None:
             self.files = source.FileCheck(self.spark, engine.source_schema(self.spark, self.group, path))
         reader = self.spark.read.schema(self.files.schema).option("recursiveFileLookup", "true")
-        listed = reader.parquet(path).inputFiles()
-        new = sorted(set(listed) - self.checked)
-        self.checked.update(new)
+        listed = set(reader.parquet(path).inputFiles())
+        new = sorted(listed - self.checked)
+        # Only the names still landed: the set never outgrows the listing Spark's file source makes each batch.
+        self.checked = listed
         bad = self.files.unreadable(new) or []
         for reason, file in bad:
             # Named by the file: a replay or a restart that finds it again replaces the same record.

@@ -3,7 +3,7 @@
     rows = transactions[["user_id", "event_timestamp", "is_fraud"]]     # keys, a timestamp, a label
     frame = features.training_set(rows, ["user_transactions:failed_count_24h", "card_merchant"], repo="feature_repo")
 
-Each row gets every requested feature's value at its timestamp `t` (DESIGN.md section 2), looked up in the
+Each row gets every requested feature's value at its timestamp `t` (docs/semantics.md), looked up in the
 offline change-point tables: the latest row with `window_end <= t`. A key with no such row had nothing in any
 window yet, so counts, sums and distinct counts are 0 there and every other feature is null, exactly as the
 stores and the engines define an empty window.
@@ -119,7 +119,7 @@ def join_keys(refs: Sequence[FeatureRef]) -> list[str]:
 
 
 def empty_value(column: FeatureColumn) -> int | float | None:
-    """A feature's value over an empty window (DESIGN.md section 2): 0 for count, sum, approx_count_distinct
+    """A feature's value over an empty window (docs/semantics.md#empty-windows): 0 for count, sum, approx_count_distinct
     and count_distinct (an integer 0 for integer features), None (null) for every other aggregation."""
     if not column.empty_is_zero:
         return None
@@ -129,7 +129,7 @@ def empty_value(column: FeatureColumn) -> int | float | None:
 def fill_empty(
     frame: pd.DataFrame, features: Sequence[FeatureRef | FeatureColumn], full_feature_names: bool = False
 ) -> pd.DataFrame:
-    """The frame with DESIGN.md's empty-window values where a store had no row, and one type per feature.
+    """The frame with the empty-window values (docs/semantics.md) where a store had no row, and one type per feature.
 
     Where Feast found no row for a key at or before the lookup time, every window was empty: counts, sums and
     approx_count_distinct become 0, the rest stay null. Types: integers int64 when never null (counts) and

@@ -1,5 +1,5 @@
 """`features verify`: the stores checked against each other and against a recompute from the raw source, the
-consistency job Chronon runs (online/offline skew is a bug, DESIGN.md section 2).
+consistency job Chronon runs (online/offline skew is a bug: docs/semantics.md, One value everywhere).
 
 For a sample of keys of each group:
 - online: the online store's row (values and window end E) against the offline table's point-in-time value at E

@@ -1,4 +1,4 @@
-"""The Spark batch engine against the brute-force reference (DESIGN.md sections 2 and 3).
+"""The Spark batch engine against the brute-force reference (docs/semantics.md; docs/internals.md, Two phases).
 
 `change_points(group, events, start, end).rows` is a change-point series: an as-of lookup "latest row with
 window_end <= t" must give exactly `value(k, t)` for every t in [start, end]. Each Spark run is collected once
@@ -608,17 +608,20 @@ _OFFSETS_US = sorted(
 )
 
 
+SMALL_KEYS = ["a", "b", "c", "d"]  # each key's events are a case of its own: four cases per Spark job
+
+
 @st.composite
 def small_events(draw) -> pd.DataFrame:
     rows = draw(
         st.lists(
             st.tuples(
-                st.sampled_from(["a", "b"]),
+                st.sampled_from(SMALL_KEYS),
                 st.sampled_from(_OFFSETS_US),
                 st.one_of(st.none(), st.integers(-3, 3)),
             ),
             min_size=1,
-            max_size=25,
+            max_size=60,
         )
     )
     return pd.DataFrame(
@@ -630,7 +633,7 @@ def small_events(draw) -> pd.DataFrame:
     )
 
 
-@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(events=small_events(), start_offset=st.sampled_from([-600, 0, 300, 420, 901]))
 def test_randomized_small_cases(spark, events: pd.DataFrame, start_offset: int) -> None:
     start, end = BASE + start_offset * pd.Timedelta(seconds=1), BASE + 45 * M
@@ -640,7 +643,7 @@ def test_randomized_small_cases(spark, events: pd.DataFrame, start_offset: int) 
         | {t for k in range(-3, 16) for t in (BASE + k * 3 * M, BASE + k * 3 * M - US) if start <= t <= end}
         | {t for k in range(-3, 16) for t in (BASE + k * 5 * M, BASE + k * 5 * M - US) if start <= t <= end}
     )
-    pairs = [((k,), t) for k in ("a", "b") for t in times]
+    pairs = [((k,), t) for k in SMALL_KEYS for t in times]
     want = reference_frame(events, GROUP_EDGE, pairs)
     got = as_of(rows, GROUP_EDGE, want[["user_id", "t"]])
     found = found_flags(got)

@@ -88,6 +88,22 @@ def _values(column: pd.Series) -> list[float]:
     return [float("nan") if pd.isna(v) else float(v) for v in column]
 
 
+def _lists(column: pd.Series) -> list[list[float] | None]:
+    return [None if v is None or v is pd.NA else [float(x) for x in v] for v in column]
+
+
+def _assert_reference_values(rows: pd.DataFrame, events: pd.DataFrame) -> None:
+    """Every 7th change point (keys, window end, features) holds the reference values at its window end. Results
+    compared with the classic session's are checked so too: both can be wrong alike."""
+    sample = _normalized(rows).iloc[::7]
+    assert len(sample) > 10
+    lookups = [((k,), t) for k, t in zip(sample["user_id"], sample[WINDOW_END], strict=True)]
+    want = reference_frame(events, GROUP, lookups)
+    for name in EXACT:
+        assert _values(sample[name]) == pytest.approx(_values(want[name]), rel=1e-9, nan_ok=True), name
+    assert _lists(sample["last_amounts_1h"]) == _lists(want["last_amounts_1h"])
+
+
 def test_preview_on_connect_equals_classic_and_reference(
     spark_connect,  # noqa: F811 - the fixture imported above
     classic_points: pd.DataFrame,
@@ -97,11 +113,7 @@ def test_preview_on_connect_equals_classic_and_reference(
     assert isinstance(got, pd.DataFrame) and len(got) > 100
     pd.testing.assert_frame_equal(_normalized(got), _normalized(classic_points))
     assert got[WINDOW_END].min() >= START and got[WINDOW_END].max() < END
-    sample = got.iloc[::7]
-    lookups = [((key,), t) for key, t in zip(sample["user_id"], sample[WINDOW_END], strict=True)]
-    want = reference_frame(events, GROUP, lookups)
-    for name in EXACT:
-        assert _values(sample[name]) == pytest.approx(_values(want[name]), rel=1e-9, nan_ok=True), name
+    _assert_reference_values(got, events)
     # A Spark DataFrame in gives a DataFrame of the same session out.
     frame = features.preview(GROUP, spark_connect.createDataFrame(events), START.isoformat(), END.to_pydatetime())
     assert type(frame).__module__.startswith("pyspark.sql.connect")
@@ -122,7 +134,9 @@ def test_backfill_on_connect_writes_both_stores(
     assert result.rows_in == len(events) and result.validation is not None and result.validation.success
     # The progress bar counted the tasks that Connect's progress handler reported (done/total, total > 0).
     assert re.search(rf"backfill {GROUP.name}:.*\b\d+/[1-9]\d*\b", capsys.readouterr().err)
-    pd.testing.assert_frame_equal(_offline(root), _normalized(classic_points))
+    offline = _offline(root)
+    pd.testing.assert_frame_equal(offline, _normalized(classic_points))
+    _assert_reference_values(offline, events)
     keys = sorted(events["user_id"].unique())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -138,6 +152,12 @@ def test_backfill_on_connect_writes_both_stores(
     got = frame.toPandas()
     for name in EXACT:
         assert _values(got[name]) == pytest.approx(_values(expected[name]), rel=1e-9, nan_ok=True), name
+    # Each training row holds the values as of its time (a sample: the reference is slow).
+    got = got.sort_values(["user_id", "event_timestamp"]).reset_index(drop=True).iloc[::3]
+    lookups = [((k,), pd.Timestamp(t)) for k, t in zip(got["user_id"], got["event_timestamp"], strict=True)]
+    want = reference_frame(events, GROUP, lookups)
+    for name in EXACT:
+        assert _values(got[name]) == pytest.approx(_values(want[name]), rel=1e-9, nan_ok=True), name
 
 
 def test_cli_backfill_with_spark_remote(connect_url: str, feast_repo, events, classic_points) -> None:  # noqa: F811
@@ -164,7 +184,9 @@ def test_cli_backfill_with_spark_remote(connect_url: str, feast_repo, events, cl
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "change points out" in done.stdout
-    pd.testing.assert_frame_equal(_offline(root), _normalized(classic_points))
+    offline = _offline(root)
+    pd.testing.assert_frame_equal(offline, _normalized(classic_points))
+    _assert_reference_values(offline, events)
 
 
 def test_validation_runs_great_expectations_on_connect(spark_connect, events: pd.DataFrame) -> None:  # noqa: F811
@@ -178,8 +200,11 @@ def test_validation_runs_great_expectations_on_connect(spark_connect, events: pd
     rows = features.preview(strict, spark_connect.createDataFrame(events), START, END)
     report = quality.validate_batch(strict, rows, range_start=START.to_pydatetime())
     assert not report.success
-    assert report.failed_names() == ["small"] or "amount_sum_1h" in report.summary(), report.summary()
-    assert all(o.success for o in report.outcomes if o not in report.failures)
+    # It failed for its values, on the Connect rows: no error, one unexpected value per row above 100.
+    [failed] = report.failures
+    assert failed.name == "small" and failed.user and failed.error is None, report.summary()
+    assert failed.unexpected == rows.where("amount_sum_1h > 100").count() > 0, report.summary()
+    assert len(report.outcomes) > 1  # the derived expectations ran too, and passed
 
 
 def test_great_expectations_checks_rows_on_their_own_session(

@@ -99,6 +99,34 @@ def test_lifetime_reads_everything_before_e() -> None:
     assert value(frame, count, "2019-12-31") == 0
 
 
+def test_every_aggregation_over_a_lifetime_window() -> None:
+    """Values years apart all count, a null among them ignored (computed by hand)."""
+    frame = events(
+        ("u1", "2020-01-01", 4.0),
+        ("u1", "2024-06-01", None),
+        ("u1", "2026-01-01 10:00", 1.0),
+        ("u1", "2026-01-01 10:30", 7.0),
+        ("u2", "2026-01-01 10:45", 9.0),
+    )
+    life = Lifetime(every="1h")
+    want = {
+        # at 11:00: the values 4, 1, 7 (and the null's row for count)
+        "2026-01-01 11:00": {
+            "count": 4, "sum": 12.0, "avg": 4.0, "min": 1.0, "max": 7.0, "stddev": 3.0, "first": 4.0, "last": 7.0,
+            "distinct": 3, "p50": 4.0, "last_k": [7.0, 1.0, 4.0],
+        },
+        # at 10:59: only the 2020 value and the null, whatever happened since
+        "2026-01-01 10:59": {
+            "count": 2, "sum": 4.0, "avg": 4.0, "min": 4.0, "max": 4.0, "stddev": None, "first": 4.0, "last": 4.0,
+            "distinct": 1, "p50": 4.0, "last_k": [4.0],
+        },
+    }  # fmt: skip
+    for t, values in want.items():
+        for name, aggregation in ALL_AGGREGATIONS:
+            got = value(frame, Feature(name, aggregation, window=life), t)  # type: ignore[arg-type]
+            assert got == values[name], (t, name, got)
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Empty windows and nulls
 

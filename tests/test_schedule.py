@@ -8,7 +8,6 @@ generated data, a few Spark runs each (several days per run where the test allow
 from __future__ import annotations
 
 import io
-import json
 import shlex
 import shutil
 import subprocess
@@ -36,6 +35,7 @@ from features.schedule import (
     FORCED,
     NEW,
     chunk_runs,
+    days_from,
     execute,
     last_complete_day,
     plan,
@@ -402,28 +402,6 @@ def test_apply_refuses_to_drop_a_removed_group_without_prune(tmp_path: Path, cap
 # Entry points for schedulers
 
 
-def test_databricks_jobs_run_the_entry_points_with_valid_arguments() -> None:
-    definitions = {p.name: json.loads(p.read_text()) for p in sorted((ROOT / "jobs" / "databricks").glob("*.json"))}
-    assert set(definitions) == {"nightly_backfill.json", "stream.json"}
-    parser = build_parser()
-    commands = parser._subparsers._group_actions[0].choices
-    for name, job in definitions.items():
-        [task] = job["tasks"]
-        python_task = task["spark_python_task"]
-        script = python_task["python_file"]
-        command = Path(script).stem
-        assert script in {"jobs/backfill.py", "jobs/stream.py"}, name
-        assert job["max_concurrent_runs"] == 1, name
-        if command in commands:
-            parser.parse_args([command, *python_task["parameters"]])
-    backfill = definitions["nightly_backfill.json"]
-    assert (
-        backfill["schedule"]["timezone_id"] == "UTC"
-        and "--since-last" in backfill["tasks"][0]["spark_python_task"]["parameters"]
-    )
-    assert definitions["stream.json"]["continuous"]["pause_status"] == "UNPAUSED"
-
-
 def test_crontab_example_runs_valid_commands() -> None:
     entries = [
         line
@@ -677,6 +655,22 @@ def test_an_added_feature_recomputes_every_partition(spark, tmp_path: Path) -> N
     assert plan(repo, request(since_last=True), now=NOW).partitions == 0
 
 
+def since_last_days(first: date, before: datetime, after: datetime) -> list[list[date]]:
+    """The days a --since-last run computes from `first` on when it read the clock between `before` and `after`:
+    one list, or two when the last complete day moved on meanwhile (a midnight and the watermark passed). A job
+    started as a scheduler starts it has no clock of ours to take, so the test reads the clock around it."""
+    ends = sorted({last_complete_day(HOP, before), last_complete_day(HOP, after)})
+    return [days_from(first, end) for end in ends]
+
+
+def test_since_last_days_around_midnight() -> None:
+    first = D1
+    assert since_last_days(first, at(D4, "12:00"), at(D4, "12:01")) == [[D1, D2, D3]]
+    # Around 00:10 (midnight plus the 10m watermark): yesterday became complete during the run, or not yet.
+    assert since_last_days(first, at(D4, "00:09"), at(D4, "00:11")) == [[D1, D2], [D1, D2, D3]]
+    assert since_last_days(D4, at(D4, "00:09"), at(D4, "00:11")) == [[], []]
+
+
 @pytest.mark.slow
 def test_nightly_job_end_to_end(tmp_path: Path) -> None:
     """jobs/backfill.py as a scheduler runs it, on the real clock: a first --since-last computes every day of
@@ -684,18 +678,28 @@ def test_nightly_job_end_to_end(tmp_path: Path) -> None:
     imports neither Feast nor Great Expectations (seconds each, cold)."""
     today = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
     events = generate_transactions(600, 20, today - timedelta(days=3), 2, seed=8)
+    first_day = (today - timedelta(days=3)).date()
     repo = make_repo(tmp_path / "repo", [HOP], events, apply=True)
     options = ["--since-last", "--days-per-run", "7", "--no-tracking"]
+    before = datetime.now(UTC)
     first = run_job("--repo", str(repo.root), *options, cwd=tmp_path, python=["-X", "importtime"])
+    after = datetime.now(UTC)
     assert first.returncode == 0, first.stdout + first.stderr
     imported = {line.rsplit("|", 1)[-1].strip() for line in first.stderr.splitlines() if line.startswith("import time")}
     assert not imported & {"feast", "great_expectations"}, "a passing nightly run imported Feast or Great Expectations"
     assert "online" in first.stdout, first.stdout
-    days = [(today - timedelta(days=k)).date() for k in (3, 2, 1)]
-    if last_complete_day(HOP, datetime.now(UTC)) < days[-1]:
-        days = days[:-1]  # just after midnight: yesterday is not complete yet
+    days = read_manifest(repo.offline_path(HOP), "hop").completed()
+    assert days in since_last_days(first_day, before, after), (days, before, after)
+    assert len(days) >= 2  # the source's first day is complete from 00:10 on the third day after it
     assert f"hop: {len(days)} partitions to compute: {spans(days)} (not computed yet)" in first.stdout
     assert f"done: {len(days)} partitions of 1 group" in first.stdout
-    assert read_manifest(repo.offline_path(HOP), "hop").completed() == days
+    before = datetime.now(UTC)
     again = run_job("--repo", str(repo.root), "--since-last", "--no-online", "--no-tracking", cwd=tmp_path)
-    assert again.returncode == 0 and "hop: up to date" in again.stdout, again.stdout + again.stderr
+    after = datetime.now(UTC)
+    assert again.returncode == 0, again.stdout + again.stderr
+    # Nothing to do, unless yesterday became complete since the first run (then it, only).
+    said = {
+        "hop: up to date" if not new else f"hop: 1 partition to compute: {spans(new)}"
+        for new in since_last_days(days[-1] + timedelta(days=1), before, after)
+    }
+    assert any(line in again.stdout for line in said), (said, again.stdout)

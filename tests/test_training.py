@@ -1,6 +1,6 @@
 """Training sets (features.training_set) through Feast's get_historical_features, against the reference.
 
-- Every value of every feature equals the brute-force reference of DESIGN.md section 2 at the row's time:
+- Every value of every feature equals the brute-force reference of docs/semantics.md at the row's time:
   at pane boundaries, before a key's first event and for keys never seen (0 for counts, sums and
   approx_count_distinct, null for the rest), with the caller's rows, columns and order kept.
 - pandas in, pandas out; Spark in, Spark out; naive timestamps are UTC; a timestamp column of any name.
