@@ -104,6 +104,9 @@ def apply_required_conf(spark: SparkSession) -> None:
 def get_spark(app_name: str = "features", shuffle_partitions: int | None = None) -> SparkSession:
     """The active SparkSession if there is one (Databricks, notebooks, spark-submit; a Spark Connect session
     there too), else a Spark Connect session to `SPARK_REMOTE` when it is set, else a local one."""
+    from features.engine.runtime import check_pyspark
+
+    check_pyspark()  # a PySpark this version does not support stops here, naming it and the fix
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()  # under Spark Connect (is_remote()), the active Connect session
