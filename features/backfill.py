@@ -16,16 +16,11 @@ from typing import TYPE_CHECKING
 from pyspark.sql import DataFrame, SparkSession
 
 from features.engine.batch import change_points, read_lower_bound
+from features.engine.files import SetAsideFile, file_days
 from features.engine.online_rows import write_online
+from features.engine.schema import FILE_REASONS
 from features.engine.session import cancel_all, get_spark, is_stopped
-from features.engine.source import (
-    FILE_REASONS,
-    SetAsideFile,
-    file_days,
-    observed_count,
-    quarantine_counts,
-    read_source,
-)
+from features.engine.source import observed_count, quarantine_counts, read_source
 from features.errors import ConfigError
 from features.locks import table_lock
 from features.manifest import read_manifest

@@ -173,8 +173,9 @@ def check_wheres(repo: Repo) -> None:
     groups = [g for g in repo.groups.values() if any(f.where is not None for f in g.features)]
     if not groups:
         return
+    from features.engine.schema import spark_schema
     from features.engine.session import get_spark
-    from features.engine.source import check_columns, spark_schema
+    from features.engine.source import check_columns
 
     spark = get_spark()
     for group in groups:

@@ -66,10 +66,10 @@ def _change_points(group: FeatureGroup, events: DataFrame, start_us: int, end_us
     from pyspark.sql import functions as F
 
     from features.engine.batch import change_points
-    from features.engine.source import _reason, check_columns
+    from features.engine.source import check_columns, reason_of
 
     check_columns(group, events)
-    good = events.where(_reason(group, events, datetime.now(UTC)).isNull())
+    good = events.where(reason_of(group, events, datetime.now(UTC)).isNull())
     rows = change_points(group, good, start_us, end_us).rows
     return rows.where(F.col(WINDOW_END) < F.timestamp_micros(F.lit(end_us)))
 

@@ -302,7 +302,7 @@ def record_source_schemas(repo: Repo) -> list[str]:
     record it in the repo (`features.repo.write_schema_record`): every later read uses it, until the next
     `features apply`. Returns a warning per conflict between files (a type, or a column a group reads that some
     files lack), naming the files and the choice recorded."""
-    from features.engine.source import read_columns
+    from features.engine.schema import read_columns
 
     warnings: list[str] = []
     sources: dict[str, list[FeatureGroup]] = {}

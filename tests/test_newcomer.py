@@ -161,11 +161,11 @@ def test_every_readable_file_is_read_and_each_bad_one_set_aside(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from features.engine import source as source_module
+    from features.engine import files as files_module
     from features.engine.source import read_source
 
     if remote:  # files the driver cannot open, as on an object store: found by one read of every column
-        monkeypatch.setattr(source_module, "_local_path", lambda uri: None)
+        monkeypatch.setattr(files_module, "_local_path", lambda uri: None)
 
     folder = tmp_path / "events"
     folder.mkdir()
@@ -248,7 +248,7 @@ def test_silencing_spark_error_logs_leaves_later_spark_errors_intact() -> None:
     # A fresh process: whichever of quiet_spark_errors and PySpark creates the loggers first, PySpark's later
     # `logger.exception(..., errorClass=...)` must still work (a plain Logger made every later error a TypeError).
     code = (
-        "from features.engine.source import quiet_spark_errors\n"
+        "from features.engine.schema import quiet_spark_errors\n"
         "from pyspark.logger import PySparkLogger\n"
         "with quiet_spark_errors():\n"
         "    pass\n"

@@ -162,7 +162,7 @@ def test_which_types_convert_without_loss(found: pa.DataType, want: DType, probl
 
 
 def test_a_file_conforms_when_every_column_the_group_reads_is_there_and_fits():
-    from features.engine.source import nonconformity
+    from features.engine.files import nonconformity
 
     expected = {"event_ts": DType.TIMESTAMP, "user_id": DType.INT64, "amount": DType.FLOAT64}
     fits = pa.schema(
@@ -190,7 +190,7 @@ def test_a_file_conforms_when_every_column_the_group_reads_is_there_and_fits():
 
 
 def test_the_columns_a_group_reads_include_those_its_wheres_name():
-    from features.engine.source import read_columns
+    from features.engine.schema import read_columns
 
     group = _group(where="`Status` = 'amt' AND merchant_id > 3")
     columns = ["user_id", "amount", "amt", "status", "merchant_id", "event_ts", "txn_id"]
@@ -198,7 +198,7 @@ def test_the_columns_a_group_reads_include_those_its_wheres_name():
 
 
 def test_a_file_s_events_per_day(tmp_path: Path):
-    from features.engine.source import file_days
+    from features.engine.files import file_days
 
     frame = _events([1, 2, 3], [1.0, 2.0, 3.0], [0, 1439, 1440])
     frame.to_parquet(tmp_path / "a.parquet")  # nanoseconds
@@ -283,7 +283,7 @@ def test_a_record_that_cannot_be_used_says_to_apply_again(tmp_path: Path):
 
 def test_the_summary_counts_the_files_and_events_set_aside():
     from features.backfill import BackfillResult
-    from features.engine.source import SetAsideFile
+    from features.engine.files import SetAsideFile
 
     start, end = datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 1, 2, tzinfo=UTC)
     stray = SetAsideFile("file:///d/0-stray.parquet", "nonconforming_file: /d/0-stray.parquet: column ...", 1)

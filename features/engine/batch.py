@@ -19,7 +19,8 @@ from pyspark.sql import functions as F
 
 from features import kernel
 from features.engine.inputs import bucket_labels, bucket_of, ddl, kernel_inputs
-from features.engine.source import observed_count, schema_of
+from features.engine.schema import schema_of
+from features.engine.source import observed_count
 from features.panes import MICROS, lookback_us
 from features.spec import WINDOW_END, DType, FeatureGroup
 

@@ -23,144 +23,49 @@ access, so this also works on Spark Connect.
 
 from __future__ import annotations
 
-import functools
-import os
-import re
-from collections.abc import Collection, Iterable, Iterator, Mapping
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from features.errors import ConfigError, DefinitionError, SchemaError
-from features.spec import DType, FeatureGroup
+from features.spec import FeatureGroup
 
 if TYPE_CHECKING:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
     from pyspark.sql import Column, DataFrame, DataFrameReader, Observation, SparkSession
     from pyspark.sql.streaming import DataStreamReader
-    from pyspark.sql.types import DataType, StructType
+    from pyspark.sql.types import StructType
 
-CORRUPT = "_corrupt_record"  # Spark's column for the text of a JSON line that does not match the schema
-# Columns of a quarantined record, besides the source's own columns.
-REASON = "reason"
-SOURCE_FILE = "source_file"
-RAW_RECORD = "raw_record"
-# Reasons (the `reason` column starts with one of these; wrong_type and missing_key name the columns).
-UNPARSEABLE = "unparseable_json"
-WRONG_TYPE = "wrong_type"
-MISSING_KEY = "missing_key"
-MISSING_TIMESTAMP = "missing_timestamp"
-FUTURE_TIMESTAMP = "future_timestamp"
-INFINITE_VALUE = "infinite_value"
-UNREADABLE_FILE = "unreadable_file"
-NONCONFORMING_FILE = "nonconforming_file"
-FILE_REASONS = (NONCONFORMING_FILE, UNREADABLE_FILE)  # reasons of a file set aside whole, one record per file
-READ = "features_read"  # field metadata: the group reads this column, so each file must hold it, of a fitting type
-MARK = "fx_reason"  # a record's reason while it is read (the source may have a column named `reason`)
-META = "fx_meta"  # Spark's `_metadata` of each record (its file), carried through the union of the two reads
-# Spark 4.3's nanosecond timestamps (a preview): with it, a Parquet TIMESTAMP(NANOS) column reads as
-# timestamp_ltz(9) / timestamp_ntz(9), and a cast to timestamp truncates it to the microsecond (towards -inf).
-NANOS_CONF = "spark.sql.timestampNanosTypes.enabled"
-
-_SPARK_TYPES = {
-    DType.INT64: "bigint",
-    DType.FLOAT64: "double",
-    DType.STRING: "string",
-    DType.BOOL: "boolean",
-    DType.TIMESTAMP: "timestamp",
-}
-
-
-def dtype_of_spark(data_type: DataType) -> DType | None:
-    """The logical type of a Spark column, or None for types features cannot use."""
-    from pyspark.sql import types as T
-
-    if isinstance(data_type, T.ByteType | T.ShortType | T.IntegerType | T.LongType):
-        return DType.INT64
-    if isinstance(data_type, T.FloatType | T.DoubleType | T.DecimalType):
-        return DType.FLOAT64
-    if isinstance(data_type, T.StringType):
-        return DType.STRING
-    if isinstance(data_type, T.BooleanType):
-        return DType.BOOL
-    if isinstance(data_type, T.TimestampType | T.TimestampNTZType):
-        return DType.TIMESTAMP
-    return None
-
-
-def schema_of(spark_schema: StructType) -> dict[str, DType]:
-    return {f.name: t for f in spark_schema.fields if (t := dtype_of_spark(f.dataType)) is not None}
-
-
-def spark_schema(columns: Mapping[str, DType], read: Collection[str] = ()) -> StructType:
-    """A Spark schema of columns and their logical types, the columns in `read` marked as read (`READ`)."""
-    from pyspark.sql import types as T
-
-    schema = T.StructType.fromDDL(", ".join(f"`{c}` {_SPARK_TYPES[t]}" for c, t in columns.items()))
-    return T.StructType(
-        [T.StructField(f.name, f.dataType, f.nullable, {READ: True} if f.name in read else None) for f in schema]
-    )
-
-
-def group_schema(group: FeatureGroup, columns: Mapping[str, DType]) -> StructType:
-    """The Spark schema a group reads its source with: `columns`, those the group reads marked (`READ`)."""
-    return spark_schema(columns, read_columns(group, columns))
-
-
-def declared_spark_schema(group: FeatureGroup) -> StructType | None:
-    if group.source.schema is None:
-        return None
-    return group_schema(group, group.source.schema)
-
-
-# Text a `where` holds that names no column: quoted strings. Left are the names, plain or in backquotes.
-_QUOTED = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"")
-_NAME = re.compile(r"`([^`]+)`|([A-Za-z_][A-Za-z0-9_]*)")
-
-
-def read_columns(group: FeatureGroup, columns: Iterable[str]) -> list[str]:
-    """The columns of `columns` the group reads: the timestamp, the join keys, the aggregated columns and the
-    columns its `where`s name (matched as Spark matches them, ignoring case)."""
-    by_name = {c.lower(): c for c in columns}
-    wanted = [group.source.timestamp, *group.join_keys]
-    wanted += [f.aggregation.column for f in group.features if f.aggregation.column is not None]
-    for feat in group.features:
-        if feat.where is not None:
-            wanted += [quoted or plain for quoted, plain in _NAME.findall(_QUOTED.sub(" ", feat.where))]
-    read: list[str] = []
-    for name in wanted:
-        column = by_name.get(name.lower())
-        if column is not None and column not in read:
-            read.append(column)
-    return read
-
-
-def expected_columns(schema: StructType | None) -> dict[str, DType]:
-    """The columns of a read schema the group reads (marked `READ`), with their logical types."""
-    if schema is None:
-        return {}
-    return {
-        f.name: dtype
-        for f in schema.fields
-        if f.metadata.get(READ) and (dtype := dtype_of_spark(f.dataType)) is not None
-    }
-
-
-@dataclass(frozen=True)
-class SetAsideFile:
-    """A file set aside whole: its reason (`nonconforming_file: ...` or `unreadable_file: ...`) and how many
-    events it holds (from its footer; 0 for a file that is not Parquet)."""
-
-    file: str  # as Spark lists it (a URI)
-    reason: str
-    events: int
-
-    @property
-    def kind(self) -> str:
-        return self.reason.split(":", 1)[0]
+from features.engine.files import (
+    FileCheck,
+    SetAsideFile,
+    conforms,
+    unreadable_files,
+)
+from features.engine.schema import (
+    CORRUPT,
+    FUTURE_TIMESTAMP,
+    INFINITE_VALUE,
+    MARK,
+    META,
+    MISSING_KEY,
+    MISSING_TIMESTAMP,
+    NANOS_CONF,
+    RAW_RECORD,
+    REASON,
+    SOURCE_FILE,
+    UNPARSEABLE,
+    WRONG_TYPE,
+    ddl_of,
+    declared_spark_schema,
+    expected_columns,
+    group_schema,
+    in_microseconds,
+    quiet_spark_errors,
+    schema_of,
+    source_columns,
+    timestamp_columns,
+)
 
 
 @dataclass(frozen=True)
@@ -283,7 +188,7 @@ def read_source(spark: SparkSession, group: FeatureGroup, path: str, *, now: dat
         # is used. A filter on the file's path alone also spares Spark opening those files.
         spellings = [spelling for _, file in bad_files for spelling in _uri_spellings(file)]
         raw = raw.where(~F.col(META)["file_path"].isin(spellings))
-    marked = raw.withColumn(MARK, _reason(group, raw, now))
+    marked = raw.withColumn(MARK, reason_of(group, raw, now))
     good = [*cleaned_columns(raw), F.col(META)]
     extra = [F.col(META)["file_path"].alias(SOURCE_FILE)]
     if CORRUPT in raw.columns:
@@ -300,11 +205,6 @@ def _uri_spellings(uri: str) -> list[str]:
     """A file's URI as Spark lists it (`file:///p`) and as its records' `_metadata.file_path` gives it
     (`file:/p`), both percent-encoded alike."""
     return [uri, "file:/" + uri.removeprefix("file:///")] if uri.startswith("file:///") else [uri]
-
-
-def source_columns(raw: DataFrame) -> list[str]:
-    """The source's own columns of a read (not Spark's corrupt-record text, nor the file metadata)."""
-    return [c for c in raw.columns if c not in (CORRUPT, META)]
 
 
 def cleaned_columns(raw: DataFrame) -> list[Column]:
@@ -333,7 +233,7 @@ def _file_records(spark: SparkSession, bad_files: list[tuple[str, str]], schema:
     )
 
 
-def _reason(group: FeatureGroup, raw: DataFrame, now: datetime | Column) -> Column:
+def reason_of(group: FeatureGroup, raw: DataFrame, now: datetime | Column) -> Column:
     """Why a record cannot be used, or null for a good record. The first reason that applies wins.
 
     `now` is the current time of the `max_future` check: a fixed time for a batch read, and for a stream the
@@ -485,50 +385,18 @@ def read_parquet(
 
     reader = reader.option("recursiveFileLookup", "true").option("ignoreCorruptFiles", "true")
     micros = reader.schema(schema).parquet(path).withColumn(META, F.col("_metadata"))
-    stamps = _timestamps(schema)
+    stamps = timestamp_columns(schema)
     if not stamps or not _nanos_enabled(spark):
         read = micros
     else:
-        nanos_ddl = _ddl(schema, nanos=True)
+        nanos_ddl = ddl_of(schema, nanos=True)
         # The schema of this read has types PySpark cannot parse: columns are cast before anything asks for it.
-        nanos = reader.schema(nanos_ddl).parquet(path).select(*_in_microseconds(schema), F.col("_metadata").alias(META))
+        nanos = reader.schema(nanos_ddl).parquet(path).select(*in_microseconds(schema), F.col("_metadata").alias(META))
         read = micros.select(*[F.col(f"`{f.name}`") for f in schema.fields], F.col(META)).unionByName(nanos)
     expected = expected_columns(schema)
     if read.isStreaming and expected:
-        read = read.where(_conforms(expected))
+        read = read.where(conforms(expected))
     return read
-
-
-def _conforms(expected: Mapping[str, DType]) -> Column:
-    """Whether a record's file conforms to `expected` (`nonconformity`), decided once per file in each Python
-    worker, from the file's footer. A file the worker cannot open (a remote store) is left to Spark's reader."""
-    import pandas as pd
-    from pyspark.sql import functions as F
-
-    wanted = tuple((column, dtype.value) for column, dtype in expected.items())
-
-    def conforms(files: pd.Series) -> pd.Series:
-        verdicts = {file: _file_conforms(file, wanted) for file in files.unique()}
-        return files.map(verdicts).astype(bool)
-
-    # PySpark reads a pandas UDF's kind from its type hints: here objects, not this module's postponed strings.
-    conforms.__annotations__ = {"files": pd.Series, "return": pd.Series}
-    return F.pandas_udf(conforms, "boolean")(F.col(META)["file_path"])  # type: ignore[call-overload]
-
-
-def _file_conforms(uri: str, wanted: tuple[tuple[str, str], ...]) -> bool:
-    local = _local_path(uri)
-    if local is None:
-        return True
-    stat = os.stat(local)
-    return _conforms_cached(local, stat.st_size, stat.st_mtime_ns, wanted)
-
-
-@functools.lru_cache(maxsize=4096)
-def _conforms_cached(local: str, size: int, mtime_ns: int, wanted: tuple[tuple[str, str], ...]) -> bool:
-    """A file's verdict, kept while its size and time stay (the key): files land once and are not rewritten."""
-    footer = _arrow_schema(_footer(local))
-    return footer is None or nonconformity(footer, {column: DType(t) for column, t in wanted}) is None
 
 
 def _nanos_enabled(spark: SparkSession) -> bool:
@@ -546,249 +414,6 @@ def _nanos_enabled(spark: SparkSession) -> bool:
         # createDataFrame makes it the active one in this thread too (PySpark's own doing; no JVM call here).
         spark.createDataFrame([], "x int")
     return True
-
-
-def unreadable_files(
-    spark: SparkSession, raw: DataFrame, schema: StructType | None, check: FileCheck | None = None
-) -> list[tuple[str, str]]:
-    """(reason, file) for each file of `raw`'s read that does not conform to `schema` or that Spark cannot read
-    with it (see `FileCheck`, or `check`); where the driver cannot open the files (a remote URI), those absent
-    from a read of every column."""
-    files = sorted(raw.inputFiles())
-    bad = (check or FileCheck(spark, schema)).unreadable(files)
-    return bad if bad is not None else _unreadable_by_scan(spark, raw, schema, files)
-
-
-class FileCheck:
-    """Which Parquet files are set aside whole with a schema: those that do not conform to the columns it marks
-    as read (`nonconformity`, from each footer), then those Spark cannot read. Spark decides on one file per
-    physical layout: files are grouped by their footers' types of the read columns (a file whose footer does
-    not parse is its own group), and one small read of a group's largest file stands for all of them. A layout
-    found readable is remembered (the stream checks each new file as it lands)."""
-
-    def __init__(self, spark: SparkSession, schema: StructType | None) -> None:
-        from pyspark.sql import types as T
-
-        self.spark, self.schema = spark, schema
-        self.expected = expected_columns(schema)
-        # Spark checks the columns the group reads (all of the schema's, where none is marked): a read of
-        # the source prunes the others, so a file whose other columns do not fit is read all the same.
-        self.checked = schema
-        if schema is not None and self.expected:
-            self.checked = T.StructType([f for f in schema.fields if f.name in self.expected])
-        self.columns = [f.name for f in self.checked.fields] if self.checked is not None else []
-        self.readable: set[tuple[str, ...]] = set()
-        self.rows: dict[str, int] = {}  # file -> rows, from its footer, for each file checked
-
-    def unreadable(self, files: list[str]) -> list[tuple[str, str]] | None:
-        """(reason, file) for each file set aside; None if the driver cannot open some of them."""
-        local = [_local_path(f) for f in files]
-        if not all(local):
-            return None
-        layouts: dict[object, list[tuple[int, str]]] = {}
-        bad = []
-        for file, local_path in zip(files, local, strict=True):
-            metadata = _footer(local_path)  # type: ignore[arg-type]
-            rows = metadata.num_rows if metadata is not None else 0
-            self.rows[file] = rows
-            footer = _arrow_schema(metadata)
-            misfit = nonconformity(footer, self.expected) if footer is not None and self.expected else None
-            if misfit is not None:
-                bad.append((misfit.reason(local_path), file))  # type: ignore[arg-type]
-                continue
-            layout = _layout(metadata, self.columns)
-            if layout not in self.readable:
-                layouts.setdefault(layout or file, []).append((-rows, file))
-        for layout, group in layouts.items():
-            # The file with the most rows: a file with no rows reads without error, whatever its columns' types.
-            (most, first), *_ = sorted(group)
-            reason = _why_unreadable(self.spark, self.checked, first)
-            if reason is None:
-                if most and isinstance(layout, tuple):
-                    self.readable.add(layout)
-                continue
-            for _, file in sorted(group):  # Spark's reason names the file: each one's own
-                why = reason if file == first else _why_unreadable(self.spark, self.checked, file)
-                if why is not None:
-                    bad.append((f"{UNREADABLE_FILE}: {why}", file))
-        return bad
-
-
-@dataclass(frozen=True)
-class Misfit:
-    """How a file does not conform to the columns a group reads: one column, missing or of a type that does
-    not convert to the schema's without loss."""
-
-    column: str
-    want: DType
-    found: str | None  # the file's Arrow type of the column; None when the file lacks it
-    detail: str  # what is wrong, e.g. "column 'amount' missing (found columns: amt, event_ts, user_id)"
-
-    def reason(self, file: str) -> str:
-        """The reason of the file's quarantine record: the file, the column, the type found, and the fix."""
-        if self.found is None:
-            fix = f"write {self.column!r} ({self.want.value}) into the file, or move the file out of the source folder"
-        else:
-            fix = (
-                f"rewrite the file with {self.column!r} as {self.want.value}, or move it out of the source folder "
-                f"(if {self.want.value} is not the type you mean, declare schema= on the EventSource)"
-            )
-        return f"{NONCONFORMING_FILE}: {file}: {self.detail}; fix: {fix}, then backfill its days again with --force"
-
-
-def nonconformity(footer: pa.Schema, expected: Mapping[str, DType]) -> Misfit | None:
-    """How a file's columns do not fit the columns a group reads (`expected`), or None when they do: the first
-    such column missing (matched as Spark matches names, ignoring case), else the first whose type does not
-    convert to the expected one without loss (features.feast_objects.conversion_problem). Other columns, and
-    extra ones, are fine."""
-    from features.feast_objects import conversion_problem
-
-    by_name = {name.lower(): name for name in footer.names}
-    for column, want in expected.items():
-        name = by_name.get(column.lower())
-        if name is None:
-            found = sorted(footer.names)
-            listed = ", ".join(found[:12]) + (f" and {len(found) - 12} more" if len(found) > 12 else "")
-            return Misfit(column, want, None, f"column {column!r} missing (found columns: {listed or 'none'})")
-        found_type = footer.field(name).type
-        problem = conversion_problem(found_type, want)
-        if problem is not None:
-            detail = f"column {column!r} is {found_type} where the source schema has {want.value} ({problem})"
-            return Misfit(column, want, str(found_type), detail)
-    return None
-
-
-def file_days(file: str, timestamp: str) -> dict[date, int] | None:
-    """How many of a Parquet file's events are stamped on each UTC day, from its timestamp column (a naive
-    time taken as UTC); None when the driver cannot open the file or it has no such timestamp column."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    local = _local_path(file)
-    footer = _arrow_schema(_footer(local)) if local is not None else None
-    if footer is None:
-        return None
-    name = {n.lower(): n for n in footer.names}.get(timestamp.lower())
-    if name is None or not pa.types.is_timestamp(footer.field(name).type):
-        return None
-    stamps = pq.read_table(local, columns=[name]).column(name).drop_null()
-    per_day = {"s": 86_400, "ms": 86_400_000, "us": 86_400_000_000, "ns": 86_400_000_000_000}[stamps.type.unit]
-    days, counts = np.unique(np.floor_divide(stamps.cast(pa.int64()).to_numpy(), per_day), return_counts=True)
-    epoch = date(1970, 1, 1)
-    return {epoch + timedelta(days=int(d)): int(n) for d, n in zip(days, counts, strict=True)}
-
-
-def _local_path(uri: str) -> str | None:
-    """The driver's path of a `file:` URI (as Spark lists files) that the driver sees, else None (a remote
-    store, or a Spark Connect server's own disk)."""
-    from urllib.parse import unquote, urlparse
-
-    parsed = urlparse(uri)
-    path = unquote(parsed.path)
-    return path if parsed.scheme in ("file", "") and Path(path).is_file() else None
-
-
-def _footer(file: str) -> pq.FileMetaData | None:
-    """A Parquet file's footer, or None if pyarrow cannot read one (a file that is not Parquet)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    try:
-        return pq.ParquetFile(file).metadata
-    except (pa.ArrowException, OSError):
-        return None
-
-
-def _arrow_schema(metadata: pq.FileMetaData | None) -> pa.Schema | None:
-    """A footer's columns as Arrow types (pandas' and pyarrow's own types where the file keeps them)."""
-    import pyarrow as pa
-
-    if metadata is None:
-        return None
-    try:
-        return metadata.schema.to_arrow_schema()
-    except (pa.ArrowException, OSError):
-        return None
-
-
-def _layout(metadata: pq.FileMetaData | None, columns: list[str]) -> tuple[str, ...] | None:
-    """The physical and logical types of `columns` in a Parquet file's footer (None without a footer)."""
-    if metadata is None:
-        return None
-    footer, wanted = metadata.schema, set(columns)
-    return tuple(
-        f"{c.path}:{c.physical_type}:{c.logical_type}:{c.max_definition_level}"
-        for c in (footer.column(i) for i in range(len(footer)))
-        if c.path.split(".")[0] in wanted
-    )
-
-
-def _unreadable_by_scan(
-    spark: SparkSession, raw: DataFrame, schema: StructType | None, files: list[str]
-) -> list[tuple[str, str]]:
-    """`unreadable_files` where the driver cannot open the files: those absent from the records of a read of
-    every column (a file whose column has the wrong type fails only when that column is read), except the
-    ones that read without error (files with no rows)."""
-    from pyspark.sql import functions as F
-
-    every_column = F.hash(*[F.col(f"`{c}`") for c in source_columns(raw)])
-    per_file = raw.groupBy(F.col(META)["file_path"].alias("path")).agg(F.max(every_column).alias("h"))
-    seen = {row["path"] for row in per_file.collect()}
-    bad = []
-    for file in (f for f in files if f not in seen):
-        reason = _why_unreadable(spark, schema, file)
-        if reason is not None:
-            bad.append((f"{UNREADABLE_FILE}: {reason}", file))
-    return bad
-
-
-def _why_unreadable(spark: SparkSession, schema: StructType | None, file: str) -> str | None:
-    """Why Spark cannot read one Parquet file with `schema` (None if it can, e.g. a file with no rows)."""
-    reasons = []
-    every = _in_microseconds(schema) if schema is not None else []  # PySpark cannot parse the nanosecond type
-    for ddl in _read_types(spark, schema):
-        try:
-            with quiet_spark_errors():
-                spark.read.schema(ddl).parquet(file).select(*every).limit(1).collect()
-            return None
-        except Exception as exc:  # the reason is kept: classic PySpark raises py4j's error, no PySparkException
-            reasons.append(spark_reason(exc))
-    return reasons[0]
-
-
-def _read_types(spark: SparkSession, schema: StructType | None) -> list[str]:
-    """The schemas (DDL) the two reads of `read_parquet` use."""
-    if schema is None:
-        return []
-    if not _timestamps(schema) or spark.conf.get(NANOS_CONF, "false") != "true":
-        return [_ddl(schema, nanos=False)]
-    return [_ddl(schema, nanos=False), _ddl(schema, nanos=True)]
-
-
-def _in_microseconds(schema: StructType) -> list[Column]:
-    """Every column of `schema`, its timestamps (of any unit) cast to Spark's microsecond timestamp."""
-    from pyspark.sql import functions as F
-
-    stamps = set(_timestamps(schema))
-    return [
-        F.col(f"`{f.name}`").cast("timestamp").alias(f.name) if f.name in stamps else F.col(f"`{f.name}`")
-        for f in schema.fields
-    ]
-
-
-def _timestamps(schema: StructType) -> list[str]:
-    from pyspark.sql import types as T
-
-    return [f.name for f in schema.fields if isinstance(f.dataType, T.TimestampType | T.TimestampNTZType)]
-
-
-def _ddl(schema: StructType, *, nanos: bool) -> str:
-    """`schema` as DDL; with `nanos`, its timestamps as Spark's nanosecond type."""
-    stamps = set(_timestamps(schema)) if nanos else set()
-    return ", ".join(
-        f"`{f.name}` {'timestamp_ltz(9)' if f.name in stamps else f.dataType.simpleString()}" for f in schema.fields
-    )
 
 
 def check_columns(group: FeatureGroup, events: DataFrame) -> None:
@@ -816,39 +441,3 @@ def check_columns(group: FeatureGroup, events: DataFrame) -> None:
                 f"{feat.where!r} is a {data_type.simpleString()}, not a condition",
                 'write an expression that is true or false, e.g. "amount > 100"',
             )
-
-
-# PySpark logs every error that has a query context as it is raised: an 8 KB JSON line with the Java trace
-# on stderr, ahead of the one-line message the package gives for the errors it expects.
-_QUERY_CONTEXT_LOGGERS = ("SQLQueryContextLogger", "DataFrameQueryContextLogger")
-
-
-@contextmanager
-def quiet_spark_errors() -> Iterator[None]:
-    """PySpark's own logging of an error off, where the error is expected and reported in one line."""
-    from pyspark.logger import PySparkLogger
-
-    # PySparkLogger's own getLogger: a plain logging.getLogger would create these loggers as plain Loggers,
-    # which reject the keyword arguments PySpark passes them later (errorClass=...), turning every later
-    # Spark error with a query context into a TypeError.
-    loggers = [PySparkLogger.getLogger(name) for name in _QUERY_CONTEXT_LOGGERS]
-    before = [logger.disabled for logger in loggers]
-    for logger in loggers:
-        logger.disabled = True
-    try:
-        yield
-    finally:
-        for logger, disabled in zip(loggers, before, strict=True):
-            logger.disabled = disabled
-
-
-def spark_reason(exc: BaseException) -> str:
-    """Spark's reason for an error in one line: the innermost `Caused by:` of a Java trace (the real reason
-    a file failed, e.g. "... is not a Parquet file"), else the first line of the message."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    causes = [line.removeprefix("Caused by: ") for line in lines if line.startswith("Caused by: ")]
-    text = causes[-1] if causes else next((line for line in lines if not line.startswith("An error occurred")), "")
-    head, _, rest = text.partition(": ")
-    if rest and " " not in head and "." in head:
-        text = rest  # the Java exception's class name
-    return text[:300] or type(exc).__name__

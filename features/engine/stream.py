@@ -48,20 +48,9 @@ from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
 from features import kernel as pt
 from features.engine.inputs import bucket_of, ddl, kernel_inputs
-from features.engine.source import (
-    CORRUPT,
-    META,
-    RAW_RECORD,
-    SOURCE_FILE,
-    _reason,
-    check_columns,
-    cleaned_columns,
-    declared_spark_schema,
-    parquet_schema,
-    read_parquet,
-    schema_of,
-)
-from features.engine.source import source_columns as all_source_columns
+from features.engine.schema import CORRUPT, META, RAW_RECORD, SOURCE_FILE, declared_spark_schema, schema_of
+from features.engine.schema import source_columns as all_source_columns
+from features.engine.source import check_columns, cleaned_columns, parquet_schema, read_parquet, reason_of
 from features.errors import ConfigError, DefinitionError, EnvironmentProblem
 from features.spec import WINDOW_END, DType, FeatureGroup
 
@@ -203,7 +192,7 @@ def project(group: FeatureGroup, events: DataFrame, labels: list[int]) -> tuple[
     output = group.output_types(types)
     plan = pt.Plan.of(group, types)
     source = group.source
-    reason = _reason(group, events, F.current_timestamp())
+    reason = reason_of(group, events, F.current_timestamp())
     source_columns = [c for c in events.columns if c not in (CORRUPT, LANDED, FILE)]
     # A bad record as the backfill sets it aside (features.engine.source: reason, source_file, raw_record, the
     # source's columns as read), carried as JSON to the sink, which writes it with `record_schema`.

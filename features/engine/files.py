@@ -1,0 +1,291 @@
+"""Files set aside whole: a landed Parquet file that does not conform to the source's schema (a column the group
+reads missing, or of a type that does not convert without loss: `nonconforming_file`), decided from its footer,
+or one Spark cannot read (`unreadable_file`), decided by a small read of one file per physical layout. The
+batch read leaves them out by path, the stream by a check of each file's footer on the workers.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import date, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from features.spec import DType
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+
+from features.engine.schema import (
+    META,
+    NONCONFORMING_FILE,
+    UNREADABLE_FILE,
+    expected_columns,
+    in_microseconds,
+    quiet_spark_errors,
+    read_types,
+    source_columns,
+    spark_reason,
+)
+
+
+@dataclass(frozen=True)
+class SetAsideFile:
+    """A file set aside whole: its reason (`nonconforming_file: ...` or `unreadable_file: ...`) and how many
+    events it holds (from its footer; 0 for a file that is not Parquet)."""
+
+    file: str  # as Spark lists it (a URI)
+    reason: str
+    events: int
+
+    @property
+    def kind(self) -> str:
+        return self.reason.split(":", 1)[0]
+
+
+def conforms(expected: Mapping[str, DType]) -> Column:
+    """Whether a record's file conforms to `expected` (`nonconformity`), decided once per file in each Python
+    worker, from the file's footer. A file the worker cannot open (a remote store) is left to Spark's reader."""
+    import pandas as pd
+    from pyspark.sql import functions as F
+
+    wanted = tuple((column, dtype.value) for column, dtype in expected.items())
+
+    def conforms(files: pd.Series) -> pd.Series:
+        verdicts = {file: _file_conforms(file, wanted) for file in files.unique()}
+        return files.map(verdicts).astype(bool)
+
+    # PySpark reads a pandas UDF's kind from its type hints: here objects, not this module's postponed strings.
+    conforms.__annotations__ = {"files": pd.Series, "return": pd.Series}
+    return F.pandas_udf(conforms, "boolean")(F.col(META)["file_path"])  # type: ignore[call-overload]
+
+
+def _file_conforms(uri: str, wanted: tuple[tuple[str, str], ...]) -> bool:
+    local = _local_path(uri)
+    if local is None:
+        return True
+    stat = os.stat(local)
+    return _conforms_cached(local, stat.st_size, stat.st_mtime_ns, wanted)
+
+
+@functools.lru_cache(maxsize=4096)
+def _conforms_cached(local: str, size: int, mtime_ns: int, wanted: tuple[tuple[str, str], ...]) -> bool:
+    """A file's verdict, kept while its size and time stay (the key): files land once and are not rewritten."""
+    footer = _arrow_schema(_footer(local))
+    return footer is None or nonconformity(footer, {column: DType(t) for column, t in wanted}) is None
+
+
+def unreadable_files(
+    spark: SparkSession, raw: DataFrame, schema: StructType | None, check: FileCheck | None = None
+) -> list[tuple[str, str]]:
+    """(reason, file) for each file of `raw`'s read that does not conform to `schema` or that Spark cannot read
+    with it (see `FileCheck`, or `check`); where the driver cannot open the files (a remote URI), those absent
+    from a read of every column."""
+    files = sorted(raw.inputFiles())
+    bad = (check or FileCheck(spark, schema)).unreadable(files)
+    return bad if bad is not None else _unreadable_by_scan(spark, raw, schema, files)
+
+
+class FileCheck:
+    """Which Parquet files are set aside whole with a schema: those that do not conform to the columns it marks
+    as read (`nonconformity`, from each footer), then those Spark cannot read. Spark decides on one file per
+    physical layout: files are grouped by their footers' types of the read columns (a file whose footer does
+    not parse is its own group), and one small read of a group's largest file stands for all of them. A layout
+    found readable is remembered (the stream checks each new file as it lands)."""
+
+    def __init__(self, spark: SparkSession, schema: StructType | None) -> None:
+        from pyspark.sql import types as T
+
+        self.spark, self.schema = spark, schema
+        self.expected = expected_columns(schema)
+        # Spark checks the columns the group reads (all of the schema's, where none is marked): a read of
+        # the source prunes the others, so a file whose other columns do not fit is read all the same.
+        self.checked = schema
+        if schema is not None and self.expected:
+            self.checked = T.StructType([f for f in schema.fields if f.name in self.expected])
+        self.columns = [f.name for f in self.checked.fields] if self.checked is not None else []
+        self.readable: set[tuple[str, ...]] = set()
+        self.rows: dict[str, int] = {}  # file -> rows, from its footer, for each file checked
+
+    def unreadable(self, files: list[str]) -> list[tuple[str, str]] | None:
+        """(reason, file) for each file set aside; None if the driver cannot open some of them."""
+        local = [_local_path(f) for f in files]
+        if not all(local):
+            return None
+        layouts: dict[object, list[tuple[int, str]]] = {}
+        bad = []
+        for file, local_path in zip(files, local, strict=True):
+            metadata = _footer(local_path)  # type: ignore[arg-type]
+            rows = metadata.num_rows if metadata is not None else 0
+            self.rows[file] = rows
+            footer = _arrow_schema(metadata)
+            misfit = nonconformity(footer, self.expected) if footer is not None and self.expected else None
+            if misfit is not None and rows:  # a file with no rows loses nothing and reads whatever its types
+                bad.append((misfit.reason(local_path), file))  # type: ignore[arg-type]
+                continue
+            layout = _layout(metadata, self.columns)
+            if layout not in self.readable:
+                layouts.setdefault(layout or file, []).append((-rows, file))
+        for layout, group in layouts.items():
+            # The file with the most rows: a file with no rows reads without error, whatever its columns' types.
+            (most, first), *_ = sorted(group)
+            reason = _why_unreadable(self.spark, self.checked, first)
+            if reason is None:
+                if most and isinstance(layout, tuple):
+                    self.readable.add(layout)
+                continue
+            for _, file in sorted(group):  # Spark's reason names the file: each one's own
+                why = reason if file == first else _why_unreadable(self.spark, self.checked, file)
+                if why is not None:
+                    bad.append((f"{UNREADABLE_FILE}: {why}", file))
+        return bad
+
+
+@dataclass(frozen=True)
+class Misfit:
+    """How a file does not conform to the columns a group reads: one column, missing or of a type that does
+    not convert to the schema's without loss."""
+
+    column: str
+    want: DType
+    found: str | None  # the file's Arrow type of the column; None when the file lacks it
+    detail: str  # what is wrong, e.g. "column 'amount' missing (found columns: amt, event_ts, user_id)"
+
+    def reason(self, file: str) -> str:
+        """The reason of the file's quarantine record: the file, the column, the type found, and the fix."""
+        if self.found is None:
+            fix = f"write {self.column!r} ({self.want.value}) into the file, or move the file out of the source folder"
+        else:
+            fix = (
+                f"rewrite the file with {self.column!r} as {self.want.value}, or move it out of the source folder "
+                f"(if {self.want.value} is not the type you mean, declare schema= on the EventSource)"
+            )
+        return f"{NONCONFORMING_FILE}: {file}: {self.detail}; fix: {fix}, then backfill its days again with --force"
+
+
+def nonconformity(footer: pa.Schema, expected: Mapping[str, DType]) -> Misfit | None:
+    """How a file's columns do not fit the columns a group reads (`expected`), or None when they do: the first
+    such column missing (matched as Spark matches names, ignoring case), else the first whose type does not
+    convert to the expected one without loss (features.feast_objects.conversion_problem). Other columns, and
+    extra ones, are fine."""
+    from features.feast_objects import conversion_problem
+
+    by_name = {name.lower(): name for name in footer.names}
+    for column, want in expected.items():
+        name = by_name.get(column.lower())
+        if name is None:
+            found = sorted(footer.names)
+            listed = ", ".join(found[:12]) + (f" and {len(found) - 12} more" if len(found) > 12 else "")
+            return Misfit(column, want, None, f"column {column!r} missing (found columns: {listed or 'none'})")
+        found_type = footer.field(name).type
+        problem = conversion_problem(found_type, want)
+        if problem is not None:
+            detail = f"column {column!r} is {found_type} where the source schema has {want.value} ({problem})"
+            return Misfit(column, want, str(found_type), detail)
+    return None
+
+
+def file_days(file: str, timestamp: str) -> dict[date, int] | None:
+    """How many of a Parquet file's events are stamped on each UTC day, from its timestamp column (a naive
+    time taken as UTC); None when the driver cannot open the file or it has no such timestamp column."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    local = _local_path(file)
+    footer = _arrow_schema(_footer(local)) if local is not None else None
+    if footer is None:
+        return None
+    name = {n.lower(): n for n in footer.names}.get(timestamp.lower())
+    if name is None or not pa.types.is_timestamp(footer.field(name).type):
+        return None
+    stamps = pq.read_table(local, columns=[name]).column(name).drop_null()
+    per_day = {"s": 86_400, "ms": 86_400_000, "us": 86_400_000_000, "ns": 86_400_000_000_000}[stamps.type.unit]
+    days, counts = np.unique(np.floor_divide(stamps.cast(pa.int64()).to_numpy(), per_day), return_counts=True)
+    epoch = date(1970, 1, 1)
+    return {epoch + timedelta(days=int(d)): int(n) for d, n in zip(days, counts, strict=True)}
+
+
+def _local_path(uri: str) -> str | None:
+    """The driver's path of a `file:` URI (as Spark lists files) that the driver sees, else None (a remote
+    store, or a Spark Connect server's own disk)."""
+    from urllib.parse import unquote, urlparse
+
+    parsed = urlparse(uri)
+    path = unquote(parsed.path)
+    return path if parsed.scheme in ("file", "") and Path(path).is_file() else None
+
+
+def _footer(file: str) -> pq.FileMetaData | None:
+    """A Parquet file's footer, or None if pyarrow cannot read one (a file that is not Parquet)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(file).metadata
+    except (pa.ArrowException, OSError):
+        return None
+
+
+def _arrow_schema(metadata: pq.FileMetaData | None) -> pa.Schema | None:
+    """A footer's columns as Arrow types (pandas' and pyarrow's own types where the file keeps them)."""
+    import pyarrow as pa
+
+    if metadata is None:
+        return None
+    try:
+        return metadata.schema.to_arrow_schema()
+    except (pa.ArrowException, OSError):
+        return None
+
+
+def _layout(metadata: pq.FileMetaData | None, columns: list[str]) -> tuple[str, ...] | None:
+    """The physical and logical types of `columns` in a Parquet file's footer (None without a footer)."""
+    if metadata is None:
+        return None
+    footer, wanted = metadata.schema, set(columns)
+    return tuple(
+        f"{c.path}:{c.physical_type}:{c.logical_type}:{c.max_definition_level}"
+        for c in (footer.column(i) for i in range(len(footer)))
+        if c.path.split(".")[0] in wanted
+    )
+
+
+def _unreadable_by_scan(
+    spark: SparkSession, raw: DataFrame, schema: StructType | None, files: list[str]
+) -> list[tuple[str, str]]:
+    """`unreadable_files` where the driver cannot open the files: those absent from the records of a read of
+    every column (a file whose column has the wrong type fails only when that column is read), except the
+    ones that read without error (files with no rows)."""
+    from pyspark.sql import functions as F
+
+    every_column = F.hash(*[F.col(f"`{c}`") for c in source_columns(raw)])
+    per_file = raw.groupBy(F.col(META)["file_path"].alias("path")).agg(F.max(every_column).alias("h"))
+    seen = {row["path"] for row in per_file.collect()}
+    bad = []
+    for file in (f for f in files if f not in seen):
+        reason = _why_unreadable(spark, schema, file)
+        if reason is not None:
+            bad.append((f"{UNREADABLE_FILE}: {reason}", file))
+    return bad
+
+
+def _why_unreadable(spark: SparkSession, schema: StructType | None, file: str) -> str | None:
+    """Why Spark cannot read one Parquet file with `schema` (None if it can, e.g. a file with no rows)."""
+    reasons = []
+    every = in_microseconds(schema) if schema is not None else []  # PySpark cannot parse the nanosecond type
+    for ddl in read_types(spark, schema):
+        try:
+            with quiet_spark_errors():
+                spark.read.schema(ddl).parquet(file).select(*every).limit(1).collect()
+            return None
+        except Exception as exc:  # the reason is kept: classic PySpark raises py4j's error, no PySparkException
+            reasons.append(spark_reason(exc))
+    return reasons[0]
