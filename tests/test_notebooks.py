@@ -4,16 +4,22 @@ interpreter (nbclient). Any cell error fails the test.
 They run in name order in one temporary copy of the checkout's example repository and notebooks (no data,
 no MLflow store): 01 explores, 02 backfills and registers a model, a later notebook (e.g. 04 serving) uses
 what the earlier ones left, as a user working through them would. Each also runs on its own (04 builds the
-model when it finds none). The executed notebooks are kept in the test's temporary folder for inspection.
+model when it finds none). The executed notebooks are kept in the test's temporary folder for inspection;
+the checked-in ones are never written here.
+
+The checked-in notebooks carry the outputs of a real run, stored by `notebooks/refresh_outputs.py` (which runs
+them the same way): every cell that shows something has them, without the machine's paths.
 """
 
 from __future__ import annotations
 
+import ast
 import shutil
 from pathlib import Path
 
 import nbformat
 import pytest
+from IPython.core.inputtransformer2 import TransformerManager
 from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,8 +31,18 @@ SHOWS: dict[str, list[str]] = {
     "02_backfill_and_train.ipynb": ["image/png", "held-out ROC AUC", "amount + windowed features", "registered"],
     "03_streaming.ipynb": ["failed_count_24h", "freshness_seconds", "stream stopped: True"],
     "04_serving.ipynb": ["fraud_probability", "mlflow models serve listens on http://127.0.0.1:"],
+    "05_change_a_definition.ipynb": [
+        "user_transactions: 3 partitions to compute: 2026-01-01..2026-01-03 (definition changed: added feature "
+        "'declined_count_1h')",
+        "card_merchant: up to date",
+        "declined_count_1h",
+        "failed validation",
+        "no transaction over 500 in a day",
+        "data_docs/local_site/index.html",
+    ],
 }
-IGNORED = shutil.ignore_patterns("data", ".features", "__pycache__", ".ipynb_checkpoints")
+IGNORED = shutil.ignore_patterns("data", ".features", "__pycache__", ".ipynb_checkpoints", "scratch")
+MACHINE_PATHS = ("/work/", "/tmp/", "/root/", "/home/", "/Users/", "C:\\", str(ROOT), str(Path.home()) + "/")
 
 
 @pytest.fixture(scope="module")
@@ -51,13 +67,19 @@ def outputs_text(notebook: nbformat.NotebookNode) -> str:
     return "\n".join(parts)
 
 
+def code_of(cell: nbformat.NotebookNode) -> str:
+    """A code cell's source as Python: IPython's syntax (`%pip ...`) turned into the calls it stands for."""
+    return TransformerManager().transform_cell(cell.source)
+
+
 def test_every_notebook_is_found():
     assert {
         "01_define_and_explore.ipynb",
         "02_backfill_and_train.ipynb",
         "03_streaming.ipynb",
         "04_serving.ipynb",
-    } <= set(NOTEBOOKS)
+        "05_change_a_definition.ipynb",
+    } == set(NOTEBOOKS)
 
 
 def test_notebooks_have_a_parameters_cell_and_no_machine_paths():
@@ -72,21 +94,20 @@ def test_notebooks_have_a_parameters_cell_and_no_machine_paths():
             assert machine_path not in source, f"{name}: mentions {machine_path}"
 
 
-# What notebooks may import: the top-level package and its documented modules, never the internals (engines,
-# backfill, repo, CLI), which change without notice.
-PUBLIC_MODULES = {"features", "features.demo", "features.demo.run", "features.model", "features.quality"}
-PUBLIC_MODULES |= {"features.stream", "features.tracking"}
+# What notebooks may import: the top-level package and its documented modules (docs/python-api.md), never the
+# internals (engines, repo, CLI), which change without notice. features.schedule is the plan `features backfill`
+# makes and carries out (what is stale and why): notebook 05 shows it, as the command's Python twin.
+PUBLIC_MODULES = {"features", "features.backfill", "features.demo", "features.demo.run", "features.model"}
+PUBLIC_MODULES |= {"features.quality", "features.schedule", "features.stream", "features.tracking"}
 
 
 def imported_modules(notebook: nbformat.NotebookNode) -> set[str]:
     """Every module a notebook's code cells import (`import x`, `from x import y`)."""
-    import ast
-
     modules: set[str] = set()
     for cell in notebook.cells:
         if cell.cell_type != "code":
             continue
-        for node in ast.walk(ast.parse(cell.source)):
+        for node in ast.walk(ast.parse(code_of(cell))):
             if isinstance(node, ast.ImportFrom) and node.module:
                 modules.add(node.module)
             elif isinstance(node, ast.Import):
@@ -101,6 +122,51 @@ def test_notebooks_call_only_the_public_api(name: str) -> None:
     assert not internal, f"{name} imports internal modules {sorted(internal)}: use the top-level `features` API"
 
 
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebooks_have_a_databricks_setup_cell(name: str) -> None:
+    """Right after the parameters: on Databricks, %pip install the wheel and the repo path from widgets; a
+    no-op elsewhere (the notebook runs below without DATABRICKS_RUNTIME_VERSION, so CI executes it)."""
+    notebook = nbformat.read(ROOT / "notebooks" / name, as_version=4)
+    code = [c for c in notebook.cells if c.cell_type == "code"]
+    setup = [c for c in code if "DATABRICKS_RUNTIME_VERSION" in c.source]
+    assert len(setup) == 1, f"{name}: no Databricks set-up cell"
+    first = code.index(setup[0])
+    assert "parameters" in code[first - 1].metadata.get("tags", []), f"{name}: the set-up cell follows the parameters"
+    source = setup[0].source
+    for wanted in ('if os.environ.get("DATABRICKS_RUNTIME_VERSION"):', "%pip install", 'dbutils.widgets.get("repo")'):
+        assert wanted in source, f"{name}: the Databricks set-up cell lacks {wanted!r}"
+    before = "\n".join(c.source for c in code[:first])
+    assert "import features" not in before and "from features" not in before, f"{name}: install before importing"
+    markdown = notebook.cells[notebook.cells.index(setup[0]) - 1]
+    assert markdown.cell_type == "markdown" and "Databricks" in markdown.source, f"{name}: say what the cell does"
+
+
+def shows_something(cell: nbformat.NotebookNode) -> bool:
+    """A code cell that shows something when it runs: it prints, displays or plots, or ends with an expression."""
+    tree = ast.parse(code_of(cell))
+    shown = {"print", "display", "show", "printSchema"}
+    calls = {
+        node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", None)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+    }
+    return bool(calls & shown) or bool(tree.body and isinstance(tree.body[-1], ast.Expr))
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_stored_outputs_show_every_cell_without_machine_paths(name: str) -> None:
+    notebook = nbformat.read(ROOT / "notebooks" / name, as_version=4)
+    code = [c for c in notebook.cells if c.cell_type == "code"]
+    silent = [i for i, c in enumerate(code) if shows_something(c) and not c.outputs]
+    assert not silent, f"{name}: code cells {silent} show something but have no stored outputs; run refresh_outputs.py"
+    errors = [i for i, c in enumerate(code) if any(o.output_type == "error" for o in c.outputs)]
+    assert not errors, f"{name}: code cells {errors} stored an error"
+    stored = outputs_text(notebook)
+    leaked = [path for path in MACHINE_PATHS if path in stored]
+    assert not leaked, f"{name}: stored outputs mention {leaked}; run refresh_outputs.py, which takes them out"
+    assert "application/vnd.jupyter.widget-view+json" not in stored, f"{name}: a widget has no state stored"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_notebook_runs_top_to_bottom(name: str, checkout: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
@@ -109,6 +175,9 @@ def test_notebook_runs_top_to_bottom(name: str, checkout: Path, tmp_path: Path, 
         monkeypatch.delenv(variable, raising=False)
     folder = checkout / "notebooks"
     notebook = nbformat.read(folder / name, as_version=4)
+    for cell in notebook.cells:
+        if cell.cell_type == "code":
+            cell.outputs = []  # what the test checks comes from this run, not from the stored outputs
     client = NotebookClient(
         notebook, timeout=CELL_TIMEOUT_S, kernel_name="python3", resources={"metadata": {"path": str(folder)}}
     )

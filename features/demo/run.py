@@ -42,7 +42,7 @@ def run_demo(repo: str, *, events: int, users: int, days: float) -> None:
     from features.backfill import backfill
     from features.cli import apply
 
-    _check_sizes(events, users, days)
+    check_sizes(events, users, days)
     loaded = Repo.load(repo)
     group = _online_group(loaded)
     end = START + timedelta(hours=math.ceil(days * 24))  # whole hours, so every window end lines up
@@ -52,9 +52,9 @@ def run_demo(repo: str, *, events: int, users: int, days: float) -> None:
     schema = schema_of_arrow(pa.Schema.from_pandas(transactions, preserve_index=False))
     for group_ in loaded.groups.values():
         group_.check_schema(schema)
-    for folder, files in _write_sources(loaded, transactions).items():
+    for folder, files in write_sources(loaded, transactions).items():
         print(f"   wrote {files} files to {_shown(folder)}")
-    _clear_outputs(loaded)
+    clear_outputs(loaded)
 
     _step(2, f"Registering the feature groups with Feast: features apply --repo {_shown(loaded.root)}")
     names = apply(str(loaded.root))
@@ -92,7 +92,8 @@ def run_demo(repo: str, *, events: int, users: int, days: float) -> None:
     )
 
 
-def _check_sizes(events: int, users: int, days: float) -> None:
+def check_sizes(events: int, users: int, days: float) -> None:
+    """A ConfigError naming the option when a size of generated data is not usable."""
     if events < 1:
         raise ConfigError(f"--events: {events} is too small; generate at least 1 event (e.g. --events 20000)")
     if users < 1:
@@ -111,8 +112,9 @@ def _online_group(repo: Repo) -> FeatureGroup:
     return group
 
 
-def _write_sources(repo: Repo, transactions: pd.DataFrame) -> dict[Path, int]:
-    """Replace the files of every source folder the groups read (each folder once); returns files per folder."""
+def write_sources(repo: Repo, transactions: pd.DataFrame) -> dict[Path, int]:
+    """Replace the files of every source folder the groups read (each folder once) with `transactions`, as
+    FILES_PER_SOURCE files in each folder's format; returns the files written per folder."""
     folders: dict[str, str] = {}
     for group in repo.groups.values():
         if group.source.format == "kafka":
@@ -126,7 +128,7 @@ def _write_sources(repo: Repo, transactions: pd.DataFrame) -> dict[Path, int]:
     return written
 
 
-def _clear_outputs(repo: Repo) -> None:
+def clear_outputs(repo: Repo) -> None:
     """Forget earlier demo runs: their offline rows and online values may be newer than this run's.
 
     Removes the groups' offline tables and, when they are local files, the SQLite online store and the Feast

@@ -7,7 +7,9 @@ one it never saw, twice: with the windowed features and with the transaction's o
 the generated data is bursts of failed attempts on compromised cards at merchants new to the card, which
 only the windowed features can see.
 
-Used by notebooks 02 and 04 and by the tests; everything here is what a user would write in a notebook.
+Used by notebook 04 (when notebook 02 has not built the model yet) and by the tests; notebook 02 writes the
+same steps out in its cells. Everything here calls only the public API (`features`, `features.backfill`,
+`features.model`, `features.tracking`, `features.demo`): it is what a user would write in a notebook.
 """
 
 from __future__ import annotations
@@ -15,15 +17,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from os import PathLike
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+import features
 from features.demo.datagen import generate_transactions
-from features.repo import Repo
 
 if TYPE_CHECKING:
     from features.backfill import BackfillResult
+    from features.repo import Repo
 
 LABEL = "is_fraud"
 TIMESTAMP = "event_timestamp"
@@ -44,21 +48,26 @@ SEED = 20260101
 
 
 def prepare(
-    repo: Repo | str, *, events: int, users: int, days: float, start: datetime | None = None, seed: int = SEED
+    repo: Repo | str | PathLike[str],
+    *,
+    events: int,
+    users: int,
+    days: float,
+    start: datetime | None = None,
+    seed: int = SEED,
 ) -> tuple[pd.DataFrame, list[BackfillResult]]:
     """Land generated transactions in the repo's source folder, apply, and backfill [start, start + days)
     (whole hours); replaces earlier demo data. Returns the transactions and the backfill results."""
     from features.backfill import backfill
-    from features.cli import apply
-    from features.demo.run import START, _check_sizes, _clear_outputs, _write_sources
+    from features.demo.run import START, check_sizes, clear_outputs, write_sources
 
-    loaded = repo if isinstance(repo, Repo) else Repo.load(repo)
-    _check_sizes(events, users, days)
+    loaded = features.load_repo(repo) if isinstance(repo, str | PathLike) else repo
+    check_sizes(events, users, days)
     start = start or START
     transactions = generate_transactions(events, users, start, days, seed=seed)
-    _write_sources(loaded, transactions)
-    _clear_outputs(loaded)
-    apply(str(loaded.root))
+    write_sources(loaded, transactions)
+    clear_outputs(loaded)
+    features.apply(loaded)
     end = start + timedelta(hours=math.ceil(days * 24))
     results = backfill(loaded, start, end, progress=False)
     return transactions, results
@@ -163,7 +172,7 @@ def compare(
 
 
 def build_model(
-    repo: Repo | str,
+    repo: Repo | str | PathLike[str],
     *,
     events: int,
     users: int,
@@ -175,12 +184,11 @@ def build_model(
     with the windowed features logged with its lineage and registered as `name`. Returns its version."""
     from features import tracking
     from features.model import log_model
-    from features.training import training_set
 
-    loaded = repo if isinstance(repo, Repo) else Repo.load(repo)
+    loaded = features.load_repo(repo) if isinstance(repo, str | PathLike) else repo
     transactions, _results = prepare(loaded, events=events, users=users, days=days, seed=seed)
     with tracking.training_run(loaded, run_name=name):
-        frame = training_set(labelled_rows(transactions), FEATURES, loaded)
+        frame = features.training_set(labelled_rows(transactions), FEATURES, loaded)
         result = compare(frame)
         tracking.log_run_metrics(result.metrics())
         info = log_model(
