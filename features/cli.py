@@ -1,4 +1,4 @@
-"""The `features` command line: apply, backfill, validate, demo, serve."""
+"""The `features` command line: apply, plan, backfill, stream, status, validate, verify, demo, serve."""
 
 from __future__ import annotations
 
@@ -16,14 +16,50 @@ if TYPE_CHECKING:
     from features.repo import Repo
 
 DEFAULT_REPO = "feature_repo"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def default_repo() -> str:
+    """The current folder when it holds feature_store.yaml (as Feast's own CLI works), else `feature_repo`."""
+    return "." if Path("feature_store.yaml").is_file() else DEFAULT_REPO
+
+
+def package_version() -> str:
+    """The installed package's version, or the source's (pyproject.toml) when running from a checkout."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("features")
+    except PackageNotFoundError:
+        import tomllib
+
+        pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+        return str(tomllib.loads(pyproject.read_text())["project"]["version"])
 
 
 def _repo_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--repo", default=DEFAULT_REPO, help="the feature repository (folder with feature_store.yaml)")
+    parser.add_argument(
+        "--repo",
+        default=default_repo(),
+        help="the feature repository (folder with feature_store.yaml); default: the current folder when it holds "
+        f"feature_store.yaml, else {DEFAULT_REPO}",
+    )
+
+
+def _job_args(parser: argparse.ArgumentParser) -> None:
+    """The options of the commands jobs run: how much they log, and output a scheduler can parse."""
+    parser.add_argument(
+        "--log-level",
+        type=str.lower,
+        choices=LOG_LEVELS,
+        help="Python logging and Spark's log level (default: warnings of Python, errors of Spark)",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON line per result on stdout, not the text")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="features", description="Declarative windowed features on Spark and Feast.")
+    parser.add_argument("--version", action="version", version=f"features {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     apply = sub.add_parser("apply", help="register the repo's feature groups with Feast (like `feast apply`)")
@@ -38,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
         "backfill", help="compute change points for a time range, a day, or every day not done yet, into both stores"
     )
     _repo_arg(backfill)
+    _job_args(backfill)
     backfill.add_argument("--start", help="first window end, ISO-8601 UTC (e.g. 2026-01-01); with --end")
     backfill.add_argument("--end", help="end of the range (exclusive), ISO-8601 UTC")
     backfill.add_argument(
@@ -69,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     stream = sub.add_parser("stream", help="run groups as Spark streams that keep both stores fresh")
     _repo_arg(stream)
+    _job_args(stream)
     stream.add_argument("--group", action="append", default=[], help="only this group (repeatable)")
     stream.add_argument("--trigger", default="5s", help="how often a micro-batch starts (default 5s)")
     stream.add_argument(
@@ -103,15 +141,31 @@ def build_parser() -> argparse.ArgumentParser:
 
     validate = sub.add_parser("validate", help="validate groups' offline tables and write Great Expectations Data Docs")
     _repo_arg(validate)
+    _job_args(validate)
     validate.add_argument("--group", action="append", default=[], help="only this group (repeatable)")
 
     verify = sub.add_parser(
         "verify", help="check a sample of keys: online against offline, offline against a recompute from the source"
     )
     _repo_arg(verify)
+    _job_args(verify)
     verify.add_argument("--group", action="append", default=[], help="only this group (repeatable)")
     verify.add_argument("--sample", type=int, default=100, help="keys checked per group (default 100)")
     verify.add_argument("--no-tracking", action="store_true", help="do not record the run in MLflow")
+
+    status = sub.add_parser(
+        "status", help="per group: days completed, stale and set aside, the stream's watermark and lag, the last runs"
+    )
+    _repo_arg(status)
+    status.add_argument("--group", action="append", default=[], help="only this group (repeatable)")
+    status.add_argument("--checkpoint-dir", help="root of the stream's checkpoints (default: <repo>/data/checkpoints)")
+    status.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
+
+    plan = sub.add_parser(
+        "plan", help="what `features apply` would change (groups, features, Feast objects) and make stale; no changes"
+    )
+    _repo_arg(plan)
+    plan.add_argument("--json", action="store_true", help="print one JSON document instead of the lines")
 
     demo = sub.add_parser("demo", help="generate transactions, apply, backfill, and show features")
     _repo_arg(demo)
@@ -212,6 +266,14 @@ def _unexpected(command: str, exc: Exception) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if getattr(args, "log_level", None):
+        _set_log_level(args.repo, args.log_level)
+    if args.command == "status":
+        return _status(args)
+    if args.command == "plan":
+        return _plan(args)
+    if args.command == "backfill" and args.json:
+        return _backfill_json(args)
     if args.command == "apply":
         print(f"applied feature groups: {', '.join(apply(args.repo, prune=args.prune)) or 'none'}")
         return 0
@@ -237,7 +299,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "stream":
         return _stream(args)
     if args.command == "validate":
-        return _validate(args.repo, args.group)
+        return _validate(args.repo, args.group, as_json=args.json)
     if args.command == "verify":
         return _verify(args)
     if args.command == "demo":
@@ -255,6 +317,92 @@ def _run(args: argparse.Namespace) -> int:
         serve(args.repo, host=args.host, port=args.port, workers=args.workers, access_log=args.access_log)
         return 0
     raise AssertionError(args.command)  # argparse only accepts the commands above
+
+
+def _set_log_level(repo_path: str, level: str) -> None:
+    """`--log-level`: Python's logging, and Spark's through the session (started here, once the repo loads, so
+    that the whole run logs at that level; a Spark Connect session has no SparkContext to set it on)."""
+    import logging
+
+    from features.repo import Repo
+
+    layout = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    logging.basicConfig(level=level.upper(), stream=sys.stderr, format=layout)
+    logging.getLogger().setLevel(level.upper())
+    Repo.load(repo_path)  # a wrong --repo fails in one line, before Spark starts
+    from features.engine.session import get_spark, is_connect
+
+    spark = get_spark()
+    if not is_connect(spark):
+        spark.sparkContext.setLogLevel({"warning": "WARN"}.get(level, level.upper()))  # log4j's names
+
+
+def _print_json(value: object) -> None:
+    import json
+
+    from features.status import jsonable
+
+    print(json.dumps(jsonable(value)), flush=True)
+
+
+def _status(args: argparse.Namespace) -> int:
+    """`features status`: a table per group, or one JSON document."""
+    from features.repo import Repo
+    from features.status import status
+
+    report = status(Repo.load(args.repo), args.group, checkpoint_root=args.checkpoint_dir)
+    if args.json:
+        _print_json(report)
+    else:
+        print("\n".join(report.lines()))
+    return 0
+
+
+def _plan(args: argparse.Namespace) -> int:
+    """`features plan`: what `features apply` would change; changes nothing."""
+    from features.plan import plan_apply
+    from features.repo import Repo
+
+    the_plan = plan_apply(Repo.load(args.repo))
+    if args.json:
+        _print_json(the_plan)
+    else:
+        print("\n".join(the_plan.lines()))
+    return 0
+
+
+def _backfill_json(args: argparse.Namespace) -> int:
+    """`features backfill --json`: the plan and progress on stderr, one JSON line per result on stdout (per
+    group and date range; with --dry-run, per group the days it would compute and why)."""
+    from features import schedule
+    from features.repo import Repo
+
+    req = schedule.request(
+        start=args.start,
+        end=args.end,
+        day=args.date,
+        since_last=args.since_last,
+        force=args.force,
+        days_per_run=args.days_per_run,
+    )
+    repo = Repo.load(args.repo)
+    the_plan = schedule.plan(repo, req, args.group)
+    print(the_plan.describe(), file=sys.stderr, flush=True)
+    if args.dry_run:
+        for gp in the_plan.groups:
+            _print_json({"group": gp.group.name, "dry_run": True, "days": gp.todo, "notes": gp.notes})
+        return 0
+    results = schedule.execute(
+        repo,
+        the_plan,
+        online=not args.no_online,
+        on_invalid=args.on_invalid,
+        track=not args.no_tracking,
+        say=lambda line: print(line, file=sys.stderr, flush=True),
+    )
+    for result in results:
+        _print_json(result)
+    return 0
 
 
 def _stream(args: argparse.Namespace) -> int:
@@ -289,7 +437,10 @@ def _stream(args: argparse.Namespace) -> int:
         run.stop()
         print("stopped; the next run resumes from the checkpoint", file=sys.stderr)
     for progress in run.progress():
-        print(progress.line())
+        if args.json:
+            _print_json(progress)
+        else:
+            print(progress.line())
     return 0
 
 
@@ -320,7 +471,20 @@ def _verify(args: argparse.Namespace) -> int:
         raise ConfigError(f"--sample: {args.sample} is not a positive number of keys")
     reports = verify(Repo.load(args.repo), args.group, sample=args.sample, track=not args.no_tracking)
     for report in reports:
-        print(report.table())
+        if args.json:
+            _print_json(
+                {
+                    "group": report.group,
+                    "keys": report.keys,
+                    "ok": report.ok,
+                    "tallies": [
+                        {"check": check, "feature": feature, **_tally(tally)}
+                        for (check, feature), tally in report.tallies.items()
+                    ],
+                }
+            )
+        else:
+            print(report.table())
     failed = [(r.group, check, feature, t) for r in reports for (check, feature), t in r.tallies.items() if not t.ok]
     for group, check, feature, tally in failed:
         first = tally.examples[0] if tally.examples else ""
@@ -332,7 +496,13 @@ def _verify(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _validate(repo_path: str, groups: list[str]) -> int:
+def _tally(tally: object) -> dict[str, object]:
+    from features.status import jsonable
+
+    return jsonable(tally)
+
+
+def _validate(repo_path: str, groups: list[str], *, as_json: bool = False) -> int:
     """`features validate`: each group's offline table against its suite; 1 if any expectation failed."""
     from features.quality import validate_table
     from features.repo import Repo
@@ -340,11 +510,24 @@ def _validate(repo_path: str, groups: list[str]) -> int:
     repo = Repo.load(repo_path)
     failed = False
     for report in validate_table(repo, groups):
+        failed |= not report.success
+        if as_json:
+            _print_json(
+                {
+                    "group": report.group,
+                    "success": report.success,
+                    "rows": report.rows,
+                    "expectations": len(report.outcomes),
+                    "failed": report.failed_names(),
+                    "docs_path": report.docs_path,
+                    "seconds": report.seconds,
+                }
+            )
+            continue
         print(report.summary())
         for outcome in report.failures:
             print(f"  FAILED {'user expectation' if outcome.user else 'expectation'} {outcome.name!r}")
         print(f"  Data Docs: {report.docs_path}")
-        failed |= not report.success
     return 1 if failed else 0
 
 

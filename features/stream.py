@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from features.errors import ConfigError, EnvironmentProblem, ValidationFailed
+from features.progress import shown_by_default
 from features.repo import Repo
 from features.retention import DEFAULT_KEEP
 from features.rollup import MetricRollup
@@ -137,7 +137,7 @@ def stream(
     engine.configure(spark)
     from features import tracking as mlflow_tracking
 
-    show = sys.stderr.isatty() if progress is None else progress
+    show = shown_by_default() if progress is None else progress  # a terminal or a notebook
     run = StreamRun({}, {})
     params = {"trigger": "available-now" if available_now else trigger, "buckets": buckets, "online": online}
     run._tracking = mlflow_tracking.start_run(repo, "stream", selected, params, enabled=tracking)

@@ -1,0 +1,307 @@
+"""`features status`: where each group stands, gathered from what the jobs left behind (nothing is computed).
+
+Per group: the days a backfill completed (features.manifest), the stale days and the days still to compute
+that `features backfill --since-last` would do, with why (features.schedule's own plan of it), the days whose
+latest backfill set source records aside, the stream's emitted watermark and how far it is behind the newest
+event landed in the source (when the group has a stream checkpoint), and the group's last runs in MLflow (when
+the tracking store has any).
+
+    report = status(Repo.load("feature_repo"))
+    for line in report.lines():
+        print(line)
+    json.dumps(jsonable(report))
+
+Spark is not started: `--since-last` is planned only for groups with a completed day (for the others it would
+start Spark to find the source's first day, and every day is still to compute anyway).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from features.errors import ConfigError
+from features.manifest import SetAside, now_utc, read_manifest, set_aside_by_day
+from features.repo import Repo
+from features.spec import FeatureGroup
+
+RUNS_SHOWN = 5  # the last runs reported per group
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """One MLflow run that used the group."""
+
+    run_id: str
+    kind: str  # backfill | stream | verify
+    status: str  # RUNNING | FINISHED | FAILED | KILLED
+    start: datetime
+    seconds: float | None  # None while it runs
+
+
+@dataclass(frozen=True)
+class StreamInfo:
+    """Where the group's stream stands, from its checkpoint."""
+
+    checkpoint: str
+    watermark: datetime | None  # every offline row up to it is final; None before the first batch with one
+    last_batch_at: datetime | None  # when the last micro-batch committed: how fresh the stream is
+    newest_event: datetime | None  # the newest event time in the source (Parquet sources only)
+    lag_seconds: float | None  # newest_event - watermark
+
+
+@dataclass
+class GroupStatus:
+    group: str
+    completed: int = 0
+    first: date | None = None
+    last: date | None = None
+    stale: dict[date, str] = field(default_factory=dict)  # completed days --since-last would recompute, and why
+    # days not completed that --since-last would compute, as (first, last) ranges of consecutive days
+    to_compute: list[tuple[date, date]] = field(default_factory=list)
+    set_aside: dict[date, SetAside] = field(default_factory=dict)
+    stream: StreamInfo | None = None
+    runs: list[RunInfo] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Status:
+    repo: str
+    now: datetime
+    groups: list[GroupStatus]
+    tracking: str  # where runs were looked for, or why not
+
+    def lines(self) -> list[str]:
+        return status_lines(self)
+
+
+def status(
+    repo: Repo,
+    groups: list[str] | None = None,
+    *,
+    now: datetime | None = None,
+    checkpoint_root: str | None = None,
+    runs: int = RUNS_SHOWN,
+) -> Status:
+    """The status of the named groups (all by default); reads manifests, checkpoints, the source's Parquet
+    footers and the tracking store, writes nothing (but MLflow's experiment when a store exists without it)."""
+    now = (now or now_utc()).astimezone(UTC)
+    selected = repo.select(groups)
+    found_runs, tracking = _runs(repo, selected, runs)
+    out = []
+    for group in selected:
+        gs = _group_status(repo, group, now)
+        gs.stream = _stream_info(repo, group, checkpoint_root)
+        gs.runs = found_runs.get(group.name, [])
+        out.append(gs)
+    return Status(str(repo.root), now, out, tracking)
+
+
+def _group_status(repo: Repo, group: FeatureGroup, now: datetime) -> GroupStatus:
+    from features.schedule import NEW, Request, last_complete_day, plan
+
+    table = repo.offline_path(group)
+    completed = read_manifest(table, group.name).completed()
+    gs = GroupStatus(group.name, len(completed), *((completed[0], completed[-1]) if completed else (None, None)))
+    gs.set_aside = set_aside_by_day(table, group.name)
+    if not completed:
+        gs.notes.append(
+            "no day completed yet: `features backfill --since-last` computes every day from the source's first "
+            f"up to {last_complete_day(group, now).isoformat()}"
+        )
+        return gs
+    [planned] = plan(repo, Request(since_last=True), [group.name], now=now).groups
+    gs.stale = {day: why for day, why in planned.todo.items() if why != NEW}
+    gs.to_compute = day_ranges([day for day, why in planned.todo.items() if why == NEW])
+    return gs
+
+
+def day_ranges(days: list[date]) -> list[tuple[date, date]]:
+    """Sorted days as (first, last) ranges of consecutive days."""
+    out: list[tuple[date, date]] = []
+    for day in sorted(days):
+        if out and (day - out[-1][1]).days == 1:
+            out[-1] = (out[-1][0], day)
+        else:
+            out.append((day, day))
+    return out
+
+
+def _stream_info(repo: Repo, group: FeatureGroup, checkpoint_root: str | None) -> StreamInfo | None:
+    from features.stream import emitted_watermark
+
+    query = Path(repo.checkpoint_path(group, checkpoint_root)) / "query"
+    if not query.is_dir():
+        return None
+    watermark = emitted_watermark(query)
+    commits = [p for p in (query / "commits").glob("[0-9]*") if p.name.isdigit()]
+    last = max(commits, key=lambda p: int(p.name), default=None)
+    last_at = None if last is None else datetime.fromtimestamp(last.stat().st_mtime, UTC)
+    newest = newest_event(repo, group)
+    lag = None if newest is None or watermark is None else max(0.0, (newest - watermark).total_seconds())
+    return StreamInfo(str(query.parent), watermark, last_at, newest, lag)
+
+
+def newest_event(repo: Repo, group: FeatureGroup) -> datetime | None:
+    """The newest event time in the group's Parquet source, from the files' footers where they hold statistics
+    (None for other formats, or a source without events)."""
+    import pyarrow.parquet as pq
+
+    folder = Path(repo.source_path(group))
+    if group.source.format != "parquet" or not folder.is_dir():
+        return None
+    newest: datetime | None = None
+    for file in sorted(folder.rglob("*.parquet")):
+        if any(p.startswith((".", "_")) for p in file.relative_to(folder).parts):
+            continue
+        found = _footer_max(pq.ParquetFile(file), group.source.timestamp)
+        if found is None:  # no statistics (or a string column): read the column of this one file
+            found = _column_max(file, group.source.timestamp)
+        if found is not None and (newest is None or found > newest):
+            newest = found
+    return newest
+
+
+def _column_max(file: Path, column: str) -> datetime | None:
+    import pandas as pd
+    import pyarrow.parquet as pq
+
+    if column not in pq.ParquetFile(file).schema_arrow.names:
+        return None
+    values = pd.to_datetime(pq.read_table(file, columns=[column]).column(0).to_pandas(), utc=True, errors="coerce")
+    newest = values.max()
+    return None if pd.isna(newest) else newest.to_pydatetime()
+
+
+def _footer_max(parquet: Any, column: str) -> datetime | None:
+    import pyarrow as pa
+
+    schema = parquet.schema_arrow
+    if column not in schema.names or not pa.types.is_timestamp(schema.field(column).type):
+        return None
+    index = parquet.schema_arrow.get_field_index(column)
+    meta = parquet.metadata
+    found = None
+    for i in range(meta.num_row_groups):
+        stats = meta.row_group(i).column(index).statistics
+        if stats is None or not stats.has_min_max:
+            return None
+        value = stats.max
+        value = value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+        found = value if found is None or value > found else found
+    return found
+
+
+def _runs(repo: Repo, groups: list[FeatureGroup], limit: int) -> tuple[dict[str, list[RunInfo]], str]:
+    """The last runs per group, and where they were looked for; the repo's own store is only read if it exists
+    (status does not create it)."""
+    from features import tracking
+
+    uri = tracking.tracking_uri(repo)
+    if uri == tracking.default_uri(repo) and not (repo.root / tracking.STORE_FILE).is_file():
+        return {}, f"no runs recorded yet ({repo.root / tracking.STORE_FILE} does not exist)"
+    out: dict[str, list[RunInfo]] = {}
+    try:
+        for group in groups:
+            frame = tracking.find_runs(repo, group=group.name)
+            out[group.name] = [_run_info(row) for row in frame.head(limit).to_dict("records")]
+    except ConfigError as exc:  # the store is down or unreadable: status still reports the rest
+        return {}, f"runs not read: {exc}"
+    return out, uri
+
+
+def _run_info(row: Mapping[str, Any]) -> RunInfo:
+    start = row["start_time"].to_pydatetime()
+    end = row.get("end_time")
+    seconds = None if end is None or _missing(end) else (end.to_pydatetime() - start).total_seconds()
+    return RunInfo(str(row["run_id"]), str(row.get("tags.features.kind") or "-"), str(row["status"]), start, seconds)
+
+
+def _missing(value: Any) -> bool:
+    import pandas as pd
+
+    return bool(pd.isna(value))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Output
+
+
+def status_lines(report: Status) -> list[str]:
+    """A compact table per group: one line of days, then stream and runs when there are any."""
+    from features.schedule import days_from, spans
+
+    lines = []
+    for g in report.groups:
+        days = f"{g.completed} days completed ({g.first} .. {g.last})" if g.completed else "no day completed"
+        lines.append(f"{g.group}: {days}")
+        if g.stale:
+            by_reason: dict[str, list[date]] = {}
+            for day, why in g.stale.items():
+                by_reason.setdefault(why, []).append(day)
+            for why, stale_days in by_reason.items():
+                lines.append(f"  stale      {spans(stale_days)} ({why})")
+        if g.to_compute:
+            days = [d for first, last in g.to_compute for d in days_from(first, last)]
+            lines.append(f"  to compute {spans(days)} (not computed yet)")
+        if g.set_aside:
+            total = sum(s.total_events for s in g.set_aside.values())
+            lines.append(f"  set aside  {total:,} events on {spans(g.set_aside)} (`features retention` lists them)")
+        if g.stream is not None:
+            lines.append(f"  stream     {_stream_line(g.stream)}")
+        for run in g.runs:
+            took = "running" if run.seconds is None else f"{run.seconds:.1f}s"
+            lines.append(f"  run        {run.kind:<8} {run.status:<8} {run.start:%Y-%m-%d %H:%M:%S} UTC  {took}")
+        lines += [f"  note       {note}" for note in g.notes]
+    if not report.groups:
+        lines.append("no feature groups defined")
+    lines.append(f"runs: {report.tracking}")
+    return lines
+
+
+def _stream_line(s: StreamInfo) -> str:
+    wm = f"{s.watermark:%Y-%m-%d %H:%M:%S} UTC" if s.watermark else "none yet"
+    text = f"watermark {wm}"
+    if s.lag_seconds is not None:
+        text += f", {s.lag_seconds:,.0f}s behind the newest event"
+    if s.last_batch_at is not None:
+        text += f", last batch {s.last_batch_at:%Y-%m-%d %H:%M:%S} UTC"
+    return text
+
+
+def jsonable(value: Any) -> Any:
+    """Plain JSON data of dataclasses, dates, times, paths, enums, mappings and sequences (others as str)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {
+            f.name: jsonable(getattr(value, f.name))
+            for f in dataclasses.fields(value)
+            if f.repr and not f.name.startswith("_")
+        }
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    if isinstance(value, Enum):
+        return jsonable(value.value)
+    if isinstance(value, Mapping):
+        return {_key(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [jsonable(v) for v in value]
+    if isinstance(value, float):
+        return None if math.isnan(value) or math.isinf(value) else value
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if hasattr(value, "item"):  # numpy scalars
+        return jsonable(value.item())
+    return str(value)
+
+
+def _key(key: Any) -> str:
+    if isinstance(key, tuple):
+        return ".".join(str(jsonable(k)) for k in key)
+    return str(jsonable(key))
