@@ -467,25 +467,32 @@ def apply_repo(repo: Repo) -> None:
     import os
 
     from feast.repo_config import load_repo_config
-    from feast.repo_operations import _get_repo_contents, _get_store_and_registry, apply_total_with_repo_instance
+    from feast.repo_operations import _get_store_and_registry, apply_total_with_repo_instance
 
     config = load_repo_config(repo.root, repo.root / "feature_store.yaml")
     os.chdir(repo.root)
-    contents = _get_repo_contents(repo.root, config.project, config)
-    ours = repo_objects(repo)
-    contents = contents._replace(
-        entities=_merged(contents.entities, [o for o in ours if isinstance(o, _feast_class("Entity"))]),
-        data_sources=_merged(contents.data_sources, [o for o in ours if isinstance(o, _feast_class("FileSource"))]),
-        feature_views=_merged(contents.feature_views, [o for o in ours if isinstance(o, _feast_class("FeatureView"))]),
-    )
+    contents = repo_contents(repo, config)
     store, registry = _get_store_and_registry(config)
     apply_total_with_repo_instance(store, config.project, registry, contents, True)
 
 
-def _feast_class(name: str) -> type:
+def repo_contents(repo: Repo, config: Any) -> Any:
+    """Feast's repo contents as `features apply` registers them: the modules' own objects (Feast imports them
+    from the working directory, the repo folder) with every group's objects in place of a module's exports."""
     import feast
+    from feast.repo_operations import _get_repo_contents
 
-    return getattr(feast, name)
+    contents = _get_repo_contents(repo.root, config.project, config)
+    ours = repo_objects(repo)
+
+    def kind(name: str) -> list[Any]:
+        return [o for o in ours if isinstance(o, getattr(feast, name))]
+
+    return contents._replace(
+        entities=_merged(contents.entities, kind("Entity")),
+        data_sources=_merged(contents.data_sources, kind("FileSource")),
+        feature_views=_merged(contents.feature_views, kind("FeatureView")),
+    )
 
 
 def _merged(found: list[Any], ours: list[Any]) -> list[Any]:

@@ -191,24 +191,12 @@ def _desired_contents(repo: Repo, config: Any) -> Any:
     apply. Feast imports the modules from the repo folder and prints notes on stdout: both kept in check."""
     import os
 
-    from feast.repo_operations import _get_repo_contents
-
-    from features.feast_objects import _feast_class, _merged, repo_objects
+    from features.feast_objects import repo_contents
 
     before = os.getcwd()
     try:
         os.chdir(repo.root)
         with contextlib.redirect_stdout(sys.stderr):
-            contents = _get_repo_contents(repo.root, config.project, config)
+            return repo_contents(repo, config)
     finally:
         os.chdir(before)
-    ours = repo_objects(repo)
-
-    def kind(name: str) -> list[Any]:
-        return [o for o in ours if isinstance(o, _feast_class(name))]
-
-    return contents._replace(
-        entities=_merged(contents.entities, kind("Entity")),
-        data_sources=_merged(contents.data_sources, kind("FileSource")),
-        feature_views=_merged(contents.feature_views, kind("FeatureView")),
-    )

@@ -320,14 +320,20 @@ def read_config(config_file: Path) -> dict[str, Any]:
 def _import(module_file: Path, root: Path) -> Any:
     """Import a repo file under the module name Feast gives it, so both see the same objects."""
     name = ".".join(module_file.relative_to(root).with_suffix("").parts)
-    if name in sys.modules and getattr(sys.modules[name], "__file__", None) == str(module_file):
-        return sys.modules[name]
+    stat = module_file.stat()
+    stamp = (stat.st_mtime_ns, stat.st_size)
+    loaded = sys.modules.get(name)
+    # The module already imported, unless its file changed since (a definition edited in a notebook's kernel) or
+    # another importer (Feast) loaded it, without the file's stamp.
+    if getattr(loaded, "__file__", None) == str(module_file) and getattr(loaded, "__features_stamp__", None) == stamp:
+        return loaded
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
     spec = importlib.util.spec_from_file_location(name, module_file)
     if spec is None or spec.loader is None:
         raise ConfigError(f"cannot import {module_file}")
     module = importlib.util.module_from_spec(spec)
+    module.__features_stamp__ = stamp  # type: ignore[attr-defined]
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
