@@ -165,10 +165,45 @@ def test_invalid_names(name):
     )
 
 
-@pytest.mark.parametrize("name", ["user_id", "window_end", "date"])
-def test_feature_name_clashing_with_a_key_or_reserved_column(name):
+def test_feature_name_clashing_with_a_join_key():
+    exc = expect_error(lambda: group_of(count_24h("user_id")), "Feature('user_id').name", "rename the feature")
+    assert "join key" in exc.problem
+
+
+# Each name breaks something when a feature has it: this package's tables (window_end, date), Feast's
+# get_historical_features (event_timestamp and entity_row_id duplicated, rn overwritten, *_y dropped by its
+# point-in-time join), the engines' and training sets' working columns (fx_*, __features_*).
+@pytest.mark.parametrize(
+    "name, why",
+    [
+        ("window_end", "the time of each change point"),
+        ("date", "partition column"),
+        ("event_timestamp", "lookup time of Feast's entity rows"),
+        ("entity_row_id", "row id Feast's point-in-time join adds"),
+        ("rn", "rank Feast's point-in-time join gives"),
+        ("amount_y", "ends with '_y'"),
+        ("fx_latest", "starts with 'fx_'"),
+        ("__features_row", "starts with '__features_'"),
+    ],
+)
+def test_feature_named_like_a_reserved_column(name, why):
     exc = expect_error(lambda: group_of(count_24h(name)), f"Feature({name!r}).name", "rename the feature")
-    assert "join key" in str(exc) and "window_end" in str(exc)
+    assert repr(name) in exc.problem and why in exc.problem, exc.problem
+    assert "event_timestamp" in exc.fix and "window_end" in exc.fix and "_y" in exc.fix  # every reserved name
+
+
+@pytest.mark.parametrize("name", ["window_end", "date", "event_timestamp", "entity_row_id", "fx_key", "__features_row"])
+def test_join_key_named_like_a_reserved_column(name):
+    exc = expect_error(lambda: Entity("user", join_keys=["account", name]), "Entity('user').join_keys", "rename")
+    assert repr(name) in exc.problem and "event_timestamp" in exc.fix
+
+
+@pytest.mark.parametrize("name", ["rn", "user_y", "created", "timestamp", "event_ts", "dates", "fx", "_features_x"])
+def test_names_near_the_reserved_ones_are_fine(name):
+    """A join key may be `rn` or end with `_y` (Feast takes the keys from the entity rows); the rest are free."""
+    assert Entity("user", join_keys=[name]).join_keys == (name,)
+    if name not in ("rn", "user_y"):
+        assert group_of(count_24h(name)).features[0].name == name
 
 
 def test_feature_name_clashing_with_a_composite_key():

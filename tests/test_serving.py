@@ -1,7 +1,10 @@
 """Serving: `features serve` (Feast's HTTP feature server) returns what the fast writer wrote, on SQLite and
 Redis, over `POST /get-online-features`; workers are not recycled; `online_features` gives a typed DataFrame.
+A client's mistake in a request is a 4xx saying what was wrong and the fix; a broken feature_store.yaml or a
+port in use is one `error:` line and exit 2; Ctrl-C stops the server at once.
 
-Each server runs as a subprocess on a free port of 127.0.0.1 and is stopped when its tests are done.
+Each server runs as a subprocess on a free port of 127.0.0.1 (its log in a file) and is stopped when its tests
+are done.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ class Server:
     root: Path
     port: int
     process: subprocess.Popen
+    log: Path  # the server's stderr: gunicorn's and its workers' log
 
     def post(self, path: str, body: dict, connection: http.client.HTTPConnection | None = None) -> tuple[int, dict]:
         conn = connection or http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
@@ -95,20 +99,22 @@ def _expected() -> dict[str, list]:
     return want
 
 
-def _start(root: Path) -> Server:
+def _start(root: Path, workers: int = 1) -> Server:
     port = _free_port()
     command = [sys.executable, "-m", "features.cli", "serve", "--repo", str(root), "--port", str(port)]
-    process = subprocess.Popen(
-        [*command, "--workers", "1"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        start_new_session=True,  # its own process group: stopping it never signals pytest
-    )
-    server = Server(root, port, process)
+    log = root / f"serve-{port}.log"
+    with log.open("wb") as stderr:  # a file, not a pipe: a pipe nobody reads would block the server once full
+        process = subprocess.Popen(
+            [*command, "--workers", str(workers)],
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            start_new_session=True,  # its own process group: stopping it never signals pytest
+        )
+    server = Server(root, port, process, log)
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise AssertionError(f"features serve exited with {process.returncode}: {process.stderr.read().decode()}")
+            raise AssertionError(f"features serve exited with {process.returncode}: {log.read_text()}")
         try:
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
             conn.request("GET", "/health")
@@ -130,8 +136,6 @@ def _stop(server: Server) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
-    if process.stderr:
-        process.stderr.close()
 
 
 @pytest.fixture(scope="module", params=STORES)
@@ -269,3 +273,134 @@ def test_serve_before_apply_says_to_apply(tmp_path: Path, capsys: pytest.Capture
     assert f"run `features apply --repo {root}`" in capsys.readouterr().err
     assert main(["serve", "--repo", str(tmp_path / "missing")]) == 2
     assert main(["serve", "--repo", str(root), "--workers", "0"]) == 2
+
+
+# ---------------------------------------------------------------------------------------------------------
+# A client's mistake is a 4xx that says what was wrong and the fix (Feast answers 500 with a traceback)
+
+ONLINE = "/get-online-features"
+TXN_COUNT = f"{USER.name}:txn_count"
+MISTAKES = {
+    "unknown feature": (404, {"features": [f"{USER.name}:nope"], "entities": {"user_id": ["u1"]}}, "'nope'"),
+    "unknown feature view": (404, {"features": ["nope:txn_count"], "entities": {"user_id": ["u1"]}}, "'nope'"),
+    "unknown feature service": (404, {"feature_service": "nope", "entities": {"user_id": ["u1"]}}, "'nope'"),
+    "not a reference": (400, {"features": ["txn_count"], "entities": {"user_id": ["u1"]}}, "'txn_count'"),
+    "no features": (400, {"features": [], "entities": {"user_id": ["u1"]}}, "no features"),
+    "wrong entity key": (400, {"features": [TXN_COUNT], "entities": {"card_id": ["u1"]}}, "'user_id'"),
+    "no entity key": (400, {"features": [TXN_COUNT], "entities": {}}, "'user_id'"),
+    "a key of a composite key missing": (
+        400,
+        {"features": [f"{CARD_MERCHANT.name}:txn_count"], "entities": {"card_id": ["c1"]}},
+        "'merchant_id'",
+    ),
+    "key lists of different lengths": (
+        400,
+        {"features": [f"{CARD_MERCHANT.name}:txn_count"], "entities": {"card_id": ["c1", "c2"], "merchant_id": [7]}},
+        "differ in length",
+    ),
+    "no key values": (400, {"features": [TXN_COUNT], "entities": {"user_id": []}}, "no rows"),
+}
+
+
+@pytest.mark.parametrize("mistake", list(MISTAKES))
+def test_a_client_mistake_is_a_4xx_saying_what_and_the_fix(served: Server, mistake: str) -> None:
+    status, body, named = MISTAKES[mistake]
+    got, answer = served.post(ONLINE, body)
+    assert got == status, answer
+    assert set(answer) == {"error", "fix"} and named in answer["error"] and answer["fix"], answer
+    log = served.log.read_text()
+    assert f"{status} {ONLINE}: {answer['error']}" in log  # one line in the server's log
+    assert "Traceback" not in log, log[-3000:]
+    assert served.online(USER, {"user_id": ["u1"]})["txn_count"] == [3]  # and the server serves on
+
+
+def test_the_fix_names_what_exists(served: Server) -> None:
+    _, answer = served.post(ONLINE, {"features": [f"{USER.name}:nope"], "entities": {"user_id": ["u1"]}})
+    assert "'txn_count'" in answer["fix"] and "'last_oks'" in answer["fix"]
+    _, answer = served.post(ONLINE, {"features": ["nope:txn_count"], "entities": {"user_id": ["u1"]}})
+    assert f"'{USER.name}'" in answer["fix"] and f"'{CARD_MERCHANT.name}'" in answer["fix"]
+    _, answer = served.post(ONLINE, {"features": [TXN_COUNT], "entities": {"card_id": ["u1"]}})
+    assert '"user_id": [...]' in answer["fix"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Stopping, a port in use, a broken feature_store.yaml: one `error:` line, exit 2
+
+
+@pytest.fixture(scope="module")
+def applied(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An applied repo on SQLite, nothing written: for servers a test starts and stops itself."""
+    return make_repo(tmp_path_factory.mktemp("serve-own") / "repo", "sqlite")
+
+
+def test_ctrl_c_stops_the_server_and_its_workers_at_once(applied: Path) -> None:
+    """SIGINT to the process group, as Ctrl-C in a terminal: gunicorn sends its workers SIGQUIT, which Feast's
+    uvicorn worker ignored (gunicorn then waited 30 s and SIGKILLed them)."""
+    server = _start(applied, workers=2)
+    try:
+        workers = server.workers() if Path(f"/proc/{server.process.pid}/task").is_dir() else []
+        started = time.monotonic()
+        os.killpg(server.process.pid, signal.SIGINT)
+        status = server.process.wait(timeout=STOP_TIMEOUT_S)
+        took = time.monotonic() - started
+    finally:
+        _stop(server)
+    log = server.log.read_text()
+    assert status in (0, 130), log
+    assert took < 10, f"stopping took {took:.1f}s\n{log}"
+    assert "SIGKILL" not in log and "was sent" not in log and "Traceback" not in log, log
+    assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()], "a worker outlived the server"
+
+
+def _serve(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "features.cli", "serve", "--repo", str(root), *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=START_TIMEOUT_S, check=False)
+
+
+def test_a_port_in_use_is_one_error_line_naming_the_port(applied: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = _serve(applied, "--port", str(port))
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert lines[-1].startswith("error: --port:") and str(port) in lines[-1] and "--port" in lines[-1], done.stderr
+    assert not any(line.startswith("error:") for line in lines[:-1]) and "Traceback" not in done.stderr
+    assert "Listening at" not in done.stderr  # refused before gunicorn starts (it retried for 5 s, then exited 1)
+
+
+BROKEN_YAML = {
+    "not YAML": ("project: p\nonline_store: [1\n", "not valid YAML"),
+    "an unknown online store setting": (
+        "project: p\nprovider: local\nregistry: data/registry.db\nonline_store:\n  type: sqlite\n  pth: x\n",
+        "online_store.pth: Extra inputs are not permitted",
+    ),
+    "a setting of the wrong type": (
+        "project: p\nprovider: local\nregistry: data/registry.db\nonline_store:\n  type: sqlite\n"
+        "entity_key_serialization_version: banana\n",
+        "entity_key_serialization_version: Input should be a valid integer",
+    ),
+    "an unknown offline store": (
+        "project: p\nprovider: local\nregistry: data/registry.db\nonline_store:\n  type: sqlite\n"
+        "offline_store:\n  type: nosuch\n",
+        "Offline Store Class 'nosuch'",
+    ),
+    "a project name Feast refuses": (
+        "project: p-q\nprovider: local\nregistry: data/registry.db\nonline_store:\n  type: sqlite\n",
+        "project: Project names for SQLite online stores cannot contain hyphens",
+    ),
+}
+
+
+@pytest.mark.parametrize("broken", list(BROKEN_YAML))
+def test_a_broken_feature_store_yaml_is_exit_2_naming_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], broken: str
+) -> None:
+    text, problem = BROKEN_YAML[broken]
+    config = tmp_path / "feature_store.yaml"
+    config.write_text(text)
+    assert main(["serve", "--repo", str(tmp_path), "--port", str(_free_port())]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: {config}: {problem}"), err
+    assert "Fix:" in err and "Traceback" not in err

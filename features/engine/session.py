@@ -25,7 +25,9 @@ JAVA_HELP = (
     "Spark needs Java 17 or newer. Install it (Debian/Ubuntu: `apt-get install openjdk-17-jre-headless`; "
     "macOS: `brew install openjdk@17`) and make sure `java` is on PATH or JAVA_HOME is set."
 )
-# Errors-only logging for the local session started here (Spark's default logs INFO/WARN lines at startup).
+# Errors-only logging for the local session started here (Spark's default logs INFO/WARN lines at startup), without
+# the executor's copy of a failed task's Java trace: the error reaches the Python caller, and the files the source
+# reads on purpose to see whether Spark can are reported in one line (see the file's comments).
 LOG4J2_CONFIG = Path(__file__).with_name("log4j2.properties")
 
 

@@ -24,7 +24,52 @@ ON_INVALID = ("fail", "quarantine")
 ONLINE = ("eager", "final")
 # Columns every change-point row carries besides the join keys and features.
 WINDOW_END = "window_end"
-RESERVED_COLUMNS = frozenset({WINDOW_END, "date"})
+# Column names with a meaning of their own, in this package's tables or in Feast's point-in-time join (its
+# DuckDB offline store, `get_historical_features`): a join key or feature of that name would be overwritten,
+# duplicated or dropped there. Name -> what it is.
+RESERVED_COLUMNS: Mapping[str, str] = MappingProxyType(
+    {
+        WINDOW_END: "the time of each change point, the timestamp field of the group's Feast feature view",
+        "date": "the date partition column of the offline table",
+        "event_timestamp": "the lookup time of Feast's entity rows in get_historical_features",
+        "entity_row_id": "the row id Feast's point-in-time join adds to the entity rows",
+    }
+)
+# Reserved for features only: Feast's point-in-time join ranks the rows of a feature view in a column `rn`
+# (the join keys come from the entity rows, so a key of that name is kept).
+RESERVED_FEATURE_COLUMNS: Mapping[str, str] = MappingProxyType(
+    {"rn": "the rank Feast's point-in-time join gives the candidate rows of a feature view"}
+)
+# Prefixes of the columns the engines and training sets add while they work (features.engine, features.training).
+RESERVED_PREFIXES = ("fx_", "__features_")
+# Feast's point-in-time join drops every column of a feature view whose name ends so (its join suffix).
+RESERVED_FEATURE_SUFFIX = "_y"
+
+
+def reserved_use(name: str, *, feature: bool) -> str | None:
+    """Why `name` cannot be a join key (or, with `feature`, a feature) name, or None if it can."""
+    reserved = {**RESERVED_COLUMNS, **RESERVED_FEATURE_COLUMNS} if feature else RESERVED_COLUMNS
+    if name in reserved:
+        return f"{name!r} is a reserved column name: {reserved[name]}"
+    prefix = next((p for p in RESERVED_PREFIXES if name.startswith(p)), None)
+    if prefix is not None:
+        return f"{name!r} starts with {prefix!r}, the prefix of the columns the engines add while they work"
+    if feature and name.endswith(RESERVED_FEATURE_SUFFIX):
+        return (
+            f"{name!r} ends with {RESERVED_FEATURE_SUFFIX!r}: Feast's point-in-time join (get_historical_features) "
+            "drops such columns as its own"
+        )
+    return None
+
+
+def reserved_fix(kind: str) -> str:
+    """The fix for a reserved name, listing the names reserved."""
+    if kind == "feature":
+        names = [*RESERVED_COLUMNS, *RESERVED_FEATURE_COLUMNS]
+        patterns = f"names starting with {' or '.join(RESERVED_PREFIXES)} or ending with {RESERVED_FEATURE_SUFFIX}"
+    else:
+        names, patterns = list(RESERVED_COLUMNS), f"names starting with {' or '.join(RESERVED_PREFIXES)}"
+    return f"rename the {kind}; do not use {', '.join(names)}, or {patterns}"
 
 
 def check_name(value: object, field_name: str) -> str:
@@ -56,6 +101,10 @@ class Entity:
                 f'write join_keys=["{name}_id"] (or several columns for a composite key)',
             )
         keys = tuple(check_name(k, f"Entity({name!r}).join_keys") for k in join_keys)
+        for key in keys:
+            reason = reserved_use(key, feature=False)
+            if reason is not None:
+                raise DefinitionError(f"Entity({name!r}).join_keys", reason, reserved_fix("join key"))
         if len(set(keys)) != len(keys):
             raise DefinitionError(f"Entity({name!r}).join_keys", "a key is listed twice", "list each column once")
         object.__setattr__(self, "name", name)
@@ -239,12 +288,15 @@ class FeatureGroup:
                     f"the feature name {feat.name!r} is used twice",
                     "give each feature its own name",
                 )
-            if feat.name in entity.join_keys or feat.name in RESERVED_COLUMNS:
+            if feat.name in entity.join_keys:
                 raise DefinitionError(
                     f"Feature({feat.name!r}).name",
-                    "clashes with a join key or a reserved column (window_end, date)",
+                    f"{feat.name!r} is also a join key of entity {entity.name!r}, and each row holds both",
                     "rename the feature",
                 )
+            reason = reserved_use(feat.name, feature=True)
+            if reason is not None:
+                raise DefinitionError(f"Feature({feat.name!r}).name", reason, reserved_fix("feature"))
             seen.add(feat.name)
         if on_invalid is not None and on_invalid not in ON_INVALID:
             raise DefinitionError(

@@ -1,0 +1,77 @@
+"""Output fit for a log: where the package reads files that may fail on purpose (the source's probe of each
+Parquet file's layout), Spark's own logging of the failure stays quiet, and the reason is kept in one line.
+
+The check runs Spark in a subprocess, with the local session `features` starts there: the JVM writes its log
+to its process's stderr, which a test on the shared session cannot capture.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+# Reads a folder of event files the way a backfill does (features.engine.source.read_source), then reads the
+# stray file with no probe around it; prints what it found as one JSON line.
+SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    from pathlib import Path
+    from features import Entity, EventSource, Feature, FeatureGroup, Hop, agg
+    from features.engine.session import get_spark
+    from features.engine.source import read_source
+
+    folder = sys.argv[1]
+    schema = {"user_id": "string", "amount": "double", "event_ts": "timestamp"}
+    group = FeatureGroup(
+        "g",
+        entity=Entity("user", join_keys=["user_id"]),
+        source=EventSource("events", path=folder, timestamp="event_ts", schema=schema),
+        features=[Feature("amount_sum_1h", agg.sum("amount"), window=Hop("1h", every="5m"))],
+    )
+    spark = get_spark(shuffle_partitions=2)
+    read = read_source(spark, group, folder)
+    found = {
+        "events": read.events.count(),
+        "rejected": {Path(r["source_file"]).name: r["reason"] for r in read.rejected.collect()},
+    }
+    try:
+        spark.read.parquet(str(Path(folder) / "2-stray.parquet")).collect()
+    except Exception as exc:  # a failure nobody expected: the caller gets Spark's reason and trace
+        found["unexpected"] = str(exc)
+    print(json.dumps(found))
+    """
+)
+
+
+@pytest.mark.spark
+def test_probing_source_files_prints_no_java_trace(tmp_path: Path) -> None:
+    """A folder with a pandas file (nanosecond timestamps: Spark's first read of it fails, the second reads it)
+    and a stray file that is not Parquet: Spark's executor logged an ERROR line with a ~40-line Java trace for
+    each failed read, naming the good pandas file too."""
+    folder = tmp_path / "events"
+    folder.mkdir()
+    stamps = pd.to_datetime(["2026-01-01 00:00:00.123456789", "2026-01-01 00:00:01.000000001"], utc=True)
+    pd.DataFrame({"user_id": ["a", "b"], "amount": [1.0, 2.0], "event_ts": stamps}).to_parquet(
+        folder / "1-pandas.parquet"
+    )
+    (folder / "2-stray.parquet").write_text("not parquet: a stray file in the landing folder\n")
+
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(folder)], capture_output=True, text=True, timeout=600, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["events"] == 2  # the pandas file was read
+    assert list(found["rejected"]) == ["2-stray.parquet"]
+    assert "not a Parquet file" in found["rejected"]["2-stray.parquet"]  # the reason, in the quarantine record
+    assert "not a Parquet file" in found["unexpected"] and "\tat org.apache.spark" in found["unexpected"]
+
+    err = done.stderr
+    for noise in ("Exception in task", "aborting job", "\tat ", "1-pandas.parquet", "2-stray.parquet"):
+        assert noise not in err, f"{noise!r} on stderr:\n{err[:3000]}"
