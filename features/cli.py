@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from features.errors import ConfigError, DataError, FeaturesError
 
@@ -350,12 +350,7 @@ def _status(args: argparse.Namespace) -> int:
     from features.repo import Repo
     from features.status import status
 
-    report = status(Repo.load(args.repo), args.group, checkpoint_root=args.checkpoint_dir)
-    if args.json:
-        _print_json(report)
-    else:
-        print("\n".join(report.lines()))
-    return 0
+    return _show(status(Repo.load(args.repo), args.group, checkpoint_root=args.checkpoint_dir), args.json)
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -363,11 +358,15 @@ def _plan(args: argparse.Namespace) -> int:
     from features.plan import plan_apply
     from features.repo import Repo
 
-    the_plan = plan_apply(Repo.load(args.repo))
-    if args.json:
-        _print_json(the_plan)
+    return _show(plan_apply(Repo.load(args.repo)), args.json)
+
+
+def _show(report: Any, as_json: bool) -> int:
+    """A report (status, plan) as its lines, or as one JSON document."""
+    if as_json:
+        _print_json(report)
     else:
-        print("\n".join(the_plan.lines()))
+        print("\n".join(report.lines()))
     return 0
 
 
