@@ -435,11 +435,11 @@ def _stream(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         run.stop()
         print("stopped; the next run resumes from the checkpoint", file=sys.stderr)
-    for progress in run.progress():
-        if args.json:
+    if args.json:
+        for progress in run.progress():
             _print_json(progress)
-        else:
-            print(progress.line())
+    else:
+        print("\n".join(run.summary()))
     return 0
 
 

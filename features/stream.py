@@ -67,6 +67,22 @@ class StreamRun:
     def progress(self) -> list[StreamProgress]:
         return [self.latest[name] for name in self.queries]
 
+    def summary(self) -> list[str]:
+        """A line per group with this run's totals (each batch's own line is printed as it ends)."""
+        out = []
+        for name in self.queries:
+            batches = [p for p in self.history if p.group == name]
+            last = self.latest[name]
+            watermark = last.watermark.strftime("%Y-%m-%d %H:%M:%S") if last.watermark else "-"
+            text = (
+                f"{name}: {len(batches)} batches, {sum(p.events for p in batches):,} events, watermark {watermark}, "
+                f"{last.rows_total:,} rows out, late {last.late_total:,}"
+            )
+            if last.bad_records_total:
+                text += f", bad records {last.bad_records_total:,}"
+            out.append(text)
+        return out
+
     def status(self) -> Any:
         """Every batch's progress so far as a pandas DataFrame (for notebooks)."""
         import pandas as pd

@@ -213,3 +213,22 @@ def test_the_stream_sets_bad_records_aside_as_the_backfill_does(spark, feast_rep
     pd.testing.assert_frame_equal(by_stream[0], by_backfill[0], check_dtype=False)
     assert by_stream[0]["reason"].tolist() == ["missing_key: user_id"]
     assert by_stream[0]["source_file"].str.endswith("part-00000.parquet").all()
+
+
+def test_the_command_ends_with_the_runs_totals_not_a_repeat_of_its_last_batch(
+    spark, feast_repo_factory, tmp_path, capsys
+) -> None:
+    from features.cli import main
+
+    group = _group("summed")
+    land(tmp_path, _events("u1", [T0 + m * M for m in (1, 2)]), 1)
+    land(tmp_path, _events("u2", [T0 + m * M for m in (30, 90)]), 1, start_index=1)
+    feast_repo_factory(tmp_path, [group])
+    command = ["stream", "--repo", str(tmp_path), "--available-now", "--max-files-per-trigger", "1", "--no-tracking"]
+    assert main(command) == 0
+    out, err = capsys.readouterr()
+    batch_lines = [line for line in err.splitlines() if line.startswith("summed batch ")]
+    assert len(batch_lines) >= 2  # one per batch, as each ended
+    assert len(out.splitlines()) == 1
+    assert out.startswith(f"summed: {len(batch_lines)} batches, 4 events, ")
+    assert not any(line in out for line in batch_lines)
