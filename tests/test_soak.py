@@ -1,5 +1,5 @@
 """The soak (bench/soak.py), short: a live `features stream --trigger 1s` in a process of its own, fed a file a
-second whose event time runs from a day ago to now in 24 s (3,600 times the wall clock) and then live, killed
+second whose event time runs from a day ago to now in 18 s (4,800 times the wall clock) and then live, killed
 (SIGKILL) halfway and started again; at the end its stores against a backfill, the reference and verify."""
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ def _bench():
 def test_a_stream_soaked_through_event_time_and_a_kill(spark, tmp_path) -> None:
     soak = _bench()
     work = tmp_path / "soak"
-    result = soak.soak(work, catch_up_min=0.4, live_min=0.15, days=1.0, events_per_file=60)
-    assert result["batches"] >= 10
+    result = soak.soak(work, catch_up_min=0.3, live_min=0.1, days=1.0, events_per_file=50)
+    assert result["batches"] >= 5  # micro-batches with events, before and after the kill
     assert result["aside"] == {g: 0 for g in soak.GROUPS}  # every event good and in order: nothing set aside
     assert result["max_files_per_partition"] <= soak.FILES_BOUND
 

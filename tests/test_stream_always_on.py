@@ -224,6 +224,7 @@ def test_the_command_ends_with_the_runs_totals_not_a_repeat_of_its_last_batch(
     land(tmp_path, _events("u1", [T0 + m * M for m in (1, 2)]), 1)
     land(tmp_path, _events("u2", [T0 + m * M for m in (30, 90)]), 1, start_index=1)
     feast_repo_factory(tmp_path, [group])
+    capsys.readouterr()  # what applying the repo printed
     command = ["stream", "--repo", str(tmp_path), "--available-now", "--max-files-per-trigger", "1", "--no-tracking"]
     assert main(command) == 0
     out, err = capsys.readouterr()
