@@ -374,9 +374,10 @@ def _backfill_json(args: argparse.Namespace) -> int:
     """`features backfill --json`: the plan and progress on stderr, one JSON line per result on stdout (per
     group and date range; with --dry-run, per group the days it would compute and why)."""
     from features import schedule
-    from features.repo import Repo
 
-    req = schedule.request(
+    repo, the_plan = schedule.command_plan(
+        args.repo,
+        args.group,
         start=args.start,
         end=args.end,
         day=args.date,
@@ -384,8 +385,6 @@ def _backfill_json(args: argparse.Namespace) -> int:
         force=args.force,
         days_per_run=args.days_per_run,
     )
-    repo = Repo.load(args.repo)
-    the_plan = schedule.plan(repo, req, args.group)
     print(the_plan.describe(), file=sys.stderr, flush=True)
     if args.dry_run:
         for gp in the_plan.groups:

@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from features.errors import ConfigError
 from features.manifest import LateBatch, Manifest, PartitionRecord, batch_order, now_utc, read_manifest, update
@@ -549,6 +549,19 @@ def record_completed(repo: Repo, group: FeatureGroup, days: Sequence[date]) -> N
             manifest.record(day, current, hashes, rows)
 
 
+def command_plan(
+    repo_path: str,
+    groups: Sequence[str] = (),
+    *,
+    now: datetime | None = None,
+    spark: SparkSession | None = None,
+    **options: Any,
+) -> tuple[Repo, Plan]:
+    """The repo and the plan of a `features backfill` command: `options` are `request`'s (checked by it)."""
+    repo = Repo.load(repo_path)
+    return repo, plan(repo, request(**options), groups, now=now, spark=spark)
+
+
 def backfill_command(
     repo_path: str,
     *,
@@ -568,9 +581,8 @@ def backfill_command(
 ) -> int:
     """`features backfill`: check the options, print the plan, do it; the exit status (errors raise). Spark
     starts only once the repo, the groups and the stores checked out, so that a mistake prints one line."""
-    req = request(start=start, end=end, day=day, since_last=since_last, force=force, days_per_run=days_per_run)
-    repo = Repo.load(repo_path)
-    the_plan = plan(repo, req, groups, now=now, spark=spark)
+    options = {"start": start, "end": end, "day": day, "since_last": since_last, "force": force}
+    repo, the_plan = command_plan(repo_path, groups, now=now, spark=spark, days_per_run=days_per_run, **options)
     print(the_plan.describe(), flush=True)
     if dry_run:
         print("dry run: nothing computed, nothing recorded")

@@ -35,6 +35,7 @@ from test_stream_state import _Handle, _packed, _Timers
 from features import Feature, FeatureGroup, Hop, Lifetime, agg
 from features import kernel as pt
 from features.engine import stream as engine
+from features.engine.batch import ARROW_TYPES
 from features.spec import WINDOW_END, DType
 
 LIFE = Lifetime(every="1h")
@@ -88,16 +89,6 @@ def _gap_events() -> pd.DataFrame:
 EVENTS = pd.concat([make_events(), _gap_events()], ignore_index=True)
 KEYS = sorted((k,) for k in EVENTS["user_id"].unique())
 LATENESS = H
-_ARROW = {
-    DType.INT64: pa.int64(),
-    DType.FLOAT64: pa.float64(),
-    DType.STRING: pa.string(),
-    DType.BOOL: pa.bool_(),
-    DType.INT64_LIST: pa.list_(pa.int64()),
-    DType.FLOAT64_LIST: pa.list_(pa.float64()),
-    DType.STRING_LIST: pa.list_(pa.string()),
-    DType.BOOL_LIST: pa.list_(pa.bool_()),
-}
 
 
 def _output() -> dict[str, pa.DataType]:
@@ -105,9 +96,9 @@ def _output() -> dict[str, pa.DataType]:
     types = GROUP.output_types({**TYPES, "event_ts": DType.TIMESTAMP})
     return {
         engine.KIND: pa.string(),
-        **{k: _ARROW[types[k]] for k in GROUP.join_keys},
+        **{k: ARROW_TYPES[types[k]] for k in GROUP.join_keys},
         WINDOW_END: pa.int64(),
-        **{f.name: _ARROW[types[f.name]] for f in GROUP.features},
+        **{f.name: ARROW_TYPES[types[f.name]] for f in GROUP.features},
         engine.LATEST: pa.bool_(),
         engine.REPLACED: pa.bool_(),
         engine.REASON: pa.string(),

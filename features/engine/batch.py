@@ -28,7 +28,7 @@ BUCKET = "fx_bucket"
 END_US = "fx_end"  # the window end in µs, as the kernel returns it
 LATEST = "fx_latest"  # true on a copy of each key's newest row: its value as of the range end, for the online store
 
-_ARROW_TYPES = {
+ARROW_TYPES = {
     DType.INT64: pa.int64(),
     DType.FLOAT64: pa.float64(),
     DType.STRING: pa.string(),
@@ -64,7 +64,7 @@ def run_bucket(events: pa.Table, *, job: BucketJob) -> pa.Table:
     newest row flagged `LATEST` (the online store's row: the kernel knows it, where Spark would aggregate)."""
     panes = kernel.phase1_sorted(job.plan, kernel.events_frame(events.drop_columns([BUCKET])))
     rows = kernel.emit(job.plan, panes, None, job.hi, clamp_us=job.lo)
-    arrays = {name: kernel.to_arrow(rows[name], _ARROW_TYPES[t]) for name, t in job.output.items()}
+    arrays = {name: kernel.to_arrow(rows[name], ARROW_TYPES[t]) for name, t in job.output.items()}
     arrays[END_US] = pa.array(rows[WINDOW_END].to_numpy(), pa.int64())
     table = pa.table(arrays)
     newest = np.flatnonzero(kernel.key_lasts([rows[k].array for k in job.plan.keys]))
