@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -182,3 +183,14 @@ def test_write_events_edge_cases(tmp_path: Path) -> None:
     assert [Path(p).read_text().count("\n") for p in paths] == [0, 1, 1]
     with pytest.raises(ValueError, match="format"):
         write_events(small, tmp_path / "x", format="csv")
+
+
+def test_files_are_delivered_in_name_order_however_fast_they_land(tmp_path: Path) -> None:
+    """Spark's file source orders by modification time and leaves ties in listing order: every landed file,
+    across calls, is at least a millisecond newer than the files before it."""
+    small = generate_transactions(2, 1, START, 1)
+    for start in range(0, 12, 3):
+        write_events(small, tmp_path, n_files=3, start_index=start)
+    stamps = [p.stat().st_mtime_ns for p in sorted(tmp_path.glob("part-*.parquet"))]
+    assert len(stamps) == 12
+    assert all(later - earlier >= 1_000_000 for earlier, later in pairwise(stamps))

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -344,6 +345,7 @@ def _write_json(chunk: pd.DataFrame, target: Path) -> None:
 
 
 _WRITERS = {"parquet": _write_parquet, "json": _write_json}
+_MILLISECOND_NS = 1_000_000
 
 
 def write_events(
@@ -358,7 +360,9 @@ def write_events(
 
     Files are named part-NNNNN.parquet / part-NNNNN.json from `start_index`, so that lexical order is
     delivery order. Each file is written under a hidden name first and then renamed, because Spark's file
-    stream source ignores names starting with "." and must never see a half-written file.
+    stream source ignores names starting with "." and must never see a half-written file. Spark delivers files
+    in modification-time order and leaves ties in listing order, so each file gets a modification time at least
+    a millisecond after every file already in the folder.
     """
     writer = _WRITERS.get(format)
     if writer is None:
@@ -369,10 +373,13 @@ def write_events(
     folder.mkdir(parents=True, exist_ok=True)
     bounds = [i * len(df) // n_files for i in range(n_files + 1)]
     paths = []
+    newest = max((entry.stat().st_mtime_ns for entry in os.scandir(folder) if entry.is_file()), default=0)
     for i in range(n_files):
         target = folder / f"part-{start_index + i:05d}.{format}"
         hidden = folder / f".{target.name}.tmp"
         writer(df.iloc[bounds[i] : bounds[i + 1]], hidden)
+        newest = max(time.time_ns(), newest + _MILLISECOND_NS)
+        os.utime(hidden, ns=(newest, newest))
         os.replace(hidden, target)
         paths.append(str(target))
     return paths
