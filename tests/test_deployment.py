@@ -33,7 +33,7 @@ import yaml
 from redis_server import RedisServer
 
 from features.cli import build_parser
-from features.engine import runtime
+from features.engine import jars, runtime
 from features.errors import EnvironmentProblem
 from features.repo import read_config
 
@@ -134,11 +134,13 @@ def test_pyspark_is_an_extra_pinned_within_the_supported_range() -> None:
     assert not [d for d in project["dependencies"] if re.match(r"pyspark\b", d)], "PySpark must not be required"
     extras = project["optional-dependencies"]
     [local] = extras["local"]
-    pinned = re.fullmatch(r"pyspark==(\d+\.\d+)\.\*", local)
+    # Exact: Delta Lake's and the Kafka connector's jars (features.engine.jars) are built for one Spark release.
+    pinned = re.fullmatch(r"pyspark==(\d+\.\d+)\.\d+", local)
     assert pinned is not None, local
     version = runtime.parse_version(pinned.group(1))
     assert version == runtime.TESTED_SPARK and version is not None and runtime.supported(version)
-    assert all(pinned.group(1) in d for d in extras["connect"] if d.startswith("pyspark"))
+    assert version in jars.PACKAGES
+    assert all(local.removeprefix("pyspark") in d for d in extras["connect"] if d.startswith("pyspark"))
     # ./dev installs the extras that bring the local PySpark (tests, demo).
     installed = re.search(r'pip install --quiet -e "\.\[([\w,]+)\]"', (ROOT / "dev").read_text())
     assert installed is not None and "local" in installed.group(1).split(","), "./dev must install the local extra"

@@ -162,6 +162,7 @@ def test_every_readable_file_is_read_and_each_bad_one_set_aside(
     import pyarrow.parquet as pq
 
     from features.engine import files as files_module
+    from features.engine.schema import nanosecond_read
     from features.engine.source import read_source
 
     if remote:  # files the driver cannot open, as on an object store: found by one read of every column
@@ -185,11 +186,18 @@ def test_every_readable_file_is_read_and_each_bad_one_set_aside(
 
     source = read_source(spark, _group(folder, schema=SCHEMA if declared else None), str(folder))
     got = source.events.selectExpr("user_id", "unix_micros(event_ts) AS us").toPandas().sort_values("user_id")
-    assert got.to_dict("list") == {
-        "user_id": ["a", "b", "c", "d"],  # every good record of every readable file, to the microsecond
-        "us": [1_767_225_600_123_456, -1, 1_767_229_200_000_001, 1_767_229_200_000_007],
-    }
     rejected = {Path(r["source_file"]).name: r["reason"] for r in source.rejected.collect()}
+    if remote and nanosecond_read(spark) == "long":
+        # Spark 4.2 reads nanoseconds as integers, converted by the unit in each footer, which cannot be opened
+        # here: those files are set aside with Spark's reason, not read with a wrong unit (docs/quality.md).
+        for name in ("1-aware.parquet", "2-naive.parquet"):
+            assert rejected.pop(name).startswith("unreadable_file: "), name
+        assert got.to_dict("list") == {"user_id": ["d"], "us": [1_767_229_200_000_007]}
+    else:
+        assert got.to_dict("list") == {
+            "user_id": ["a", "b", "c", "d"],  # every good record of every readable file, to the microsecond
+            "us": [1_767_225_600_123_456, -1, 1_767_229_200_000_001, 1_767_229_200_000_007],
+        }
     assert "not a Parquet file" in rejected.pop("4-stray.parquet")
     # The schema (declared, or the files' own) holds for every file: one whose amount is text does not fit it.
     reason = rejected.pop("5-amount-as-text.parquet")

@@ -82,6 +82,40 @@ def _conforms_cached(local: str, size: int, mtime_ns: int, wanted: tuple[tuple[s
     return footer is None or nonconformity(footer, {column: DType(t) for column, t in wanted}) is None
 
 
+def timestamp_unit(column: str) -> Column:
+    """The unit ("s", "ms", "us" or "ns") in which each record's Parquet file stores `column`, from the file's
+    footer, decided once per file in each Python worker; null where the column is no timestamp there, or where
+    the worker cannot open the file (a remote store)."""
+    import pandas as pd
+    from pyspark.sql import functions as F
+
+    def units(files: pd.Series) -> pd.Series:
+        found = {file: _unit_of(file, column) for file in files.unique()}
+        return files.map(found)
+
+    units.__annotations__ = {"files": pd.Series, "return": pd.Series}
+    return F.pandas_udf(units, "string")(F.col(META)["file_path"])  # type: ignore[call-overload]
+
+
+def _unit_of(uri: str, column: str) -> str | None:
+    local = _local_path(uri)
+    if local is None:
+        return None
+    stat = os.stat(local)
+    return _unit_cached(local, stat.st_size, stat.st_mtime_ns, column.lower())
+
+
+@functools.lru_cache(maxsize=4096)
+def _unit_cached(local: str, size: int, mtime_ns: int, column: str) -> str | None:
+    import pyarrow as pa
+
+    footer = _arrow_schema(_footer(local))
+    name = None if footer is None else {n.lower(): n for n in footer.names}.get(column)
+    if name is None or not pa.types.is_timestamp(footer.field(name).type):
+        return None
+    return str(footer.field(name).type.unit)
+
+
 def unreadable_files(
     spark: SparkSession, raw: DataFrame, schema: StructType | None, check: FileCheck | None = None
 ) -> list[tuple[str, str]]:
@@ -271,20 +305,29 @@ def _unreadable_by_scan(
     seen = {row["path"] for row in per_file.collect()}
     bad = []
     for file in (f for f in files if f not in seen):
-        reason = _why_unreadable(spark, schema, file)
+        # Only the microsecond read: a file read by neither is unreadable, and on a Spark without nanosecond
+        # types a nanosecond file the workers could not open has no records though its integers read.
+        reason = _why_unreadable(spark, schema, file, microseconds_only=True)
         if reason is not None:
             bad.append((f"{UNREADABLE_FILE}: {reason}", file))
     return bad
 
 
-def _why_unreadable(spark: SparkSession, schema: StructType | None, file: str) -> str | None:
+def _why_unreadable(
+    spark: SparkSession, schema: StructType | None, file: str, microseconds_only: bool = False
+) -> str | None:
     """Why Spark cannot read one Parquet file with `schema` (None if it can, e.g. a file with no rows)."""
+    from pyspark.sql import functions as F
+
     reasons = []
     every = in_microseconds(schema) if schema is not None else []  # PySpark cannot parse the nanosecond type
-    for ddl in read_types(spark, schema):
+    for ddl in read_types(spark, schema)[: 1 if microseconds_only else None]:
+        # A count of non-null values makes Spark decode every read column, and collects no value of a type
+        # PySpark cannot parse.
+        decoded = [F.count(column) for column in every]
         try:
             with quiet_spark_errors():
-                spark.read.schema(ddl).parquet(file).select(*every).limit(1).collect()
+                spark.read.schema(ddl).parquet(file).limit(1).select(*decoded).collect()
             return None
         except Exception as exc:  # the reason is kept: classic PySpark raises py4j's error, no PySparkException
             reasons.append(spark_reason(exc))

@@ -28,14 +28,15 @@ QUIET = "-Xlog:cds=off,cds+dynamic=off"  # Java's notes about the archive (e.g. 
 WRITING_S = 60.0  # a file written to this recently may still be growing
 
 
-def java_options(java_description: str) -> list[str]:
+def java_options(java_description: str, class_path: list[str] | tuple[str, ...] = ()) -> list[str]:
     """The JVM options that use the archive, or that make it when there is none yet (none when turned off,
-    or while another process is making it). `java_description`: what `java -version` prints."""
+    or while another process is making it). `java_description`: what `java -version` prints; `class_path`: the
+    jars the JVM gets beside Spark's."""
     setting = os.environ.get(ENV, "").strip()
     if setting.lower() in ("off", "0", "false", "no"):
         return []
     folder = Path(setting).expanduser() if setting else _cache_folder()
-    archive = folder / f"spark-{_install_key(java_description)}.jsa"
+    archive = folder / f"spark-{_install_key(java_description, class_path)}.jsa"
     making = _settle(archive)
     if archive.is_file():
         return [f"-XX:SharedArchiveFile={archive}", QUIET]
@@ -53,13 +54,13 @@ def _cache_folder() -> Path:
     return Path(base) / "features" / "jvm"
 
 
-def _install_key(java_description: str) -> str:
-    """Which Java and which Spark jars: an archive is only valid for the classes it was made from."""
+def _install_key(java_description: str, class_path: list[str] | tuple[str, ...]) -> str:
+    """Which Java and which jars: an archive is only valid for the classes it was made from."""
     import pyspark
 
     jars = Path(pyspark.__file__).parent / "jars"
     names = sorted(p.name for p in jars.glob("*.jar")) if jars.is_dir() else []
-    digest = hashlib.sha1("\n".join([java_description, str(jars), *names]).encode()).hexdigest()[:16]
+    digest = hashlib.sha1("\n".join([java_description, str(jars), *names, *class_path]).encode()).hexdigest()[:16]
     return f"{pyspark.__version__}-{digest}"
 
 

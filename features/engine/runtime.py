@@ -21,7 +21,7 @@ MIN_SPARK = (4, 1)
 # Spark removes public APIs only in a major release; the next one is supported once the tests run on it.
 BELOW_SPARK = (5, 0)
 # The PySpark of the `local` extra (pyproject.toml), which the test suite runs on.
-TESTED_SPARK = (4, 3)
+TESTED_SPARK = (4, 2)
 
 # The Apache Spark that each Databricks Runtime major version includes (a cluster's `spark_version` key, e.g.
 # `19.x-scala2.13`), from Databricks' release notes.

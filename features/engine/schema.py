@@ -39,6 +39,10 @@ META = "fx_meta"  # Spark's `_metadata` of each record (its file), carried throu
 # Spark 4.3's nanosecond timestamps (a preview): with it, a Parquet TIMESTAMP(NANOS) column reads as
 # timestamp_ltz(9) / timestamp_ntz(9), and a cast to timestamp truncates it to the microsecond (towards -inf).
 NANOS_CONF = "spark.sql.timestampNanosTypes.enabled"
+NANOS_SPARK = (4, 3)  # the first Spark with those types
+# Before them: a TIMESTAMP(NANOS) column reads as its raw integer (and so does any INT64 timestamp read as
+# bigint, whatever its unit: the file's footer tells which it is).
+NANOS_AS_LONG_CONF = "spark.sql.legacy.parquet.nanosAsLong"
 
 
 _SPARK_TYPES = {
@@ -133,12 +137,41 @@ def source_columns(raw: DataFrame) -> list[str]:
 
 
 def read_types(spark: SparkSession, schema: StructType | None) -> list[str]:
-    """The schemas (DDL) the two reads of `read_parquet` use."""
+    """The schemas (DDL) the reads of `read_parquet` use: microsecond timestamps, then the nanosecond read's."""
     if schema is None:
         return []
-    if not timestamp_columns(schema) or spark.conf.get(NANOS_CONF, "false") != "true":
-        return [ddl_of(schema, nanos=False)]
-    return [ddl_of(schema, nanos=False), ddl_of(schema, nanos=True)]
+    nanos = nanosecond_read(spark) if timestamp_columns(schema) else None
+    if nanos is None:
+        return [ddl_of(schema)]
+    return [ddl_of(schema), ddl_of(schema, nanos=nanos)]
+
+
+def nanosecond_read(spark: SparkSession) -> str | None:
+    """How this session reads a Parquet TIMESTAMP(NANOS) column, as `ddl_of(nanos=...)` names it: "type"
+    (Spark's nanosecond type), "long" (its raw integer), or None: not at all (such files are set aside as
+    unreadable, with Spark's reason). `enable_nanosecond_read` turns the session's way on."""
+    setting = NANOS_CONF if _spark_version(spark) >= NANOS_SPARK else NANOS_AS_LONG_CONF
+    if spark.conf.get(setting, "false") != "true":
+        return None
+    return "type" if setting == NANOS_CONF else "long"
+
+
+def enable_nanosecond_read(spark: SparkSession) -> str | None:
+    """Turn on this Spark's way to read nanosecond timestamps (`nanosecond_read`), unless the platform refuses
+    the setting (a managed Connect session may)."""
+    from pyspark.errors import PySparkException
+
+    setting = NANOS_CONF if _spark_version(spark) >= NANOS_SPARK else NANOS_AS_LONG_CONF
+    try:
+        if spark.conf.get(setting, "false") != "true":
+            spark.conf.set(setting, "true")
+    except PySparkException:
+        return None
+    return nanosecond_read(spark)
+
+
+def _spark_version(spark: SparkSession) -> tuple[int, ...]:
+    return tuple(int(part) for part in spark.version.split(".")[:2] if part.isdigit())
 
 
 def in_microseconds(schema: StructType) -> list[Column]:
@@ -158,11 +191,12 @@ def timestamp_columns(schema: StructType) -> list[str]:
     return [f.name for f in schema.fields if isinstance(f.dataType, T.TimestampType | T.TimestampNTZType)]
 
 
-def ddl_of(schema: StructType, *, nanos: bool) -> str:
-    """`schema` as DDL; with `nanos`, its timestamps as Spark's nanosecond type."""
+def ddl_of(schema: StructType, *, nanos: str | None = None) -> str:
+    """`schema` as DDL; with `nanos`, its timestamps as Spark's nanosecond type ("type") or as integers ("long")."""
     stamps = set(timestamp_columns(schema)) if nanos else set()
+    stamp_type = "timestamp_ltz(9)" if nanos == "type" else "bigint"
     return ", ".join(
-        f"`{f.name}` {'timestamp_ltz(9)' if f.name in stamps else f.dataType.simpleString()}" for f in schema.fields
+        f"`{f.name}` {stamp_type if f.name in stamps else f.dataType.simpleString()}" for f in schema.fields
     )
 
 

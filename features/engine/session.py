@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from features.engine import jars
 from features.engine.jvm_archive import java_options
 from features.errors import EnvironmentProblem
 
@@ -156,11 +157,24 @@ def _local_defaults(
         # (the kernel's input): 16% of the kernel stage. Batches stay bounded by maxRecordsPerBatch (10,000 rows).
         .config("spark.sql.execution.arrow.maxBytesPerBatch", str(2**31 - 1))
     )
+    # The Kafka connector (and Delta Lake) on the class path of the JVM itself, not added later as spark.jars:
+    # nothing is copied per session, and the class archive below holds their classes too.
+    packages = [str(jar) for jar in jars.class_path(_pyspark_version())]
+    builder = builder.config("spark.driver.extraClassPath", os.pathsep.join(packages))
+    builder = builder.config("spark.executor.extraClassPath", os.pathsep.join(packages))
     options = [f"-Dlog4j2.configurationFile={LOG4J2_CONFIG.as_uri()}"] if LOG4J2_CONFIG.is_file() else []
-    options += java_options(java_description() or "")
+    options += java_options(java_description() or "", packages)
     if options:
         builder = builder.config("spark.driver.extraJavaOptions", " ".join(_quoted(o) for o in options))
     return builder
+
+
+def _pyspark_version() -> tuple[int, int]:
+    import pyspark
+
+    from features.engine.runtime import parse_version
+
+    return parse_version(pyspark.__version__) or (0, 0)
 
 
 def _quoted(option: str) -> str:

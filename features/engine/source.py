@@ -40,6 +40,7 @@ from features.engine.files import (
     FileCheck,
     SetAsideFile,
     conforms,
+    timestamp_unit,
     unreadable_files,
 )
 from features.engine.schema import (
@@ -50,7 +51,6 @@ from features.engine.schema import (
     META,
     MISSING_KEY,
     MISSING_TIMESTAMP,
-    NANOS_CONF,
     RAW_RECORD,
     REASON,
     SOURCE_FILE,
@@ -58,6 +58,7 @@ from features.engine.schema import (
     WRONG_TYPE,
     ddl_of,
     declared_spark_schema,
+    enable_nanosecond_read,
     expected_columns,
     group_schema,
     in_microseconds,
@@ -385,35 +386,51 @@ def read_parquet(
 
     reader = reader.option("recursiveFileLookup", "true").option("ignoreCorruptFiles", "true")
     micros = reader.schema(schema).parquet(path).withColumn(META, F.col("_metadata"))
-    stamps = timestamp_columns(schema)
-    if not stamps or not _nanos_enabled(spark):
+    nanos = enable_nanosecond_read(spark) if timestamp_columns(schema) else None
+    if nanos is None:
         read = micros
     else:
-        nanos_ddl = ddl_of(schema, nanos=True)
-        # The schema of this read has types PySpark cannot parse: columns are cast before anything asks for it.
-        nanos = reader.schema(nanos_ddl).parquet(path).select(*in_microseconds(schema), F.col("_metadata").alias(META))
-        read = micros.select(*[F.col(f"`{f.name}`") for f in schema.fields], F.col(META)).unionByName(nanos)
+        # The schema of this read may have types PySpark cannot parse: columns are cast before anything asks.
+        other = reader.schema(ddl_of(schema, nanos=nanos)).parquet(path).withColumn(META, F.col("_metadata"))
+        if nanos == "long":
+            other = _from_nanosecond_files(other, schema)
+        else:
+            other = other.select(*in_microseconds(schema), F.col(META))
+        read = micros.select(*[F.col(f"`{f.name}`") for f in schema.fields], F.col(META)).unionByName(other)
     expected = expected_columns(schema)
     if read.isStreaming and expected:
         read = read.where(conforms(expected))
     return read
 
 
-def _nanos_enabled(spark: SparkSession) -> bool:
-    """Turn on Spark's nanosecond timestamps for this session, if this Spark has them (a setting the platform
-    may refuse, e.g. a managed Connect session: then nanosecond files are set aside as unreadable, with why)."""
-    from pyspark.errors import PySparkException
+def _from_nanosecond_files(as_long: DataFrame, schema: StructType) -> DataFrame:
+    """The records of files with a nanosecond timestamp, from a read of every timestamp as its raw integer (which
+    also reads the other files' microseconds as integers: their records come from the microsecond read). Each
+    timestamp becomes Spark's, in the unit the file's footer gives, truncated to the microsecond (towards -inf)."""
+    from pyspark.sql import functions as F
 
-    try:
-        spark.conf.set(NANOS_CONF, "true")
-    except PySparkException:
-        return False
-    if not type(spark).__module__.startswith("pyspark.sql.connect"):
-        # Classic Spark parses a reader's DDL schema with the settings of the session active in the calling
-        # thread, and a session started in another thread (as the CLI does) is active only there:
-        # createDataFrame makes it the active one in this thread too (PySpark's own doing; no JVM call here).
-        spark.createDataFrame([], "x int")
-    return True
+    stamps = set(timestamp_columns(schema))
+    units = {name: timestamp_unit(name) for name in stamps}
+    columns = [
+        _to_micros(F.col(f"`{f.name}`"), units[f.name]).alias(f.name) if f.name in stamps else F.col(f"`{f.name}`")
+        for f in schema.fields
+    ]
+    nanosecond_file = F.lit(False)
+    for unit in units.values():
+        nanosecond_file = nanosecond_file | F.coalesce(unit == F.lit("ns"), F.lit(False))
+    return as_long.where(nanosecond_file).select(*columns, F.col(META))
+
+
+def _to_micros(raw: Column, unit: Column) -> Column:
+    from pyspark.sql import functions as F
+
+    micros = (
+        F.when(unit == "ns", F.call_function("div", raw - F.pmod(raw, F.lit(1000)), F.lit(1000)))
+        .when(unit == "us", raw)
+        .when(unit == "ms", raw * F.lit(1000))
+        .when(unit == "s", raw * F.lit(1_000_000))
+    )
+    return F.timestamp_micros(micros.cast("bigint"))
 
 
 def check_columns(group: FeatureGroup, events: DataFrame) -> None:
