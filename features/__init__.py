@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from features.errors import ConfigError, DataError, DefinitionError, FeaturesError, SchemaError, ValidationFailed
-from features.spec import Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, Tumble, agg
+from features.spec import Entity, EventSource, Feature, FeatureGroup, Hop, KafkaTopic, Lifetime, Tumble, agg
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -33,6 +33,7 @@ __all__ = [
     "FeatureGroup",
     "FeaturesError",
     "Hop",
+    "KafkaTopic",
     "Lifetime",
     "SchemaError",
     "Tumble",

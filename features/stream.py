@@ -30,15 +30,14 @@ from features.progress import shown_by_default
 from features.repo import Repo
 from features.retention import DEFAULT_KEEP
 from features.rollup import MetricRollup
-from features.spec import FeatureGroup
+from features.spec import EventSource, FeatureGroup
 from features.spec.durations import parse_duration
 from features.spec.fingerprint import definition_hash, describe
 from features.stream_sink import BatchSink, StreamProgress
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
-
 
 
 @dataclass
@@ -52,6 +51,7 @@ class StreamRun:
     tracker: Any = None  # the MLflow run (features.tracking) the batches log to
     _tracking: Any = None  # its context manager, ended when the queries end
     rollups: list[MetricRollup] = field(default_factory=list)  # the batches' metrics not logged yet, per group
+    archives: dict[str, StreamingQuery] = field(default_factory=dict)  # per Kafka source archived: its query
 
     def _finish(self, error: BaseException | None) -> None:
         """End the MLflow run once, after the metrics of the last batches: FINISHED, or FAILED with the error."""
@@ -93,7 +93,7 @@ class StreamRun:
         """Wait for every query to stop (available-now runs stop by themselves); re-raise a query's failure
         as the features error that caused it when there is one."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        for name, query in self.queries.items():
+        for name, query in {**self.archives, **self.queries}.items():
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
                 done = query.awaitTermination(None if left is None else left)
@@ -110,7 +110,7 @@ class StreamRun:
         return True
 
     def stop(self) -> None:
-        for query in self.queries.values():
+        for query in [*self.queries.values(), *self.archives.values()]:
             query.stop()
         self._finish(None)
 
@@ -158,6 +158,8 @@ def stream(
     params = {"trigger": "available-now" if available_now else trigger, "buckets": buckets, "online": online}
     run._tracking = mlflow_tracking.start_run(repo, "stream", selected, params, enabled=tracking)
     run.tracker = run._tracking.__enter__()
+    archived: set[EventSource] = set()
+    trigger_of: dict[str, Any] = {"availableNow": True} if available_now else {"processingTime": f"{every_s} seconds"}
     try:
         for group in selected:
             checkpoint = Path(repo.checkpoint_path(group, checkpoint_root))
@@ -175,18 +177,20 @@ def stream(
             sink = BatchSink(repo, group, writer_of, validate, run, show, spark, schema, metrics_s, keep_s)
             writer = out.writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint / "query"))
             writer = writer.queryName(f"features_{group.name}")
-            writer = (
-                writer.trigger(availableNow=True)
-                if available_now
-                else writer.trigger(processingTime=f"{every_s} seconds")
-            )
+            writer = writer.trigger(**trigger_of)
             # Until its first batch reports, a run stands at the watermark its checkpoint's last batch emitted up to.
             run.latest[group.name] = StreamProgress(group.name, watermark=emitted_watermark(checkpoint / "query"))
             with _shuffle_partitions(spark, partitions):
                 run.queries[group.name] = writer.start()
             sink.query = run.queries[group.name]
+            if group.source.kafka is not None and group.source.kafka.archive and group.source not in archived:
+                archived.add(group.source)
+                checkpoint = Path(repo.checkpoint_path(group, checkpoint_root)).parent / f"_archive_{group.source.name}"
+                run.archives[group.source.name] = _archive(
+                    group, events, repo.source_path(group), checkpoint, trigger_of
+                )
     except BaseException as exc:
-        for query in run.queries.values():
+        for query in [*run.queries.values(), *run.archives.values()]:
             query.stop()
         run._finish(exc)
         raise
@@ -201,6 +205,21 @@ CONNECT_UNSUPPORTED = (
     "user) access mode, `spark-submit jobs/stream.py`, or `features stream` without SPARK_REMOTE. Backfills "
     "(`features backfill --since-last`, e.g. every few minutes) do run on Spark Connect"
 )
+
+
+def _archive(
+    group: FeatureGroup, events: DataFrame, path: str, checkpoint: Path, trigger: dict[str, Any]
+) -> StreamingQuery:
+    """Start the query that writes every record read from a Kafka source into its folder, as Parquet partitioned
+    by event date, for backfills. Spark's file sink writes each micro-batch's files exactly once: its log
+    (`_spark_metadata` in the folder) lists the files of committed batches, and Spark's readers of the folder,
+    the backfill's among them, read only those."""
+    from features.engine import stream as engine
+
+    rows = engine.archive_rows(group, events)
+    writer = rows.writeStream.format("parquet").partitionBy(engine.ARCHIVE_DATE).outputMode("append")
+    writer = writer.option("checkpointLocation", str(checkpoint)).queryName(f"features_archive_{group.source.name}")
+    return writer.trigger(**trigger).start(path)
 
 
 def _check_not_connect(spark: SparkSession) -> None:

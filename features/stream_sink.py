@@ -80,7 +80,6 @@ class StreamProgress:
         return text
 
 
-
 class BatchSink:
     """foreachBatch: validate, write the offline table and the online store, set aside late and bad rows."""
 
@@ -302,8 +301,8 @@ class BatchSink:
             F.from_json(F.col(engine.RECORD), self.record_schema).alias("r"),
         )
         bad = bad.select(schema.REASON, "r.*")
-        if self.group.source.format != "json":
-            bad = bad.drop(schema.RAW_RECORD)  # only a JSON line has a raw text beside its parsed columns
+        if self.group.source.format != "json" and self.group.source.kafka is None:
+            bad = bad.drop(schema.RAW_RECORD)  # only a JSON text has a raw text beside its parsed columns
         folder = quality.quarantine_root(self.repo.root, self.group.name) / "records" / f"stream-b{batch_id}"
         engine.write_json_records(bad, folder, None)
 
@@ -317,7 +316,7 @@ class BatchSink:
         from features.engine import files, schema
         from features.engine import stream as engine
 
-        if self.group.source.format != "parquet":
+        if self.group.source.format != "parquet" or self.group.source.kafka is not None:
             return 0
         path = self.repo.source_path(self.group)
         if self.files is None:

@@ -62,6 +62,12 @@ def _event_source_code(group: FeatureGroup) -> str:
         args.append(f"options={dict(source.options)!r}")
     if source.max_future_s != 86400:
         args.append(f"max_future={'None' if source.max_future_s is None else repr(f'{source.max_future_s}s')}")
+    if source.kafka is not None:
+        topic = source.kafka
+        args.append(
+            f"kafka=KafkaTopic({topic.topic!r}, {topic.bootstrap_servers!r}, value_format={topic.value_format!r}, "
+            f"event_time={topic.event_time!r}, archive={topic.archive!r}, options={dict(topic.options)!r})"
+        )
     return f"EventSource({', '.join(args)})"
 
 
@@ -88,7 +94,7 @@ def definitions_code(groups: Sequence[FeatureGroup]) -> str:
         "",
         "from pathlib import Path",
         "",
-        "from features import Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, agg, to_feast",
+        "from features import Entity, EventSource, Feature, FeatureGroup, Hop, KafkaTopic, Lifetime, agg, to_feast",
         *(["", "import great_expectations as gx"] if any(g.expectations for g in groups) else []),
         "",
         "HERE = Path(__file__).resolve().parent",
@@ -169,3 +175,15 @@ def feast_repo(tmp_path: Path) -> Callable[..., Path]:
         return build_feast_repo(tmp_path / "repo", groups, events, **kwargs)
 
     return make
+
+
+@pytest.fixture
+def kafka_topic():
+    """A new 4-partition topic on the tests' Kafka broker (tests/kafka_broker.py), deleted after the test."""
+    from kafka_broker import create_topic, delete_topic, require_broker, topic_name
+
+    require_broker()
+    name = topic_name("stream")
+    create_topic(name, 4)
+    yield name
+    delete_topic(name)

@@ -21,6 +21,7 @@ from features import (
     FeatureGroup,
     FeaturesError,
     Hop,
+    KafkaTopic,
     Lifetime,
     SchemaError,
     Tumble,
@@ -223,7 +224,7 @@ def test_duplicate_join_key():
 @pytest.mark.parametrize("fmt", ["csv", "PARQUET", "delta", ""])
 def test_unknown_format(fmt):
     exc = expect_error(lambda: EventSource("s", path="p", timestamp="ts", format=fmt), "EventSource('s').format", "")
-    assert "parquet, json, kafka" in str(exc)
+    assert "parquet, json" in str(exc)
 
 
 @pytest.mark.parametrize("path", ["", "   ", None])
@@ -231,9 +232,74 @@ def test_empty_path(path):
     expect_error(lambda: EventSource("s", path=path, timestamp="ts"), "EventSource('s').path", "folder")
 
 
-def test_kafka_source_needs_no_path():
-    source = EventSource("clicks", path="", timestamp="ts", format="kafka", options={"subscribe": "clicks"})
-    assert source.format == "kafka" and dict(source.options) == {"subscribe": "clicks"}
+KAFKA_SCHEMA = {"user_id": "string", "ts": "timestamp"}
+
+
+def test_a_kafka_topic_streams_what_the_folder_holds():
+    topic = KafkaTopic("clicks", "broker-1:9092, broker-2:9092", options={"startingOffsets": "earliest"})
+    source = EventSource("clicks", path="data/clicks", timestamp="ts", schema=KAFKA_SCHEMA, kafka=topic)
+    assert source.kafka is topic and topic.bootstrap_servers == "broker-1:9092,broker-2:9092"
+    assert (topic.value_format, topic.event_time, topic.archive) == ("json", "value", False)
+    assert dict(topic.options) == {"startingOffsets": "earliest"}
+    assert hash(source) != hash(EventSource("clicks", path="data/clicks", timestamp="ts", schema=KAFKA_SCHEMA))
+
+
+def test_the_record_time_needs_no_timestamp_field_in_the_values():
+    topic = KafkaTopic("clicks", "localhost:9092", event_time="record")
+    source = EventSource("clicks", path="data/clicks", timestamp="ts", schema={"user_id": "string"}, kafka=topic)
+    assert dict(source.schema or {}) == {"ts": DType.TIMESTAMP, "user_id": DType.STRING}
+
+
+@pytest.mark.parametrize(
+    ("make", "field", "fix"),
+    [
+        (lambda: KafkaTopic("", "h:9092"), "KafkaTopic('').topic", "249 letters"),
+        (lambda: KafkaTopic("a topic", "h:9092"), "KafkaTopic('a topic').topic", "249 letters"),
+        (lambda: KafkaTopic("t", "localhost"), "KafkaTopic('t').bootstrap_servers", "host:9092"),
+        (lambda: KafkaTopic("t", "h:9092", value_format="xml"), "KafkaTopic('t').value_format", "json"),
+        (lambda: KafkaTopic("t", "h:9092", event_time="now"), "KafkaTopic('t').event_time", '"record"'),
+        (
+            lambda: KafkaTopic("t", "h:9092", options={"subscribe": "u"}),
+            "KafkaTopic('t').options['subscribe']",
+            "remove",
+        ),
+        (
+            lambda: KafkaTopic("t", "h:9092", options={"kafka.bootstrap.servers": "x:1"}),
+            "KafkaTopic('t').options['kafka.bootstrap.servers']",
+            "remove",
+        ),
+        (
+            lambda: EventSource("s", path="p", timestamp="ts", format="kafka"),
+            "EventSource('s').format",
+            "kafka=KafkaTopic(",
+        ),
+        (
+            lambda: EventSource("s", path="p", timestamp="ts", kafka=KafkaTopic("t", "h:9092")),
+            "EventSource('s').schema",
+            "schema=",
+        ),
+        (
+            lambda: EventSource("s", path="", timestamp="ts", schema=KAFKA_SCHEMA, kafka=KafkaTopic("t", "h:9092")),
+            "EventSource('s').path",
+            "folder",
+        ),
+        (
+            lambda: EventSource(
+                "s",
+                path="p",
+                timestamp="ts",
+                format="json",
+                schema=KAFKA_SCHEMA,
+                kafka=KafkaTopic("t", "h:1", archive=True),
+            ),
+            "EventSource('s').kafka",
+            'format="parquet"',
+        ),
+        (lambda: EventSource("s", path="p", timestamp="ts", kafka="t"), "EventSource('s').kafka", "KafkaTopic("),
+    ],
+)
+def test_kafka_mistakes_name_the_field_and_the_fix(make, field, fix):
+    expect_error(make, field, fix)
 
 
 def test_schema_with_unknown_type():

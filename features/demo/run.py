@@ -117,8 +117,6 @@ def write_sources(repo: Repo, transactions: pd.DataFrame) -> dict[Path, int]:
     FILES_PER_SOURCE files in each folder's format; returns the files written per folder."""
     folders: dict[str, str] = {}
     for group in repo.groups.values():
-        if group.source.format == "kafka":
-            continue  # a stream: nothing to land for a backfill
         folders.setdefault(repo.source_path(group), group.source.format)
     written = {}
     for folder, fmt in folders.items():

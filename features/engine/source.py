@@ -314,11 +314,6 @@ def _load(spark: SparkSession, group: FeatureGroup, path: str) -> tuple[DataFram
     """Every record of the source with its file's metadata (`fx_meta`), with `_corrupt_record` for JSON, and
     the schema it was read with (Parquet); the group's columns checked."""
     source = group.source
-    if source.format == "kafka":
-        raise ConfigError(
-            f"EventSource({source.name!r}).format: Kafka is a streaming source; backfill from the "
-            "folder where the topic is archived (a parquet or json EventSource with the same schema)"
-        )
     if "://" not in path and not Path(path).exists():
         raise ConfigError(
             f"EventSource({source.name!r}).path: {path} does not exist; land event files there "

@@ -70,7 +70,7 @@ NEWEST = "fx_newest"
 LATEST = "fx_latest"  # on ROW rows: the key's newest row of the batch, the one the online store gets
 REPLACED = "fx_replaced"  # on LATEST rows: the key has an EAGER row too, newer, which replaces it online
 LANDED = "fx_landed"  # when an event's file landed (Kafka: the record's timestamp), µs
-FILE = "fx_file"  # the file an event was read from (null for Kafka), kept with a bad record
+FILE = "fx_file"  # the file an event was read from (Kafka: kafka:<topic>/<partition>/<offset>), kept with a bad record
 # What a STAT row tells of its bucket: pane rows and serialized bytes in state, events read, the watermark it
 # emitted up to (µs), and when its oldest event landed (µs). One JSON column rather than a column each: every
 # output row carries every column, and these would be null on all but one row per bucket.
@@ -81,6 +81,7 @@ RESIDENT_BUCKETS = 4  # buckets whose state a Python worker keeps between batche
 COMPACT_SLACK = 1024  # codes of departed keys a bucket's key dictionary may hold beyond twice its live keys
 STATE_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 KAFKA_PACKAGE = "org.apache.spark:spark-sql-kafka-0-10_2.13:{version}"
+ARCHIVE_DATE = "date"  # the partition column of a Kafka source's archive
 
 
 def configure(spark: SparkSession) -> None:
@@ -124,8 +125,8 @@ def read_stream(spark: SparkSession, group: FeatureGroup, path: str, max_files: 
     from pyspark.sql import types as T
 
     source = group.source
-    if source.format == "kafka":
-        return _read_kafka(spark, group)
+    if source.kafka is not None:
+        return read_kafka(spark, group)
     schema = source_schema(spark, group, path)
     reader = spark.readStream.option("recursiveFileLookup", "true")
     if max_files:
@@ -142,33 +143,53 @@ def read_stream(spark: SparkSession, group: FeatureGroup, path: str, max_files: 
     return events.withColumn(LANDED, landed).withColumn(FILE, F.col(META)["file_path"]).drop(META)
 
 
-def _read_kafka(spark: SparkSession, group: FeatureGroup) -> DataFrame:
-    """Kafka through Spark's connector: JSON values parsed with the declared schema."""
-    source = group.source
-    declared = declared_spark_schema(group)
-    if declared is None:
-        raise DefinitionError(
-            f"EventSource({source.name!r}).schema",
-            "a Kafka source needs a declared schema for its JSON values",
-            'add schema={"column": "type", ...} to the EventSource',
-        )
-    try:
-        raw = spark.readStream.format("kafka").options(**dict(source.options)).load()
-    except Exception as exc:
-        if "kafka" in str(exc).lower() and ("not found" in str(exc).lower() or "find data source" in str(exc).lower()):
-            package = KAFKA_PACKAGE.format(version=spark.version)
-            raise EnvironmentProblem(
-                f"EventSource({source.name!r}).format: Spark's Kafka connector is not on the classpath; start "
-                f"Spark with --packages {package} (or set spark.jars.packages to it)"
-            ) from None
-        raise
+def read_kafka(spark: SparkSession, group: FeatureGroup) -> DataFrame:
+    """The group's Kafka topic through Spark's connector, with the columns a file read has: each value parsed as
+    JSON with the source's schema (a value that does not parse keeps its text, and is set aside as a bad record),
+    the event time from the value or the record (`KafkaTopic.event_time`), and in place of a file's name the
+    record's `kafka:<topic>/<partition>/<offset>`, which a bad record keeps."""
     from pyspark.sql import types as T
 
+    source = group.source
+    topic = source.kafka
+    declared = declared_spark_schema(group)
+    if topic is None or declared is None:
+        raise AssertionError("EventSource checks that a Kafka source has a topic and a declared schema")
+    options = {"kafka.bootstrap.servers": topic.bootstrap_servers, "subscribe": topic.topic, **topic.options}
+    try:
+        raw = spark.readStream.format("kafka").options(**options).load()
+    except Exception as exc:
+        text = str(exc).lower()
+        if "kafka" in text and ("not found" in text or "find data source" in text):
+            package = KAFKA_PACKAGE.format(version=spark.version)
+            raise EnvironmentProblem(
+                f"EventSource({source.name!r}).kafka: Spark's Kafka connector is not on the classpath. Fix: start "
+                f"Spark with --packages {package} (or set spark.jars.packages to it); a local session started by "
+                "features has it"
+            ) from None
+        raise
     with_corrupt = T.StructType([*declared.fields, T.StructField(CORRUPT, T.StringType())])
-    text = F.col("value").cast("string")
-    parsed = F.from_json(text, with_corrupt, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})
-    landed = F.unix_micros(F.col("timestamp")).alias(LANDED)
-    return raw.select(parsed.alias("r"), landed, F.lit(None).cast("string").alias(FILE)).select("r.*", LANDED, FILE)
+    value = F.col("value").cast("string")
+    parsed = F.from_json(value, with_corrupt, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})
+    # A value that is not a JSON object at all parses to null, not to a corrupt record: its text is kept all the same.
+    corrupt = F.when(parsed.isNull(), F.coalesce(value, F.lit(""))).otherwise(parsed[CORRUPT])
+    columns = [parsed[f.name].alias(f.name) for f in declared.fields]
+    if topic.event_time == "record":
+        columns = [
+            F.col("timestamp").alias(f.name) if f.name == source.timestamp else c
+            for f, c in zip(declared.fields, columns, strict=True)
+        ]
+    origin = F.format_string("kafka:%s/%d/%d", F.col("topic"), F.col("partition"), F.col("offset"))
+    landed = F.unix_micros(F.col("timestamp"))
+    return raw.select(*columns, corrupt.alias(CORRUPT), landed.alias(LANDED), origin.alias(FILE))
+
+
+def archive_rows(group: FeatureGroup, events: DataFrame) -> DataFrame:
+    """What the archive of a Kafka source keeps of `read_kafka`'s records: every record whose value parsed, with
+    the source's columns as read, and the UTC date of its event time (the archive's partition)."""
+    kept = [c for c in events.columns if c not in (CORRUPT, LANDED, FILE)]
+    day = F.to_date(F.col(group.source.timestamp).cast("timestamp")).alias(ARCHIVE_DATE)
+    return events.where(F.col(CORRUPT).isNull()).select(*kept, day)
 
 
 # ---------------------------------------------------------------------------------------------------------

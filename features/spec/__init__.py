@@ -1,7 +1,7 @@
 """Inert feature definitions. Imports no Spark, Feast, MLflow or Great Expectations."""
 
 from features.spec.aggregations import AggKind, Aggregation, agg
-from features.spec.definitions import WINDOW_END, Entity, EventSource, Feature, FeatureGroup
+from features.spec.definitions import WINDOW_END, Entity, EventSource, Feature, FeatureGroup, KafkaTopic
 from features.spec.types import DType
 from features.spec.windows import Hop, Lifetime, Tumble, Window
 
@@ -15,6 +15,7 @@ __all__ = [
     "Feature",
     "FeatureGroup",
     "Hop",
+    "KafkaTopic",
     "Lifetime",
     "Tumble",
     "Window",

@@ -15,7 +15,7 @@ from features.spec.types import TYPE_NAMES, DType
 from features.spec.windows import Window
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-FORMATS = ("parquet", "json", "kafka")
+FORMATS = ("parquet", "json")
 # What a group does with a batch of feature rows that fails validation (features.quality); None = the engine's
 # default (fail for backfills, quarantine for streams).
 ON_INVALID = ("fail", "quarantine")
@@ -112,12 +112,94 @@ class Entity:
         object.__setattr__(self, "description", description)
 
 
+VALUE_FORMATS = ("json",)
+EVENT_TIMES = ("value", "record")
+# Reader options the KafkaTopic's own fields set: giving them in `options` too would say two things.
+_OWN_OPTIONS = {
+    "subscribe": "topic",
+    "subscribepattern": "topic",
+    "assign": "topic",
+    "kafka.bootstrap.servers": "bootstrap_servers",
+}
+_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
+_SERVER = re.compile(r"\[?[A-Za-z0-9._:-]+\]?:(\d{1,5})")
+
+
+@dataclass(frozen=True)
+class KafkaTopic:
+    """The Kafka topic a source's events stream from; the source's `path` holds the same events for backfills
+    (and, with `archive=True`, the stream writes every record it reads there).
+
+    `value_format="json"`: each record's value is one JSON object with the fields of the source's `schema`.
+    `event_time="value"` takes an event's time from the source's `timestamp` field of the value; "record" from
+    the record's own Kafka timestamp. `options` are Spark's Kafka reader options (`startingOffsets`,
+    `maxOffsetsPerTrigger`, `kafka.security.protocol`, ...)."""
+
+    topic: str
+    bootstrap_servers: str
+    value_format: str = "json"
+    event_time: str = "value"
+    archive: bool = False
+    options: Mapping[str, str] = field(default_factory=dict)
+
+    def __init__(
+        self,
+        topic: str,
+        bootstrap_servers: str,
+        value_format: str = "json",
+        event_time: str = "value",
+        archive: bool = False,
+        options: Mapping[str, str] | None = None,
+    ) -> None:
+        where = f"KafkaTopic({topic!r})"
+        if not isinstance(topic, str) or not _TOPIC.fullmatch(topic):
+            raise DefinitionError(
+                f"{where}.topic",
+                "not a Kafka topic name",
+                "use 1 to 249 letters, digits, '.', '_' or '-'",
+            )
+        servers = [s.strip() for s in str(bootstrap_servers).split(",")]
+        if not all(_SERVER.fullmatch(s) for s in servers):
+            raise DefinitionError(
+                f"{where}.bootstrap_servers",
+                f"{bootstrap_servers!r} is not a list of host:port",
+                'write "host:9092" or "host1:9092,host2:9092"',
+            )
+        if value_format not in VALUE_FORMATS:
+            raise DefinitionError(
+                f"{where}.value_format",
+                f"unknown value format {value_format!r}",
+                f"use one of {', '.join(VALUE_FORMATS)}",
+            )
+        if event_time not in EVENT_TIMES:
+            raise DefinitionError(
+                f"{where}.event_time",
+                f"unknown event time {event_time!r}",
+                '"value" (the source\'s timestamp field) or "record" (the Kafka record\'s timestamp)',
+            )
+        opts = {str(k): str(v) for k, v in (options or {}).items()}
+        for key in opts:
+            own = _OWN_OPTIONS.get(key.lower())
+            if own is not None:
+                raise DefinitionError(f"{where}.options[{key!r}]", f"set by KafkaTopic.{own}", "remove it from options")
+        object.__setattr__(self, "topic", topic)
+        object.__setattr__(self, "bootstrap_servers", ",".join(servers))
+        object.__setattr__(self, "value_format", value_format)
+        object.__setattr__(self, "event_time", event_time)
+        object.__setattr__(self, "archive", bool(archive))
+        object.__setattr__(self, "options", MappingProxyType(opts))
+
+    def __hash__(self) -> int:
+        return hash((self.topic, self.bootstrap_servers, self.value_format, self.event_time, self.archive))
+
+
 @dataclass(frozen=True)
 class EventSource:
-    """Timestamped events: a folder of Parquet or JSON-lines files (or a Kafka topic).
+    """Timestamped events: a folder of Parquet or JSON-lines files, and optionally a Kafka topic of the same
+    events that the stream reads instead (`kafka=KafkaTopic(...)`; backfills read the folder).
 
     `path` is relative to the feature repository unless absolute or a URI. `schema` (column -> type name)
-    is optional for Parquet, where it is read from the files, and needed for streams of JSON or Kafka.
+    is optional for Parquet, where it is read from the files, and needed for JSON files and Kafka values.
     Records stamped more than `max_future` after the current time are set aside as bad data (None: never).
     """
 
@@ -129,6 +211,7 @@ class EventSource:
     schema: Mapping[str, DType] | None = None
     options: Mapping[str, str] = field(default_factory=dict)
     max_future_s: int | None = 86400
+    kafka: KafkaTopic | None = None
 
     def __init__(
         self,
@@ -140,14 +223,41 @@ class EventSource:
         schema: Mapping[str, str] | None = None,
         options: Mapping[str, str] | None = None,
         max_future: Duration | None = "1d",
+        kafka: KafkaTopic | None = None,
     ) -> None:
         check_name(name, "EventSource.name")
         where = f"EventSource({name!r})"
+        if format == "kafka":
+            raise DefinitionError(
+                f"{where}.format",
+                "Kafka is given as kafka=KafkaTopic(...), beside the folder of the same events that backfills read",
+                'write EventSource(..., path="data/<folder>", kafka=KafkaTopic("<topic>", "<host>:9092"))',
+            )
         if format not in FORMATS:
             raise DefinitionError(f"{where}.format", f"unknown format {format!r}", f"use one of {', '.join(FORMATS)}")
-        if format != "kafka" and (not isinstance(path, str) or not path.strip()):
+        if not isinstance(path, str) or not path.strip():
             raise DefinitionError(f"{where}.path", "the path is empty", "give the folder that holds the event files")
+        if kafka is not None and not isinstance(kafka, KafkaTopic):
+            raise DefinitionError(
+                f"{where}.kafka",
+                f"expected a KafkaTopic, got {type(kafka).__name__}",
+                "write kafka=KafkaTopic(topic, bootstrap_servers)",
+            )
+        if kafka is not None and kafka.archive and format != "parquet":
+            raise DefinitionError(
+                f"{where}.kafka",
+                "the stream archives what it reads from Kafka as Parquet files in path, and format is " + repr(format),
+                'use format="parquet" (the default) for a source with KafkaTopic(archive=True)',
+            )
         check_name(timestamp, f"{where}.timestamp")
+        if kafka is not None and schema is None:
+            raise DefinitionError(
+                f"{where}.schema",
+                "a Kafka source needs the schema of its JSON values",
+                'add schema={"column": "type", ...} to the EventSource',
+            )
+        if kafka is not None and kafka.event_time == "record":
+            schema = {timestamp: "timestamp", **schema}  # the record's time arrives as this column
         parsed = None
         if schema is not None:
             parsed = {}
@@ -177,9 +287,10 @@ class EventSource:
         object.__setattr__(
             self, "max_future_s", None if max_future is None else parse_duration(max_future, f"{where}.max_future")
         )
+        object.__setattr__(self, "kafka", kafka)
 
     def __hash__(self) -> int:
-        return hash((self.name, self.path, self.timestamp, self.format))
+        return hash((self.name, self.path, self.timestamp, self.format, self.kafka))
 
 
 @dataclass(frozen=True)
