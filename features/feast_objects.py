@@ -240,9 +240,7 @@ def infer_parquet_schema(path: str, where: str) -> InferredSchema | None:
         if not candidates:
             continue  # only null-typed (or unusable) columns: nothing to read a type from
         fits = {d: [f for f, t in found if conversion_problem(t, d) is None] for d in candidates}
-        chosen = max(
-            candidates, key=lambda d: (sum(f.rows for f in fits[d]), len(fits[d]), -_TIE_ORDER.index(d))
-        )
+        chosen = max(candidates, key=lambda d: (sum(f.rows for f in fits[d]), len(fits[d]), -_TIE_ORDER.index(d)))
         columns[column] = chosen
         misfits = tuple(f for f, t in found if conversion_problem(t, chosen) is not None)
         if misfits:

@@ -260,9 +260,7 @@ def read_schema_record(root: Path | str, source: EventSource) -> dict[str, DType
         columns = {str(column): DType(value) for column, value in data["columns"].items()}
         recorded_path = str(data["path"])
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise ConfigError(
-            f"{path}: not a readable schema record ({type(exc).__name__}: {exc}). Fix: {again}"
-        ) from None
+        raise ConfigError(f"{path}: not a readable schema record ({type(exc).__name__}: {exc}). Fix: {again}") from None
     if recorded_path != source.path:
         raise ConfigError(
             f"{path}: the schema of EventSource({source.name!r}) was recorded for path {recorded_path!r}, and the "

@@ -16,7 +16,6 @@ if TYPE_CHECKING:
     from feast import FeatureStore
 
 
-
 ONLINE_PATH = "/get-online-features"
 # The log the workers write to (gunicorn's error log, stderr): one line per request answered 4xx here.
 LOG = logging.getLogger("uvicorn.error")
@@ -158,7 +157,7 @@ def _requested_features(store: FeatureStore, request: Mapping[str, Any]) -> dict
             return RequestProblem(
                 404,
                 f"feature_service: no feature service named {service!r} in the registry",
-                f"use one of {', '.join(map(repr, names))}" if names else "list features instead (\"features\")",
+                f"use one of {', '.join(map(repr, names))}" if names else 'list features instead ("features")',
             )
         refs = [f"{p.name}:{f.name}" for p in projections for f in p.features]
         renamed = {p.name: dict(p.join_key_map or {}) for p in projections}  # a service may rename join keys

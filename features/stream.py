@@ -163,8 +163,9 @@ def stream(
     try:
         for group in selected:
             checkpoint = Path(repo.checkpoint_path(group, checkpoint_root))
-            labels, partitions = _check_checkpoint(repo, group, checkpoint, buckets, reset, spark)
-            events = engine.read_stream(spark, group, repo.source_path(group), max_files_per_trigger)
+            path = repo.source_path(group)
+            labels, partitions, nanoseconds = _check_checkpoint(repo, group, checkpoint, buckets, reset, spark)
+            events = engine.read_stream(spark, group, path, max_files_per_trigger, nanoseconds)
             projected, projection = engine.project(group, events, labels)
             processor = engine.PaneProcessor(
                 projection.plan, group.name, _arrow_types(projection.output_schema), eager=group.online == "eager"
@@ -175,6 +176,7 @@ def stream(
             writer_of = writers.get(group.name)
             schema = projection.record_schema
             sink = BatchSink(repo, group, writer_of, validate, run, show, spark, schema, metrics_s, keep_s)
+            sink.nanoseconds = nanoseconds
             writer = out.writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint / "query"))
             writer = writer.queryName(f"features_{group.name}")
             writer = writer.trigger(**trigger_of)
@@ -269,10 +271,11 @@ def emitted_watermark(query_checkpoint: Path) -> datetime | None:
 
 def _check_checkpoint(
     repo: Repo, group: FeatureGroup, checkpoint: Path, buckets: int | None, reset: bool, spark: SparkSession
-) -> tuple[list[int], int]:
-    """The bucket labels the state was built with and the stateful operator's partitions (new ones for a new
-    checkpoint). Stops when the saved state was built for another definition; `reset` starts over from the
-    source.
+) -> tuple[list[int], int, bool]:
+    """The bucket labels the state was built with, the stateful operator's partitions (new ones for a new
+    checkpoint), and whether the stream reads nanosecond Parquet files (features.engine.stream.reads_nanoseconds:
+    decided when the checkpoint starts, as that decides how many sources its query has, which Spark keeps).
+    Stops when the saved state was built for another definition; `reset` starts over from the source.
 
     A new checkpoint gets one shuffle partition per core and, by default, one bucket per partition: one task
     and one Python call per core and batch, which costs the least per batch. Both are fixed when a checkpoint
@@ -310,20 +313,23 @@ def _check_checkpoint(
             "was written by an older version of features, in a layout this version does not read",
         )
     if saved is not None:
-        labels, partitions = saved["labels"], saved["partitions"]
+        # A checkpoint from before the choice always read nanosecond files (a second source).
+        labels, partitions, nanoseconds = saved["labels"], saved["partitions"], saved.get("nanoseconds", True)
     else:
         partitions = _cores(spark)
         labels = bucket_labels(buckets or partitions, partitions)
+        nanoseconds = engine.reads_nanoseconds(spark, group, repo.source_path(group))
     current = {
         "definition_hash": definition_hash(group),
         "buckets": len(labels),
         "labels": labels,
         "partitions": partitions,
+        "nanoseconds": nanoseconds,
         "state_format": engine.STATE_FORMAT,
         "definition": describe(group),
     }
     engine.save_definition(checkpoint, current)
-    return labels, partitions
+    return labels, partitions, nanoseconds
 
 
 def _cannot_continue(repo: Repo, group: FeatureGroup, checkpoint: Path, why: str) -> ConfigError:

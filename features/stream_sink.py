@@ -106,6 +106,7 @@ class BatchSink:
         self.lock = threading.Lock()
         self.spark = spark
         self.files: FileCheck | None = None  # unreadable Parquet files, checked as they land
+        self.nanoseconds = True  # whether the stream reads nanosecond files (engine.stream.reads_nanoseconds)
         self.checked: set[str] = set()
         tracker = run.tracker
         self.rollup = MetricRollup(lambda m, step, g: tracker.log_metrics(m, step=step, group=g), metrics_s)
@@ -320,7 +321,8 @@ class BatchSink:
             return 0
         path = self.repo.source_path(self.group)
         if self.files is None:
-            self.files = files.FileCheck(self.spark, engine.source_schema(self.spark, self.group, path))
+            read_schema = engine.source_schema(self.spark, self.group, path)
+            self.files = files.FileCheck(self.spark, read_schema, nanoseconds=self.nanoseconds)
         reader = self.spark.read.schema(self.files.schema).option("recursiveFileLookup", "true")
         listed = set(reader.parquet(path).inputFiles())
         new = sorted(listed - self.checked)

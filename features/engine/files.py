@@ -33,6 +33,7 @@ from features.engine.schema import (
     read_types,
     source_columns,
     spark_reason,
+    timestamp_columns,
 )
 
 
@@ -97,6 +98,29 @@ def timestamp_unit(column: str) -> Column:
     return F.pandas_udf(units, "string")(F.col(META)["file_path"])  # type: ignore[call-overload]
 
 
+# Why a stream sets aside a nanosecond file (on a Spark without nanosecond types: see `read_parquet`).
+NANOS_LATE = (
+    "column {column!r} holds nanosecond timestamps, and this stream started on microsecond files, so it reads "
+    "microseconds only; fix: land the file's events again as microseconds (pandas: "
+    'df.to_parquet(path, coerce_timestamps="us", allow_truncated_timestamps=True)), or restart the stream to '
+    "read nanosecond files too (slower: each file is read twice)"
+)
+
+
+def nanosecond_files(folder: str, columns: list[str]) -> list[str] | None:
+    """The Parquet files under a folder the driver can open whose footers store one of `columns` as
+    nanoseconds (as file URIs, the way Spark lists them); None when the driver cannot list it (a remote store)."""
+    if "://" in folder or folder.startswith("dbfs:") or not Path(folder).is_dir():
+        return None
+    found = []
+    for file in sorted(Path(folder).rglob("*.parquet")):
+        if any(part.startswith((".", "_")) for part in file.relative_to(folder).parts):
+            continue  # hidden from Spark's listing: files being written, Spark's own logs
+        if any(_unit_of(str(file), column) == "ns" for column in columns):
+            found.append(file.resolve().as_uri())
+    return found
+
+
 def _unit_of(uri: str, column: str) -> str | None:
     local = _local_path(uri)
     if local is None:
@@ -134,10 +158,11 @@ class FileCheck:
     not parse is its own group), and one small read of a group's largest file stands for all of them. A layout
     found readable is remembered (the stream checks each new file as it lands)."""
 
-    def __init__(self, spark: SparkSession, schema: StructType | None) -> None:
+    def __init__(self, spark: SparkSession, schema: StructType | None, nanoseconds: bool = True) -> None:
+        """`nanoseconds`: whether the read being checked reads nanosecond files (see `read_parquet`)."""
         from pyspark.sql import types as T
 
-        self.spark, self.schema = spark, schema
+        self.spark, self.schema, self.nanoseconds = spark, schema, nanoseconds
         self.expected = expected_columns(schema)
         # Spark checks the columns the group reads (all of the schema's, where none is marked): a read of
         # the source prunes the others, so a file whose other columns do not fit is read all the same.
@@ -145,6 +170,7 @@ class FileCheck:
         if schema is not None and self.expected:
             self.checked = T.StructType([f for f in schema.fields if f.name in self.expected])
         self.columns = [f.name for f in self.checked.fields] if self.checked is not None else []
+        self.stamps = timestamp_columns(self.checked) if self.checked is not None else []
         self.readable: set[tuple[str, ...]] = set()
         self.rows: dict[str, int] = {}  # file -> rows, from its footer, for each file checked
 
@@ -164,19 +190,23 @@ class FileCheck:
             if misfit is not None and rows:  # a file with no rows loses nothing and reads whatever its types
                 bad.append((misfit.reason(local_path), file))  # type: ignore[arg-type]
                 continue
+            nanos = [c for c in self.stamps if _unit_of(file, c) == "ns"] if not self.nanoseconds else []
+            if nanos and rows:
+                bad.append((f"{UNREADABLE_FILE}: {local_path}: {NANOS_LATE.format(column=nanos[0])}", file))
+                continue
             layout = _layout(metadata, self.columns)
             if layout not in self.readable:
                 layouts.setdefault(layout or file, []).append((-rows, file))
         for layout, group in layouts.items():
             # The file with the most rows: a file with no rows reads without error, whatever its columns' types.
             (most, first), *_ = sorted(group)
-            reason = _why_unreadable(self.spark, self.checked, first)
+            reason = _why_unreadable(self.spark, self.checked, first, not self.nanoseconds)
             if reason is None:
                 if most and isinstance(layout, tuple):
                     self.readable.add(layout)
                 continue
             for _, file in sorted(group):  # Spark's reason names the file: each one's own
-                why = reason if file == first else _why_unreadable(self.spark, self.checked, file)
+                why = reason if file == first else _why_unreadable(self.spark, self.checked, file, not self.nanoseconds)
                 if why is not None:
                     bad.append((f"{UNREADABLE_FILE}: {why}", file))
         return bad

@@ -17,7 +17,6 @@ if TYPE_CHECKING:
     from pyspark.sql.types import DataType, StructType
 
 
-
 CORRUPT = "_corrupt_record"  # Spark's column for the text of a JSON line that does not match the schema
 # Columns of a quarantined record, besides the source's own columns.
 REASON = "reason"

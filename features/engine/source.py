@@ -23,6 +23,7 @@ access, so this also works on Spark Connect.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
@@ -40,6 +41,7 @@ from features.engine.files import (
     FileCheck,
     SetAsideFile,
     conforms,
+    nanosecond_files,
     timestamp_unit,
     unreadable_files,
 )
@@ -336,7 +338,9 @@ def _load(spark: SparkSession, group: FeatureGroup, path: str) -> tuple[DataFram
         events = reader.json(path).withColumn(META, F.col("_metadata"))
     else:
         schema = parquet_schema(spark, group, path)
-        events = read_parquet(spark, spark.read, schema, path)
+        # The driver lists the folder: only its nanosecond files get the second read (none on a remote store,
+        # where such a file is then set aside as unreadable).
+        events = read_parquet(spark, spark.read, schema, path, nanosecond_files(path, timestamp_columns(schema)) or [])
     check_columns(group, events)
     return events, schema
 
@@ -368,11 +372,22 @@ def parquet_schema(spark: SparkSession, group: FeatureGroup, path: str) -> Struc
 
 
 def read_parquet(
-    spark: SparkSession, reader: DataFrameReader | DataStreamReader, schema: StructType, path: str
+    spark: SparkSession,
+    reader: DataFrameReader | DataStreamReader,
+    schema: StructType,
+    path: str,
+    nanosecond_files: Sequence[str] | None = None,
 ) -> DataFrame:
     """A Parquet folder (batch or stream) read with `schema`: the union of a read with microsecond timestamps
-    and one with nanosecond timestamps (cast to microseconds), each skipping the files it cannot read, so each
-    file is read by the one that fits it. The records carry their file's metadata as `fx_meta`.
+    and one of the files with nanosecond timestamps (cast to microseconds), each skipping the files it cannot
+    read. The records carry their file's metadata as `fx_meta`.
+
+    Spark 4.3 reads nanoseconds as a type of its own: both reads cover the folder, and each file fails in the
+    one that does not fit it. Before it, a nanosecond column reads as its raw integer, and so would a microsecond
+    one: the second read then covers `nanosecond_files` only (a batch, whose files the driver has listed), or,
+    when None (a stream, which learns of its files as they land), the whole folder, each record converted by the
+    unit of its file's footer and kept only for nanosecond files (each file read twice: `stream_reads_nanoseconds`
+    says when a stream needs it).
 
     A stream also leaves out the records of every file that does not conform to the columns `schema` marks as
     read (`nonconformity`), as each file lands: the batch read finds those files before it reads
@@ -382,15 +397,20 @@ def read_parquet(
     reader = reader.option("recursiveFileLookup", "true").option("ignoreCorruptFiles", "true")
     micros = reader.schema(schema).parquet(path).withColumn(META, F.col("_metadata"))
     nanos = enable_nanosecond_read(spark) if timestamp_columns(schema) else None
+    if nanos == "long" and nanosecond_files is not None and not nanosecond_files:
+        nanos = None  # no file needs the second read
     if nanos is None:
         read = micros
     else:
         # The schema of this read may have types PySpark cannot parse: columns are cast before anything asks.
-        other = reader.schema(ddl_of(schema, nanos=nanos)).parquet(path).withColumn(META, F.col("_metadata"))
-        if nanos == "long":
-            other = _from_nanosecond_files(other, schema)
-        else:
+        typed = reader.schema(ddl_of(schema, nanos=nanos))
+        whole = nanos == "type" or nanosecond_files is None
+        other = typed.parquet(path) if whole else typed.parquet(*nanosecond_files)  # type: ignore[call-arg, misc]
+        other = other.withColumn(META, F.col("_metadata"))
+        if nanos == "type":
             other = other.select(*in_microseconds(schema), F.col(META))
+        else:
+            other = _from_nanosecond_files(other, schema, every_file=nanosecond_files is None)
         read = micros.select(*[F.col(f"`{f.name}`") for f in schema.fields], F.col(META)).unionByName(other)
     expected = expected_columns(schema)
     if read.isStreaming and expected:
@@ -398,10 +418,25 @@ def read_parquet(
     return read
 
 
-def _from_nanosecond_files(as_long: DataFrame, schema: StructType) -> DataFrame:
-    """The records of files with a nanosecond timestamp, from a read of every timestamp as its raw integer (which
-    also reads the other files' microseconds as integers: their records come from the microsecond read). Each
-    timestamp becomes Spark's, in the unit the file's footer gives, truncated to the microsecond (towards -inf)."""
+def stream_reads_nanoseconds(spark: SparkSession, schema: StructType, path: str) -> bool:
+    """Whether a stream of the folder reads nanosecond files, on a Spark that reads them as integers (each file
+    read twice): when the folder holds one as the stream starts, or nothing yet (pandas writes nanoseconds). A
+    folder of microsecond files alone is read once; a nanosecond file landing there later is set aside with the
+    reason and the fix (features.engine.files.NANOS_LATE)."""
+    stamps = timestamp_columns(schema)
+    if not stamps or enable_nanosecond_read(spark) != "long":
+        return True
+    found = nanosecond_files(path, stamps)
+    if found is None:
+        return False  # a store the driver cannot list: neither can the workers open footers there
+    return bool(found) or not any(Path(path).rglob("*.parquet"))
+
+
+def _from_nanosecond_files(as_long: DataFrame, schema: StructType, every_file: bool) -> DataFrame:
+    """The records of files with a nanosecond timestamp, from a read of every timestamp as its raw integer, each
+    converted by the unit its file's footer gives and truncated to the microsecond (towards -inf). `every_file`:
+    the read covers other files too (their microseconds read as integers as well, their records come from the
+    microsecond read): only the records of files with a nanosecond timestamp are kept."""
     from pyspark.sql import functions as F
 
     stamps = set(timestamp_columns(schema))
@@ -410,10 +445,12 @@ def _from_nanosecond_files(as_long: DataFrame, schema: StructType) -> DataFrame:
         _to_micros(F.col(f"`{f.name}`"), units[f.name]).alias(f.name) if f.name in stamps else F.col(f"`{f.name}`")
         for f in schema.fields
     ]
-    nanosecond_file = F.lit(False)
-    for unit in units.values():
-        nanosecond_file = nanosecond_file | F.coalesce(unit == F.lit("ns"), F.lit(False))
-    return as_long.where(nanosecond_file).select(*columns, F.col(META))
+    if every_file:
+        nanosecond_file = F.lit(False)
+        for unit in units.values():
+            nanosecond_file = nanosecond_file | F.coalesce(unit == F.lit("ns"), F.lit(False))
+        as_long = as_long.where(nanosecond_file)
+    return as_long.select(*columns, F.col(META))
 
 
 def _to_micros(raw: Column, unit: Column) -> Column:

@@ -50,7 +50,14 @@ from features import kernel as pt
 from features.engine.inputs import bucket_of, ddl, kernel_inputs
 from features.engine.schema import CORRUPT, META, RAW_RECORD, SOURCE_FILE, declared_spark_schema, schema_of
 from features.engine.schema import source_columns as all_source_columns
-from features.engine.source import check_columns, cleaned_columns, parquet_schema, read_parquet, reason_of
+from features.engine.source import (
+    check_columns,
+    cleaned_columns,
+    parquet_schema,
+    read_parquet,
+    reason_of,
+    stream_reads_nanoseconds,
+)
 from features.errors import ConfigError, DefinitionError, EnvironmentProblem
 from features.spec import WINDOW_END, DType, FeatureGroup
 
@@ -117,7 +124,17 @@ def source_schema(spark: SparkSession, group: FeatureGroup, path: str) -> Struct
     return parquet_schema(spark, group, path)
 
 
-def read_stream(spark: SparkSession, group: FeatureGroup, path: str, max_files: int | None) -> DataFrame:
+def reads_nanoseconds(spark: SparkSession, group: FeatureGroup, path: str) -> bool:
+    """Whether the group's stream reads nanosecond Parquet files (features.engine.source.stream_reads_nanoseconds;
+    fixed when the stream starts: its read and its check of landed files must agree)."""
+    if group.source.kafka is not None or group.source.format != "parquet":
+        return True
+    return stream_reads_nanoseconds(spark, source_schema(spark, group, path), path)
+
+
+def read_stream(
+    spark: SparkSession, group: FeatureGroup, path: str, max_files: int | None, nanoseconds: bool = True
+) -> DataFrame:
     """The group's source as a streaming DataFrame with the source's columns (plus `_corrupt_record` for JSON).
 
     Parquet files are read as the batch reads them (features.engine.source.read_parquet): microsecond and
@@ -137,7 +154,7 @@ def read_stream(spark: SparkSession, group: FeatureGroup, path: str, max_files: 
             reader.schema(with_corrupt).option("mode", "PERMISSIVE").json(path).withColumn(META, F.col("_metadata"))
         )
     else:
-        events = read_parquet(spark, reader, schema, path)
+        events = read_parquet(spark, reader, schema, path, None if nanoseconds else [])
     check_columns(group, events)
     landed = F.unix_micros(F.col(META)["file_modification_time"])
     return events.withColumn(LANDED, landed).withColumn(FILE, F.col(META)["file_path"]).drop(META)
@@ -171,17 +188,22 @@ def read_kafka(spark: SparkSession, group: FeatureGroup) -> DataFrame:
     with_corrupt = T.StructType([*declared.fields, T.StructField(CORRUPT, T.StringType())])
     value = F.col("value").cast("string")
     parsed = F.from_json(value, with_corrupt, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})
-    # A value that is not a JSON object at all parses to null, not to a corrupt record: its text is kept all the same.
-    corrupt = F.when(parsed.isNull(), F.coalesce(value, F.lit(""))).otherwise(parsed[CORRUPT])
-    columns = [parsed[f.name].alias(f.name) for f in declared.fields]
-    if topic.event_time == "record":
-        columns = [
-            F.col("timestamp").alias(f.name) if f.name == source.timestamp else c
-            for f, c in zip(declared.fields, columns, strict=True)
-        ]
     origin = F.format_string("kafka:%s/%d/%d", F.col("topic"), F.col("partition"), F.col("offset"))
-    landed = F.unix_micros(F.col("timestamp"))
-    return raw.select(*columns, corrupt.alias(CORRUPT), landed.alias(LANDED), origin.alias(FILE))
+    # Parsed once, in a projection of its own: the fields below read the struct (Spark does not inline an
+    # expensive expression into each of its uses).
+    records = raw.select(
+        parsed.alias("r"), value.alias("fx_value"), F.col("timestamp").alias("fx_time"), origin.alias(FILE)
+    )
+    # A value that is not a JSON object at all parses to null, not to a corrupt record: its text is kept all the same.
+    corrupt = F.when(F.col("r").isNull(), F.coalesce(F.col("fx_value"), F.lit(""))).otherwise(F.col(f"r.{CORRUPT}"))
+    columns = [
+        F.col("fx_time").alias(f.name)
+        if topic.event_time == "record" and f.name == source.timestamp
+        else F.col(f"r.`{f.name}`").alias(f.name)
+        for f in declared.fields
+    ]
+    landed = F.unix_micros(F.col("fx_time"))
+    return records.select(*columns, corrupt.alias(CORRUPT), landed.alias(LANDED), F.col(FILE))
 
 
 def archive_rows(group: FeatureGroup, events: DataFrame) -> DataFrame:
