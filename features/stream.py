@@ -216,10 +216,10 @@ def _archive(
     by event date, for backfills. Spark's file sink writes each micro-batch's files exactly once: its log
     (`_spark_metadata` in the folder) lists the files of committed batches, and Spark's readers of the folder,
     the backfill's among them, read only those."""
-    from features.engine import stream as engine
+    from features.engine import kafka
 
-    rows = engine.archive_rows(group, events)
-    writer = rows.writeStream.format("parquet").partitionBy(engine.ARCHIVE_DATE).outputMode("append")
+    rows = kafka.archive_rows(group, events)
+    writer = rows.writeStream.format("parquet").partitionBy(kafka.ARCHIVE_DATE).outputMode("append")
     writer = writer.option("checkpointLocation", str(checkpoint)).queryName(f"features_archive_{group.source.name}")
     return writer.trigger(**trigger).start(path)
 

@@ -35,6 +35,8 @@ FILE_REASONS = (NONCONFORMING_FILE, UNREADABLE_FILE)  # reasons of a file set as
 READ = "features_read"  # field metadata: the group reads this column, so each file must hold it, of a fitting type
 MARK = "fx_reason"  # a record's reason while it is read (the source may have a column named `reason`)
 META = "fx_meta"  # Spark's `_metadata` of each record (its file), carried through the union of the two reads
+LANDED = "fx_landed"  # when an event's file landed (Kafka: the record's timestamp), µs
+FILE = "fx_file"  # the file an event was read from (Kafka: kafka:<topic>/<partition>/<offset>), kept with a bad record
 # Spark 4.3's nanosecond timestamps (a preview): with it, a Parquet TIMESTAMP(NANOS) column reads as
 # timestamp_ltz(9) / timestamp_ntz(9), and a cast to timestamp truncates it to the microsecond (towards -inf).
 NANOS_CONF = "spark.sql.timestampNanosTypes.enabled"

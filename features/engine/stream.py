@@ -48,7 +48,17 @@ from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
 from features import kernel as pt
 from features.engine.inputs import bucket_of, ddl, kernel_inputs
-from features.engine.schema import CORRUPT, META, RAW_RECORD, SOURCE_FILE, declared_spark_schema, schema_of
+from features.engine.kafka import read_kafka
+from features.engine.schema import (
+    CORRUPT,
+    FILE,
+    LANDED,
+    META,
+    RAW_RECORD,
+    SOURCE_FILE,
+    declared_spark_schema,
+    schema_of,
+)
 from features.engine.schema import source_columns as all_source_columns
 from features.engine.source import (
     check_columns,
@@ -58,7 +68,7 @@ from features.engine.source import (
     reason_of,
     stream_reads_nanoseconds,
 )
-from features.errors import ConfigError, DefinitionError, EnvironmentProblem
+from features.errors import ConfigError, DefinitionError
 from features.spec import WINDOW_END, DType, FeatureGroup
 
 if TYPE_CHECKING:
@@ -76,8 +86,6 @@ PACK = "fx_pack"  # the processor's input: one bucket's events of one Arrow batc
 NEWEST = "fx_newest"
 LATEST = "fx_latest"  # on ROW rows: the key's newest row of the batch, the one the online store gets
 REPLACED = "fx_replaced"  # on LATEST rows: the key has an EAGER row too, newer, which replaces it online
-LANDED = "fx_landed"  # when an event's file landed (Kafka: the record's timestamp), µs
-FILE = "fx_file"  # the file an event was read from (Kafka: kafka:<topic>/<partition>/<offset>), kept with a bad record
 # What a STAT row tells of its bucket: pane rows and serialized bytes in state, events read, the watermark it
 # emitted up to (µs), and when its oldest event landed (µs). One JSON column rather than a column each: every
 # output row carries every column, and these would be null on all but one row per bucket.
@@ -87,15 +95,6 @@ STATE_FORMAT = 4  # the layout of a bucket's state, saved with the checkpoint (3
 RESIDENT_BUCKETS = 4  # buckets whose state a Python worker keeps between batches (_Resident)
 COMPACT_SLACK = 1024  # codes of departed keys a bucket's key dictionary may hold beyond twice its live keys
 STATE_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-KAFKA_PACKAGE = "org.apache.spark:spark-sql-kafka-0-10_2.13:{version}"
-ARCHIVE_DATE = "date"  # the partition column of a Kafka source's archive
-# Larger fetches than the Kafka consumer's defaults (1 MB per partition, 50 MB in all): a micro-batch reads many
-# MB per partition, and fewer round trips took 14% off reading 5M records locally. `options=` overrides them.
-FETCH = {
-    "kafka.max.partition.fetch.bytes": str(16 * 1024 * 1024),
-    "kafka.fetch.max.bytes": str(64 * 1024 * 1024),
-    "kafka.receive.buffer.bytes": str(4 * 1024 * 1024),
-}
 
 
 def configure(spark: SparkSession) -> None:
@@ -165,60 +164,6 @@ def read_stream(
     check_columns(group, events)
     landed = F.unix_micros(F.col(META)["file_modification_time"])
     return events.withColumn(LANDED, landed).withColumn(FILE, F.col(META)["file_path"]).drop(META)
-
-
-def read_kafka(spark: SparkSession, group: FeatureGroup) -> DataFrame:
-    """The group's Kafka topic through Spark's connector, with the columns a file read has: each value parsed as
-    JSON with the source's schema (a value that does not parse keeps its text, and is set aside as a bad record),
-    the event time from the value or the record (`KafkaTopic.event_time`), and in place of a file's name the
-    record's `kafka:<topic>/<partition>/<offset>`, which a bad record keeps."""
-    from pyspark.sql import types as T
-
-    source = group.source
-    topic = source.kafka
-    declared = declared_spark_schema(group)
-    if topic is None or declared is None:
-        raise AssertionError("EventSource checks that a Kafka source has a topic and a declared schema")
-    options = {**FETCH, "kafka.bootstrap.servers": topic.bootstrap_servers, "subscribe": topic.topic, **topic.options}
-    try:
-        raw = spark.readStream.format("kafka").options(**options).load()
-    except Exception as exc:
-        text = str(exc).lower()
-        if "kafka" in text and ("not found" in text or "find data source" in text):
-            package = KAFKA_PACKAGE.format(version=spark.version)
-            raise EnvironmentProblem(
-                f"EventSource({source.name!r}).kafka: Spark's Kafka connector is not on the classpath. Fix: start "
-                f"Spark with --packages {package} (or set spark.jars.packages to it); a local session started by "
-                "features has it"
-            ) from None
-        raise
-    with_corrupt = T.StructType([*declared.fields, T.StructField(CORRUPT, T.StringType())])
-    value = F.col("value").cast("string")
-    parsed = F.from_json(value, with_corrupt, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})
-    origin = F.format_string("kafka:%s/%d/%d", F.col("topic"), F.col("partition"), F.col("offset"))
-    # Parsed once, in a projection of its own: the fields below read the struct (Spark does not inline an
-    # expensive expression into each of its uses).
-    records = raw.select(
-        parsed.alias("r"), value.alias("fx_value"), F.col("timestamp").alias("fx_time"), origin.alias(FILE)
-    )
-    # A value that is not a JSON object at all parses to null, not to a corrupt record: its text is kept all the same.
-    corrupt = F.when(F.col("r").isNull(), F.coalesce(F.col("fx_value"), F.lit(""))).otherwise(F.col(f"r.{CORRUPT}"))
-    columns = [
-        F.col("fx_time").alias(f.name)
-        if topic.event_time == "record" and f.name == source.timestamp
-        else F.col(f"r.`{f.name}`").alias(f.name)
-        for f in declared.fields
-    ]
-    landed = F.unix_micros(F.col("fx_time"))
-    return records.select(*columns, corrupt.alias(CORRUPT), landed.alias(LANDED), F.col(FILE))
-
-
-def archive_rows(group: FeatureGroup, events: DataFrame) -> DataFrame:
-    """What the archive of a Kafka source keeps of `read_kafka`'s records: every record whose value parsed, with
-    the source's columns as read, and the UTC date of its event time (the archive's partition)."""
-    kept = [c for c in events.columns if c not in (CORRUPT, LANDED, FILE)]
-    day = F.to_date(F.col(group.source.timestamp).cast("timestamp")).alias(ARCHIVE_DATE)
-    return events.where(F.col(CORRUPT).isNull()).select(*kept, day)
 
 
 # ---------------------------------------------------------------------------------------------------------
