@@ -128,24 +128,30 @@ def streamed(spark, feast_repo_factory, tmp_path_factory):
     return repo, events, run
 
 
+def assert_batch_engine_rows(spark, group: FeatureGroup, got: pd.DataFrame, events: pd.DataFrame, watermark) -> None:
+    """`got` (a stream's offline rows) holds the batch engine's change points of `events` up to `watermark`, row
+    for row, every value equal (float sums within 1e-9)."""
+    want = collect_change_points(group, spark.createDataFrame(events), BASE - H, watermark)
+    keys = [*group.join_keys, WINDOW_END]
+    assert not got.duplicated(keys).any()
+    assert got[keys].equals(want[keys])  # the same change points, row for row
+    for feat in group.features:  # every aggregation, sketches included: the same kernel, the same bits
+        exact = feat.aggregation.kind not in FLOAT_SUMS
+        bad = [
+            (k, a, b)
+            for k, a, b in zip(got[keys].values, want[feat.name], got[feat.name], strict=True)
+            if not same_value(a, b, exact)
+        ]
+        assert not bad, (group.name, feat.name, bad[:3])
+
+
 def test_offline_rows_equal_the_batch_engine(spark, streamed) -> None:
     repo, events, run = streamed
     progress = {p.group: p for p in run.progress()}
     for group in GROUPS:
         watermark = pd.Timestamp(progress[group.name].watermark)
         got = offline_rows(spark, repo, group)
-        want = collect_change_points(group, spark.createDataFrame(events), BASE - H, watermark)
-        keys = [*group.join_keys, WINDOW_END]
-        assert not got.duplicated(keys).any()
-        assert got[keys].equals(want[keys])  # the same change points, row for row
-        for feat in group.features:  # every aggregation, sketches included: the same kernel, the same bits
-            exact = feat.aggregation.kind not in FLOAT_SUMS
-            bad = [
-                (k, a, b)
-                for k, a, b in zip(got[keys].values, want[feat.name], got[feat.name], strict=True)
-                if not same_value(a, b, exact)
-            ]
-            assert not bad, (group.name, feat.name, bad[:3])
+        assert_batch_engine_rows(spark, group, got, events, watermark)
         check_sample(group, got, events)
 
 

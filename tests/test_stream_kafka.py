@@ -9,8 +9,16 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from kafka_broker import BOOTSTRAP, json_values, produce, round_robin
-from test_batch_reference import BASE, EVENTS, H, collect_change_points
-from test_stream import FLOAT_SUMS, GROUPS, KAFKA_SCHEMA, arrival_order, offline_rows, same_value
+from test_batch_reference import BASE, EVENTS, H
+from test_stream import (
+    FLOAT_SUMS,
+    GROUPS,
+    KAFKA_SCHEMA,
+    arrival_order,
+    assert_batch_engine_rows,
+    offline_rows,
+    same_value,
+)
 
 from features import EventSource, FeatureGroup, KafkaTopic
 from features.engine.schema import MISSING_KEY, UNPARSEABLE, WRONG_TYPE
@@ -62,18 +70,8 @@ def test_a_topic_streams_what_the_batch_engine_computes(spark, feast_repo_factor
         assert (history["group"] == group.name).sum() >= 3  # maxOffsetsPerTrigger splits the topic
         watermark = pd.Timestamp(progress[group.name].watermark)
         got = offline_rows(spark, repo, group)
-        want = collect_change_points(group, spark.createDataFrame(EVENTS), BASE - H, watermark)
-        keys = [*group.join_keys, WINDOW_END]
-        assert len(got) > 100 and not got.duplicated(keys).any()
-        assert got[keys].equals(want[keys])
-        for feat in group.features:
-            exact = feat.aggregation.kind not in FLOAT_SUMS
-            wrong = [
-                (k, a, b)
-                for k, a, b in zip(got[keys].values, want[feat.name], got[feat.name], strict=True)
-                if not same_value(a, b, exact)
-            ]
-            assert not wrong, (group.name, feat.name, wrong[:3])
+        assert len(got) > 100
+        assert_batch_engine_rows(spark, group, got, EVENTS, watermark)
 
         # Each bad record once, with its reason and where it is in the topic.
         records_folder = quarantine_root(repo.root, group.name) / "records"
@@ -109,11 +107,7 @@ def test_a_restart_goes_on_from_the_checkpointed_offsets(spark, feast_repo_facto
     group = groups[0]
     late_rows = pd.concat([pd.read_parquet(f) for f in Path(repo.late_path(group)).rglob("*.parquet")])
     assert sorted(late_rows["user_id"]) == ["u_again"] * len(late)
-    got = offline_rows(spark, repo, group)
-    watermark = pd.Timestamp(progress.watermark)
-    want = collect_change_points(group, spark.createDataFrame(EVENTS), BASE - H, watermark)
-    keys = [*group.join_keys, WINDOW_END]
-    assert got[keys].equals(want[keys])
+    assert_batch_engine_rows(spark, group, offline_rows(spark, repo, group), EVENTS, pd.Timestamp(progress.watermark))
 
 
 def test_the_archive_holds_every_record_once_and_backfills_to_the_streams_rows(
