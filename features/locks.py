@@ -23,9 +23,15 @@ def table_lock(table: str) -> Iterator[None]:
     if "://" in table or table.startswith("dbfs:"):
         yield
         return
-    folder = Path(table).parent / "_locks"
-    folder.mkdir(parents=True, exist_ok=True)
-    fd = os.open(folder / f"{Path(table).name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    with held(Path(table).parent / "_locks" / f"{Path(table).name}.lock"):
+        yield
+
+
+@contextmanager
+def held(lock_file: Path) -> Iterator[None]:
+    """Hold an exclusive `flock` on `lock_file` (created with its folder), waiting for another holder."""
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield

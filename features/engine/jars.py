@@ -10,17 +10,15 @@ too. `FEATURES_JARS` names another folder, e.g. one copied to a machine without 
 
 from __future__ import annotations
 
-import fcntl
 import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from features.errors import EnvironmentProblem
+from features.locks import held
 
 ENV = "FEATURES_JARS"
 
@@ -100,7 +98,7 @@ def class_path(spark_version: tuple[int, int]) -> list[Path]:
     jars = folder() / "jars"
     files = [jars / p.file_name for p in packages]
     if not all(f.is_file() for f in files):
-        with _held(folder()):
+        with held(folder() / ".fetching.lock"):  # one process fetches at a time: Ivy's cache is not safe to share
             if not all(f.is_file() for f in files):
                 fetch(packages, folder())
     return files
@@ -135,16 +133,3 @@ def fetch(packages: tuple[Package, ...], into: Path) -> None:
             f"{', '.join(p.file_name for p in packages)} from a machine that has them and point {ENV} at its "
             f"parent folder. Spark's resolver said:\n{tail}"
         )
-
-
-@contextmanager
-def _held(path: Path) -> Iterator[None]:
-    """One process fetches at a time (Ivy's cache is not safe for concurrent writers)."""
-    path.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path / ".fetching.lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
