@@ -151,7 +151,7 @@ def nanosecond_read(spark: SparkSession) -> str | None:
     """How this session reads a Parquet TIMESTAMP(NANOS) column, as `ddl_of(nanos=...)` names it: "type"
     (Spark's nanosecond type), "long" (its raw integer), or None: not at all (such files are set aside as
     unreadable, with Spark's reason). `enable_nanosecond_read` turns the session's way on."""
-    setting = NANOS_CONF if _spark_version(spark) >= NANOS_SPARK else NANOS_AS_LONG_CONF
+    setting = _nanos_setting(spark)
     if spark.conf.get(setting, "false") != "true":
         return None
     return "type" if setting == NANOS_CONF else "long"
@@ -162,7 +162,7 @@ def enable_nanosecond_read(spark: SparkSession) -> str | None:
     the setting (a managed Connect session may)."""
     from pyspark.errors import PySparkException
 
-    setting = NANOS_CONF if _spark_version(spark) >= NANOS_SPARK else NANOS_AS_LONG_CONF
+    setting = _nanos_setting(spark)
     try:
         if spark.conf.get(setting, "false") != "true":
             spark.conf.set(setting, "true")
@@ -171,8 +171,11 @@ def enable_nanosecond_read(spark: SparkSession) -> str | None:
     return nanosecond_read(spark)
 
 
-def _spark_version(spark: SparkSession) -> tuple[int, ...]:
-    return tuple(int(part) for part in spark.version.split(".")[:2] if part.isdigit())
+def _nanos_setting(spark: SparkSession) -> str:
+    """The setting by which this session's Spark reads nanosecond timestamps (see `nanosecond_read`)."""
+    from features.engine.runtime import parse_version
+
+    return NANOS_CONF if (parse_version(spark.version) or (0, 0)) >= NANOS_SPARK else NANOS_AS_LONG_CONF
 
 
 def in_microseconds(schema: StructType) -> list[Column]:
