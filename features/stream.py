@@ -30,7 +30,7 @@ from features.progress import shown_by_default
 from features.repo import Repo
 from features.retention import DEFAULT_KEEP
 from features.rollup import MetricRollup
-from features.spec import EventSource, FeatureGroup
+from features.spec import FeatureGroup
 from features.spec.durations import parse_duration
 from features.spec.fingerprint import definition_hash, describe
 from features.stream_sink import BatchSink, StreamProgress
@@ -158,7 +158,6 @@ def stream(
     params = {"trigger": "available-now" if available_now else trigger, "buckets": buckets, "online": online}
     run._tracking = mlflow_tracking.start_run(repo, "stream", selected, params, enabled=tracking)
     run.tracker = run._tracking.__enter__()
-    archived: set[EventSource] = set()
     trigger_of: dict[str, Any] = {"availableNow": True} if available_now else {"processingTime": f"{every_s} seconds"}
     try:
         for group in selected:
@@ -185,12 +184,10 @@ def stream(
             with _shuffle_partitions(spark, partitions):
                 run.queries[group.name] = writer.start()
             sink.query = run.queries[group.name]
-            if group.source.kafka is not None and group.source.kafka.archive and group.source not in archived:
-                archived.add(group.source)
-                checkpoint = Path(repo.checkpoint_path(group, checkpoint_root)).parent / f"_archive_{group.source.name}"
-                run.archives[group.source.name] = _archive(
-                    group, events, repo.source_path(group), checkpoint, trigger_of
-                )
+            source = group.source
+            if source.kafka is not None and source.kafka.archive and source.name not in run.archives:
+                checkpoint = Path(repo.checkpoint_path(group, checkpoint_root)).parent / f"_archive_{source.name}"
+                run.archives[source.name] = _archive(group, events, path, checkpoint, trigger_of)
     except BaseException as exc:
         for query in [*run.queries.values(), *run.archives.values()]:
             query.stop()
