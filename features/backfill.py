@@ -22,7 +22,6 @@ from features.engine.schema import FILE_REASONS
 from features.engine.session import cancel_all, get_spark, is_stopped
 from features.engine.source import observed_count, quarantine_counts, read_source
 from features.errors import ConfigError
-from features.locks import table_lock
 from features.manifest import read_manifest
 from features.manifest import update as update_manifest
 from features.offline import replace_range
@@ -33,6 +32,7 @@ if TYPE_CHECKING:
     from features.online import OnlineWriter
     from features.quality import ValidationReport
 from features.spec import FeatureGroup
+from features.spec.fingerprint import definition_hash, feature_hashes
 
 
 @dataclass(frozen=True)
@@ -177,20 +177,19 @@ def backfill(
         shared = {"tracking": waiting - setting_up, "spark_start": time.perf_counter() - waiting}
         results = []
         for g in selected:
-            with table_lock(repo.offline_path(g)):  # a stream of the group waits to add its files
-                result = backfill_group(
-                    spark,
-                    repo,
-                    g,
-                    start_t,
-                    end_t,
-                    online=online,
-                    progress=progress,
-                    on_invalid=on_invalid,
-                    now=now,
-                    writer=writers.get(g.name),
-                    on_swapped=None if on_swapped is None else functools.partial(on_swapped, g),
-                )
+            result = backfill_group(
+                spark,
+                repo,
+                g,
+                start_t,
+                end_t,
+                online=online,
+                progress=progress,
+                on_invalid=on_invalid,
+                now=now,
+                writer=writers.get(g.name),
+                on_swapped=None if on_swapped is None else functools.partial(on_swapped, g),
+            )
             result.timings.update(shared)
             shared = dict.fromkeys(shared, 0.0)  # paid once per run
             run.log_result(result)
@@ -338,7 +337,8 @@ def backfill_group(
         with spark_progress(spark, f"backfill {group.name}", progress):
             computed = change_points(group, events, micros(start), micros(end), observe=True)
             rows = computed.with_latest
-            rows_out = replace_range(spark, rows, table, start, end, check_then_write_online, swapped_day)
+            info = {"group": group.name, "definition_hash": definition_hash(group), "features": feature_hashes(group)}
+            rows_out = replace_range(spark, rows, table, start, end, check_then_write_online, swapped_day, info)
     except Exception as exc:  # the bad records are set aside whatever else failed
         try:
             _, by_day = quarantine_counts(rejected, records, group.source.timestamp)

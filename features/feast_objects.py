@@ -1,7 +1,8 @@
 """Feast objects (Entity, FileSource, FeatureView) generated from a FeatureGroup.
 
 One group becomes one FeatureView named like the group, whose batch source is the group's offline table of
-change points (Parquet partitioned by `date=YYYY-MM-DD`, timestamp column `window_end`). The ttl is 0
+change points (a Delta table partitioned by `date`, timestamp column `window_end`; Feast's DuckDB store reads
+it with DuckDB's delta extension, which `enable_delta_reads` installs from its package). The ttl is 0
 (unbounded) because the change-point series carries its own expiry rows: a point-in-time lookup of the
 latest row with `window_end <= t` is already the exact value at t.
 """
@@ -34,9 +35,7 @@ if TYPE_CHECKING:
 
     from features.repo import Repo
 
-# DuckDB (Feast's offline store) reads the FileSource path with read_parquet, which globs. A recursive glob
-# reads every date=... partition, skips Spark's _SUCCESS / .crc side files, and needs no directory support.
-PARQUET_GLOB = "**/*.parquet"
+_delta_reads: list[bool] = []  # set once DuckDB's delta extension is installed (once per process)
 
 
 def dtype_of_arrow(arrow_type: pa.DataType) -> DType | None:
@@ -373,9 +372,22 @@ def _first_data_file(folder: Path) -> Path | None:
     return files[0] if files else None
 
 
-def offline_source_path(offline_path: str) -> str:
-    """The FileSource path of an offline table folder: a recursive Parquet glob DuckDB can read."""
-    return f"{offline_path.rstrip('/')}/{PARQUET_GLOB}"
+def enable_delta_reads() -> None:
+    """Install DuckDB's delta extension from its package (duckdb-extension-delta) into the user's DuckDB
+    extensions, unless it is there: Feast's DuckDB store loads it by name to read the offline tables, and DuckDB
+    would otherwise download it from its own site at that moment."""
+    if _delta_reads:
+        return
+    import duckdb
+    import duckdb_extension_delta
+
+    with duckdb.connect() as con:
+        installed = con.sql("SELECT installed FROM duckdb_extensions() WHERE extension_name = 'delta'").fetchone()
+        if not (installed and installed[0]):
+            version = con.sql("PRAGMA version").fetchone()[0]  # type: ignore[index]
+            package = Path(duckdb_extension_delta.__file__).parent
+            con.sql(f"INSTALL '{package / 'extensions' / version / 'delta.duckdb_extension'}'")
+    _delta_reads.append(True)
 
 
 def feast_entities(group: FeatureGroup, types: Mapping[str, DType]) -> list[Entity]:
@@ -420,8 +432,9 @@ def to_feast(
             len(group.join_keys) + 2,
         )
     from feast import FeatureView, Field, FileSource
-    from feast.data_format import ParquetFormat
+    from feast.data_format import DeltaFormat
 
+    enable_delta_reads()
     root = Path(repo_root) if repo_root is not None else Path.cwd()
     types = group.output_types(source_schema(group, root, schema))
     # Feast's DuckDB store reads relative paths against the process's cwd, not the repo, so pass it absolute.
@@ -429,10 +442,10 @@ def to_feast(
     entities = feast_entities(group, types)
     source = FileSource(
         name=f"{group.name}_offline",
-        path=offline_source_path(table),
-        file_format=ParquetFormat(),
+        path=table,
+        file_format=DeltaFormat(),
         timestamp_field=WINDOW_END,
-        description=f"Change points of feature group {group.name!r}, Parquet partitioned by date",
+        description=f"Change points of feature group {group.name!r}, a Delta table partitioned by date",
     )
     fields = [Field(name=key, dtype=feast_type(types[key])) for key in group.join_keys]
     fields += [

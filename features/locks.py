@@ -1,11 +1,6 @@
-"""A lock per offline table, so that a backfill and a stream of the same group never write it at once.
-
-The backfill holds it from reading the partitions it rewrites to swapping the new ones in; the stream holds it
-while it adds a micro-batch's files. Without it, a stream file written between the backfill's read and its
-swap would be deleted by the swap (rows lost), or would repeat rows the swap brings in. It is an advisory
-`flock` on a file beside the table: it works where the table is on a local or POSIX file system (a single
-machine, a cluster's shared NFS); on object stores (s3://, dbfs:/) it is a no-op, and backfills there must not
-rewrite the days a stream is writing.
+"""An exclusive lock on a file, for the read-modify-write of a file several processes share (the offline
+table's manifest) and for one-at-a-time downloads (the jars). An advisory `flock`: it works on a local or POSIX
+file system.
 """
 
 from __future__ import annotations
@@ -15,16 +10,6 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-
-
-@contextmanager
-def table_lock(table: str) -> Iterator[None]:
-    """Hold the table's lock (waiting for another holder to finish)."""
-    if "://" in table or table.startswith("dbfs:"):
-        yield
-        return
-    with held(Path(table).parent / "_locks" / f"{Path(table).name}.lock"):
-        yield
 
 
 @contextmanager

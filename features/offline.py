@@ -1,29 +1,46 @@
-"""The offline change-point table: Parquet partitioned by `date=YYYY-MM-DD` (the window end's UTC date).
+"""The offline change-point table: a Delta Lake table partitioned by `date` (the window end's UTC date).
 
-A backfill owns the rows with window ends in [start, end). Rewriting a range replaces exactly those rows:
-every date partition the range touches is rebuilt (rows outside the range kept) into one file, written
-aside and moved into place with an atomic rename, so a reader sees the old partition or the new one,
-never a mix and never a duplicate (key, window_end) row.
+Two kinds of writer share it, each a Delta commit, so readers see the table before a write or after it, never
+part of one, on a local disk and an object store alike (docs/table-format.md):
+  * a backfill owns the rows with window ends in [start, end): one commit replaces exactly those rows
+    (`replaceWhere`; whole days by their partitions, a part of a day by its window ends) after they were
+    validated. A stream's append that lands in those days while the backfill computes makes Delta refuse the
+    backfill's commit (its isolation is serializable), and the commit is made again on the new version.
+  * a stream appends each micro-batch's change points in one blind commit that records the stream and the
+    batch id; after a restart the stream finds its last committed batch in the log, so a replayed batch is not
+    written twice. It leaves out rows in the ranges backfills wrote (they hold every change point there), and
+    if a backfill committed between its look at the log and its own commit, it takes its rows there out again.
+
+What each commit wrote is in its commit info (`userMetadata`): the writer, the range or the batch, and what the
+caller adds (the group, its definition hash). The log is read with `deltalake` (the library Feast reads the
+table with), the data written and read with Spark.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import uuid
-from collections.abc import Callable
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
-from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import StringType, StructField, StructType
 
 from features.engine.batch import LATEST
 from features.spec import WINDOW_END
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 DATE = "date"
-PART_FILE = "part-0.parquet"
+KEY = "features"  # the commit info's key for what this package wrote
+BACKFILL, STREAM = "backfill", "stream"
+ATTEMPTS = 5  # commits tried before a conflict is raised (each after the other writer's commit)
+# Bounds how many commit infos the log is searched through for a stream's last batch (a stream commits often).
+HISTORY_STEPS = (50, 1000, None)
+CHECKPOINT_INTERVAL = "100"  # commits between Delta's checkpoints (its default of 10 is one per 10 s at a 1 s trigger)
 
 
 def dates_between(start: datetime, end: datetime) -> list[date]:
@@ -33,30 +50,79 @@ def dates_between(start: datetime, end: datetime) -> list[date]:
     return [first + timedelta(days=i) for i in range((last - first).days + 1)]
 
 
-def partition_dir(table: str, day: date) -> Path:
-    return Path(table) / f"{DATE}={day.isoformat()}"
+# ---------------------------------------------------------------------------------------------------------
+# Reading
+
+
+def exists(table: str) -> bool:
+    """Whether a Delta table is at `table` (a write made it)."""
+    from deltalake import DeltaTable
+
+    return DeltaTable.is_deltatable(table)
 
 
 def read_table(spark: SparkSession, table: str) -> DataFrame | None:
     """The whole offline table (with its `date` column), or None if nothing was written yet."""
-    if not any(Path(table).glob(f"{DATE}=*/*.parquet")):
+    if not exists(table):
         return None
-    return spark.read.option("basePath", table).parquet(str(Path(table) / f"{DATE}=*" / "*.parquet"))
+    return spark.read.format("delta").load(table)
 
 
-ONLINE_ONLY = "online"  # staged copies of each key's newest row: its value as of `end`, not part of the range
-TASK = "_task"  # the write task (and so the partition) of a staged row
-TASKS = "_tasks"  # staging subfolder the write tasks write into
+def read_pandas(table: str, with_date: bool = False) -> pd.DataFrame:
+    """The table's current rows as pandas (read without Spark), with the `date` partition column if asked."""
+    from deltalake import DeltaTable
+
+    frame = DeltaTable(table).to_pandas()
+    return frame if with_date else frame.drop(columns=[DATE])
 
 
-def _owned_partially(days: list[date], start: datetime, end: datetime) -> list[str]:
-    """Dates whose partition also holds rows outside [start, end) (the range starts or ends mid-day)."""
+def rows_by_date(table: str) -> dict[date, int]:
+    """Rows per date partition, from the log's file statistics (no data is read); {} when there is no table."""
+    if not exists(table):
+        return {}
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    actions = pa.table(DeltaTable(table).get_add_actions(flatten=True)).to_pydict()
+    out: dict[date, int] = {}
+    for value, rows in zip(actions[f"partition.{DATE}"], actions["num_records"], strict=True):
+        day = value if isinstance(value, date) else date.fromisoformat(str(value))
+        out[day] = out.get(day, 0) + int(rows or 0)
+    return dict(sorted(out.items()))
+
+
+@dataclass(frozen=True)
+class Commit:
+    version: int
+    info: Mapping[str, Any]  # what this package recorded ({} for a commit made by something else)
+
+    @property
+    def writer(self) -> str | None:
+        return self.info.get("writer")
+
+    def span(self) -> tuple[datetime, datetime] | None:
+        """A backfill commit's range of window ends [start, end)."""
+        if self.writer != BACKFILL:
+            return None
+        return datetime.fromisoformat(self.info["start"]), datetime.fromisoformat(self.info["end"])
+
+
+def commits(table: str, limit: int | None = None) -> list[Commit]:
+    """The table's commits the log still holds, newest first (`limit` of them)."""
+    from deltalake import DeltaTable
+
     out = []
-    if start != datetime.combine(days[0], datetime.min.time(), UTC):
-        out.append(days[0].isoformat())
-    if end != datetime.combine(days[-1] + timedelta(days=1), datetime.min.time(), UTC):
-        out.append(days[-1].isoformat())
+    for entry in DeltaTable(table).history(limit):
+        try:
+            info = json.loads(entry.get("userMetadata") or "{}").get(KEY, {})
+        except (ValueError, AttributeError):
+            info = {}
+        out.append(Commit(int(entry["version"]), info if isinstance(info, dict) else {}))
     return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Backfill: replace a range
 
 
 def replace_range(
@@ -67,107 +133,235 @@ def replace_range(
     end: datetime,
     on_staged: Callable[[DataFrame, DataFrame], bool] | None = None,
     on_swapped: Callable[[date], None] | None = None,
+    info: Mapping[str, Any] | None = None,
 ) -> int:
     """Make `rows` with window ends in [start, end) the table's content for that range; returns their count.
     `rows` carries the boolean column `LATEST` (features.engine.batch): true on a copy of each key's newest row
     (window end <= `end`), its value as of `end` for the online store.
 
-    The new partitions are staged beside the table (never under it, where readers' globs would see them),
-    then swapped in. `on_staged` gets, before the swap, the staged rows with window ends in [start, end] (those
-    at `end` included) and the newest-row copies, so that one computation feeds validation and both stores; when
-    it returns False, the staged rows are dropped and the table is left as it was (the result is then 0).
-    `on_swapped` gets each date right after its partition was swapped in (dates in order), so that a caller can
-    record it before the next one: an interruption then loses at most the date being swapped."""
-    days = dates_between(start, end)
+    The rows are computed once and kept (Spark's cache) for three readers: `on_staged` gets, before anything is
+    written, the rows with window ends in [start, end] (those at `end` included) and the newest-row copies, so
+    that one computation feeds validation and both stores; when it returns False, nothing is written (the
+    result is then 0). Then one commit replaces the range. `on_swapped` gets each date after that commit."""
     start_ts, end_ts = F.lit(start).cast("timestamp"), F.lit(end).cast("timestamp")
     latest = F.col(LATEST)
     in_range = (F.col(WINDOW_END) >= start_ts) & (F.col(WINDOW_END) < end_ts)
-    # The newest-row copies go to a partition of their own; a row at `end` is its key's newest, so only its copy.
-    task = F.when(latest, F.lit(len(days))).otherwise(_day_index(days))
-    staged = rows.where(latest | in_range).withColumn(TASK, task).drop(LATEST)
-    partial = _owned_partially(days, start, end)
-    existing = read_table(spark, table) if partial else None
-    if existing is not None:
-        outside = (F.col(WINDOW_END) < start_ts) | (F.col(WINDOW_END) >= end_ts)
-        keep = existing.where(F.col(DATE).cast("string").isin(partial) & outside).withColumn(TASK, _day_index(days))
-        staged = staged.unionByName(keep.select(*staged.columns))
-    staging = Path(table).parent / "_staging" / f"{Path(table).name}-{uuid.uuid4().hex}"
+    staged = rows.where(latest | in_range).persist()
     try:
-        # One write task per date partition (adaptive execution cannot merge tasks of a fixed count), so the
-        # dates are written in parallel and each becomes exactly one file that can be swapped atomically.
-        # Not `partitionBy`: it would sort every task's rows by a date they all share.
-        by_task = staged.repartitionById(len(days) + 1, TASK).drop(TASK)
-        by_task.write.option("maxRecordsPerFile", 0).parquet(str(staging / TASKS))
-        _place_task_files(staging, days)
-        # The range's rows and the newest-row copies, not rows kept from a partition at or after `end` (they
-        # belong to another range). The staged schema keeps `date` a string: Spark would infer a date type.
-        schema = StructType([*by_task.schema.fields, StructField(DATE, StringType())])
-        written = spark.read.schema(schema).parquet(str(staging))
-        online_only = F.col(DATE) == ONLINE_ONLY
-        new_rows = written.where(~online_only & in_range)
-        newest = written.where(online_only).drop(DATE)
+        new_rows = staged.where(~latest).drop(LATEST)
+        newest = staged.where(latest).drop(LATEST)
         at_end = newest.where(F.col(WINDOW_END) == end_ts)
-        if on_staged is not None and not on_staged(new_rows.drop(DATE).unionByName(at_end), newest):
+        if on_staged is not None and not on_staged(new_rows.unionByName(at_end), newest):
             return 0
-        count = _footer_rows(staging, days) if not partial else new_rows.count()
-        _swap_in(staging, table, days, on_swapped)
+        count = new_rows.count()
+        meta = {**(info or {}), "writer": BACKFILL, "start": start.isoformat(), "end": end.isoformat()}
+        _retried(lambda: _replace(new_rows, table, _range_condition(start, end), meta))
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        staged.unpersist()
+    if on_swapped is not None:
+        for day in dates_between(start, end):
+            on_swapped(day)
     return count
 
 
-def _day_index(days: list[date]) -> Column:
-    """The index in `days` of a row's window end date (its partition)."""
-    return F.date_diff(F.to_date(F.col(WINDOW_END)), F.lit(days[0].isoformat()).cast("date"))
+def _range_condition(start: datetime, end: datetime) -> str:
+    """The rows of [start, end): whole days by their partitions alone (Delta then drops whole files without
+    reading them), a part of a day by the window ends too (Delta rewrites that day's files without them)."""
+    days = dates_between(start, end)
+    condition = f"{DATE} >= '{days[0].isoformat()}' AND {DATE} <= '{days[-1].isoformat()}'"
+    whole = start == _midnight(days[0]) and end == _midnight(days[-1] + timedelta(days=1))
+    if whole:
+        return condition
+    return f"{condition} AND {_window_ends(start, end)}"
 
 
-def _place_task_files(staging: Path, days: list[date]) -> None:
-    """Move each write task's file to its partition folder: task i wrote the rows of days[i], the last task
-    the rows at `end`. Spark names a task's file part-<task index>-...; a task without rows wrote none."""
-    labels = [day.isoformat() for day in days] + [ONLINE_ONLY]
-    for produced in (staging / TASKS).glob("part-*.parquet"):
-        task = int(produced.name.split("-")[1])
-        folder = staging / f"{DATE}={labels[task]}"
-        if folder.exists():
-            raise AssertionError(f"two files for partition {folder.name}: one task per date was expected")
-        folder.mkdir()
-        produced.rename(folder / PART_FILE)
-    shutil.rmtree(staging / TASKS)
+def _window_ends(start: datetime, end: datetime) -> str:
+    return f"{WINDOW_END} >= '{_sql_time(start)}' AND {WINDOW_END} < '{_sql_time(end)}'"
 
 
-def _footer_rows(staging: Path, days: list[date]) -> int:
-    """Rows staged for whole days, from the Parquet footers (no pass over the data)."""
-    import pyarrow.parquet as pq
-
-    files = [f for day in days for f in (staging / f"{DATE}={day.isoformat()}").glob("*.parquet")]
-    return sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+def _sql_time(moment: datetime) -> str:
+    """A UTC timestamp literal (the session's time zone is UTC: features.engine.session)."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
 
 
-def _swap_in(staging: Path, table: str, days: list[date], on_swapped: Callable[[date], None] | None = None) -> None:
-    for day in days:
-        _swap_day(staging, table, day)
-        if on_swapped is not None:
-            on_swapped(day)
+def _midnight(day: date) -> datetime:
+    return datetime.combine(day, datetime.min.time(), UTC)
 
 
-def _swap_day(staging: Path, table: str, day: date) -> None:
-    produced = sorted((staging / f"{DATE}={day.isoformat()}").glob("*.parquet"))
-    target = partition_dir(table, day)
-    if not produced:
-        _drop_partition(target)
+def _replace(rows: DataFrame, table: str, condition: str, meta: Mapping[str, Any]) -> None:
+    """One commit: the rows matching `condition` become `rows` (the table is made if there is none). Each date's
+    rows are written by one task, into one file: the table's readers open few files."""
+    writer = _writer(_dated(rows).repartition(DATE), meta)
+    if exists(table):
+        writer.mode("overwrite").option("replaceWhere", condition).save(table)
+    else:
+        _create(writer, table)
+
+
+def _writer(rows: DataFrame, meta: Mapping[str, Any]) -> Any:
+    """A Delta writer of `rows` whose commit records `meta`; a feature added to the group adds its column."""
+    return (
+        rows.write.format("delta").option("userMetadata", json.dumps({KEY: dict(meta)})).option("mergeSchema", "true")
+    )
+
+
+def _create(writer: Any, table: str) -> None:
+    writer.mode("append").partitionBy(DATE).option("delta.checkpointInterval", CHECKPOINT_INTERVAL).save(table)
+
+
+def _dated(rows: DataFrame) -> DataFrame:
+    return rows.withColumn(DATE, F.to_date(F.col(WINDOW_END)))
+
+
+def _retried(commit: Callable[[], None]) -> None:
+    """Run `commit` again when Delta refused it for another writer's concurrent commit."""
+    for attempt in range(ATTEMPTS):
+        try:
+            commit()
+            return
+        except Exception as exc:
+            if attempt == ATTEMPTS - 1 or not is_conflict(exc):
+                raise
+            time.sleep(0.05 * (attempt + 1))
+
+
+def is_conflict(exc: BaseException) -> bool:
+    """Whether `exc` is Delta refusing a commit because another one came first (retrying it is safe)."""
+    text = f"{type(exc).__name__} {exc}"
+    marks = ("DELTA_CONCURRENT", "ConcurrentAppend", "ConcurrentDelete", "DELTA_METADATA_CHANGED", "ProtocolChanged")
+    return any(mark in text for mark in marks)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Stream: append micro-batches
+
+
+@dataclass
+class StreamLog:
+    """What a stream knows of the table's log: the ranges backfills own, the newest version it has seen, and the
+    last batch it committed itself. `refresh` reads the commits after `version` (features.offline.commits)."""
+
+    table: str
+    stream: str  # the stream's id (a new checkpoint gets a new one)
+    version: int = -1
+    spans: list[tuple[datetime, datetime]] = field(default_factory=list)
+    last_batch: int | None = None
+    read: bool = False
+
+    def refresh(self) -> list[Commit]:
+        """Read the commits made since the last refresh (all the log holds, the first time); returns them."""
+        if not exists(self.table):
+            self.read = True
+            return []
+        new: list[Commit] = []
+        for limit in HISTORY_STEPS if not self.read else (None,):
+            found = commits(self.table, limit)
+            new = [c for c in found if c.version > self.version]
+            if self.read or limit is None or len(found) < limit or self._own_batch_in(found):
+                break
+        for commit in sorted(new, key=lambda c: c.version):
+            span = commit.span()
+            if span is not None:
+                self.spans.append(span)
+            elif commit.writer == STREAM and commit.info.get("stream") == self.stream:
+                self.last_batch = max(self.last_batch or -1, int(commit.info["batch"]))
+        if new:
+            self.version = max(c.version for c in new)
+        self.read = True
+        return new
+
+    def _own_batch_in(self, found: list[Commit]) -> bool:
+        return any(c.writer == STREAM and c.info.get("stream") == self.stream for c in found)
+
+
+def completed_days(table: str, group: str) -> list[tuple[datetime, datetime]]:
+    """The days the group's manifest records as completed by a backfill, as ranges of window ends: they hold
+    when the log no longer has the commits that wrote them (Delta drops old log entries)."""
+    from features.manifest import read_manifest
+
+    return [(_midnight(day), _midnight(day + timedelta(days=1))) for day in read_manifest(table, group).completed()]
+
+
+def not_backfilled(rows: DataFrame, spans: list[tuple[datetime, datetime]]) -> DataFrame:
+    """Leave out rows in ranges a backfill wrote: a backfill's commit holds every change point of its range, so
+    the stream's rows there (a replay of old files, a restart with --reset, a day backfilled while streaming)
+    would only repeat them."""
+    if not spans:
+        return rows
+    end = F.col(WINDOW_END)
+    inside = F.lit(False)
+    for lo, hi in _merged(spans):
+        inside = inside | ((end >= F.lit(lo).cast("timestamp")) & (end < F.lit(hi).cast("timestamp")))
+    return rows.where(~inside)
+
+
+def _merged(spans: list[tuple[datetime, datetime]]) -> list[tuple[datetime, datetime]]:
+    out: list[tuple[datetime, datetime]] = []
+    for lo, hi in sorted(spans):
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def append_batch(spark: SparkSession, rows: DataFrame, log: StreamLog, batch_id: int) -> int:
+    """Append one micro-batch's change points (those outside the ranges `log` knows backfills own) in one commit
+    that records the stream and `batch_id`; nothing when the log shows this batch committed already (a replay
+    after a restart). Returns the rows appended. Call `log.refresh()` first: a backfill that committed after
+    that refresh and before this append is found afterwards, and this batch's rows in its range taken out."""
+    if log.last_batch is not None and batch_id <= log.last_batch:
+        return 0
+    kept = not_backfilled(rows, log.spans).persist()
+    try:
+        count = kept.count()
+        if count:
+            meta = {"writer": STREAM, "stream": log.stream, "batch": batch_id}
+            _retried(lambda: _append(kept, log.table, meta))
+            after = log.refresh()
+            mine = next((c.version for c in after if dict(c.info) == meta), None)
+            for commit in after:
+                span = commit.span()
+                if span is not None and mine is not None and commit.version < mine:
+                    _take_out(spark, kept, log.table, span)
+        log.last_batch = batch_id
+        return count
+    finally:
+        kept.unpersist()
+
+
+def _append(rows: DataFrame, table: str, meta: Mapping[str, Any]) -> None:
+    writer = _writer(_dated(rows), meta)
+    if exists(table):
+        writer.mode("append").save(table)
+    else:
+        _create(writer, table)
+
+
+def _take_out(spark: SparkSession, appended: DataFrame, table: str, span: tuple[datetime, datetime]) -> None:
+    """Remove the rows `appended` put in the range of a backfill that committed just before them: the range's
+    rows become the table's rows there less one copy of each appended row (a multiset difference, so the
+    backfill's own equal rows stay)."""
+    lo, hi = span
+    mine = appended.where(F.expr(_window_ends(lo, hi)))
+    if mine.isEmpty():
         return
-    target.mkdir(parents=True, exist_ok=True)
-    # A dot-name is invisible to readers' "*.parquet" globs until the rename makes it the partition.
-    tmp = target / f".{PART_FILE}.{uuid.uuid4().hex}.tmp"
-    shutil.move(produced[0], tmp)
-    os.replace(tmp, target / PART_FILE)
-    for other in target.glob("*.parquet"):
-        if other.name != PART_FILE:
-            other.unlink()
+    condition = f"{_range_condition(lo, hi)} AND {_window_ends(lo, hi)}"
+
+    def commit() -> None:
+        current = spark.read.format("delta").load(table).where(condition).drop(DATE)
+        kept = current.exceptAll(mine.select(*current.columns)).localCheckpoint()
+        _replace(kept, table, condition, {"writer": STREAM, "correction": True})
+
+    _retried(commit)
 
 
-def _drop_partition(target: Path) -> None:
-    for old in target.glob("*.parquet"):
-        old.unlink()
-    if target.exists() and not any(target.iterdir()):
-        target.rmdir()
+def remove_stream_rows(spark: SparkSession, table: str, spans: list[tuple[datetime, datetime]]) -> None:
+    """Remove every row outside the ranges backfills own (what streams wrote): a stream started over from its
+    source writes them again."""
+    if not exists(table):
+        return
+    inside = " OR ".join(f"({_window_ends(lo, hi)})" for lo, hi in _merged(spans))
+    condition = f"NOT ({inside})" if inside else "true"
+    empty = spark.read.format("delta").load(table).limit(0).drop(DATE)
+    _retried(lambda: _replace(empty, table, condition, {"writer": STREAM, "reset": True}))

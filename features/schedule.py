@@ -536,17 +536,14 @@ def _remember_late(repo: Repo, the_plan: Plan) -> None:
 
 def record_completed(repo: Repo, group: FeatureGroup, days: Sequence[date]) -> None:
     """Record days whose partitions were just swapped in, with the definition and their row counts."""
-    import pyarrow.parquet as pq
-
-    from features.offline import PART_FILE, partition_dir
+    from features.offline import rows_by_date
 
     table = repo.offline_path(group)
     current, hashes = definition_hash(group), feature_hashes(group)
+    rows = rows_by_date(table)
     with update(table, group.name) as manifest:
         for day in days:
-            part = partition_dir(table, day) / PART_FILE
-            rows = pq.ParquetFile(part).metadata.num_rows if part.is_file() else 0
-            manifest.record(day, current, hashes, rows)
+            manifest.record(day, current, hashes, rows.get(day, 0))
 
 
 def command_plan(

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -163,7 +164,9 @@ def stream(
         for group in selected:
             checkpoint = Path(repo.checkpoint_path(group, checkpoint_root))
             path = repo.source_path(group)
-            labels, partitions, nanoseconds = _check_checkpoint(repo, group, checkpoint, buckets, reset, spark)
+            labels, partitions, nanoseconds, stream_id = _check_checkpoint(
+                repo, group, checkpoint, buckets, reset, spark
+            )
             events = engine.read_stream(spark, group, path, max_files_per_trigger, nanoseconds)
             projected, projection = engine.project(group, events, labels)
             processor = engine.PaneProcessor(
@@ -176,6 +179,7 @@ def stream(
             schema = projection.record_schema
             sink = BatchSink(repo, group, writer_of, validate, run, show, spark, schema, metrics_s, keep_s)
             sink.nanoseconds = nanoseconds
+            sink.stream_id = stream_id
             writer = out.writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint / "query"))
             writer = writer.queryName(f"features_{group.name}")
             writer = writer.trigger(**trigger_of)
@@ -268,11 +272,11 @@ def emitted_watermark(query_checkpoint: Path) -> datetime | None:
 
 def _check_checkpoint(
     repo: Repo, group: FeatureGroup, checkpoint: Path, buckets: int | None, reset: bool, spark: SparkSession
-) -> tuple[list[int], int, bool]:
+) -> tuple[list[int], int, bool, str]:
     """The bucket labels the state was built with, the stateful operator's partitions (new ones for a new
     checkpoint), and whether the stream reads nanosecond Parquet files (features.engine.stream.reads_nanoseconds:
-    decided when the checkpoint starts, as that decides how many sources its query has, which Spark keeps).
-    Stops when the saved state was built for another definition; `reset` starts over from the source.
+    decided when the checkpoint starts, as that decides how many sources its query has, which Spark keeps), and
+    the stream's id. Stops when the saved state was built for another definition; `reset` starts over from the source.
 
     A new checkpoint gets one shuffle partition per core and, by default, one bucket per partition: one task
     and one Python call per core and batch, which costs the least per batch. Both are fixed when a checkpoint
@@ -284,8 +288,7 @@ def _check_checkpoint(
     saved = engine.saved_definition(checkpoint)
     if reset:
         shutil.rmtree(checkpoint, ignore_errors=True)
-        for old in Path(repo.offline_path(group)).glob("date=*/stream-b*.parquet"):
-            old.unlink()  # the replay writes every change point again
+        _remove_stream_rows(spark, repo, group)  # the replay writes every change point again
         shutil.rmtree(repo.late_path(group), ignore_errors=True)
         saved = None
     if saved is not None and buckets is None:
@@ -324,9 +327,21 @@ def _check_checkpoint(
         "nanoseconds": nanoseconds,
         "state_format": engine.STATE_FORMAT,
         "definition": describe(group),
+        # Recorded in its offline commits, so that a restart finds its last batch; a new checkpoint, a new id.
+        "stream_id": (saved or {}).get("stream_id") or uuid.uuid4().hex,
     }
     engine.save_definition(checkpoint, current)
-    return labels, partitions, nanoseconds
+    return labels, partitions, nanoseconds, current["stream_id"]
+
+
+def _remove_stream_rows(spark: SparkSession, repo: Repo, group: FeatureGroup) -> None:
+    """Take the stream's rows out of the offline table: all rows but those in the ranges backfills wrote."""
+    from features import offline
+
+    table = repo.offline_path(group)
+    log = offline.StreamLog(table, "", spans=offline.completed_days(table, group.name))
+    log.refresh()
+    offline.remove_stream_rows(spark, table, log.spans)
 
 
 def _cannot_continue(repo: Repo, group: FeatureGroup, checkpoint: Path, why: str) -> ConfigError:

@@ -17,7 +17,6 @@ from functools import reduce
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from features.locks import table_lock
 from features.repo import Repo
 from features.retention import SWEEP_EVERY_S, held, sweep
 from features.rollup import MetricRollup
@@ -27,6 +26,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
+    from features import offline
     from features.engine.files import FileCheck
     from features.online import OnlineWriter
     from features.screen import Screen
@@ -107,6 +107,8 @@ class BatchSink:
         self.spark = spark
         self.files: FileCheck | None = None  # unreadable Parquet files, checked as they land
         self.nanoseconds = True  # whether the stream reads nanosecond files (engine.stream.reads_nanoseconds)
+        self.stream_id = ""  # the checkpoint's, which the stream's offline commits record
+        self.offline_log: offline.StreamLog | None = None
         self.checked: set[str] = set()
         tracker = run.tracker
         self.rollup = MetricRollup(lambda m, step, g: tracker.log_metrics(m, step=step, group=g), metrics_s)
@@ -218,11 +220,14 @@ class BatchSink:
         return False
 
     def _write_offline(self, rows: DataFrame, batch_id: int) -> None:
-        from features.engine import stream as engine
+        from features import offline
 
-        table = self.repo.offline_path(self.group)
-        with table_lock(table):  # a backfill rewriting the table's days finishes first
-            engine.write_offline_batch(self._not_backfilled(rows), table, batch_id)
+        if self.offline_log is None:
+            table = self.repo.offline_path(self.group)
+            spans = offline.completed_days(table, self.group.name)
+            self.offline_log = offline.StreamLog(table, self.stream_id, spans=spans)
+        self.offline_log.refresh()
+        offline.append_batch(self.spark, rows, self.offline_log, batch_id)
 
     def _eager_valid(self, batch: DataFrame, batch_id: int, screened: Screen) -> bool:
         """Whether the eager rows (each touched key's value ahead of the watermark, for the online store only)
@@ -253,23 +258,6 @@ class BatchSink:
             F.timestamp_micros(F.col(WINDOW_END)).alias(WINDOW_END),
             *[f.name for f in self.group.features],
         ]
-
-    def _not_backfilled(self, rows: DataFrame) -> DataFrame:
-        """Leave to the backfill what it wrote: a backfill's partition file holds every change point of the
-        stretch it covers, so the stream's rows there (a replay of old files, a restart with --reset, a day
-        backfilled while streaming) would only repeat them."""
-        from pyspark.sql import functions as F
-
-        from features.engine import stream as engine
-
-        covered = engine.backfilled(self.repo.offline_path(self.group))
-        if not covered:
-            return rows
-        end = F.col(WINDOW_END)
-        inside = F.lit(False)
-        for lo, hi in covered:
-            inside = inside | end.between(lo, hi)
-        return rows.where(~inside)
 
     def _write_late(self, batch: DataFrame, batch_id: int) -> None:
         from pyspark.sql import functions as F

@@ -234,15 +234,9 @@ def lineage_from(
 
 def offline_dates(repo: Repo, group: FeatureGroup | str) -> list[date]:
     """The dates of the group's offline table partitions (each a UTC day a backfill or stream wrote)."""
-    table = Path(repo.offline_path(group))
-    found = []
-    for part in table.glob("date=*"):
-        if part.is_dir() and any(part.glob("*.parquet")):
-            try:
-                found.append(date.fromisoformat(part.name.removeprefix("date=")))
-            except ValueError:
-                continue
-    return sorted(found)
+    from features.offline import rows_by_date
+
+    return [day for day, rows in rows_by_date(repo.offline_path(group)).items() if rows]
 
 
 def _date_range(repo: Repo, group: FeatureGroup) -> list[str]:

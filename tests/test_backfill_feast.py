@@ -8,7 +8,6 @@ and sub-range rewrites leave the same table; an earlier backfill never moves the
 from __future__ import annotations
 
 import math
-import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,11 +15,10 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import pyarrow.parquet as pq
 import pytest
 from reference import reference_frame, to_micros
 
-from features import Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, Tumble, agg
+from features import Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, Tumble, agg, offline
 from features.backfill import BackfillResult, backfill
 from features.repo import Repo
 from features.spec import WINDOW_END, AggKind
@@ -212,11 +210,8 @@ def utc(values: pd.Series) -> pd.Series:
 
 def read_table(root: Path, group: FeatureGroup) -> pd.DataFrame:
     """Every row of the offline table (plus the partition it is in), sorted, lists as tuples."""
-    frames = []
-    for part in sorted(table_path(root, group).glob("date=*/*.parquet")):
-        frame = pq.read_table(part).to_pandas()
-        frames.append(frame.assign(_partition=part.parent.name))
-    table = pd.concat(frames, ignore_index=True)
+    table = offline.read_pandas(str(table_path(root, group)), with_date=True)
+    table = table.assign(_partition="date=" + table.pop(offline.DATE).astype(str))
     table[WINDOW_END] = utc(table[WINDOW_END])
     for column in table.columns:
         if table[column].dtype == object:
@@ -277,23 +272,19 @@ def test_online_features_are_the_values_at_end(full, repo_root: Path, events: pd
 # ---------------------------------------------------------------------------------------------------------
 # The offline table: layout, re-runs, sub-ranges; the online store: never back in time
 
-_DATE = re.compile(r"^date=(\d{4}-\d{2}-\d{2})$")
-
 
 @pytest.mark.parametrize("group", GROUPS, ids=lambda g: g.name)
-def test_partitions_are_dates_with_one_file_each(full, repo_root: Path, group) -> None:
-    table = table_path(repo_root, group)
-    entries = sorted(table.iterdir())
-    assert [e.name for e in entries] == ["date=2026-01-01", "date=2026-01-02", "date=2026-01-03"]
-    for entry in entries:
-        match = _DATE.match(entry.name)
-        assert entry.is_dir() and match, f"unexpected entry {entry.name} in the offline table"
-        files = [f.name for f in entry.iterdir()]
-        assert files == ["part-0.parquet"], f"{entry.name}: {files}"
-        rows = pq.read_table(entry / "part-0.parquet").to_pandas()
-        ends = utc(rows[WINDOW_END])
-        assert (ends.dt.strftime("%Y-%m-%d") == match.group(1)).all()
+def test_the_table_is_partitioned_by_date_with_one_file_each(full, repo_root: Path, group) -> None:
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    table = DeltaTable(str(table_path(repo_root, group)))
+    assert table.metadata().partition_columns == [offline.DATE]
+    files = pa.table(table.get_add_actions(flatten=True)).to_pydict()
+    days = sorted(str(d) for d in files[f"partition.{offline.DATE}"])
+    assert days == ["2026-01-01", "2026-01-02", "2026-01-03"]  # one file per date: a backfill writes few files
     rows = read_table(repo_root, group)
+    assert (rows[WINDOW_END].dt.strftime("date=%Y-%m-%d") == rows["_partition"]).all()
     assert rows[WINDOW_END].min() >= START and rows[WINDOW_END].max() < END
     assert not rows.duplicated([*group.join_keys, WINDOW_END]).any()
 
@@ -364,7 +355,6 @@ def test_sub_range_rewrite_keeps_rows_outside_and_replaces_rows_inside(history: 
     assert later.rows_out >= len(inside) > 0  # rows_out counts the rewritten partitions' rows
     assert (table[WINDOW_END] < MID).any()  # rows before MID, also in the rewritten 2026-01-02 partition
     assert ((table[WINDOW_END] < MID) & (table["_partition"] == "date=2026-01-02")).any()
-    assert not list(table_path(repo_root, USER_GROUP).glob("_staging*"))
 
 
 def test_earlier_backfill_never_moves_the_online_store_back(history: History, events: pd.DataFrame) -> None:
@@ -398,8 +388,7 @@ def test_verify_finds_the_stores_consistent(spark, full, repo_root: Path) -> Non
 def test_verify_names_a_tampered_value(spark, full, repo_root: Path, tmp_path: Path) -> None:
     import shutil
 
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    from deltalake import DeltaTable
 
     from features.backfill import ready_writer
     from features.serving import online_features
@@ -408,18 +397,20 @@ def test_verify_names_a_tampered_value(spark, full, repo_root: Path, tmp_path: P
     root = tmp_path / "repo"
     shutil.copytree(repo_root, root)
     repo = Repo.load(root)
-    key = keys_of(pd.read_parquet(table_path(root, USER_GROUP)), USER_GROUP)[0]
+    key = keys_of(offline.read_pandas(str(table_path(root, USER_GROUP))), USER_GROUP)[0]
     # Online: the same window end, another count (the event-time guard lets an equal time through).
     row = online_features(repo, USER_GROUP, [key], with_window_end=True)
     row["txn_count_lifetime"] = row["txn_count_lifetime"].astype("int64") + 1
     ready_writer(repo, USER_GROUP).write(row)
-    # Offline: one stored row's sum changed in its Parquet file.
-    path = sorted(table_path(root, USER_GROUP).glob("date=*/*.parquet"))[0]
-    stored = pq.read_table(path)
-    frame = stored.to_pandas()
-    frame.loc[frame.index[0], "amount_sum_1h"] += 1.0
-    tampered = tuple(frame.loc[frame.index[0], list(USER_GROUP.join_keys)])
-    pq.write_table(pa.Table.from_pandas(frame, schema=stored.schema, preserve_index=False), path)
+    # Offline: one stored row's sum changed (by another Delta writer).
+    path = str(table_path(root, USER_GROUP))
+    first = offline.read_pandas(path).iloc[0]
+    tampered = tuple(first[list(USER_GROUP.join_keys)])
+    keys = " AND ".join(f"{k} = {first[k]!r}" for k in USER_GROUP.join_keys)
+    moment = pd.Timestamp(first[WINDOW_END]).strftime("%Y-%m-%d %H:%M:%S")
+    DeltaTable(path).update(
+        predicate=f"{keys} AND {WINDOW_END} = '{moment}'", updates={"amount_sum_1h": "amount_sum_1h + 1.0"}
+    )
 
     report = verify_group(spark, repo, USER_GROUP, sample=100)
     assert not report.ok

@@ -58,7 +58,9 @@ def table_after(stdout: str, marker: str) -> tuple[list[str], list[list[str]]]:
 
 
 def offline_dates(repo: Path, group: str) -> list[str]:
-    return sorted(p.parent.name for p in (repo / "data" / "offline" / group).glob("date=*/part-0.parquet"))
+    from features.offline import rows_by_date
+
+    return [f"date={day.isoformat()}" for day in rows_by_date(str(repo / "data" / "offline" / group))]
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess[str], *needles: str) -> None:

@@ -14,6 +14,7 @@ import pytest
 from reference import percentile_ok, reference_frame
 from test_cli import EXAMPLE_REPO, run
 
+from features import offline
 from features.demo import generate_transactions, write_events
 from features.repo import Repo
 from features.spec import AggKind
@@ -34,7 +35,7 @@ def _check_rows(root: Path, events: pd.DataFrame, samples: int = 60) -> int:
     repo = Repo.load(root)
     checked = 0
     for group in repo.groups.values():
-        rows = pd.read_parquet(repo.offline_path(group)).drop(columns=["date"], errors="ignore")
+        rows = offline.read_pandas(repo.offline_path(group))
         assert len(rows) > 0, group.name
         picked = rows.sample(min(samples, len(rows)), random_state=1)
         pairs = [(tuple(r[k] for k in group.join_keys), r["window_end"]) for _, r in picked.iterrows()]

@@ -21,7 +21,7 @@ from connect_server import connect_url, spark_connect  # noqa: F401 - fixtures
 from reference import reference_frame
 
 import features
-from features import Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, Tumble, agg
+from features import Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, Tumble, agg, offline
 from features.spec import WINDOW_END
 
 pytestmark = pytest.mark.spark
@@ -71,7 +71,7 @@ def classic_points(spark, events: pd.DataFrame) -> pd.DataFrame:
 
 
 def _offline(root: Path) -> pd.DataFrame:
-    table = pd.read_parquet(root / "data" / "offline" / GROUP.name).drop(columns=["date"])
+    table = offline.read_pandas(str(root / "data" / "offline" / GROUP.name))
     return _normalized(table)
 
 

@@ -26,7 +26,6 @@ from datetime import date, timedelta
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 import pytest
 import redis_server as redis_fixtures
 import yaml
@@ -35,6 +34,7 @@ from redis_server import RedisServer
 from features.cli import build_parser
 from features.engine import jars, runtime
 from features.errors import EnvironmentProblem
+from features.offline import read_pandas
 from features.repo import read_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -463,7 +463,7 @@ def test_spark_submit_runs_a_backfill_from_the_installed_wheel(
         )  # fmt: skip
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
 
-        offline = pd.read_parquet(repo / "data" / "offline" / "user_transactions")
+        offline = read_pandas(str(repo / "data" / "offline" / "user_transactions"))
         assert len(offline) > 0
         newest = offline.sort_values("window_end").groupby("user_id").tail(1).set_index("user_id")
         user = str(events["user_id"].value_counts().index[0])

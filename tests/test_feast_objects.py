@@ -17,7 +17,7 @@ from feast import FeatureStore, FeatureView, FileSource, ValueType
 from feast.types import Array, Bool, Float64, Int64, String
 
 from features import ConfigError, DataError, Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, agg
-from features.feast_objects import dtype_of_arrow, feast_value_type, offline_source_path, source_schema, to_feast
+from features.feast_objects import dtype_of_arrow, feast_value_type, source_schema, to_feast
 from features.repo import offline_table_path
 from features.spec import DType
 
@@ -105,8 +105,8 @@ def test_entity_and_source(tmp_path: Path) -> None:
     assert (entity.name, entity.join_key, entity.value_type) == ("user", "user_id", ValueType.STRING)
     assert isinstance(source, FileSource)
     assert source.timestamp_field == "window_end"
-    assert source.path == offline_table_path(tmp_path, "user_transactions") + "/**/*.parquet"
-    assert Path(source.path.split("**")[0]).is_absolute()  # DuckDB resolves relative paths against the cwd
+    assert source.path == offline_table_path(tmp_path, "user_transactions")
+    assert Path(source.path).is_absolute()  # DuckDB resolves relative paths against the cwd
     assert view.batch_source is source
     assert view.entities == ["user"]
 
@@ -124,9 +124,12 @@ def test_composite_key_becomes_one_feast_entity_per_join_key(tmp_path: Path) -> 
 
 def test_explicit_offline_path_is_resolved_against_the_repo(tmp_path: Path) -> None:
     source = to_feast(_user_group(), repo_root=tmp_path, offline_path="elsewhere/ut")[1]
-    assert source.path == offline_source_path(str((tmp_path / "elsewhere" / "ut").resolve()))
+    from feast.data_format import DeltaFormat
+
+    assert source.path == str((tmp_path / "elsewhere" / "ut").resolve())
+    assert isinstance(source.file_options.file_format, DeltaFormat)
     remote = to_feast(_user_group(), repo_root=tmp_path, offline_path="s3://bucket/offline/ut/")[1]
-    assert remote.path == "s3://bucket/offline/ut/**/*.parquet"
+    assert remote.path == "s3://bucket/offline/ut/"
 
 
 def test_schema_argument_wins_over_the_declared_one(tmp_path: Path) -> None:

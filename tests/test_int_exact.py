@@ -145,8 +145,10 @@ def bucket_rows(group: FeatureGroup, events: pd.DataFrame, lo: int, hi: int) -> 
     outputs = group.output_types(TYPES)
     job = BucketJob(plan, lo, hi, {c: outputs[c] for c in (*group.join_keys, *(f.name for f in group.features))})
     out = run_bucket(table, job=job)
-    out = out.filter(pa.compute.invert(out[LATEST])).drop_columns([LATEST]).rename_columns(
-        [WINDOW_END if c == END_US else c for c in out.column_names if c != LATEST]
+    out = (
+        out.filter(pa.compute.invert(out[LATEST]))
+        .drop_columns([LATEST])
+        .rename_columns([WINDOW_END if c == END_US else c for c in out.column_names if c != LATEST])
     )
     return python_rows(out, group)
 
@@ -318,7 +320,7 @@ def test_integer_keys_and_partials_survive_the_state_bytes() -> None:
 
 def exact_rows(spark, path: str, group: FeatureGroup) -> list[dict[str, Any]]:
     """A group's offline table as Python values (Arrow, not pandas: no int64 goes through a float)."""
-    table = spark.read.parquet(path).drop("date").toArrow()
+    table = spark.read.format("delta").load(path).drop("date").toArrow()
     return python_rows(table, group)
 
 

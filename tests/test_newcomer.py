@@ -17,6 +17,7 @@ import pytest
 from reference import reference_frame
 from test_cli import EXAMPLE_REPO, run
 
+from features import offline
 from features.repo import Repo
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -298,7 +299,7 @@ def test_a_stream_reads_pandas_files_and_sets_unreadable_ones_aside(spark, feast
     assert record["reason"].startswith("unreadable_file: ") and "not a Parquet file" in record["reason"], record
 
     watermark = pd.Timestamp(progress.watermark)
-    got = pd.read_parquet(repo.offline_path(group)).drop(columns=["date"])
+    got = offline.read_pandas(repo.offline_path(group))
     got["window_end"] = pd.to_datetime(got["window_end"], utc=True).astype("datetime64[us, UTC]")
     want = features.preview(group, events, "2026-01-01", watermark.isoformat(), spark=spark)
     want["window_end"] = pd.to_datetime(want["window_end"], utc=True).astype("datetime64[us, UTC]")

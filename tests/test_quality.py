@@ -416,10 +416,12 @@ def online_values(root: Path, group: FeatureGroup, users: list[str]) -> pd.DataF
 
 
 def offline_rows(root: Path, group: FeatureGroup) -> pd.DataFrame:
-    parts = sorted((root / "data" / "offline" / group.name).glob("date=*/*.parquet"))
-    if not parts:
+    from features import offline
+
+    path = str(root / "data" / "offline" / group.name)
+    if not offline.exists(path):
         return pd.DataFrame()
-    table = pd.concat([pq.read_table(p).to_pandas() for p in parts], ignore_index=True)
+    table = offline.read_pandas(path)
     return table.sort_values(["user_id", WINDOW_END], ignore_index=True)
 
 

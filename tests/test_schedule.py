@@ -29,6 +29,7 @@ from features.cli import build_parser, main
 from features.demo import generate_transactions, write_events
 from features.errors import ConfigError, ValidationFailed
 from features.manifest import read_manifest, update
+from features.offline import read_pandas, rows_by_date
 from features.progress import PartitionProgress
 from features.repo import Repo
 from features.schedule import (
@@ -233,9 +234,10 @@ def test_a_late_batch_is_read_once_and_its_stale_marks_stay(repo: Repo) -> None:
 
 def test_a_date_the_stream_wrote_is_not_completed(repo: Repo) -> None:
     complete(repo, HOP, [D1, D2])
-    stream_part = Path(repo.offline_path(HOP)) / "date=2026-03-03" / "part-stream-0.parquet"
-    stream_part.parent.mkdir(parents=True)
-    pq.write_table(pa.table({"user_id": ["u1"], WINDOW_END: [at(D3, "10:00")], "txn_count_1h": [1]}), stream_part)
+    from deltalake import write_deltalake
+
+    appended = pa.table({"user_id": ["u1"], WINDOW_END: [at(D3, "10:00")], "txn_count_1h": [1], "date": [D3]})
+    write_deltalake(repo.offline_path(HOP), appended, mode="append", partition_by=["date"])  # a stream's rows
     assert plan(repo, request(since_last=True), ["hop"], now=NOW).groups[0].todo == {D3: NEW}
 
 
@@ -482,8 +484,7 @@ def events_for(days: int = 3, n: int = 1_500, seed: int = 4) -> pd.DataFrame:
 def offline(repo: Repo, group: FeatureGroup) -> pd.DataFrame:
     """The group's offline rows, each key's series without rows that repeat its previous values (a backfill
     range starting mid-series adds such no-op rows at its start)."""
-    files = sorted(Path(repo.offline_path(group)).glob("date=*/*.parquet"))
-    table = pd.concat([pq.read_table(f).to_pandas() for f in files], ignore_index=True)
+    table = read_pandas(repo.offline_path(group))
     table[WINDOW_END] = pd.to_datetime(table[WINDOW_END], utc=True)
     table = table.sort_values(["user_id", WINDOW_END], ignore_index=True)
     values = [f.name for f in group.features]
@@ -493,8 +494,7 @@ def offline(repo: Repo, group: FeatureGroup) -> pd.DataFrame:
 
 
 def footer_rows(repo: Repo, group: FeatureGroup, day: date) -> int:
-    part = Path(repo.offline_path(group)) / f"date={day.isoformat()}" / "part-0.parquet"
-    return pq.ParquetFile(part).metadata.num_rows
+    return rows_by_date(repo.offline_path(group))[day]
 
 
 @pytest.mark.spark
@@ -518,7 +518,7 @@ def test_interrupted_schedule_resumes_where_it_stopped(spark, tmp_path: Path) ->
     manifest = read_manifest(table, "hop")
     assert manifest.completed() == [D1]
     assert manifest.partitions[D1].rows == footer_rows(repo, guarded, D1) > 0
-    assert sorted(p.name for p in Path(table).glob("date=*")) == ["date=2026-03-01"]
+    assert list(rows_by_date(table)) == [D1]
     d1_done = manifest.partitions[D1].completed_at
 
     # Fixed, the same command resumes with D2 (here both remaining days in one run).
@@ -549,7 +549,7 @@ def test_interrupted_schedule_resumes_where_it_stopped(spark, tmp_path: Path) ->
 @pytest.mark.spark
 def test_since_last_over_many_days_is_one_pass_that_resumes_by_the_day(spark, tmp_path: Path, monkeypatch) -> None:
     import features.backfill
-    import features.offline
+    import features.schedule
 
     days = [D1 + timedelta(days=k) for k in range(6)]
     now = at(days[-1] + timedelta(days=1), "00:30")
@@ -566,16 +566,18 @@ def test_since_last_over_many_days_is_one_pass_that_resumes_by_the_day(spark, tm
         "change_points",
         lambda group, events, lo, hi, **kw: passes.append((lo, hi)) or compute(group, events, lo, hi, **kw),
     )
-    swap = features.offline._swap_day
-    swapped: list[date] = []
+    # The six days are one commit; the manifest records them one by one after it, and the process is killed
+    # while it does: the days not recorded yet are computed again, the others not.
+    record = features.schedule.record_completed
+    recorded: list[date] = []
 
-    def killed_at_the_fourth_day(staging: Path, table: str, day: date) -> None:
-        if len(swapped) == 3:
+    def killed_at_the_fourth_day(repo: Repo, group: FeatureGroup, days: list[date]) -> None:
+        if len(recorded) == 3:
             raise KeyboardInterrupt
-        swap(staging, table, day)
-        swapped.append(day)
+        record(repo, group, days)
+        recorded.extend(days)
 
-    monkeypatch.setattr(features.offline, "_swap_day", killed_at_the_fourth_day)
+    monkeypatch.setattr(features.schedule, "record_completed", killed_at_the_fourth_day)
     first = plan(repo, request(since_last=True), now=now, spark=spark)
     assert [r.days for r in first.groups[0].runs] == [tuple(days)]
     with pytest.raises(KeyboardInterrupt):
@@ -584,7 +586,7 @@ def test_since_last_over_many_days_is_one_pass_that_resumes_by_the_day(spark, tm
     manifest = read_manifest(repo.offline_path(LIFE), "life")
     assert manifest.completed() == days[:3]
 
-    monkeypatch.setattr(features.offline, "_swap_day", swap)
+    monkeypatch.setattr(features.schedule, "record_completed", record)
     second = plan(repo, request(since_last=True), now=now)
     assert second.groups[0].todo == dict.fromkeys(days[3:], NEW)  # the completed days are not computed again
     execute(repo, second, **opts)
@@ -649,9 +651,8 @@ def test_an_added_feature_recomputes_every_partition(spark, tmp_path: Path) -> N
     execute(repo, the_plan, **opts)
     manifest = read_manifest(repo.offline_path(HOP), "hop")
     assert {e.definition_hash for e in manifest.partitions.values()} == {definition_hash(HOP)}
-    for day in (D1, D2):
-        part = Path(repo.offline_path(HOP)) / f"date={day.isoformat()}" / "part-0.parquet"
-        assert "amount_sum_1h" in pq.read_schema(part).names
+    rows = read_pandas(repo.offline_path(HOP))
+    assert rows.loc[rows[WINDOW_END] < at(D3), "amount_sum_1h"].notna().all()
     assert plan(repo, request(since_last=True), now=NOW).partitions == 0
 
 

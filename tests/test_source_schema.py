@@ -360,10 +360,14 @@ def test_a_backfill_sets_a_drifted_file_aside_whole_and_says_so(
 
     root = tmp_path / "repo"
     repo, good, applied = _applied(root, feast_repo_factory, _land_a if drift == "a" else _land_b, capfd)
-    bad_name, column, found = ("0-stray.parquet", "user_id", "is string") if drift == "a" else (
-        "2-renamed.parquet",
-        "amount",
-        "missing (found columns: amt, event_ts, user_id)",
+    bad_name, column, found = (
+        ("0-stray.parquet", "user_id", "is string")
+        if drift == "a"
+        else (
+            "2-renamed.parquet",
+            "amount",
+            "missing (found columns: amt, event_ts, user_id)",
+        )
     )
     assert bad_name in applied and f"column {column!r}" in applied, applied  # apply warned, naming the file
 

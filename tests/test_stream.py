@@ -21,7 +21,7 @@ import pytest
 from reference import percentile_ok, reference_frame
 from test_batch_reference import BASE, H, collect_change_points, compare_value, make_events
 
-from features import Entity, EventSource, Feature, FeatureGroup, Hop, KafkaTopic, Lifetime, Tumble, agg
+from features import Entity, EventSource, Feature, FeatureGroup, Hop, KafkaTopic, Lifetime, Tumble, agg, offline
 from features.cli import main
 from features.demo import write_events
 from features.errors import ConfigError
@@ -81,7 +81,7 @@ def land(root: Path, events: pd.DataFrame, n_files: int, start_index: int = 0) -
 
 
 def offline_rows(spark, repo: Repo, group: FeatureGroup) -> pd.DataFrame:
-    rows = spark.read.parquet(repo.offline_path(group)).toPandas().drop(columns=["date"])
+    rows = spark.read.format("delta").load(repo.offline_path(group)).toPandas().drop(columns=["date"])
     rows[WINDOW_END] = pd.to_datetime(rows[WINDOW_END], utc=True).astype("datetime64[us, UTC]")
     return rows.sort_values([*group.join_keys, WINDOW_END], ignore_index=True)
 
@@ -208,7 +208,7 @@ def test_an_eager_value_is_online_before_the_watermark_and_a_late_event_corrects
     # 19 events before t0 + 20m, whose pane closed; the watermark (t0 - 9m) is far behind.
     assert online[WINDOW_END].iloc[0] == t0 + pd.Timedelta(minutes=20)
     assert online["n_1h"].iloc[0] == 19 and online["amount_max_1h"].iloc[0] == 1.0
-    if Path(repo.offline_path(group)).exists():  # final rows only: none yet, or behind the watermark
+    if offline.exists(repo.offline_path(group)):  # final rows only: none yet, or behind the watermark
         assert (offline_rows(spark, repo, group)[WINDOW_END] <= t0 - pd.Timedelta(minutes=9)).all()
 
     late = pd.DataFrame({"user_id": ["u1"], "event_ts": [t0 + pd.Timedelta(seconds=210)], "amount": [7.0]})

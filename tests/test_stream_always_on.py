@@ -13,7 +13,6 @@ from test_stream import land, offline_rows, same_value
 
 from features import Entity, EventSource, Feature, FeatureGroup, Hop, agg
 from features import kernel as pt
-from features.engine import stream as engine
 from features.errors import ConfigError
 from features.repo import Repo
 from features.serving import online_features
@@ -110,23 +109,6 @@ def test_lateness_is_measured_from_the_last_emitted_window_end(spark, feast_repo
     want = reference_frame(used, group, pairs)
     for feat in group.features:
         assert [*got[feat.name]] == [*want[feat.name]], feat.name
-
-
-def test_a_replayed_batch_leaves_no_file_of_its_earlier_attempt(spark, tmp_path) -> None:
-    """A batch replayed after a crash may spread its rows over fewer tasks than its first attempt: the files the
-    replay does not rewrite are removed, so no row is there twice."""
-    from pyspark.sql import functions as F
-
-    table = str(tmp_path / "offline")
-    rows = spark.createDataFrame(
-        pd.DataFrame({"user_id": [f"u{i}" for i in range(8)], WINDOW_END: [T0 + i * M for i in range(8)], "n": 1})
-    ).withColumn(WINDOW_END, F.col(WINDOW_END).cast("timestamp"))
-    assert engine.write_offline_batch(rows.repartition(4), table, 7) == 4
-    assert engine.write_offline_batch(rows.coalesce(1), table, 7) == 1
-    assert engine.write_offline_batch(rows.limit(1).coalesce(1), table, 8) == 1
-    files = sorted(p.name for p in Path(table).rglob("*.parquet"))
-    assert files == ["stream-b0000000007-000.parquet", "stream-b0000000008-000.parquet"]
-    assert spark.read.parquet(table).count() == 9
 
 
 def test_eager_values_are_taken_at_the_streams_event_time_in_every_bucket(spark, feast_repo_factory, tmp_path) -> None:

@@ -162,6 +162,10 @@ def _local_defaults(
     packages = [str(jar) for jar in jars.class_path(_pyspark_version())]
     builder = builder.config("spark.driver.extraClassPath", os.pathsep.join(packages))
     builder = builder.config("spark.executor.extraClassPath", os.pathsep.join(packages))
+    for key, value in jars.DELTA_CONF.items():
+        builder = builder.config(key, value)
+    # Delta replays its log with this many tasks (50 by default): a few suit a local session's cores.
+    builder = builder.config("spark.databricks.delta.snapshotPartitions", str(max(2, cores)))
     options = [f"-Dlog4j2.configurationFile={LOG4J2_CONFIG.as_uri()}"] if LOG4J2_CONFIG.is_file() else []
     options += java_options(java_description() or "", packages)
     if options:

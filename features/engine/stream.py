@@ -33,7 +33,6 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from datetime import datetime
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -497,52 +496,6 @@ def _chunk_ids(panes: np.ndarray) -> list[int]:
 
 # ---------------------------------------------------------------------------------------------------------
 # Sink helpers (run on the driver, once per micro-batch)
-
-
-def write_offline_batch(rows: DataFrame, table: str, batch_id: int) -> int:
-    """Append a micro-batch's change points to the offline table: a file per date partition and task, named by the
-    batch id, moved into place atomically. A replayed batch rewrites the same files, so no row is doubled, and
-    removes the files of its earlier attempt that it did not rewrite (an attempt may spread its rows over more
-    tasks or dates)."""
-    staging = Path(table).parent / "_staging" / f"{Path(table).name}-stream-{batch_id}-{uuid.uuid4().hex[:8]}"
-    dated = rows.withColumn("date", F.to_date(F.col(WINDOW_END)))  # written as yyyy-MM-dd, without formatting
-    # Each task (one per core: the stream's partitions) writes one file per date it holds, without a shuffle; a
-    # replay holds the same rows in the same tasks, so it writes the same files.
-    dated.write.partitionBy("date").parquet(str(staging))
-    name = f"stream-b{batch_id:010d}"
-    placed = set()
-    try:
-        for part in sorted(staging.glob("date=*")):
-            files = sorted(part.glob("*.parquet"))
-            target = Path(table) / part.name
-            target.mkdir(parents=True, exist_ok=True)
-            for i, f in enumerate(files):  # in task order
-                placed.add(target / f"{name}-{i:03d}.parquet")
-                os.replace(f, target / f"{name}-{i:03d}.parquet")
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    for earlier in Path(table).glob(f"date=*/{name}-*.parquet"):
-        if earlier not in placed:
-            earlier.unlink()
-    return len(placed)
-
-
-def backfilled(table: str) -> list[tuple[datetime, datetime]]:
-    """The [first, last] window end of each backfill file in the offline table (from Parquet footers; the
-    stream's own files are named stream-b*)."""
-    import pyarrow.parquet as pq
-
-    spans = []
-    for path in Path(table).glob("date=*/*.parquet"):
-        if path.name.startswith("stream-b"):
-            continue
-        meta = pq.ParquetFile(path).metadata
-        column = meta.schema.names.index(WINDOW_END)
-        stats = [meta.row_group(i).column(column).statistics for i in range(meta.num_row_groups)]
-        stats = [s for s in stats if s is not None and s.has_min_max]
-        if stats:
-            spans.append((min(s.min for s in stats), max(s.max for s in stats)))
-    return spans
 
 
 def write_json_records(frame: DataFrame, folder: Path, schema: str | None) -> None:

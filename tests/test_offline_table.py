@@ -1,0 +1,148 @@
+"""The offline table's writers (features.offline): a backfill's range replaced in one commit, a stream's batches
+appended once each, and the two writing the same days at once with every row there exactly once, on a local path
+and on a file:// URI (docs/table-format.md)."""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from features import offline
+from features.engine.batch import LATEST
+from features.spec import WINDOW_END
+
+pytestmark = pytest.mark.spark
+
+T0 = datetime(2026, 3, 1, tzinfo=UTC)
+M = timedelta(minutes=1)
+
+
+@pytest.fixture(params=["path", "uri"])
+def table(request, tmp_path: Path) -> str:
+    folder = tmp_path / "offline" / "g"
+    return str(folder) if request.param == "path" else folder.as_uri()
+
+
+def rows(spark, start: datetime, minutes: int, users: int = 3, value: float = 1.0, latest: bool | None = None):
+    """A change point per user and minute in [start, start + minutes)."""
+    from pyspark.sql import functions as F
+
+    frame = pd.DataFrame(
+        [(f"u{u}", start + i * M, value + i) for i in range(minutes) for u in range(users)],
+        columns=["user_id", WINDOW_END, "v"],
+    )
+    out = spark.createDataFrame(frame).withColumn(WINDOW_END, F.col(WINDOW_END).cast("timestamp"))
+    return out if latest is None else out.withColumn(LATEST, F.lit(latest))
+
+
+def table_rows(table: str) -> pd.DataFrame:
+    got = offline.read_pandas(table)
+    got[WINDOW_END] = pd.to_datetime(got[WINDOW_END], utc=True)
+    return got.sort_values(["user_id", WINDOW_END], ignore_index=True)
+
+
+def assert_once(got: pd.DataFrame) -> None:
+    assert not got.duplicated(["user_id", WINDOW_END]).any(), got[got.duplicated(["user_id", WINDOW_END], keep=False)]
+
+
+def test_a_backfill_replaces_its_range_in_one_commit_and_keeps_the_rest(spark, table: str) -> None:
+    day = T0
+    assert offline.replace_range(spark, rows(spark, day, 60, latest=False), table, day, day + 60 * M) == 180
+    # A later range starting mid-day: the rows before it stay, those in it are replaced.
+    later = rows(spark, day + 30 * M, 60, value=100.0, latest=False)
+    offline.replace_range(spark, later, table, day + 30 * M, day + 90 * M, info={"group": "g"})
+    got = table_rows(table)
+    assert_once(got)
+    assert len(got) == 90 * 3
+    assert (got.loc[got[WINDOW_END] < day + 30 * M, "v"] < 100).all()
+    assert (got.loc[got[WINDOW_END] >= day + 30 * M, "v"] >= 100).all()
+    [last, first] = offline.commits(table)
+    assert last.info["group"] == "g" and last.span() == (day + 30 * M, day + 90 * M) and first.writer == "backfill"
+
+
+def test_a_replayed_batch_is_not_written_twice(spark, table: str) -> None:
+    log = offline.StreamLog(table, "s1")
+    log.refresh()
+    assert offline.append_batch(spark, rows(spark, T0, 5), log, 7) == 15
+    # A restart: a new process knows nothing but the log, in which batch 7 is.
+    restarted = offline.StreamLog(table, "s1")
+    restarted.refresh()
+    assert restarted.last_batch == 7
+    assert offline.append_batch(spark, rows(spark, T0, 5).repartition(3), restarted, 7) == 0
+    assert offline.append_batch(spark, rows(spark, T0 + 5 * M, 1), restarted, 8) == 3
+    # Another stream's (a new checkpoint's) batch ids are its own.
+    other = offline.StreamLog(table, "s2")
+    other.refresh()
+    assert other.last_batch is None
+    got = table_rows(table)
+    assert_once(got)
+    assert len(got) == 18
+
+
+def test_the_stream_leaves_what_a_backfill_wrote(spark, table: str) -> None:
+    offline.replace_range(spark, rows(spark, T0, 30, latest=False), table, T0, T0 + 30 * M)
+    log = offline.StreamLog(table, "s1")
+    log.refresh()
+    assert offline.append_batch(spark, rows(spark, T0 + 20 * M, 20, value=50.0), log, 0) == 30  # 10 minutes
+    got = table_rows(table)
+    assert_once(got)
+    assert (got.loc[got[WINDOW_END] < T0 + 30 * M, "v"] < 50).all()  # the backfill's values
+
+
+def test_a_backfill_committed_just_before_an_append_keeps_its_range(spark, table: str) -> None:
+    """The stream looked at the log, then a backfill of its days committed, then the stream appended: its rows in
+    the backfill's range are taken out again."""
+    stale = offline.StreamLog(table, "s1")
+    stale.refresh()
+    offline.replace_range(spark, rows(spark, T0, 30, latest=False), table, T0, T0 + 30 * M)
+    offline.append_batch(spark, rows(spark, T0 + 20 * M, 20, value=50.0), stale, 0)
+    got = table_rows(table)
+    assert_once(got)
+    assert len(got) == 40 * 3
+    assert (got.loc[got[WINDOW_END] < T0 + 30 * M, "v"] < 50).all()
+    assert (got.loc[got[WINDOW_END] >= T0 + 30 * M, "v"] >= 50).all()
+    assert stale.spans == [(T0, T0 + 30 * M)]
+
+
+def test_a_stream_and_a_backfill_of_the_same_days_at_once(spark, table: str) -> None:
+    """No lock between them: Delta refuses a backfill commit that a stream's append came before, the backfill
+    commits again on the new version, and the stream leaves the range the backfill owns. Every row once."""
+    day = T0
+    offline.replace_range(spark, rows(spark, day, 1, latest=False), table, day, day + M)  # the table exists
+    errors: list[BaseException] = []
+
+    def streaming() -> None:
+        try:
+            log = offline.StreamLog(table, "s1")
+            for batch in range(12):
+                log.refresh()
+                offline.append_batch(spark, rows(spark, day + (batch * 10) * M, 10, value=1000.0), log, batch)
+        except BaseException as exc:  # reported by the test below
+            errors.append(exc)
+
+    thread = threading.Thread(target=streaming)
+    thread.start()
+    for _ in range(3):
+        offline.replace_range(spark, rows(spark, day, 60, users=3, latest=False), table, day, day + 60 * M)
+    thread.join()
+    assert not errors, errors
+    got = table_rows(table)
+    assert_once(got)
+    assert len(got) == 120 * 3  # 60 backfilled minutes, then the stream's
+    assert (got.loc[got[WINDOW_END] < day + 60 * M, "v"] < 1000).all()
+    assert (got.loc[got[WINDOW_END] >= day + 60 * M, "v"] >= 1000).all()
+
+
+def test_a_reset_removes_what_streams_wrote(spark, table: str) -> None:
+    offline.replace_range(spark, rows(spark, T0, 30, latest=False), table, T0, T0 + 30 * M)
+    log = offline.StreamLog(table, "s1")
+    log.refresh()
+    offline.append_batch(spark, rows(spark, T0 + 30 * M, 10), log, 0)
+    offline.remove_stream_rows(spark, table, log.spans)
+    got = table_rows(table)
+    assert len(got) == 90 and got[WINDOW_END].max() < T0 + 30 * M
+    assert offline.rows_by_date(table) == {T0.date(): 90}
