@@ -66,7 +66,8 @@ def _event_source_code(group: FeatureGroup) -> str:
         topic = source.kafka
         args.append(
             f"kafka=KafkaTopic({topic.topic!r}, {topic.bootstrap_servers!r}, value_format={topic.value_format!r}, "
-            f"event_time={topic.event_time!r}, archive={topic.archive!r}, options={dict(topic.options)!r})"
+            f"event_time={topic.event_time!r}, archive={topic.archive!r}, options={dict(topic.options)!r}, "
+            f"schema={topic.schema!r})"
         )
     return f"EventSource({', '.join(args)})"
 

@@ -162,6 +162,30 @@ def json_values(events: pd.DataFrame, scratch: Path) -> list[bytes]:
     return [line.encode() for line in Path(path).read_text().splitlines()]
 
 
+def avro_values(events: pd.DataFrame, schema: str, header: bytes = b"") -> list[bytes]:
+    """Each event as the Avro record of `schema` a producer sends (fastavro's encoder, not Spark's), after
+    `header` (Confluent's wire format puts its magic byte and schema id there). A missing value (NaN, NA) is
+    written as null."""
+    import io
+    import json
+
+    import fastavro
+
+    parsed = fastavro.parse_schema(json.loads(schema))
+    values = []
+    for record in events.astype(object).where(events.notna(), None).to_dict("records"):
+        out = io.BytesIO(header)
+        out.seek(len(header))
+        fastavro.schemaless_writer(out, parsed, record)
+        values.append(out.getvalue())
+    return values
+
+
+def confluent_header(schema_id: int, magic: int = 0) -> bytes:
+    """Confluent's wire format before an Avro body: a magic byte (0) and the schema's id in its registry."""
+    return bytes([magic]) + schema_id.to_bytes(4, "big")
+
+
 def round_robin(values: Sequence[bytes], partitions: int, start: int = 0) -> list[Record]:
     """Records spread over the partitions in turn, so that every partition's event time moves alike: Spark reads
     each partition up to its share of maxOffsetsPerTrigger, and partitions written unevenly would drift apart

@@ -1,7 +1,7 @@
 """The Java packages a local session adds to Spark: Delta Lake, for the offline table, and Spark's Kafka
-connector, for Kafka sources.
+connector and Avro reader, for Kafka sources.
 
-A cluster brings its own (a Databricks Runtime includes both; spark-submit takes them as docs/deployment.md
+A cluster brings its own (a Databricks Runtime includes them; spark-submit takes them as docs/deployment.md
 shows). For a session this package starts, they are fetched once from Maven Central by Spark's own resolver (Ivy)
 into the user's cache folder, then put on the driver's class path from there: later sessions resolve nothing,
 need no network and print nothing, and the JVM's class archive (features.engine.jvm_archive) holds their classes
@@ -39,10 +39,10 @@ class Package:
         return f"{self.group}_{self.artifact}-{self.version}.jar"
 
 
-# Per Spark minor version: Delta Lake's release built for it, and the Kafka connector of that Spark release with
-# the client it was built against. Jars Spark itself ships (Scala, Hadoop, compression codecs) are not repeated:
-# Spark's own copies serve. Delta's kernel and Unity Catalog client serve catalog-managed tables, which a table
-# at a path is not.
+# Per Spark minor version: Delta Lake's release built for it, the Kafka connector of that Spark release with the
+# client it was built against, and its Avro reader (`from_avro`, for Avro values). Jars Spark itself ships (Scala,
+# Hadoop, Avro, compression codecs) are not repeated: Spark's own copies serve. Delta's kernel and Unity Catalog
+# client serve catalog-managed tables, which a table at a path is not.
 PACKAGES: dict[tuple[int, int], tuple[Package, ...]] = {
     (4, 2): (
         Package("io.delta", "delta-spark_2.13", "4.4.0"),
@@ -51,6 +51,7 @@ PACKAGES: dict[tuple[int, int], tuple[Package, ...]] = {
         Package("org.apache.spark", "spark-token-provider-kafka-0-10_2.13", "4.2.0"),
         Package("org.apache.kafka", "kafka-clients", "3.9.2"),
         Package("org.apache.commons", "commons-pool2", "2.13.1"),
+        Package("org.apache.spark", "spark-avro_2.13", "4.2.0"),
     ),
 }
 # Left out of the download: what the packages above depend on that Spark already has, or that they do not need.
@@ -65,6 +66,7 @@ EXCLUDED = (
     "io.unitycatalog:unitycatalog-hadoop",
     "org.apache.logging.log4j:log4j-core",
     "org.apache.logging.log4j:log4j-slf4j2-impl",
+    "org.tukaani:xz",
 )
 # The settings that make a session's SQL and readers know Delta tables.
 DELTA_CONF = {

@@ -24,6 +24,7 @@ SOURCE_FILE = "source_file"
 RAW_RECORD = "raw_record"
 # Reasons (the `reason` column starts with one of these; wrong_type and missing_key name the columns).
 UNPARSEABLE = "unparseable_json"
+UNPARSEABLE_AVRO = "unparseable_avro"  # a Kafka value that does not decode as the topic's Avro schema
 WRONG_TYPE = "wrong_type"
 MISSING_KEY = "missing_key"
 MISSING_TIMESTAMP = "missing_timestamp"

@@ -47,6 +47,7 @@ from features.engine.files import (
 )
 from features.engine.schema import (
     CORRUPT,
+    FILE,
     FUTURE_TIMESTAMP,
     INFINITE_VALUE,
     MARK,
@@ -257,7 +258,13 @@ def reason_of(group: FeatureGroup, raw: DataFrame, now: datetime | Column) -> Co
     def named(prefix: str, columns: list[Column]) -> Column:
         return F.concat(F.lit(f"{prefix}: "), F.concat_ws(", ", *columns))
 
-    if CORRUPT in raw.columns:
+    kafka = source.kafka
+    if CORRUPT in raw.columns and FILE in raw.columns and kafka is not None and kafka.schema is not None:
+        from features.engine.kafka import undecoded_reason
+
+        # Avro values read from the topic (features.engine.kafka): what one that did not decode keeps is its bytes.
+        otherwise(F.col(CORRUPT).isNotNull(), undecoded_reason(kafka, F.col(CORRUPT)))
+    elif CORRUPT in raw.columns:
         corrupt = F.col(CORRUPT).isNotNull()
         # The fields of a corrupt line as text: a column whose text is there but whose value is not has a value
         # of the wrong type. Lines that are not a JSON object give no fields at all.

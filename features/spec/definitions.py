@@ -10,6 +10,7 @@ from typing import Any
 
 from features.errors import DefinitionError, SchemaError
 from features.spec.aggregations import Aggregation
+from features.spec.avro import check_covers, record_fields
 from features.spec.durations import Duration, parse_duration
 from features.spec.types import TYPE_NAMES, DType
 from features.spec.windows import Window
@@ -112,7 +113,9 @@ class Entity:
         object.__setattr__(self, "description", description)
 
 
-VALUE_FORMATS = ("json",)
+# "confluent-avro": Confluent's wire format, a magic byte 0 and a 4-byte schema id before the Avro body.
+VALUE_FORMATS = ("json", "avro", "confluent-avro")
+AVRO_FORMATS = ("avro", "confluent-avro")
 EVENT_TIMES = ("value", "record")
 # Reader options the KafkaTopic's own fields set: giving them in `options` too would say two things.
 _OWN_OPTIONS = {
@@ -131,6 +134,9 @@ class KafkaTopic:
     (and, with `archive=True`, the stream writes every record it reads there).
 
     `value_format="json"`: each record's value is one JSON object with the fields of the source's `schema`.
+    "avro": each value is one Avro record of `schema` (the Avro schema as JSON text, e.g. an .avsc file's), whose
+    fields hold the source's columns; "confluent-avro": the same after Confluent's 5-byte header (magic byte 0,
+    schema id), as Confluent's serializers write it (the schema is the one given: no registry is asked).
     `event_time="value"` takes an event's time from the source's `timestamp` field of the value; "record" from
     the record's own Kafka timestamp. `options` are Spark's Kafka reader options (`startingOffsets`,
     `maxOffsetsPerTrigger`, `kafka.security.protocol`, ...)."""
@@ -141,6 +147,7 @@ class KafkaTopic:
     event_time: str = "value"
     archive: bool = False
     options: Mapping[str, str] = field(default_factory=dict)
+    schema: str | None = None
 
     def __init__(
         self,
@@ -150,6 +157,7 @@ class KafkaTopic:
         event_time: str = "value",
         archive: bool = False,
         options: Mapping[str, str] | None = None,
+        schema: str | Mapping[str, Any] | None = None,
     ) -> None:
         where = f"KafkaTopic({topic!r})"
         if not isinstance(topic, str) or not _TOPIC.fullmatch(topic):
@@ -171,6 +179,21 @@ class KafkaTopic:
                 f"unknown value format {value_format!r}",
                 f"use one of {', '.join(VALUE_FORMATS)}",
             )
+        text = None
+        if value_format in AVRO_FORMATS:
+            if schema is None:
+                raise DefinitionError(
+                    f"{where}.schema",
+                    f"value_format={value_format!r} needs the Avro schema of the values",
+                    'pass schema= the Avro schema as JSON text, e.g. schema=Path("transaction.avsc").read_text()',
+                )
+            text, _ = record_fields(schema, f"{where}.schema")
+        elif schema is not None:
+            raise DefinitionError(
+                f"{where}.schema",
+                "an Avro schema is given for JSON values, whose fields are the EventSource's schema",
+                'remove schema=, or set value_format="avro" if the values are Avro',
+            )
         if event_time not in EVENT_TIMES:
             raise DefinitionError(
                 f"{where}.event_time",
@@ -188,9 +211,15 @@ class KafkaTopic:
         object.__setattr__(self, "event_time", event_time)
         object.__setattr__(self, "archive", bool(archive))
         object.__setattr__(self, "options", MappingProxyType(opts))
+        object.__setattr__(self, "schema", text)
+
+    @property
+    def avro_fields(self) -> dict[str, Any]:
+        """The Avro record's fields (name -> Avro type as written); empty for JSON values."""
+        return {} if self.schema is None else record_fields(self.schema, f"KafkaTopic({self.topic!r}).schema")[1]
 
     def __hash__(self) -> int:
-        return hash((self.topic, self.bootstrap_servers, self.value_format, self.event_time, self.archive))
+        return hash((self.topic, self.bootstrap_servers, self.value_format, self.event_time, self.archive, self.schema))
 
 
 @dataclass(frozen=True)
@@ -253,7 +282,7 @@ class EventSource:
         if kafka is not None and schema is None:
             raise DefinitionError(
                 f"{where}.schema",
-                "a Kafka source needs the schema of its JSON values",
+                "a Kafka source needs the schema of the columns its values hold",
                 'add schema={"column": "type", ...} to the EventSource',
             )
         if kafka is not None and kafka.event_time == "record":
@@ -277,6 +306,9 @@ class EventSource:
                     f"the timestamp column {timestamp!r} is not declared as timestamp",
                     f'add "{timestamp}": "timestamp" to the schema',
                 )
+        if kafka is not None and kafka.schema is not None and parsed is not None:
+            record_time = (timestamp,) if kafka.event_time == "record" else ()
+            check_covers(kafka.avro_fields, parsed, f"KafkaTopic({kafka.topic!r}).schema", skip=record_time)
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "path", path)
         object.__setattr__(self, "timestamp", timestamp)
