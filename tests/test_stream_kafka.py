@@ -4,6 +4,7 @@ and a restart goes on from the offsets in the checkpoint (events behind the wate
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -32,9 +33,9 @@ pytestmark = pytest.mark.spark
 PARTITIONS = 4
 
 
-def kafka_groups(topic: str, archive: bool = False) -> list[FeatureGroup]:
+def kafka_groups(topic: str, archive: bool = False, per_trigger: int = 400) -> list[FeatureGroup]:
     """The file-stream tests' groups, their events read from `topic` (the folder stays the backfills' source)."""
-    options = {"startingOffsets": "earliest", "maxOffsetsPerTrigger": "400"}
+    options = {"startingOffsets": "earliest", "maxOffsetsPerTrigger": str(per_trigger)}
     source = EventSource(
         "transactions",
         path="data/transactions",
@@ -142,3 +143,47 @@ def test_the_archive_holds_every_record_once_and_backfills_to_the_streams_rows(
     for feat in group.features:
         exact = feat.aggregation.kind not in FLOAT_SUMS
         assert all(same_value(x, y, exact) for x, y in zip(a[feat.name], b[feat.name], strict=True)), feat.name
+
+
+def test_a_partition_hours_behind_is_not_waited_for(spark, feast_repo_factory, tmp_path, kafka_topic) -> None:
+    """Spark's watermark is the newest event time of any partition minus the delay: the events of a partition
+    hours behind the others are used while nothing has been emitted past them, and late after that; a backfill
+    over the archive (which holds the late events too) gives the values of every event."""
+    from features.backfill import backfill
+
+    topic = kafka_topic
+    ahead = arrival_order(EVENTS[EVENTS["event_ts"] >= BASE + 5 * H], pd.Timedelta(minutes=20), seed=7)
+    behind = EVENTS[EVENTS["event_ts"] < BASE + 3 * H].sort_values("event_ts", kind="stable")
+    slow = PARTITIONS - 1
+    records = round_robin(json_values(ahead, tmp_path / "ahead"), slow)  # partitions 0-2 move together
+    records += [(None, value, slow, None) for value in json_values(behind, tmp_path / "behind")]
+    produce(topic, records)
+    [group] = kafka_groups(topic, archive=True, per_trigger=200)[:1]
+    feast_repo_factory(tmp_path, [group])
+    repo = Repo.load(tmp_path)
+    run = stream(repo, available_now=True, progress=False, tracking=False)
+    run.await_termination()
+
+    # Which of the slow partition's records each batch read (from Spark's offsets), and whether a watermark had
+    # been emitted before it: the first batch runs without one, the second emits up to the first's newest time
+    # minus 30 minutes, hours past every event of the slow partition, which is late from the third batch on.
+    batches = [p for p in run.queries[group.name].recentProgress if p.numInputRows > 0]
+    assert len(batches) >= 4  # maxOffsetsPerTrigger reads every partition in proportion, the slow one too
+    late_from = json.loads(batches[2].sources[0].startOffset)[topic][str(slow)]
+    assert pd.Timestamp(batches[1].eventTime["watermark"]) > behind["event_ts"].max() + 2 * H
+    assert 0 < late_from < len(behind)
+    late_rows = pd.concat([pd.read_parquet(f) for f in Path(repo.late_path(group)).rglob("*.parquet")])
+    want_late = behind.iloc[late_from:]
+    got = sorted(zip(late_rows["user_id"], late_rows["event_ts"], strict=True))
+    assert got == sorted(zip(want_late["user_id"], want_late["event_ts"], strict=True))
+    assert run.progress()[0].late_total == len(want_late)
+
+    used = pd.concat([ahead, behind.iloc[:late_from]])
+    watermark = pd.Timestamp(run.progress()[0].watermark)
+    assert_batch_engine_rows(spark, group, offline_rows(spark, repo, group), used, watermark)
+
+    end = watermark.floor("1h")
+    backfill(repo, BASE.to_pydatetime(), end.to_pydatetime(), online=False, progress=False, track=False)
+    healed = offline_rows(spark, repo, group)
+    healed = healed[healed[WINDOW_END] < end].reset_index(drop=True)
+    assert_batch_engine_rows(spark, group, healed, pd.concat([ahead, behind]), end)
