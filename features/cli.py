@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 DEFAULT_REPO = "feature_repo"
 LOG_LEVELS = ("debug", "info", "warning", "error")
+DEMO_BROKER = "127.0.0.1:9092"  # where `features demo --kafka` looks for a broker, and starts one if none answers
 
 
 def default_repo() -> str:
@@ -172,6 +173,16 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--events", type=int, default=200_000, help="events to generate (default 200000)")
     demo.add_argument("--users", type=int, default=2_000, help="users to generate (default 2000)")
     demo.add_argument("--days", type=float, default=3.0, help="days of history (default 3)")
+    demo.add_argument(
+        "--kafka",
+        action="store_true",
+        help="produce the events to a Kafka topic and stream them to the stores (a local broker if none answers)",
+    )
+    demo.add_argument(
+        "--bootstrap-servers",
+        default=DEMO_BROKER,
+        help=f"the Kafka broker of --kafka (default {DEMO_BROKER}; started there when none answers)",
+    )
 
     serve = sub.add_parser(
         "serve",
@@ -303,6 +314,17 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "verify":
         return _verify(args)
     if args.command == "demo":
+        if args.kafka:
+            from features.demo.kafka import run_kafka_demo
+
+            run_kafka_demo(
+                args.repo,
+                events=args.events,
+                users=args.users,
+                days=args.days,
+                bootstrap_servers=args.bootstrap_servers,
+            )
+            return 0
         from features.demo.run import run_demo
 
         run_demo(args.repo, events=args.events, users=args.users, days=args.days)

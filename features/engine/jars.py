@@ -106,24 +106,19 @@ def class_path(spark_version: tuple[int, int]) -> list[Path]:
     return files
 
 
-def fetch(packages: tuple[Package, ...], into: Path) -> None:
-    """Let Spark's resolver download `packages` into `into` (a JVM that starts, resolves and exits)."""
+def fetch(packages: tuple[Package, ...], into: Path, exclude: tuple[str, ...] = EXCLUDED) -> None:
+    """Let Spark's resolver download `packages` and what they depend on (but `exclude`, and Scala's library,
+    which Spark's resolver always leaves out) into `into` (a JVM that starts, resolves and exits)."""
     import pyspark
 
     submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
     with tempfile.TemporaryDirectory() as scratch:
         nothing = Path(scratch) / "resolve_only.py"
         nothing.write_text("")
-        command = [
-            str(submit),
-            "--packages",
-            ",".join(p.coordinate for p in packages),
-            "--exclude-packages",
-            ",".join(EXCLUDED),
-            "--conf",
-            f"spark.jars.ivy={into}",
-            str(nothing),
-        ]
+        command = [str(submit), "--packages", ",".join(p.coordinate for p in packages)]
+        if exclude:
+            command += ["--exclude-packages", ",".join(exclude)]
+        command += ["--conf", f"spark.jars.ivy={into}", str(nothing)]
         env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
         done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
     missing = [p.coordinate for p in packages if not (into / "jars" / p.file_name).is_file()]
