@@ -379,17 +379,48 @@ def test_killed_streams_end_like_an_uninterrupted_one(
     events = arrival_order(make_events(), pd.Timedelta(minutes=20), seed=2)
     group = PAIR_GROUP
     command = [sys.executable, "-m", "features.cli", "stream", "--available-now"]
+    per_trigger = None
     if source == "kafka":
         group = from_kafka(group, request.getfixturevalue("kafka_topic"), events, FILES)
     else:
-        command += ["--max-files-per-trigger", "1"]
+        per_trigger = 1
+        command += ["--max-files-per-trigger", str(per_trigger)]
     roots = {}
     for name in ("calm", "killed"):
         roots[name] = tmp_path / name
         land(roots[name], events, FILES)  # for Kafka, what a backfill would read
         feast_repo_factory(roots[name], [group])
-    subprocess.run([*command, "--repo", str(roots["calm"])], check=True, capture_output=True)
-    query = Path(Repo.load(roots["killed"]).checkpoint_path(group)) / "query"
+    # The uninterrupted run goes on in this process's session while the killed one starts and restarts: its
+    # query is the one `features stream` starts, with the same micro-batches, and costs no cold start of its own.
+    calm_run = stream(
+        Repo.load(roots["calm"]), available_now=True, max_files_per_trigger=per_trigger, progress=False, tracking=False
+    )
+    # Kafka: one kill (the restart from checkpointed offsets is what differs from files; each kill costs a
+    # process start).
+    planned = 3 if source == "files" else 1
+    try:
+        kills, report = _kill_and_restart(command, roots["killed"], group, planned)
+        calm_run.await_termination()
+    finally:
+        calm_run.stop()
+    # At least one run was killed (each kill checked above to leave at most its batch in flight), and the last
+    # one finished from the checkpoint the killed ones left: every planned batch committed.
+    assert kills >= 1, "no kill came before the stream finished: nothing was interrupted"
+    with capsys.disabled():
+        print("\n" + "\n".join(report or ["no batch was in flight at any kill"]))
+    calm, killed = Repo.load(roots["calm"]), Repo.load(roots["killed"])
+    want, got = offline_rows(spark, calm, group), offline_rows(spark, killed, group)
+    assert not got.duplicated([*group.join_keys, WINDOW_END]).any()
+    pd.testing.assert_frame_equal(got, want)
+    check_sample(group, want, events)
+    keys = events[list(group.join_keys)].drop_duplicates().reset_index(drop=True)
+    pd.testing.assert_frame_equal(online_features(killed, group, keys), online_features(calm, group, keys))
+
+
+def _kill_and_restart(command: list[str], root: Path, group: FeatureGroup, planned: int) -> tuple[int, list[str]]:
+    """Run the stream `command` on `root` until it finishes by itself, SIGKILLed up to `planned` times and
+    restarted each time; how many kills came, and a line per restart."""
+    query = Path(Repo.load(root).checkpoint_path(group)) / "query"
 
     def batches(log: str) -> set[int]:  # Spark's checkpoint: offsets/<id> planned, commits/<id> done
         return {int(p.name) for p in (query / log).glob("[0-9]*")}
@@ -398,15 +429,13 @@ def test_killed_streams_end_like_an_uninterrupted_one(
     # Kill i comes once targets[i] batches are committed, at a random moment of the next second and a half: in
     # a batch, between two, or while the process starts. Progress, not the clock, decides, so that a faster
     # start cannot let the stream finish first; two file batches always remain after the last kill.
-    # A kill may also come too late, once the stream has finished: then fewer. From Kafka one kill (the restart
-    # from checkpointed offsets is what differs from files; each kill costs a process start).
-    planned = 3 if source == "files" else 1
+    # A kill may also come too late, once the stream has finished: then fewer.
     targets = sorted(int(t) for t in rng.choice(FILES - 2, size=planned, replace=False))
     kills, report, in_flight = 0, [], None
     deadline = time.monotonic() + 900  # the whole test; an uninterrupted run takes well under a minute
     while True:
         began = time.monotonic()
-        proc = subprocess.Popen([*command, "--repo", str(roots["killed"])], stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen([*command, "--repo", str(root)], stderr=subprocess.PIPE, text=True)
         kill_at = None
         caught_up = None
         while proc.poll() is None:
@@ -434,19 +463,8 @@ def test_killed_streams_end_like_an_uninterrupted_one(
         assert len(pending) <= 1, f"more than the batch in flight is uncommitted: {pending}"
         in_flight = pending[0] if pending else None
     assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
-    # At least one run was killed (each kill checked above to leave at most its batch in flight), and the last
-    # one finished from the checkpoint the killed ones left: every planned batch committed.
-    assert kills >= 1, "no kill came before the stream finished: nothing was interrupted"
     assert batches("commits") == batches("offsets")
-    with capsys.disabled():
-        print("\n" + "\n".join(report or ["no batch was in flight at any kill"]))
-    calm, killed = Repo.load(roots["calm"]), Repo.load(roots["killed"])
-    want, got = offline_rows(spark, calm, group), offline_rows(spark, killed, group)
-    assert not got.duplicated([*group.join_keys, WINDOW_END]).any()
-    pd.testing.assert_frame_equal(got, want)
-    check_sample(group, want, events)
-    keys = events[list(group.join_keys)].drop_duplicates().reset_index(drop=True)
-    pd.testing.assert_frame_equal(online_features(killed, group, keys), online_features(calm, group, keys))
+    return kills, report
 
 
 def test_each_stream_run_is_an_mlflow_run_with_batch_metrics(streamed) -> None:
