@@ -403,7 +403,7 @@ def test_killed_streams_end_like_an_uninterrupted_one(
         calm_run.await_termination()
     finally:
         calm_run.stop()
-    # At least one run was killed (each kill checked above to leave at most its batch in flight), and the last
+    # At least one run was killed (each kill checked to leave at most its batch in flight), and the last
     # one finished from the checkpoint the killed ones left: every planned batch committed.
     assert kills >= 1, "no kill came before the stream finished: nothing was interrupted"
     with capsys.disabled():
