@@ -351,9 +351,20 @@ def _cluster_site(root: Path, *, pyspark_registered: bool) -> Path:
     return root
 
 
-def _fresh_venv(path: Path, cluster: Path) -> Path:
-    """A new virtualenv (its own pip) that also sees the cluster's libraries, after its own: its python."""
+@pytest.fixture(scope="module")
+def blank_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A new virtualenv with nothing but its own pip, which each test copies rather than creating its own: the
+    copy is the same folder, without the seconds that `venv` takes to install pip."""
+    path = tmp_path_factory.mktemp("blank") / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(path)], check=True, capture_output=True, timeout=300)
+    return path
+
+
+def _fresh_venv(path: Path, cluster: Path, blank: Path) -> Path:
+    """A new virtualenv (its own pip) that also sees the cluster's libraries, after its own: its python. A copy
+    of `blank`: nothing in a virtualenv names its folder but the activation and entry-point scripts, which
+    these tests do not use (`python -m pip`; pip writes the entry points of what it installs here)."""
+    shutil.copytree(blank, path, symlinks=True)
     python = path / "bin" / "python"
     purelib = _run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip()
     (Path(purelib) / "cluster-libraries.pth").write_text(f"{cluster}\n")
@@ -376,11 +387,11 @@ def _pyspark_of(python: Path) -> tuple[str, str]:
 
 
 @pytest.fixture(scope="module")
-def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def installed(wheel: Path, blank_venv: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The python of a fresh virtualenv where the wheel was installed with pip, offline, next to a cluster's
     PySpark that pip does not list: everything else it needs is the cluster's."""
     root = tmp_path_factory.mktemp("installed")
-    python = _fresh_venv(root / "venv", _cluster_site(root / "cluster", pyspark_registered=False))
+    python = _fresh_venv(root / "venv", _cluster_site(root / "cluster", pyspark_registered=False), blank_venv)
     before = _pyspark_of(python)
     result = _pip(python, "install", "--no-index", str(wheel))
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
@@ -390,12 +401,14 @@ def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("registered", [True, False], ids=["pyspark-listed-by-pip", "pyspark-on-the-path"])
-def test_installing_the_wheel_keeps_the_clusters_pyspark(wheel: Path, tmp_path: Path, registered: bool) -> None:
+def test_installing_the_wheel_keeps_the_clusters_pyspark(
+    wheel: Path, blank_venv: Path, tmp_path: Path, registered: bool
+) -> None:
     """pip's resolver, asked to install the wheel next to a PySpark that is already there, installs the package
     alone. With PySpark a hard requirement, the PySpark that pip does not list would be installed over (offline,
     as here: the install fails for want of it)."""
     cluster = _cluster_site(tmp_path / "cluster", pyspark_registered=registered)
-    python = _fresh_venv(tmp_path / "venv", cluster)
+    python = _fresh_venv(tmp_path / "venv", cluster, blank_venv)
     before = _pyspark_of(python)
     assert Path(before[1]).is_relative_to(cluster)
     report = tmp_path / "report.json"
