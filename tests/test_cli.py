@@ -79,7 +79,7 @@ def assert_one_line_error(result: subprocess.CompletedProcess[str], *needles: st
 
 @pytest.mark.slow
 def test_demo_runs_end_to_end_and_again(repo: Path, tmp_path: Path):
-    result = run("demo", "--repo", str(repo), "--events", "20000", "--users", "200", "--days", "2", cwd=tmp_path)
+    result = run("demo", "--repo", str(repo), "--events", "6000", "--users", "200", "--days", "2", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Traceback" not in result.stderr, result.stderr
     out = result.stdout
@@ -88,7 +88,7 @@ def test_demo_runs_end_to_end_and_again(repo: Path, tmp_path: Path):
     for step in range(1, 6):
         assert f"[{step}/5]" in out, out
     for group in GROUPS:
-        assert f"{group}: 20,000 events in" in out, out
+        assert f"{group}: 6,000 events in" in out, out
 
     # Online values of 5 users, with every feature of the user_transactions view.
     header, rows = table_after(out, "get_online_features")
