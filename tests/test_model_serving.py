@@ -59,10 +59,19 @@ REFS = [f"user_spend:{f.name}" for f in GROUP.features]
 FEATURES = [f.name for f in GROUP.features]
 # What Feast reads to serve: the configuration, the registry and the online store (not definitions or data).
 SERVING_FILES = ("feature_store.yaml", "data/registry.db", "data/online_store.db")
-# Run in the fresh virtualenv: load the model from its folder, predict the rows; one line of JSON on stdout.
+# Run in the fresh virtualenv, started without FEATURES_REPO: loading the model from its folder fails (the
+# traceback on stderr); then, with argv[3] (FEATURES_REPO) set to argv[4], it loads the model and predicts the
+# rows; one line of JSON on stdout. One process for both: each start imports MLflow and Feast anew.
 LOAD_AND_PREDICT = """
-import importlib.util, json, sys
+import importlib.util, json, os, sys, traceback
 import mlflow.pyfunc, pandas as pd
+try:
+    mlflow.pyfunc.load_model(sys.argv[1])
+    unset_failed = False
+except Exception:
+    traceback.print_exc()
+    unset_failed = True
+os.environ[sys.argv[3]] = sys.argv[4]
 model = mlflow.pyfunc.load_model(sys.argv[1])
 with open(sys.argv[2]) as f:
     split = json.load(f)
@@ -72,6 +81,7 @@ print(json.dumps({
     "predictions": [float(p) for p in predicted],
     "features_from": features.__file__,
     "pyspark": importlib.util.find_spec("pyspark") is not None,
+    "unset_failed": unset_failed,
 }))
 """
 
@@ -192,20 +202,16 @@ def test_loads_and_predicts_in_a_clean_virtualenv(logged: Logged, served: Path, 
 
     rows_file = tmp_path / "rows.json"
     rows_file.write_text(rows.to_json(orient="split", index=False))
-    command = [python, "-c", LOAD_AND_PREDICT, str(logged.model_dir), str(rows_file)]
+    command = [python, "-c", LOAD_AND_PREDICT, str(logged.model_dir), str(rows_file), ENV_REPO, str(served)]
     # cwd outside this checkout, so that `import features` cannot find its source
-    done = subprocess.run(
-        command, cwd=tmp_path, env=clean_env(**{ENV_REPO: str(served)}), capture_output=True, text=True, check=False
-    )
+    done = subprocess.run(command, cwd=tmp_path, env=clean_env(), capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr[-4000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["unset_failed"] is True
+    assert f"ConfigError: {ENV_REPO}: {logged.origin} has no feature_store.yaml ({ENV_REPO} is not set" in done.stderr
     assert Path(result["features_from"]).is_relative_to(venv), result["features_from"]
     assert result["pyspark"] is False
     np.testing.assert_allclose(result["predictions"], logged.expected, rtol=1e-12)
-
-    unset = subprocess.run(command, cwd=tmp_path, env=clean_env(), capture_output=True, text=True, check=False)
-    assert unset.returncode != 0
-    assert f"ConfigError: {ENV_REPO}: {logged.origin} has no feature_store.yaml ({ENV_REPO} is not set" in unset.stderr
 
 
 def test_the_model_folder_ships_the_wheel_and_pins_what_predict_needs(logged: Logged):
