@@ -144,7 +144,7 @@ def check_agreement(spark: SparkSession, repo: Repo, start: datetime, end: datet
         .where((F.col("window_end") >= F.lit(start)) & (F.col("window_end") < F.lit(end)))
         .toPandas()
     )
-    table = spark.read.parquet(repo.offline_path("count_24h_5m")).join(users, "user_id").toPandas()
+    table = spark.read.format("delta").load(repo.offline_path("count_24h_5m")).join(users, "user_id").toPandas()
     mismatches = 0
     for user, exp in expected.groupby("user_id"):
         mine = table[table.user_id == user].sort_values("window_end").set_index("window_end").txn_count_24h

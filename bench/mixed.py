@@ -235,9 +235,7 @@ def mixed(
         share = rates[name] / rates["count"]
         print(f"alone {name}: {best:.2f}s, naive {naive:.0f}s projected", flush=True)
         ok = ok and share >= 0.2
-        lines.append(
-            f"| {name} | {best:.2f} | {rates[name]:,.0f} | {share:.2f} | {naive:.0f} | {naive / best:.1f}x |"
-        )
+        lines.append(f"| {name} | {best:.2f} | {rates[name]:,.0f} | {share:.2f} | {naive:.0f} | {naive / best:.1f}x |")
     lines += ["", f"Required: every aggregation at >= 0.20 of the one-count rate; {load()} at the end."]
     shutil.rmtree(WORK, ignore_errors=True)
     return lines, ok

@@ -147,8 +147,14 @@ def _folder_bytes(folder: Path) -> int:
 
 
 def _max_files(table: Path) -> int:
-    counts = [len(list(d.glob("*.parquet"))) for d in table.glob("date=*")]
-    return max(counts, default=0)
+    """The most data files any date of the offline table has (its current version's files)."""
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    if not DeltaTable.is_deltatable(str(table)):
+        return 0
+    days = pa.table(DeltaTable(str(table)).get_add_actions(flatten=True)).column("partition.date").to_pylist()
+    return max((days.count(d) for d in set(days)), default=0)
 
 
 class Stream:
@@ -312,11 +318,11 @@ def backfill_twin(repo: Path, work: Path, spark) -> tuple[object, dict[str, tupl
     for group in GROUPS:
         watermark = emitted_watermark(Path(soaked.checkpoint_path(group)) / "query")
         assert watermark is not None
-        table = spark.read.parquet(soaked.offline_path(group)).drop("date")
+        table = spark.read.format("delta").load(soaked.offline_path(group)).drop("date")
         first = table.agg({"window_end": "min"}).collect()[0][0]
         backfill(twin, first, watermark, groups=[group], online=False, progress=False, track=False)
         mine = table.where(table.window_end < watermark)
-        theirs = spark.read.parquet(twin.offline_path(group)).drop("date")
+        theirs = spark.read.format("delta").load(twin.offline_path(group)).drop("date")
         out[group] = (mine.count(), _differing(mine, theirs.where(theirs.window_end < watermark), soaked, group))
     return twin, out
 

@@ -27,7 +27,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pandas as pd
-import pyarrow.parquet as pq
 
 from features.cli import apply
 from features.demo import generate_transactions, write_events
@@ -188,8 +187,9 @@ def nightly(args: argparse.Namespace) -> tuple[list[str], bool]:
 def offline_rows(root: Path, group: str) -> pd.DataFrame:
     """The group's offline table as each key's series of values: rows that repeat the key's previous values are
     left out (a run that starts mid-series begins each key with such a row; lookups give the same values)."""
-    files = sorted((root / "data" / "offline" / group).glob("date=*/*.parquet"))
-    table = pd.concat([pq.read_table(f).to_pandas() for f in files], ignore_index=True)
+    from features.offline import read_pandas
+
+    table = read_pandas(str(root / "data" / "offline" / group))
     table = table.sort_values(["user_id", "window_end"], ignore_index=True)
     values = [c for c in table.columns if c not in ("user_id", "window_end")]
     repeated = (table[values] == table.groupby("user_id")[values].shift(1)).all(axis=1)

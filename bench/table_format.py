@@ -1,22 +1,23 @@
-"""The offline table's writes and reads as they are (Parquet folders, features.offline) against a Delta Lake table
-doing the same work: the measurements behind choosing the table format (docs/table-format.md).
+"""The offline table's writes and reads as this package makes them on its Delta Lake table (features.offline)
+against plain Parquet folders doing the same work without transactions: what the table format costs
+(docs/table-format.md).
 
 `python bench/table_format.py [--rows 600000] [--batches 24] [--repeats 5]`
 
 One warm local session (2 cores), change points shaped like the demo group's (a user key, the window end every
-5 minutes over 3 days, five features of mixed types). Measured, alternating the formats, median of `--repeats`:
-  * backfill: replace the 3 days' rows. Parquet: `offline.replace_range` (staged aside, renamed in). Delta: one
-    overwrite commit with `replaceWhere` on the date partitions.
-  * stream: `--batches` micro-batches, each one hour of window ends, appended. Parquet: the stream's
-    `write_offline_batch` (files named by batch id, so a replay rewrites them). Delta, four ways of making a
-    replayed batch write nothing twice: a blind append that records the batch id in the commit (found again
-    after a restart), an append with Delta's `txnAppId`/`txnVersion`, an overwrite with `replaceWhere` on the
-    batch's window ends, an insert-only `MERGE`.
+5 minutes over 3 days, five features of mixed types). Measured, alternating the two, median of `--repeats`:
+  * backfill: replace the 3 days' rows. Parquet: Spark's dynamic partition overwrite of the dates. Delta:
+    `offline.replace_range` (the rows kept for validation, then one commit with `replaceWhere`).
+  * stream: `--batches` micro-batches, each one hour of window ends, appended. Parquet: a plain append of the
+    batch's files. Delta: what the stream does per batch: read the log's new commits (`StreamLog.refresh`), then
+    `offline.append_batch` (the rows outside backfilled ranges, one commit recording the batch id, the log read
+    again to find a backfill that raced it). For reference, the ways Delta offers to make a replay write nothing
+    twice, measured alone: `txnAppId`/`txnVersion`, `replaceWhere` on the batch's window ends, `MERGE`.
   * reads of the table after the appends: all rows by Spark, and by pandas (pyarrow over the Parquet files;
     `deltalake` for Delta, which Feast's file source and DuckDB use too).
   * `OPTIMIZE` of the appended day (Delta's compaction) and the file count before and after it.
   * a backfill's commit racing a stream's append into the same day: Delta must refuse the backfill's commit
-    (ConcurrentAppendException) so that it is retried on the new version rather than dropping or doubling rows.
+    (ConcurrentAppendException) so that it is made again on the new version rather than dropping or doubling rows.
 """
 
 from __future__ import annotations
@@ -43,9 +44,6 @@ if TYPE_CHECKING:
 START = datetime(2026, 1, 1, tzinfo=UTC)
 DAYS = 3
 HOP_S = 300
-# Spark's defaults replay a Delta log with 50 tasks; 2 suit a table of this size on 2 cores (features' sessions
-# would set it the same way).
-DELTA_CONF = {"spark.databricks.delta.snapshotPartitions": "2"}
 
 
 def change_points(spark: SparkSession, rows: int, start: datetime, seconds: int) -> DataFrame:
@@ -81,53 +79,45 @@ def main() -> None:
 
     from pyspark.sql import functions as F
 
-    from features.engine import stream as stream_engine
+    from features import offline
     from features.engine.batch import LATEST
     from features.engine.session import get_spark
-    from features.offline import read_table, replace_range
 
     started = f"Run on {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; {load()} at the start"
     spark = get_spark("bench-table-format")
-    for key, value in DELTA_CONF.items():
-        spark.conf.set(key, value)
     work = Path(tempfile.mkdtemp(prefix="bench-table-format-"))
     end = START + timedelta(days=DAYS)
     days_rows = change_points(spark, args.rows, START, DAYS * 86400).withColumn(LATEST, F.lit(False)).localCheckpoint()
     days_rows.count()
     dated = days_rows.drop(LATEST).withColumn("date", F.to_date("window_end"))
     parquet, delta = str(work / "parquet"), str(work / "delta")
-    day_pred = f"date >= '{START.date()}' AND date < '{end.date()}'"
 
-    def delta_backfill() -> None:
-        dated.write.format("delta").mode("overwrite").option("replaceWhere", day_pred).partitionBy("date").save(delta)
+    def parquet_backfill() -> None:
+        writer = dated.repartition("date").write.mode("overwrite").option("partitionOverwriteMode", "dynamic")
+        writer.partitionBy("date").parquet(parquet)
 
-    dated.write.format("delta").partitionBy("date").save(delta)  # created once: the first write is not a replace
     times: dict[str, list[float]] = {"backfill parquet": [], "backfill delta": []}
     for _ in range(args.repeats + 1):  # the first round warms both paths up and is dropped
-        times["backfill parquet"].append(timed(lambda: replace_range(spark, days_rows, parquet, START, end)))
-        times["backfill delta"].append(timed(delta_backfill))
+        times["backfill parquet"].append(timed(parquet_backfill))
+        times["backfill delta"].append(timed(offline.replace_range, spark, days_rows, delta, START, end))
     for key in times:
         times[key] = times[key][1:]
 
     per_batch = max(1, args.rows // (DAYS * 24))
-    batches = [
-        change_points(spark, per_batch, end + timedelta(hours=i), 3600).withColumn("date", F.to_date("window_end"))
-        for i in range(args.batches)
-    ]
+    batches = [change_points(spark, per_batch, end + timedelta(hours=i), 3600) for i in range(args.batches)]
     batches = [b.localCheckpoint() for b in batches]
-    copies = {name: str(work / f"delta-{i}") for i, name in enumerate(["blind", "txn", "replaceWhere", "merge"])}
+    copies = {name: str(work / f"delta-{name}") for name in ["txn", "replaceWhere", "merge"]}
     for path in copies.values():
         dated.write.format("delta").partitionBy("date").save(path)
+    log = offline.StreamLog(delta, "bench")
 
-    def blind(i: int, batch: DataFrame) -> None:
-        batch.write.format("delta").mode("append").option("userMetadata", f'{{"stream_batch": {i}}}').save(
-            copies["blind"]
-        )
+    def stream_batch(i: int, batch: DataFrame) -> None:
+        log.refresh()
+        offline.append_batch(spark, batch, log, i)
 
     def txn(i: int, batch: DataFrame) -> None:
-        batch.write.format("delta").mode("append").option("txnAppId", "bench").option("txnVersion", i).save(
-            copies["txn"]
-        )
+        writer = batch.withColumn("date", F.to_date("window_end")).write.format("delta").mode("append")
+        writer.option("txnAppId", "bench").option("txnVersion", i).save(copies["txn"])
 
     def replace_where(i: int, batch: DataFrame) -> None:
         lo = end + timedelta(hours=i)
@@ -135,20 +125,25 @@ def main() -> None:
             f"date = '{lo.date()}' AND window_end >= '{lo:%Y-%m-%d %H:%M:%S}' "
             f"AND window_end < '{lo + timedelta(hours=1):%Y-%m-%d %H:%M:%S}'"
         )
-        batch.write.format("delta").mode("overwrite").option("replaceWhere", pred).save(copies["replaceWhere"])
+        writer = batch.withColumn("date", F.to_date("window_end")).write.format("delta").mode("overwrite")
+        writer.option("replaceWhere", pred).save(copies["replaceWhere"])
 
     def merge(i: int, batch: DataFrame) -> None:
-        batch.createOrReplaceTempView("bench_batch")
+        batch.withColumn("date", F.to_date("window_end")).createOrReplaceTempView("bench_batch")
         lo = end + timedelta(hours=i)
         spark.sql(
             f"MERGE INTO delta.`{copies['merge']}` t USING bench_batch s ON t.date = '{lo.date()}' "
             "AND t.user_id = s.user_id AND t.window_end = s.window_end WHEN NOT MATCHED THEN INSERT *"
         )
 
-    ways = {"blind": blind, "txn": txn, "replaceWhere": replace_where, "merge": merge}
-    stream_times: dict[str, list[float]] = {"parquet": [], **{w: [] for w in ways}}
+    def parquet_append(batch: DataFrame) -> None:
+        batch.withColumn("date", F.to_date("window_end")).write.mode("append").partitionBy("date").parquet(parquet)
+
+    ways = {"txn": txn, "replaceWhere": replace_where, "merge": merge}
+    stream_times: dict[str, list[float]] = {"parquet": [], "delta": [], **{w: [] for w in ways}}
     for i, batch in enumerate(batches):
-        stream_times["parquet"].append(timed(stream_engine.write_offline_batch, batch.drop("date"), parquet, i))
+        stream_times["parquet"].append(timed(parquet_append, batch))
+        stream_times["delta"].append(timed(stream_batch, i, batch))
         for name, way in ways.items():
             stream_times[name].append(timed(way, i, batch))
 
@@ -158,23 +153,21 @@ def main() -> None:
     reads: dict[str, list[float]] = {k: [] for k in ("spark parquet", "spark delta", "pandas parquet", "pandas delta")}
     counts: dict[str, int] = {}
     for _ in range(args.repeats):
-        reads["spark parquet"].append(timed(lambda: counts.update(sp=read_table(spark, parquet).count())))
-        reads["spark delta"].append(
-            timed(lambda: counts.update(sd=spark.read.format("delta").load(copies["blind"]).count()))
-        )
+        reads["spark parquet"].append(timed(lambda: counts.update(sp=spark.read.parquet(parquet).count())))
+        reads["spark delta"].append(timed(lambda: counts.update(sd=offline.read_table(spark, delta).count())))
         reads["pandas parquet"].append(
             timed(lambda: counts.update(pp=len(ds.dataset(parquet, partitioning="hive").to_table().to_pandas())))
         )
-        reads["pandas delta"].append(timed(lambda: counts.update(pd=len(DeltaTable(copies["blind"]).to_pandas()))))
+        reads["pandas delta"].append(timed(lambda: counts.update(pd=len(offline.read_pandas(delta)))))
     if len(set(counts.values())) != 1:
         raise SystemExit(f"the tables differ: {counts}")
 
     last_day = (end + timedelta(hours=args.batches - 1)).date()
-    files_before = len([a for a in DeltaTable(copies["blind"]).file_uris() if f"date={last_day}" in a])
+    files_before = len([a for a in DeltaTable(delta).file_uris() if f"date={last_day}" in a])
     optimize_s = timed(lambda: spark.sql(f"OPTIMIZE delta.`{copies['blind']}` WHERE date = '{last_day}'").collect())
-    files_after = len([a for a in DeltaTable(copies["blind"]).file_uris() if f"date={last_day}" in a])
+    files_after = len([a for a in DeltaTable(delta).file_uris() if f"date={last_day}" in a])
 
-    race = race_backfill_and_append(spark, dated, str(work / "race"), day_pred, end)
+    race = race_backfill_and_append(spark, dated, str(work / "race"), end)
 
     med = {k: statistics.median(v) for k, v in {**times, **reads}.items()}
     smed = {k: statistics.median(v) for k, v in stream_times.items()}
@@ -183,15 +176,18 @@ def main() -> None:
         "",
         f"`python bench/table_format.py --rows {args.rows} --batches {args.batches} --repeats {args.repeats}`: "
         f"{args.rows:,} change points (a user key, 5-minute window ends over {DAYS} days, five features) in one warm "
-        f"local session on 2 cores; Delta Lake 4.4.0 on Spark {spark.version}, `{DELTA_CONF}`. Medians; "
-        "ratios are Parquet's time over Delta's (above 1: Delta is faster).",
+        f"local session on 2 cores; Delta Lake 4.4.0 on Spark {spark.version}. Medians; ratios are Parquet's "
+        "time over Delta's (above 1: Delta is faster).",
         "",
         "| operation | Parquet folders s | Delta s | Parquet / Delta |",
         "|---|---|---|---|",
         _row("backfill: replace 3 days", med["backfill parquet"], med["backfill delta"]),
     ]
+    lines.append(
+        _row(f"stream: one micro-batch ({per_batch:,} rows) as the stream writes it", smed["parquet"], smed["delta"])
+    )
     for name in ways:
-        lines.append(_row(f"stream: append one micro-batch ({per_batch:,} rows), {name}", smed["parquet"], smed[name]))
+        lines.append(_row(f"stream: one micro-batch, Delta's {name} alone (not used)", smed["parquet"], smed[name]))
     lines += [
         _row(f"read all {counts['sp']:,} rows, Spark", med["spark parquet"], med["spark delta"]),
         _row("read all rows, pandas (pyarrow / deltalake)", med["pandas parquet"], med["pandas delta"]),
@@ -208,7 +204,7 @@ def _row(name: str, parquet_s: float, delta_s: float) -> str:
     return f"| {name} | {parquet_s:.3f} | {delta_s:.3f} | {parquet_s / delta_s:.2f}x |"
 
 
-def race_backfill_and_append(spark: SparkSession, dated: DataFrame, path: str, day_pred: str, end: datetime) -> str:
+def race_backfill_and_append(spark: SparkSession, dated: DataFrame, path: str, end: datetime) -> str:
     """Start a large replace of the days and, while its files are being written, append to one of the days: the
     replace must fail to commit, and the append's rows stay."""
     from pyspark.sql import functions as F
@@ -217,6 +213,7 @@ def race_backfill_and_append(spark: SparkSession, dated: DataFrame, path: str, d
     heavy = dated.withColumn("amount_sum_24h", F.length(F.sha2(F.col("amount_sum_24h").cast("string"), 512)) * 1.0)
     heavy = heavy.unionByName(heavy).unionByName(heavy)
     outcome: dict[str, str] = {}
+    day_pred = f"date >= '{START.date()}' AND date < '{end.date()}'"
 
     def backfill() -> None:
         try:

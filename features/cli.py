@@ -1,4 +1,4 @@
-"""The `features` command line: apply, plan, backfill, stream, status, validate, verify, demo, serve."""
+"""The `features` command line: apply, plan, backfill, stream, status, validate, verify, migrate, demo, serve."""
 
 from __future__ import annotations
 
@@ -153,6 +153,12 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--group", action="append", default=[], help="only this group (repeatable)")
     verify.add_argument("--sample", type=int, default=100, help="keys checked per group (default 100)")
     verify.add_argument("--no-tracking", action="store_true", help="do not record the run in MLflow")
+
+    migrate = sub.add_parser(
+        "migrate", help="convert offline tables of an earlier version (Parquet folders) into Delta tables, in place"
+    )
+    _repo_arg(migrate)
+    migrate.add_argument("--group", action="append", default=[], help="only this group (repeatable)")
 
     status = sub.add_parser(
         "status", help="per group: days completed, stale and set aside, the stream's watermark and lag, the last runs"
@@ -313,6 +319,8 @@ def _run(args: argparse.Namespace) -> int:
         return _validate(args.repo, args.group, as_json=args.json)
     if args.command == "verify":
         return _verify(args)
+    if args.command == "migrate":
+        return _migrate(args.repo, args.group)
     if args.command == "demo":
         if args.kafka:
             from features.demo.kafka import run_kafka_demo
@@ -520,6 +528,24 @@ def _tally(tally: object) -> dict[str, object]:
     from features.status import jsonable
 
     return jsonable(tally)
+
+
+def _migrate(repo_path: str, groups: list[str]) -> int:
+    """`features migrate`: each group's offline table of an earlier version converted into a Delta table."""
+    from features import offline
+    from features.repo import Repo
+
+    repo = Repo.load(repo_path)
+    for group in repo.select(groups):
+        table = repo.offline_path(group)
+        if not offline.needs_migration(table):
+            print(f"{group.name}: {table} needs no conversion (a Delta table, or no table yet)")
+            continue
+        from features.engine.session import get_spark
+
+        files = offline.migrate(get_spark("features-migrate"), table)
+        print(f"{group.name}: converted {table} into a Delta table ({files} Parquet files, left in place)")
+    return 0
 
 
 def _validate(repo_path: str, groups: list[str], *, as_json: bool = False) -> int:

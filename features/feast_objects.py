@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from features.errors import ConfigError, DataError
+from features.errors import ConfigError, DataError, EnvironmentProblem
 from features.repo import (
     deferred_exports,
     exports_deferred,
@@ -372,21 +372,37 @@ def _first_data_file(folder: Path) -> Path | None:
     return files[0] if files else None
 
 
+# Run in a process of its own: a DuckDB database opened here would leave its threads behind in every process
+# this one forks (the feature server's workers abort at exit with them).
+_INSTALL_DELTA = """
+import pathlib, duckdb, duckdb_extension_delta
+with duckdb.connect() as con:
+    version = con.sql("PRAGMA version").fetchone()[0]
+    folder = pathlib.Path(duckdb_extension_delta.__file__).parent / "extensions" / version
+    con.sql(f"INSTALL '{folder / 'delta.duckdb_extension'}'")
+"""
+
+
 def enable_delta_reads() -> None:
     """Install DuckDB's delta extension from its package (duckdb-extension-delta) into the user's DuckDB
     extensions, unless it is there: Feast's DuckDB store loads it by name to read the offline tables, and DuckDB
     would otherwise download it from its own site at that moment."""
     if _delta_reads:
         return
-    import duckdb
-    import duckdb_extension_delta
+    import subprocess
+    import sys
+    from importlib.metadata import version
 
-    with duckdb.connect() as con:
-        installed = con.sql("SELECT installed FROM duckdb_extensions() WHERE extension_name = 'delta'").fetchone()
-        if not (installed and installed[0]):
-            version = con.sql("PRAGMA version").fetchone()[0]  # type: ignore[index]
-            package = Path(duckdb_extension_delta.__file__).parent
-            con.sql(f"INSTALL '{package / 'extensions' / version / 'delta.duckdb_extension'}'")
+    # Not `import duckdb` here: its module starts threads that a forked worker inherits (see above).
+    installed = Path.home() / ".duckdb" / "extensions" / f"v{version('duckdb')}"
+    if not any(installed.glob("*/delta.duckdb_extension")):
+        done = subprocess.run([sys.executable, "-c", _INSTALL_DELTA], capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise EnvironmentProblem(
+                "DuckDB's delta extension (which Feast's DuckDB store reads the offline tables with) could not be "
+                f"installed from the duckdb-extension-delta package: {done.stderr.strip()[-500:]}. Fix: "
+                "`pip install duckdb==1.5.5 duckdb-extension-delta==1.5.5` (the versions must match)"
+            )
     _delta_reads.append(True)
 
 

@@ -29,6 +29,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from features.engine.batch import LATEST
+from features.errors import ConfigError, EnvironmentProblem
 from features.spec import WINDOW_END
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
 
 DATE = "date"
 KEY = "features"  # the commit info's key for what this package wrote
-BACKFILL, STREAM = "backfill", "stream"
+BACKFILL, STREAM, MIGRATED = "backfill", "stream", "migrate"
 ATTEMPTS = 5  # commits tried before a conflict is raised (each after the other writer's commit)
 # Bounds how many commit infos the log is searched through for a stream's last batch (a stream commits often).
 HISTORY_STEPS = (50, 1000, None)
@@ -55,17 +56,28 @@ def dates_between(start: datetime, end: datetime) -> list[date]:
 
 
 def exists(table: str) -> bool:
-    """Whether a Delta table is at `table` (a write made it)."""
+    """Whether a Delta table is at `table` (a write made it). A ConfigError when `table` holds the Parquet folders
+    an earlier version of features wrote, which `features migrate` converts."""
     from deltalake import DeltaTable
 
-    return DeltaTable.is_deltatable(table)
+    if DeltaTable.is_deltatable(table):
+        return True
+    if _parquet_files(table):
+        raise ConfigError(
+            f"the offline table {table} was written by an earlier version of features (Parquet folders, not a Delta "
+            "table). Fix: convert it in place with `features migrate` (add --repo <repo> outside the repo folder)"
+        )
+    return False
 
 
 def read_table(spark: SparkSession, table: str) -> DataFrame | None:
     """The whole offline table (with its `date` column), or None if nothing was written yet."""
     if not exists(table):
         return None
-    return spark.read.format("delta").load(table)
+    try:
+        return spark.read.format("delta").load(table)
+    except Exception as exc:
+        raise _without_delta(exc) from None
 
 
 def read_pandas(table: str, with_date: bool = False) -> pd.DataFrame:
@@ -100,11 +112,14 @@ class Commit:
     def writer(self) -> str | None:
         return self.info.get("writer")
 
-    def span(self) -> tuple[datetime, datetime] | None:
-        """A backfill commit's range of window ends [start, end)."""
-        if self.writer != BACKFILL:
-            return None
-        return datetime.fromisoformat(self.info["start"]), datetime.fromisoformat(self.info["end"])
+    def spans(self) -> list[tuple[datetime, datetime]]:
+        """The ranges of window ends [start, end) the commit wrote for backfills: a backfill's range, or those of
+        the backfills of a table `migrate` converted."""
+        if self.writer == BACKFILL:
+            return [(datetime.fromisoformat(self.info["start"]), datetime.fromisoformat(self.info["end"]))]
+        if self.writer == MIGRATED:
+            return [(datetime.fromisoformat(lo), datetime.fromisoformat(hi)) for lo, hi in self.info["ranges"]]
+        return []
 
 
 def commits(table: str, limit: int | None = None) -> list[Commit]:
@@ -210,7 +225,13 @@ def _create(writer: Any, table: str) -> None:
 
 
 def _dated(rows: DataFrame) -> DataFrame:
-    return rows.withColumn(DATE, F.to_date(F.col(WINDOW_END)))
+    """`rows` with their `date`, strings as plain strings: a Spark Connect client's string type names its
+    collation, which Delta then records in the table's schema, where deltalake (and so Feast) cannot read it."""
+    strings = {name for name, kind in rows.dtypes if kind.startswith("string")}
+    columns = [
+        F.expr(f"CAST(`{name}` AS STRING)").alias(name) if name in strings else F.col(name) for name in rows.columns
+    ]
+    return rows.select(*columns, F.to_date(F.col(WINDOW_END)).alias(DATE))
 
 
 def _retried(commit: Callable[[], None]) -> None:
@@ -221,8 +242,21 @@ def _retried(commit: Callable[[], None]) -> None:
             return
         except Exception as exc:
             if attempt == ATTEMPTS - 1 or not is_conflict(exc):
-                raise
+                raise _without_delta(exc) from None
             time.sleep(0.05 * (attempt + 1))
+
+
+def _without_delta(exc: Exception) -> Exception:
+    """`exc`, or the one-line fix when it is Spark not knowing the Delta data source (a session of the user's)."""
+    text = str(exc)
+    if ("DATA_SOURCE_NOT_FOUND" in text and "delta" in text.lower()) or "delta.DefaultSource" in text:
+        return EnvironmentProblem(
+            "the Spark session has no Delta Lake, which the offline tables are. Fix: start it with --packages "
+            "io.delta:delta-spark_2.13:4.4.0 --conf spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension "
+            "--conf spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog (Databricks "
+            "runtimes have it; a local session started by features has it)"
+        )
+    return exc
 
 
 def is_conflict(exc: BaseException) -> bool:
@@ -260,10 +294,8 @@ class StreamLog:
             if self.read or limit is None or len(found) < limit or self._own_batch_in(found):
                 break
         for commit in sorted(new, key=lambda c: c.version):
-            span = commit.span()
-            if span is not None:
-                self.spans.append(span)
-            elif commit.writer == STREAM and commit.info.get("stream") == self.stream:
+            self.spans.extend(commit.spans())
+            if commit.writer == STREAM and commit.info.get("stream") == self.stream:
                 self.last_batch = max(self.last_batch or -1, int(commit.info["batch"]))
         if new:
             self.version = max(c.version for c in new)
@@ -321,8 +353,7 @@ def append_batch(spark: SparkSession, rows: DataFrame, log: StreamLog, batch_id:
             after = log.refresh()
             mine = next((c.version for c in after if dict(c.info) == meta), None)
             for commit in after:
-                span = commit.span()
-                if span is not None and mine is not None and commit.version < mine:
+                for span in commit.spans() if mine is not None and commit.version < mine else []:
                     _take_out(spark, kept, log.table, span)
         log.last_batch = batch_id
         return count
@@ -365,3 +396,77 @@ def remove_stream_rows(spark: SparkSession, table: str, spans: list[tuple[dateti
     condition = f"NOT ({inside})" if inside else "true"
     empty = spark.read.format("delta").load(table).limit(0).drop(DATE)
     _retried(lambda: _replace(empty, table, condition, {"writer": STREAM, "reset": True}))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Tables of earlier versions: Parquet folders `date=YYYY-MM-DD/*.parquet`
+
+
+def needs_migration(table: str) -> bool:
+    """Whether `table` holds Parquet folders an earlier version of features wrote (and no Delta table)."""
+    from deltalake import DeltaTable
+
+    return not DeltaTable.is_deltatable(table) and bool(_parquet_files(table))
+
+
+def migrate(spark: SparkSession, table: str) -> int:
+    """Rewrite the Parquet folders of an earlier version as a Delta table in the same folder; returns the files
+    converted (0 when there was nothing to convert). The rows are read and written by Spark in one commit, then
+    the old files are deleted (Delta's own CONVERT TO DELTA records statistics other readers of the table, such
+    as deltalake, cannot parse). The commit records the ranges the earlier backfills wrote (their files' first
+    and last window ends; the stream's files are named stream-b*), which streams leave to them as they leave a
+    backfill's. Interrupted before its commit, it can be run again; after it, the old files are ignored."""
+    files = _parquet_files(table) if needs_migration(table) else []
+    if not files:
+        return 0
+    ranges = [[lo.isoformat(), hi.isoformat()] for lo, hi in _merged(_backfill_ranges(table, files))]
+    old = spark.read.option("basePath", table).option("mergeSchema", "true").parquet(*files)
+    rows = old.drop(DATE).localCheckpoint()
+    _create(_writer(_dated(rows).repartition(DATE), {"writer": MIGRATED, "ranges": ranges}), table)
+    fs, _ = _filesystem(table)
+    for path in files:
+        fs.delete_file(path)
+    return len(files)
+
+
+def _filesystem(table: str) -> tuple[Any, str]:
+    import pyarrow.fs as pafs
+
+    if "://" in table:
+        return pafs.FileSystem.from_uri(table)
+    return pafs.LocalFileSystem(), table
+
+
+def _parquet_files(table: str) -> list[str]:
+    import pyarrow.fs as pafs
+
+    try:
+        fs, root = _filesystem(table)
+        found = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True, recursive=True))
+    except (OSError, ValueError):
+        return []
+    return sorted(f.path for f in found if f.is_file and f.path.endswith(".parquet") and f"/{DATE}=" in f.path)
+
+
+def _backfill_ranges(table: str, files: list[str]) -> list[tuple[datetime, datetime]]:
+    """[first, last] window end of each backfill file, as [first, last + 1 microsecond)."""
+    import pyarrow.parquet as pq
+
+    fs, _ = _filesystem(table)
+    out = []
+    for path in files:
+        if path.rsplit("/", 1)[-1].startswith("stream-b"):
+            continue
+        with fs.open_input_file(path) as handle:
+            meta = pq.ParquetFile(handle).metadata
+        column = meta.schema.names.index(WINDOW_END)
+        stats = [meta.row_group(i).column(column).statistics for i in range(meta.num_row_groups)]
+        stats = [s for s in stats if s is not None and s.has_min_max]
+        if stats:
+            lo, hi = min(s.min for s in stats), max(s.max for s in stats)
+            out.append((_utc(lo), _utc(hi) + timedelta(microseconds=1)))
+    return out
+
+
+def _utc(moment: datetime) -> datetime:
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)

@@ -215,6 +215,12 @@ def _application_class() -> type:
             await server.serve(sockets=self.sockets)
             if not server.started:
                 sys.exit(Arbiter.WORKER_BOOT_ERROR)
+            # Served and shut down: leave without the interpreter's teardown, which would destroy the thread
+            # objects DuckDB (imported by Feast's offline store) made in the master before it forked this
+            # worker, threads that do not run here; the C++ runtime aborts the worker on that.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
 
     class Application(FeastServeApplication):
         def __init__(self, store: FeatureStore, **options: Any) -> None:

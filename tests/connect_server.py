@@ -25,6 +25,9 @@ from pathlib import Path
 
 import pytest
 
+from features.engine import jars
+from features.engine.runtime import parse_version
+
 START_TIMEOUT_S = 120.0
 
 
@@ -60,6 +63,9 @@ def connect_url() -> Iterator[str]:
         "spark.ui.enabled": "false",
         "spark.driver.memory": "2g",
     }
+    # Delta Lake (the offline tables) on the server's class path, as a Connect server of a cluster has it.
+    delta = [str(j) for j in jars.class_path(parse_version(pyspark.__version__) or (0, 0))]
+    conf |= {"spark.driver.extraClassPath": os.pathsep.join(delta), **jars.DELTA_CONF}
     command = [str(home / "bin" / "spark-submit"), "--master", "local[2]"]
     for key, value in conf.items():
         command += ["--conf", f"{key}={value}"]

@@ -26,6 +26,7 @@ from datetime import date, timedelta
 from pathlib import Path
 from typing import Any
 
+import pyspark
 import pytest
 import redis_server as redis_fixtures
 import yaml
@@ -295,6 +296,16 @@ def test_the_docs_commands_match_the_bundle() -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------
+def delta_args() -> list[str]:
+    """Delta Lake for spark-submit, as a cluster adds it (docs/deployment.md): here the jars the local sessions
+    use (the same packages as `--packages io.delta:delta-spark_2.13:4.4.0`, without resolving them again)."""
+    delta = [str(j) for j in jars.class_path(runtime.parse_version(pyspark.__version__) or (0, 0))]
+    args = ["--jars", ",".join(delta)]
+    for key, value in jars.DELTA_CONF.items():
+        args += ["--conf", f"{key}={value}"]
+    return args
+
+
 # Slow: the wheel, built and installed as on a cluster, and spark-submit from it
 
 
@@ -469,7 +480,7 @@ def test_spark_submit_runs_a_backfill_from_the_installed_wheel(
         result = subprocess.run(
             [
                 str(spark_submit), "--master", "local[2]", "--conf", "spark.sql.shuffle.partitions=4",
-                str(ROOT / "jobs" / "backfill.py"),
+                *delta_args(), str(ROOT / "jobs" / "backfill.py"),
                 "--repo", str(repo), "--start", start.isoformat(), "--end", end.isoformat(), "--no-tracking",
             ],
             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900, check=False,

@@ -221,14 +221,12 @@ def _applied_store(root: Path, group: FeatureGroup) -> FeatureStore:
 
 
 def _write_offline(root: Path, group: str, frame: pd.DataFrame) -> None:
-    """Write change points like the engines do: Parquet under date=YYYY-MM-DD/, no date column in the files."""
-    table = Path(offline_table_path(root, group))
+    """Write change points as the engines lay them out: a Delta table partitioned by the window end's date."""
+    from deltalake import write_deltalake
+
     frame = frame.assign(window_end=frame["window_end"].astype("datetime64[us, UTC]"))
-    for day, rows in frame.groupby(frame["window_end"].dt.strftime("%Y-%m-%d")):
-        folder = table / f"date={day}"
-        folder.mkdir(parents=True, exist_ok=True)
-        rows.to_parquet(folder / "part-00000.parquet", index=False)
-    (table / "_SUCCESS").write_text("")
+    frame["date"] = frame["window_end"].dt.date
+    write_deltalake(offline_table_path(root, group), frame, partition_by=["date"])
 
 
 def test_historical_features_are_point_in_time_correct(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from features import offline
+from features import Entity, EventSource, Feature, FeatureGroup, Hop, agg, offline
 from features.engine.batch import LATEST
 from features.spec import WINDOW_END
 
@@ -61,7 +61,7 @@ def test_a_backfill_replaces_its_range_in_one_commit_and_keeps_the_rest(spark, t
     assert (got.loc[got[WINDOW_END] < day + 30 * M, "v"] < 100).all()
     assert (got.loc[got[WINDOW_END] >= day + 30 * M, "v"] >= 100).all()
     [last, first] = offline.commits(table)
-    assert last.info["group"] == "g" and last.span() == (day + 30 * M, day + 90 * M) and first.writer == "backfill"
+    assert last.info["group"] == "g" and last.spans() == [(day + 30 * M, day + 90 * M)] and first.writer == "backfill"
 
 
 def test_a_replayed_batch_is_not_written_twice(spark, table: str) -> None:
@@ -146,3 +146,56 @@ def test_a_reset_removes_what_streams_wrote(spark, table: str) -> None:
     got = table_rows(table)
     assert len(got) == 90 and got[WINDOW_END].max() < T0 + 30 * M
     assert offline.rows_by_date(table) == {T0.date(): 90}
+
+
+def old_table(folder: Path) -> None:
+    """Parquet folders as earlier versions of features wrote them: a backfill's one file per date, and a stream's
+    files named by batch id."""
+    day = folder / "date=2026-03-01"
+    day.mkdir(parents=True)
+    frame = pd.DataFrame({"user_id": ["u0", "u1"], WINDOW_END: [T0 + M, T0 + 2 * M], "v": [1.0, 2.0]})
+    frame[WINDOW_END] = frame[WINDOW_END].astype("datetime64[us, UTC]")
+    frame.to_parquet(day / "part-0.parquet", index=False)
+    streamed = frame.assign(**{WINDOW_END: frame[WINDOW_END] + 10 * M, "v": [5.0, 6.0]})
+    streamed.iloc[:1].to_parquet(day / "stream-b0000000003-000.parquet", index=False)
+
+
+def test_a_table_of_an_earlier_version_is_refused_then_converted_in_place(spark, tmp_path: Path) -> None:
+    from features.errors import ConfigError
+
+    folder = tmp_path / "offline" / "g"
+    old_table(folder)
+    table = str(folder)
+    with pytest.raises(ConfigError, match=r"earlier version of features .* Fix: convert it in place with `features"):
+        offline.exists(table)
+    assert offline.needs_migration(table)
+    assert offline.migrate(spark, table) == 2
+    assert not offline.needs_migration(table) and offline.migrate(spark, table) == 0
+    assert len(table_rows(table)) == 3
+    # The earlier backfill's range is a backfill's range: a stream leaves it.
+    log = offline.StreamLog(table, "s1")
+    log.refresh()
+    assert log.spans == [(T0 + M, T0 + 2 * M + timedelta(microseconds=1))]
+    offline.append_batch(spark, rows(spark, T0, 5, value=100.0), log, 0)
+    got = table_rows(table)
+    assert_once(got)
+    assert len(got) == 3 + 3 * 5 - 3 * 2  # the stream's rows at the backfilled minutes 1 and 2 left out
+    assert offline.rows_by_date(table) == {T0.date(): 12}
+
+
+def test_features_migrate_converts_each_group(feast_repo, tmp_path: Path, capsys) -> None:
+    from features.cli import main
+
+    group = FeatureGroup(
+        "old_group",
+        Entity("user", ["user_id"]),
+        EventSource("tx", "data/tx", "event_ts", schema={"user_id": "string", "event_ts": "timestamp", "v": "float64"}),
+        [Feature("v_sum", agg.sum("v"), Hop("1h", every="5m"))],
+    )
+    root = feast_repo([group], apply=False)
+    old_table(root / "data" / "offline" / "old_group")
+    assert main(["migrate", "--repo", str(root)]) == 0
+    assert "old_group: converted " in capsys.readouterr().out
+    assert main(["migrate", "--repo", str(root)]) == 0
+    assert "needs no conversion" in capsys.readouterr().out
+    assert len(offline.read_pandas(str(root / "data" / "offline" / "old_group"))) == 3

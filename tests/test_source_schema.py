@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from features import Entity, EventSource, Feature, FeatureGroup, Hop, agg
+from features import Entity, EventSource, Feature, FeatureGroup, Hop, agg, offline
 from features.errors import ConfigError
 from features.repo import Repo
 from features.spec import DType
@@ -332,7 +332,7 @@ def _applied(root: Path, feast_repo_factory, land, capfd) -> tuple[Repo, pd.Data
 
 
 def _offline(repo: Repo, group: FeatureGroup) -> pd.DataFrame:
-    got = pd.read_parquet(repo.offline_path(group)).drop(columns=["date"])
+    got = offline.read_pandas(repo.offline_path(group))
     got["window_end"] = pd.to_datetime(got["window_end"], utc=True).astype("datetime64[us, UTC]")
     return got.sort_values(["user_id", "window_end"], ignore_index=True)
 
