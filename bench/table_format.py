@@ -164,7 +164,7 @@ def main() -> None:
 
     last_day = (end + timedelta(hours=args.batches - 1)).date()
     files_before = len([a for a in DeltaTable(delta).file_uris() if f"date={last_day}" in a])
-    optimize_s = timed(lambda: spark.sql(f"OPTIMIZE delta.`{copies['blind']}` WHERE date = '{last_day}'").collect())
+    optimize_s = timed(lambda: spark.sql(f"OPTIMIZE delta.`{delta}` WHERE date = '{last_day}'").collect())
     files_after = len([a for a in DeltaTable(delta).file_uris() if f"date={last_day}" in a])
 
     race = race_backfill_and_append(spark, dated, str(work / "race"), end)
