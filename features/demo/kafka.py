@@ -22,13 +22,13 @@ from features.demo.run import (
     SEED,
     SHOW_USERS,
     START,
-    _most_recent,
-    _online_group,
-    _shown,
-    _table,
-    _with_types,
     check_sizes,
     clear_outputs,
+    most_recent,
+    online_group,
+    print_table,
+    shown,
+    with_types,
 )
 from features.errors import ConfigError
 from features.repo import Repo
@@ -48,7 +48,7 @@ def run_kafka_demo(repo: str, *, events: int, users: int, days: float, bootstrap
 
     check_sizes(events, users, days)
     loaded = Repo.load(repo)
-    group = _online_group(loaded)
+    group = online_group(loaded)
     topic = f"features-demo-{uuid.uuid4().hex[:8]}"
 
     _step(1, f"Generating {events:,} card transactions of {users:,} users from {START:%Y-%m-%d} for {days:g} days")
@@ -65,7 +65,7 @@ def run_kafka_demo(repo: str, *, events: int, users: int, days: float, bootstrap
             servers = stack.enter_context(local_broker(bootstrap_servers))
             print(f"   serving at {servers}; it stops when the demo ends")
 
-        _step(3, f"Registering the feature groups with Feast: features apply --repo {_shown(loaded.root)}")
+        _step(3, f"Registering the feature groups with Feast: features apply --repo {shown(loaded.root)}")
         print(f"   feature views: {', '.join(apply(str(loaded.root)))}")
 
         _step(4, f"Producing the {events:,} events to topic {topic!r}, one JSON value each (Spark's Kafka sink)")
@@ -87,14 +87,14 @@ def run_kafka_demo(repo: str, *, events: int, users: int, days: float, bootstrap
     refs = [f"{group.name}:{feat.name}" for feat in group.features]
     key = group.join_keys[0]
     print("\n   Online values after the stream (FeatureStore.get_online_features):")
-    recent = _most_recent(transactions[key], transactions["event_ts"], SHOW_USERS)
+    recent = most_recent(transactions[key], transactions["event_ts"], SHOW_USERS)
     online = store.get_online_features(features=refs, entity_rows=[{key: k} for k in recent]).to_df()
     schema = dict(group.source.schema or {})
-    _table(_with_types(online[[key, *[f.name for f in group.features]]], group, schema))
+    print_table(with_types(online[[key, *[f.name for f in group.features]]], group, schema))
 
     kept = f"Topic {topic!r} stays on the broker at {servers}. " if not started else ""
     print(
-        f"\n{kept}Next: `features demo --repo {_shown(loaded.root)}` computes the same groups from files with a "
+        f"\n{kept}Next: `features demo --repo {shown(loaded.root)}` computes the same groups from files with a "
         "backfill; a source streams from Kafka when it names a topic: EventSource(..., kafka=KafkaTopic(...))."
     )
 

@@ -44,7 +44,7 @@ def run_demo(repo: str, *, events: int, users: int, days: float) -> None:
 
     check_sizes(events, users, days)
     loaded = Repo.load(repo)
-    group = _online_group(loaded)
+    group = online_group(loaded)
     end = START + timedelta(hours=math.ceil(days * 24))  # whole hours, so every window end lines up
 
     _step(1, f"Generating {events:,} card transactions of {users:,} users from {START:%Y-%m-%d} for {days:g} days")
@@ -53,10 +53,10 @@ def run_demo(repo: str, *, events: int, users: int, days: float) -> None:
     for group_ in loaded.groups.values():
         group_.check_schema(schema)
     for folder, files in write_sources(loaded, transactions).items():
-        print(f"   wrote {files} files to {_shown(folder)}")
+        print(f"   wrote {files} files to {shown(folder)}")
     clear_outputs(loaded)
 
-    _step(2, f"Registering the feature groups with Feast: features apply --repo {_shown(loaded.root)}")
+    _step(2, f"Registering the feature groups with Feast: features apply --repo {shown(loaded.root)}")
     names = apply(str(loaded.root))
     print(f"   feature views: {', '.join(names)}")
 
@@ -69,9 +69,9 @@ def run_demo(repo: str, *, events: int, users: int, days: float) -> None:
     key = group.join_keys[0]
 
     _step(4, f"Online values (FeatureStore.get_online_features) as of {end:%Y-%m-%d %H:%M} UTC")
-    recent = _most_recent(transactions[key], transactions["event_ts"], SHOW_USERS)
+    recent = most_recent(transactions[key], transactions["event_ts"], SHOW_USERS)
     online = store.get_online_features(features=refs, entity_rows=[{key: k} for k in recent]).to_df()
-    _table(_with_types(online[[key, *[f.name for f in group.features]]], group, schema))
+    print_table(with_types(online[[key, *[f.name for f in group.features]]], group, schema))
 
     _step(5, "A point-in-time training set (FeatureStore.get_historical_features)")
     print("   each row: a labelled transaction and its user's features at that time, from earlier events only")
@@ -83,9 +83,9 @@ def run_demo(repo: str, *, events: int, users: int, days: float) -> None:
         warnings.simplefilter("ignore", DeprecationWarning)  # from Feast's DuckDB backend, not actionable here
         training = store.get_historical_features(entity_df=entity_df, features=refs).to_df()
     training = training.sort_values("event_timestamp", kind="stable").reset_index(drop=True)
-    _table(_with_types(training[[key, "event_timestamp", LABEL, *[f.name for f in group.features]]], group, schema))
+    print_table(with_types(training[[key, "event_timestamp", LABEL, *[f.name for f in group.features]]], group, schema))
 
-    root = _shown(loaded.root)
+    root = shown(loaded.root)
     print(
         f"\nNext: change the definitions in {root}/*.py, then run `features apply --repo {root}` and "
         f"`features backfill --repo {root} --start {_iso(START)} --end {_iso(end)}`."
@@ -102,7 +102,7 @@ def check_sizes(events: int, users: int, days: float) -> None:
         raise ConfigError(f"--days: {days} is not a positive number of days; write e.g. --days 3 or --days 0.5")
 
 
-def _online_group(repo: Repo) -> FeatureGroup:
+def online_group(repo: Repo) -> FeatureGroup:
     group = repo.groups.get(ONLINE_GROUP)
     if group is None:
         raise ConfigError(
@@ -148,7 +148,7 @@ def clear_outputs(repo: Repo) -> None:
             path.unlink(missing_ok=True)
 
 
-def _most_recent(keys: pd.Series, times: pd.Series, n: int) -> list[str]:
+def most_recent(keys: pd.Series, times: pd.Series, n: int) -> list[str]:
     """The `n` keys with the latest events (their short windows still hold something at the end)."""
     latest = times.groupby(keys).max().sort_values(ascending=False, kind="stable")
     return sorted(latest.index[:n].tolist())
@@ -164,7 +164,7 @@ def _labelled_sample(transactions: pd.DataFrame, key: str, n: int) -> pd.DataFra
     return entity_df.sort_values("event_timestamp", kind="stable").reset_index(drop=True)
 
 
-def _with_types(frame: pd.DataFrame, group: FeatureGroup, schema: dict[str, DType]) -> pd.DataFrame:
+def with_types(frame: pd.DataFrame, group: FeatureGroup, schema: dict[str, DType]) -> pd.DataFrame:
     """Integer features as integers (pandas turns them into floats when a value is null)."""
     frame = frame.copy()
     for name, dtype in group.output_types(schema).items():
@@ -177,7 +177,7 @@ def _step(number: int, text: str) -> None:
     print(f"\n[{number}/5] {text}", flush=True)
 
 
-def _table(frame: pd.DataFrame) -> None:
+def print_table(frame: pd.DataFrame) -> None:
     frame = frame.copy()
     for column in frame.columns:
         if pd.api.types.is_datetime64_any_dtype(frame[column]):
@@ -192,7 +192,7 @@ def _iso(t: datetime) -> str:
     return t.strftime("%Y-%m-%d" if t == t.replace(hour=0, minute=0, second=0, microsecond=0) else "%Y-%m-%dT%H:%M")
 
 
-def _shown(path: Path | str) -> str:
+def shown(path: Path | str) -> str:
     """A path as the user would type it: relative to the working directory when inside it."""
     path = Path(path)
     try:
