@@ -62,6 +62,9 @@ def test_a_backfill_replaces_its_range_in_one_commit_and_keeps_the_rest(spark, t
     assert (got.loc[got[WINDOW_END] >= day + 30 * M, "v"] >= 100).all()
     [last, first] = offline.commits(table)
     assert last.info["group"] == "g" and last.spans() == [(day + 30 * M, day + 90 * M)] and first.writer == "backfill"
+    # Time travel (docs/table-format.md): the table as the first backfill left it.
+    before = spark.read.format("delta").option("versionAsOf", first.version).load(table)
+    assert before.count() == 180 and before.where("v >= 100").count() == 0
 
 
 def test_a_replayed_batch_is_not_written_twice(spark, table: str) -> None:
