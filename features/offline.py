@@ -34,13 +34,12 @@ from features.spec import WINDOW_END
 
 if TYPE_CHECKING:
     import pandas as pd
+    from deltalake import DeltaTable
 
 DATE = "date"
 KEY = "features"  # the commit info's key for what this package wrote
 BACKFILL, STREAM, MIGRATED = "backfill", "stream", "migrate"
 ATTEMPTS = 5  # commits tried before a conflict is raised (each after the other writer's commit)
-# Bounds how many commit infos the log is searched through for a stream's last batch (a stream commits often).
-HISTORY_STEPS = (50, 1000, None)
 CHECKPOINT_INTERVAL = "100"  # commits between Delta's checkpoints (its default of 10 is one per 10 s at a 1 s trigger)
 
 
@@ -122,12 +121,13 @@ class Commit:
         return []
 
 
-def commits(table: str, limit: int | None = None) -> list[Commit]:
-    """The table's commits the log still holds, newest first (`limit` of them)."""
+def commits(table: str | DeltaTable, limit: int | None = None) -> list[Commit]:
+    """The table's commits the log still holds, newest first (at least `limit` of them), up to the version
+    `table` was loaded at when it is a DeltaTable."""
     from deltalake import DeltaTable
 
     out = []
-    for entry in DeltaTable(table).history(limit):
+    for entry in (DeltaTable(table) if isinstance(table, str) else table).history(limit):
         try:
             info = json.loads(entry.get("userMetadata") or "{}").get(KEY, {})
         except (ValueError, AttributeError):
@@ -280,30 +280,27 @@ class StreamLog:
     version: int = -1
     spans: list[tuple[datetime, datetime]] = field(default_factory=list)
     last_batch: int | None = None
-    read: bool = False
 
     def refresh(self) -> list[Commit]:
-        """Read the commits made since the last refresh (all the log holds, the first time); returns them."""
+        """Read the commits made since the last refresh, oldest first (the first time, all the log holds: every
+        backfill's range counts); returns them."""
+        from deltalake import DeltaTable
+
         if not exists(self.table):
-            self.read = True
             return []
-        new: list[Commit] = []
-        for limit in HISTORY_STEPS if not self.read else (None,):
-            found = commits(self.table, limit)
-            new = [c for c in found if c.version > self.version]
-            if self.read or limit is None or len(found) < limit or self._own_batch_in(found):
-                break
-        for commit in sorted(new, key=lambda c: c.version):
+        table = DeltaTable(self.table)
+        unseen = table.version() - self.version
+        if unseen <= 0:
+            return []
+        found = commits(table, None if self.version < 0 else unseen)
+        new = sorted((c for c in found if c.version > self.version), key=lambda c: c.version)
+        for commit in new:
             self.spans.extend(commit.spans())
             if commit.writer == STREAM and commit.info.get("stream") == self.stream:
                 self.last_batch = max(self.last_batch or -1, int(commit.info["batch"]))
         if new:
-            self.version = max(c.version for c in new)
-        self.read = True
+            self.version = new[-1].version
         return new
-
-    def _own_batch_in(self, found: list[Commit]) -> bool:
-        return any(c.writer == STREAM and c.info.get("stream") == self.stream for c in found)
 
 
 def completed_days(table: str, group: str) -> list[tuple[datetime, datetime]]:

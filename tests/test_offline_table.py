@@ -86,6 +86,27 @@ def test_a_replayed_batch_is_not_written_twice(spark, table: str) -> None:
     assert len(got) == 18
 
 
+def test_a_restarted_stream_knows_backfills_older_than_its_own_recent_batches(spark, tmp_path: Path) -> None:
+    """The first look at the log reads all of it: a backfill committed before many of the stream's batches still
+    owns its range (its commits are written here by deltalake, another Delta writer, to be quick)."""
+    import json
+
+    import pyarrow as pa
+    from deltalake import CommitProperties, write_deltalake
+
+    table = str(tmp_path / "offline" / "g")
+    offline.replace_range(spark, rows(spark, T0, 30, latest=False), table, T0, T0 + 30 * M)
+    for batch in range(60):
+        meta = json.dumps({offline.KEY: {"writer": offline.STREAM, "stream": "s1", "batch": batch}})
+        one = pa.table({"user_id": ["u9"], WINDOW_END: [T0 + (40 + batch) * M], "v": [1.0], "date": [T0.date()]})
+        properties = CommitProperties(custom_metadata={"userMetadata": meta})
+        write_deltalake(table, one, mode="append", commit_properties=properties)
+    log = offline.StreamLog(table, "s1")
+    log.refresh()
+    assert log.last_batch == 59 and log.spans == [(T0, T0 + 30 * M)]
+    assert log.refresh() == []  # nothing new since
+
+
 def test_the_stream_leaves_what_a_backfill_wrote(spark, table: str) -> None:
     offline.replace_range(spark, rows(spark, T0, 30, latest=False), table, T0, T0 + 30 * M)
     log = offline.StreamLog(table, "s1")
