@@ -33,8 +33,9 @@ pytestmark = pytest.mark.spark
 PARTITIONS = 4
 
 
-def kafka_groups(topic: str, archive: bool = False, per_trigger: int = 400) -> list[FeatureGroup]:
-    """The file-stream tests' groups, their events read from `topic` (the folder stays the backfills' source)."""
+def kafka_groups(topic: str, archive: bool = False, per_trigger: int = 400, **value: str) -> list[FeatureGroup]:
+    """The file-stream tests' groups, their events read from `topic` (the folder stays the backfills' source);
+    `value`: KafkaTopic's value_format and schema."""
     options = {"startingOffsets": "earliest", "maxOffsetsPerTrigger": str(per_trigger)}
     source = EventSource(
         "transactions",
@@ -42,7 +43,7 @@ def kafka_groups(topic: str, archive: bool = False, per_trigger: int = 400) -> l
         timestamp="event_ts",
         watermark="30m",
         schema=KAFKA_SCHEMA,
-        kafka=KafkaTopic(topic, BOOTSTRAP, archive=archive, options=options),
+        kafka=KafkaTopic(topic, BOOTSTRAP, archive=archive, options=options, **value),
     )
     return [FeatureGroup(g.name, g.entity, source, list(g.features)) for g in GROUPS]
 

@@ -12,13 +12,14 @@ import pandas as pd
 import pytest
 from kafka_broker import BOOTSTRAP, avro_values, confluent_header, produce, round_robin
 from test_batch_reference import EVENTS
-from test_stream import GROUPS, KAFKA_SCHEMA, arrival_order, assert_batch_engine_rows, offline_rows
+from test_stream import arrival_order, assert_batch_engine_rows, offline_rows
+from test_stream_kafka import kafka_groups
 
-from features import EventSource, FeatureGroup, KafkaTopic
+from features import FeatureGroup, KafkaTopic
 from features.engine.schema import MISSING_KEY, UNPARSEABLE_AVRO
 from features.quality import quarantine_root
 from features.repo import Repo
-from features.stream import stream
+from features.stream import StreamRun, stream
 
 pytestmark = pytest.mark.spark
 
@@ -43,17 +44,22 @@ def avro_schema(time_type: str) -> str:
 
 
 def avro_group(topic: str, value_format: str, schema: str) -> FeatureGroup:
-    options = {"startingOffsets": "earliest", "maxOffsetsPerTrigger": "400"}
-    source = EventSource(
-        "transactions",
-        path="data/transactions",
-        timestamp="event_ts",
-        watermark="30m",
-        schema=KAFKA_SCHEMA,
-        kafka=KafkaTopic(topic, BOOTSTRAP, value_format=value_format, schema=schema, options=options),
-    )
-    group = GROUPS[0]
-    return FeatureGroup(group.name, group.entity, source, list(group.features))
+    return kafka_groups(topic, value_format=value_format, schema=schema)[0]
+
+
+def stream_with_bad(
+    feast_repo_factory, tmp_path, topic: str, values: list[bytes], bad: list[bytes], value_format: str, schema: str
+) -> tuple[FeatureGroup, Repo, StreamRun, list[str]]:
+    """`bad` produced amid `values` (round robin over the partitions), streamed available-now; the group, repo,
+    finished run, and where each bad record is (`kafka:<topic>/<partition>/<offset>`)."""
+    middle = len(values) // 2
+    offsets = produce(topic, round_robin(values[:middle] + bad + values[middle:], PARTITIONS))
+    group = avro_group(topic, value_format, schema)
+    feast_repo_factory(tmp_path, [group])
+    repo = Repo.load(tmp_path)
+    run = stream(repo, available_now=True, progress=False, tracking=False)
+    run.await_termination()
+    return group, repo, run, [f"kafka:{topic}/{p}/{o}" for p, o in offsets[middle : middle + len(bad)]]
 
 
 def test_a_record_of_nulls_is_told_from_a_value_that_does_not_decode(spark) -> None:
@@ -86,14 +92,7 @@ def test_avro_values_stream_what_the_batch_engine_computes(spark, feast_repo_fac
     values = avro_values(events.assign(channel="app"), schema)
     no_user = avro_values(events.iloc[:1].assign(user_id=None, channel="app"), schema)[0]
     bad = [values[0][:-4], b"", no_user, b'{"user_id": "u1"}']  # cut short, empty, valid without a key, JSON
-    middle = len(values) // 2
-    offsets = produce(kafka_topic, round_robin(values[:middle] + bad + values[middle:], PARTITIONS))
-    group = avro_group(kafka_topic, "avro", schema)
-    feast_repo_factory(tmp_path, [group])
-    repo = Repo.load(tmp_path)
-
-    run = stream(repo, available_now=True, progress=False, tracking=False)
-    run.await_termination()
+    group, repo, run, where = stream_with_bad(feast_repo_factory, tmp_path, kafka_topic, values, bad, "avro", schema)
     [progress] = run.progress()
     assert (run.status()["group"] == group.name).sum() >= 3  # maxOffsetsPerTrigger splits the topic
     got = offline_rows(spark, repo, group)
@@ -101,7 +100,6 @@ def test_avro_values_stream_what_the_batch_engine_computes(spark, feast_repo_fac
     assert_batch_engine_rows(spark, group, got, EVENTS, pd.Timestamp(progress.watermark))
 
     records = quarantined(repo, group)
-    where = [f"kafka:{kafka_topic}/{p}/{o}" for p, o in offsets[middle : middle + len(bad)]]
     assert sorted(records["source_file"]) == sorted(where)
     by_place = records.set_index("source_file")
     undecoded = f"{UNPARSEABLE_AVRO}: the value does not decode as an Avro record of KafkaTopic.schema"
@@ -127,21 +125,15 @@ def test_confluent_wire_format_strips_the_header_and_checks_the_magic_byte(
     values = avro_values(ordered.assign(channel="app"), schema, header=confluent_header(7))
     body = values[0][5:]
     bad = [confluent_header(7, magic=1) + body, b"\x00\x00\x07", confluent_header(8) + body[:-4]]
-    middle = len(values) // 2
-    offsets = produce(kafka_topic, round_robin(values[:middle] + bad + values[middle:], PARTITIONS))
-    group = avro_group(kafka_topic, "confluent-avro", schema)
-    feast_repo_factory(tmp_path, [group])
-    repo = Repo.load(tmp_path)
-
-    run = stream(repo, available_now=True, progress=False, tracking=False)
-    run.await_termination()
+    group, repo, run, where = stream_with_bad(
+        feast_repo_factory, tmp_path, kafka_topic, values, bad, "confluent-avro", schema
+    )
     [progress] = run.progress()
     got = offline_rows(spark, repo, group)
     assert len(got) > 100
     assert_batch_engine_rows(spark, group, got, events, pd.Timestamp(progress.watermark))
 
     records = quarantined(repo, group).set_index("source_file")
-    where = [f"kafka:{kafka_topic}/{p}/{o}" for p, o in offsets[middle : middle + len(bad)]]
     assert sorted(records.index) == sorted(where)
     assert list(records.loc[where, "reason"]) == [
         f"{UNPARSEABLE_AVRO}: magic byte 0x01, not Confluent's 0x00",
