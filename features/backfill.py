@@ -50,8 +50,9 @@ class BackfillResult:
     quarantine_path: str | None = None
     validation: ValidationReport | None = None
     batch_quarantined: str | None = None
-    # Where the time went, in seconds: compute (the Spark pass up to the staged rows), validation, online,
-    # offline (the swap), and from `backfill`: spark_start (waiting for the session) and tracking (MLflow set-up).
+    # Where the time went, in seconds: compute (the Spark pass up to the staged rows), validation, online (while
+    # the offline commit runs), offline (the rest of that commit), and from `backfill`: spark_start (waiting for
+    # the session) and tracking (MLflow set-up).
     timings: dict[str, float] = field(default_factory=dict)
     # The source files set aside whole (unreadable, or not conforming to the source's schema): a record each
     # among `quarantined`, and the events they hold.
@@ -308,10 +309,9 @@ def backfill_group(
         timings[name] = timings.get(name, 0.0) + now - clock[0]
         clock[0] = now
 
-    def check_then_write_online(staged: DataFrame, newest: DataFrame) -> bool:
-        """Validate every row about to reach a store; on success write each key's newest row to the online
-        store (the offline swap follows), on failure act as the policy says and write nothing."""
-        nonlocal report, batch_quarantined, online_rows
+    def check(staged: DataFrame, newest: DataFrame) -> bool:
+        """Validate every row about to reach a store; on failure act as the policy says (nothing is written)."""
+        nonlocal report, batch_quarantined
         lap("compute")
         if validate:
             report = quality.validate_batch(group, staged, range_start=start)
@@ -320,10 +320,14 @@ def backfill_group(
                 batch_quarantined = quality.handle_invalid(report, staged, group, repo.root, chosen, what)
                 return False
         lap("validation")
+        return True
+
+    def write_newest_online(newest: DataFrame) -> None:
+        """Each key's newest row to the online store, while the offline table's commit runs."""
+        nonlocal online_rows
         if writer is not None:
             online_rows = write_online(writer, newest)
             lap("online")
-        return True
 
     swapped: list[date] = []
 
@@ -338,7 +342,9 @@ def backfill_group(
             computed = change_points(group, events, micros(start), micros(end), observe=True)
             rows = computed.with_latest
             info = {"group": group.name, "definition_hash": definition_hash(group), "features": feature_hashes(group)}
-            rows_out = replace_range(spark, rows, table, start, end, check_then_write_online, swapped_day, info)
+            rows_out = replace_range(
+                spark, rows, table, start, end, check, swapped_day, info, alongside=write_newest_online
+            )
     except Exception as exc:  # the bad records are set aside whatever else failed
         try:
             _, by_day = quarantine_counts(rejected, records, group.source.timestamp)

@@ -49,6 +49,11 @@ def java_options(java_description: str, class_path: list[str] | tuple[str, ...] 
     return [f"-XX:ArchiveClassesAtExit={archive}.{os.getpid()}.tmp", QUIET]
 
 
+def making(options: list[str]) -> bool:
+    """Whether a JVM started with `options` (from java_options) makes the archive at its exit."""
+    return any(o.startswith("-XX:ArchiveClassesAtExit=") for o in options)
+
+
 def _cache_folder() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "features" / "jvm"

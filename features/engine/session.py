@@ -8,20 +8,24 @@ Connect way when `is_connect(spark)`."""
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from features.engine import jars
-from features.engine.jvm_archive import java_options
+from features.engine.jvm_archive import java_options, making
 from features.errors import EnvironmentProblem
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+logger = logging.getLogger(__name__)
 JAVA_HELP = (
     "Spark needs Java 17 or newer. Install it (Debian/Ubuntu: `apt-get install openjdk-17-jre-headless`; "
     "macOS: `brew install openjdk@17`) and make sure `java` is on PATH or JAVA_HOME is set."
@@ -126,21 +130,44 @@ def get_spark(app_name: str = "features", shuffle_partitions: int | None = None)
         # The builder connects by itself; a master or driver settings would be refused (the server has its own).
         # `SPARK_REMOTE=local[N]` starts a Connect server in this process: it gets the local defaults.
         if remote.startswith("local"):
-            builder = _local_defaults(builder, shuffle_partitions, master=False)
+            builder, _ = _local_defaults(builder, shuffle_partitions, master=False)
         spark = builder.getOrCreate()
         apply_required_conf(spark)  # a session that already existed does not take the builder's settings
         return spark
+    making_archive = False
     if "PYSPARK_GATEWAY_PORT" not in os.environ:
         # This process starts the JVM itself; under spark-submit the user's master and memory settings stand.
-        builder = _local_defaults(builder, shuffle_partitions)
+        builder, making_archive = _local_defaults(builder, shuffle_partitions)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    if making_archive:
+        threading.Thread(target=_fill_archive, args=(spark,), name="jvm-archive", daemon=True).start()
     return spark
+
+
+def _fill_archive(spark: SparkSession) -> None:
+    """Load the classes of the offline table's writes and reads into the JVM whose exit makes the class archive
+    (features.engine.jvm_archive): the first session may be one that never touches a Delta table (e.g.
+    `features apply`), and every later one would then load Delta's classes from its jars, measured at a
+    third of a second per process. A few small jobs in a scratch folder, once per installation."""
+    from pyspark.sql import functions as F
+
+    try:
+        with tempfile.TemporaryDirectory(prefix="features-archive-") as scratch:
+            table = str(Path(scratch) / "table")
+            rows = spark.range(4).select(F.col("id"), F.current_date().alias("date"))
+            rows.write.format("delta").partitionBy("date").save(table)
+            later = rows.where("id >= 2")
+            later.write.format("delta").mode("overwrite").option("replaceWhere", "id >= 2").save(table)
+            spark.read.format("delta").load(table).where("id > 0").count()
+    except Exception as exc:  # the session may stop first (a short command): the archive then holds less
+        logger.debug("filling the JVM class archive stopped: %s", exc)
 
 
 def _local_defaults(
     builder: SparkSession.Builder, shuffle_partitions: int | None, master: bool = True
-) -> SparkSession.Builder:
+) -> tuple[SparkSession.Builder, bool]:
+    """The builder with the local defaults, and whether this JVM makes the class archive at its exit."""
     check_java()
     # Local workers must run this interpreter (with this package and its dependencies), not `python3` on PATH.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -167,10 +194,11 @@ def _local_defaults(
     # Delta replays its log with this many tasks (50 by default): a few suit a local session's cores.
     builder = builder.config("spark.databricks.delta.snapshotPartitions", str(max(2, cores)))
     options = [f"-Dlog4j2.configurationFile={LOG4J2_CONFIG.as_uri()}"] if LOG4J2_CONFIG.is_file() else []
-    options += java_options(java_description() or "", packages)
+    archive = java_options(java_description() or "", packages)
+    options += archive
     if options:
         builder = builder.config("spark.driver.extraJavaOptions", " ".join(_quoted(o) for o in options))
-    return builder
+    return builder, making(archive)
 
 
 def _pyspark_version() -> tuple[int, int]:
