@@ -29,8 +29,8 @@ from pyspark.sql import functions as F
 
 from features import Feature, FeatureGroup, Hop, agg
 from features.backfill import backfill_group
-from features.cli import apply
 from features.demo import generate_transactions, write_events
+from features.registration import apply
 from features.repo import Repo
 from features.spec import AggKind
 

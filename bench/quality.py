@@ -25,10 +25,10 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 from features.backfill import BackfillResult, backfill_group
-from features.cli import apply
 from features.demo import generate_transactions, write_events
 from features.engine.session import get_spark
 from features.quality import derived_checks, validate_batch
+from features.registration import apply
 from features.repo import Repo
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

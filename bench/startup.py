@@ -28,9 +28,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from features.cli import apply
 from features.demo import generate_transactions, write_events
 from features.engine import jvm_archive
+from features.registration import apply
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results import load, update_section

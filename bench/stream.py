@@ -30,10 +30,10 @@ from typing import Any
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from features.cli import apply
 from features.demo import generate_transactions, write_events
 from features.engine import stream as engine
 from features.engine.session import get_spark
+from features.registration import apply
 from features.repo import Repo
 from features.stream import stream
 

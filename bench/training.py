@@ -55,9 +55,9 @@ def labels_path(rows: int) -> Path:
 def setup(sizes: list[int]) -> dict[str, object]:
     """The repo (definitions, events, `user_transactions` backfilled) and one Parquet label set per size."""
     from features.backfill import backfill
-    from features.cli import apply
     from features.demo import generate_transactions, write_events
     from features.engine.session import get_spark
+    from features.registration import apply
     from features.repo import Repo
 
     shutil.rmtree(WORK, ignore_errors=True)

@@ -80,7 +80,7 @@ def load_repo(path: str | Path = "feature_repo") -> Repo:
 
 def apply(repo: str | Path | Repo = "feature_repo", *, prune: bool = False) -> list[str]:
     """Register the repo's FeatureGroups with Feast, as `features apply` does; returns the group names."""
-    from features.cli import apply as _apply
+    from features.registration import apply as _apply
 
     root = getattr(repo, "root", repo)
     return _apply(str(root), prune=prune)

@@ -1,19 +1,15 @@
-"""The `features` command line: apply, plan, backfill, stream, status, validate, verify, migrate, demo, serve."""
+"""The `features` command line: apply, plan, backfill, stream, status, validate, verify, compact, migrate, demo,
+serve."""
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
-from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from features.errors import ConfigError, DataError, FeaturesError
-
-if TYPE_CHECKING:
-    from features.repo import Repo
 
 DEFAULT_REPO = "feature_repo"
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -160,6 +156,17 @@ def build_parser() -> argparse.ArgumentParser:
     _repo_arg(migrate)
     migrate.add_argument("--group", action="append", default=[], help="only this group (repeatable)")
 
+    compact = sub.add_parser(
+        "compact", help="rewrite the offline tables' small files as one per date, and delete files no version needs"
+    )
+    _repo_arg(compact)
+    compact.add_argument("--group", action="append", default=[], help="only this group (repeatable)")
+    compact.add_argument(
+        "--retention",
+        help="keep the files older versions need this long, e.g. 7d (the table's setting, which stays; default: "
+        "as set, Delta's 7 days when never set); versions older than it can no longer be read",
+    )
+
     status = sub.add_parser(
         "status", help="per group: days completed, stale and set aside, the stream's watermark and lag, the last runs"
     )
@@ -202,57 +209,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-@contextmanager
-def _in_dir(path: Path):
-    # Feast's apply changes the working directory; give it back.
-    before = os.getcwd()
-    try:
-        yield
-    finally:
-        os.chdir(before)
-
-
-def apply(repo_path: str, *, prune: bool = False) -> list[str]:
-    """Register the repo with Feast (what `feast apply` does in that folder, plus every FeatureGroup of the
-    repo's modules, whether or not a module exports its `to_feast` objects); returns the group names.
-
-    The schema of each Parquet source that declares none is inferred from all its files and recorded in the
-    repo (data/schemas/<source>.json): every later read uses it, until the next apply; a conflict between files
-    is printed as a warning naming them and the type recorded. Each group's `where` is checked by Spark against
-    the source's schema first, so that a typo fails here and not in the first backfill. Feature views of groups
-    that are no longer defined are removed only with `prune` (else a ConfigError names them): Feast's apply
-    would drop them, and their online values, silently."""
-    from features.feast_objects import apply_repo, record_source_schemas
-    from features.repo import Repo
-    from features.schedule import check_removed_groups
-
-    repo = Repo.load(repo_path)
-    check_removed_groups(repo, prune=prune)
-    for warning in record_source_schemas(repo):
-        print(f"warning: {warning}", file=sys.stderr)
-    check_wheres(repo)
-    with _in_dir(repo.root):
-        apply_repo(repo)
-    return list(repo.groups)
-
-
-def check_wheres(repo: Repo) -> None:
-    """Spark's parser and analyzer on each `where`, over an empty frame with the source's schema (Spark starts
-    only when some feature has a `where`)."""
-    from features.feast_objects import source_schema
-
-    groups = [g for g in repo.groups.values() if any(f.where is not None for f in g.features)]
-    if not groups:
-        return
-    from features.engine.schema import spark_schema
-    from features.engine.session import get_spark
-    from features.engine.source import check_columns
-
-    spark = get_spark()
-    for group in groups:
-        check_columns(group, spark.createDataFrame([], spark_schema(source_schema(group, repo.root))))
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -292,6 +248,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "backfill" and args.json:
         return _backfill_json(args)
     if args.command == "apply":
+        from features.registration import apply
+
         print(f"applied feature groups: {', '.join(apply(args.repo, prune=args.prune)) or 'none'}")
         return 0
     if args.command == "backfill":
@@ -319,6 +277,8 @@ def _run(args: argparse.Namespace) -> int:
         return _validate(args.repo, args.group, as_json=args.json)
     if args.command == "verify":
         return _verify(args)
+    if args.command == "compact":
+        return _compact(args.repo, args.group, args.retention)
     if args.command == "migrate":
         return _migrate(args.repo, args.group)
     if args.command == "demo":
@@ -544,7 +504,34 @@ def _migrate(repo_path: str, groups: list[str]) -> int:
         from features.engine.session import get_spark
 
         files = offline.migrate(get_spark("features-migrate"), table)
-        print(f"{group.name}: converted {table} into a Delta table ({files} Parquet files, left in place)")
+        print(f"{group.name}: converted {table} into a Delta table ({files} Parquet files rewritten)")
+    return 0
+
+
+def _compact(repo_path: str, groups: list[str], retention: str | None) -> int:
+    """`features compact`: each group's offline table compacted (dates with several files) and vacuumed."""
+    from datetime import timedelta
+
+    from features.compaction import compact, vacuum
+    from features.engine.session import get_spark
+    from features.offline import exists
+    from features.repo import Repo
+    from features.spec.durations import parse_duration
+
+    repo = Repo.load(repo_path)
+    keep = timedelta(seconds=parse_duration(retention, "--retention")) if retention is not None else None
+    spark = None
+    for group in repo.select(groups):
+        table = repo.offline_path(group)
+        if not exists(table):
+            print(f"{group.name}: no offline table yet")
+            continue
+        spark = spark or get_spark("features-compact")
+        compacted = compact(spark, table)
+        vacuum(spark, table, keep)
+        files = sum(compacted.values())
+        done = f"{len(compacted)} dates compacted ({files} files into {len(compacted)})" if compacted else "compact"
+        print(f"{group.name}: {done}; files no version within the retention needs removed")
     return 0
 
 

@@ -7,7 +7,7 @@
 Given rows of entity keys (and any request-time columns the model reads, `input_columns`), `predict` reads
 each key's current values from the online store (FeatureStore.get_online_features, through
 features.serving), gives keys without an online row the empty-window values (0 for counts, sums and
-approx_count_distinct, null otherwise: features.training.fill_empty, the same as in training sets), and
+approx_count_distinct, null otherwise: features.feature_refs.fill_empty, the same as in training sets), and
 returns the wrapped model's probability of the positive class, one per row, as a Series named `probability`.
 
 The wrapped model is anything with `predict_proba` (scikit-learn style) fitted on the columns
@@ -53,9 +53,9 @@ import numpy as np
 import pandas as pd
 
 from features.errors import ConfigError
+from features.feature_refs import FeatureColumn, fill_empty, join_keys, resolve_features
 from features.repo import ONLINE_STORE_TYPES
 from features.spec import DType
-from features.training import FeatureColumn, fill_empty, join_keys, resolve_features
 
 if TYPE_CHECKING:
     from feast import FeatureStore

@@ -21,9 +21,9 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import DataFrame, SparkSession
@@ -31,6 +31,7 @@ from pyspark.sql import functions as F
 
 from features.engine.batch import LATEST
 from features.errors import ConfigError, EnvironmentProblem
+from features.parallel import beside
 from features.spec import WINDOW_END
 
 if TYPE_CHECKING:
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
 DATE = "date"
 KEY = "features"  # the commit info's key for what this package wrote
 BACKFILL, STREAM, MIGRATED = "backfill", "stream", "migrate"
+MAX_FILES = 32  # active files per date partition at most: a write's tasks, and a stream's between compactions
 ATTEMPTS = 5  # commits tried before a conflict is raised (each after the other writer's commit)
 CHECKPOINT_INTERVAL = "100"  # commits between Delta's checkpoints (its default of 10 is one per 10 s at a 1 s trigger)
 # Each data file's statistics cover the window end alone, the column readers filter on (a training set's range,
@@ -72,14 +74,57 @@ def exists(table: str) -> bool:
     return False
 
 
-def read_table(spark: SparkSession, table: str) -> DataFrame | None:
-    """The whole offline table (with its `date` column), or None if nothing was written yet."""
+def read_table(spark: SparkSession, table: str, version: int | None = None) -> DataFrame | None:
+    """The whole offline table (with its `date` column), as of `version` if given (Delta's time travel), or None
+    if nothing was written yet."""
     if not exists(table):
         return None
+    reader = spark.read.format("delta")
+    if version is not None:
+        reader = reader.option("versionAsOf", version)
     try:
-        return spark.read.format("delta").load(table)
+        return reader.load(table)
     except Exception as exc:
         raise _without_delta(exc) from None
+
+
+def current_version(table: str) -> int | None:
+    """The table's newest version (its last commit), or None if nothing was written yet."""
+    if not exists(table):
+        return None
+    from deltalake import DeltaTable
+
+    return int(DeltaTable(table).version())
+
+
+def version_at(table: str, moment: datetime) -> int | None:
+    """The table's version at `moment`: that of its last commit made at or before it (None if the table was made
+    later, or not at all)."""
+    if not exists(table):
+        return None
+    from deltalake import DeltaTable
+
+    history = DeltaTable(table).history()
+    made = [int(c["version"]) for c in history if c["timestamp"] <= moment.timestamp() * 1000]
+    return max(made) if made else None
+
+
+def _loaded(table: str, version: int | None) -> DeltaTable:
+    """The table as of `version` (the newest if None); a ConfigError naming the retention when the log or the
+    data files of that version are gone."""
+    from deltalake import DeltaTable
+
+    try:
+        return DeltaTable(table, version=version)
+    except Exception as exc:
+        if version is None:
+            raise
+        raise ConfigError(
+            f"version {version} of the offline table {table} cannot be read ({exc}). Delta keeps the log of "
+            "30 days and deleted files for 7 by default (the table properties delta.logRetentionDuration and "
+            "delta.deletedFileRetentionDuration); a version older than either, or one not written yet, is gone. "
+            "Fix: ask for a version the table still holds (`features status` lists the newest)"
+        ) from None
 
 
 def read_pandas(table: str, with_date: bool = False) -> pd.DataFrame:
@@ -90,14 +135,14 @@ def read_pandas(table: str, with_date: bool = False) -> pd.DataFrame:
     return frame if with_date else frame.drop(columns=[DATE])
 
 
-def rows_by_date(table: str) -> dict[date, int]:
-    """Rows per date partition, from the log's file statistics (no data is read); {} when there is no table."""
+def rows_by_date(table: str, version: int | None = None) -> dict[date, int]:
+    """Rows per date partition (as of `version` if given), from the log's file statistics (no data is read); {}
+    when there is no table."""
     if not exists(table):
         return {}
     import pyarrow as pa
-    from deltalake import DeltaTable
 
-    actions = pa.table(DeltaTable(table).get_add_actions(flatten=True)).to_pydict()
+    actions = pa.table(_loaded(table, version).get_add_actions(flatten=True)).to_pydict()
     out: dict[date, int] = {}
     for value, rows in zip(actions[f"partition.{DATE}"], actions["num_records"], strict=True):
         day = value if isinstance(value, date) else date.fromisoformat(str(value))
@@ -176,17 +221,9 @@ def replace_range(
             return 0
         count = new_rows.count()
         meta = {**(info or {}), "writer": BACKFILL, "start": start.isoformat(), "end": end.isoformat()}
-        with ThreadPoolExecutor(1, thread_name_prefix="offline-commit") as pool:
-            committed = pool.submit(_retried, lambda: _replace(new_rows, table, _range_condition(start, end), meta))
-            try:
-                if alongside is not None:
-                    alongside(newest)
-            except BaseException as exc:
-                if (also := committed.exception()) is not None:  # waits: a running commit cannot be called back
-                    exc.add_note(f"The offline table's commit failed too: {also}")
-                raise
-            if (error := committed.exception()) is not None:
-                raise error
+        condition = _range_condition(start, end)
+        commit = partial(_retried, lambda: _replace(new_rows, table, condition, meta))
+        beside(commit, partial(alongside, newest) if alongside is not None else None)
     finally:
         staged.unpersist()
     if on_swapped is not None:
@@ -221,10 +258,10 @@ def _midnight(day: date) -> datetime:
 
 def _replace(rows: DataFrame, table: str, condition: str, meta: Mapping[str, Any]) -> None:
     """One commit: the rows matching `condition` become `rows` (the table is made if there is none). Each of the
-    rows' partitions writes a file per date it holds: as many as the pass had tasks, sized by Spark's adaptive
-    execution on a cluster; a shuffle to one file per date would cost a tenth of the backfill and funnel a day
-    through one task."""
-    writer = _writer(_dated(rows), meta)
+    rows' partitions writes a file per date it holds: as many as the pass had tasks (at most MAX_FILES), sized by
+    Spark's adaptive execution on a cluster; a shuffle to one file per date would cost a tenth of the backfill
+    and funnel a day through one task."""
+    writer = _writer(_dated(rows).coalesce(MAX_FILES), meta)
     if exists(table):
         writer.mode("overwrite").option("replaceWhere", condition).save(table)
     else:
@@ -383,7 +420,8 @@ def append_batch(spark: SparkSession, rows: DataFrame, log: StreamLog, batch_id:
 
 
 def _append(rows: DataFrame, table: str, meta: Mapping[str, Any]) -> None:
-    writer = _writer(_dated(rows), meta)
+    """One task writes a micro-batch (small): one file per date, which features.compaction counts on."""
+    writer = _writer(_dated(rows).coalesce(1), meta)
     if exists(table):
         writer.mode("append").save(table)
     else:

@@ -38,6 +38,7 @@ REDUCTIONS: dict[str, Reduce] = {
     "files_quarantined": Reduce.SUM,
     "rows": Reduce.SUM,
     "failed": Reduce.SUM,
+    "compacted_files": Reduce.SUM,
     "batch_seconds": Reduce.MEAN_MAX,
     "freshness_seconds": Reduce.MEAN_MAX,
     "seconds": Reduce.MEAN_MAX,

@@ -2,7 +2,9 @@
 
 Per group: the days a backfill completed (features.manifest), the stale days and the days still to compute
 that `features backfill --since-last` would do, with why (features.schedule's own plan of it), the days whose
-latest backfill set source records aside, the stream's emitted watermark and how far it is behind the newest
+latest backfill set source records aside, the offline table's newest version and its files (the version
+`training_set(..., as_of_version=)` reads; a date holding many files waits for compaction), the stream's emitted
+watermark and how far it is behind the newest
 event landed in the source (when the group has a stream checkpoint), and the group's last runs in MLflow (when
 the tracking store has any).
 
@@ -56,6 +58,14 @@ class StreamInfo:
     lag_seconds: float | None  # newest_event - watermark
 
 
+@dataclass(frozen=True)
+class TableInfo:
+    version: int  # the offline table's newest version (its last commit)
+    dates: int
+    files: int
+    most_files: int  # the most files one date partition holds (features.compaction keeps it small)
+
+
 @dataclass
 class GroupStatus:
     group: str
@@ -66,6 +76,7 @@ class GroupStatus:
     # days not completed that --since-last would compute, as (first, last) ranges of consecutive days
     to_compute: list[tuple[date, date]] = field(default_factory=list)
     set_aside: dict[date, SetAside] = field(default_factory=dict)
+    table: TableInfo | None = None
     stream: StreamInfo | None = None
     runs: list[RunInfo] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -111,6 +122,7 @@ def _group_status(repo: Repo, group: FeatureGroup, now: datetime) -> GroupStatus
     completed = read_manifest(table, group.name).completed()
     gs = GroupStatus(group.name, len(completed), *((completed[0], completed[-1]) if completed else (None, None)))
     gs.set_aside = set_aside_by_day(table, group.name)
+    gs.table = _table_info(table)
     if not completed:
         gs.notes.append(
             "no day completed yet: `features backfill --since-last` computes every day from the source's first "
@@ -121,6 +133,17 @@ def _group_status(repo: Repo, group: FeatureGroup, now: datetime) -> GroupStatus
     gs.stale = {day: why for day, why in planned.todo.items() if why != NEW}
     gs.to_compute = day_ranges([day for day, why in planned.todo.items() if why == NEW])
     return gs
+
+
+def _table_info(table: str) -> TableInfo | None:
+    from features.compaction import files_per_date
+    from features.offline import current_version
+
+    version = current_version(table)
+    if version is None:
+        return None
+    files = files_per_date(table)
+    return TableInfo(version, len(files), sum(files.values()), max(files.values(), default=0))
 
 
 def day_ranges(days: list[date]) -> list[tuple[date, date]]:
@@ -254,6 +277,11 @@ def status_lines(report: Status) -> list[str]:
         if g.set_aside:
             total = sum(s.total_events for s in g.set_aside.values())
             lines.append(f"  set aside  {total:,} events on {spans(g.set_aside)} (`features retention` lists them)")
+        if g.table is not None:
+            t = g.table
+            lines.append(
+                f"  table      version {t.version}, {t.dates} dates in {t.files} files (at most {t.most_files} a date)"
+            )
         if g.stream is not None:
             lines.append(f"  stream     {_stream_line(g.stream)}")
         for run in g.runs:

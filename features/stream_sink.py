@@ -13,10 +13,11 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from functools import reduce
+from functools import partial, reduce
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from features.parallel import beside
 from features.repo import Repo
 from features.retention import SWEEP_EVERY_S, held, sweep
 from features.rollup import MetricRollup
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming import StreamingQuery
 
     from features import offline
+    from features.compaction import StreamCompaction
     from features.engine.files import FileCheck
     from features.online import OnlineWriter
     from features.screen import Screen
@@ -109,6 +111,7 @@ class BatchSink:
         self.nanoseconds = True  # whether the stream reads nanosecond files (engine.stream.reads_nanoseconds)
         self.stream_id = ""  # the checkpoint's, which the stream's offline commits record
         self.offline_log: offline.StreamLog | None = None
+        self.compaction: StreamCompaction | None = None
         self.checked: set[str] = set()
         tracker = run.tracker
         self.rollup = MetricRollup(lambda m, step, g: tracker.log_metrics(m, step=step, group=g), metrics_s)
@@ -156,11 +159,13 @@ class BatchSink:
                 online.append(latest & ~F.coalesce(F.col(engine.REPLACED), F.lit(False)) if eager else latest)
             if eager:
                 online.append(kind == engine.EAGER)
-            if rows_out:
-                self._write_offline(rows, batch_id)
+            write = None
             if self.writer is not None and online:
                 # Eager values are ahead of the final rows, and newer-or-equal wins: one write takes both.
-                write_online(self.writer, batch.where(reduce(operator.or_, online)).select(*self._columns()))
+                newest = batch.where(reduce(operator.or_, online)).select(*self._columns())
+                write = partial(write_online, self.writer, newest)
+            # The offline commit (Spark's work) beside the online write (mostly Python's).
+            beside(partial(self._write_offline, rows, batch_id) if rows_out else None, write)
             late = counts.get(engine.LATE, 0)
             if late:
                 self._write_late(batch, batch_id)
@@ -220,14 +225,20 @@ class BatchSink:
         return False
 
     def _write_offline(self, rows: DataFrame, batch_id: int) -> None:
+        """Append the batch's change points, and compact the table when a round is due (features.compaction)."""
         from features import offline
+        from features.compaction import StreamCompaction
 
         if self.offline_log is None:
             table = self.repo.offline_path(self.group)
             spans = offline.completed_days(table, self.group.name)
             self.offline_log = offline.StreamLog(table, self.stream_id, spans=spans)
+            self.compaction = StreamCompaction(table)
         self.offline_log.refresh()
-        offline.append_batch(self.spark, rows, self.offline_log, batch_id)
+        if offline.append_batch(self.spark, rows, self.offline_log, batch_id) and self.compaction is not None:
+            compacted = self.compaction.after_append(self.spark)
+            if compacted:
+                self.rollup.add({"compacted_files": sum(compacted.values())}, batch_id, self.group.name)
 
     def _eager_valid(self, batch: DataFrame, batch_id: int, screened: Screen) -> bool:
         """Whether the eager rows (each touched key's value ahead of the watermark, for the online store only)

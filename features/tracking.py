@@ -36,7 +36,9 @@ naming `MLFLOW_TRACKING_URI`; errors while logging are raised too, never swallow
 
 Training sets (features.training) call `log_training_lineage` on the active run: tags `features.training.features`,
 `.start`, `.end`, `.rows`, the same `features.definition_hash.<group>` / `features.feature.<group>.<feature>`
-tags as above, and the artifact `features/training_set.json`. `find_runs` queries them later.
+tags as above, `features.table_version.<group>` (the offline table's version read), and the artifact
+`features/training_set.json` (its `table_versions` rebuild the set: `training_set(..., as_of_version=...)`).
+`find_runs` queries them later.
 """
 
 from __future__ import annotations
@@ -59,9 +61,9 @@ if TYPE_CHECKING:
     import pandas as pd
     from mlflow import MlflowClient
 
+    from features.lineage import Lineage
     from features.quality import ValidationReport
     from features.repo import Repo
-    from features.training import Lineage
 
 KINDS = ("backfill", "stream", "verify")
 ENV_URI = "MLFLOW_TRACKING_URI"
@@ -507,6 +509,8 @@ def log_training_lineage(lineage: Lineage) -> str | None:
         tags[_key("features.feature", group, feature)] = lineage.feature_hashes[ref]
     for group, digest in lineage.definition_hashes.items():
         tags[_key("features.definition_hash", group)] = digest
+    for group, version in lineage.table_versions.items():
+        tags[_key("features.table_version", group)] = version  # the last set's; each set's artifact has its own
     mlflow.set_tags({k: _text(v, _TAG_LIMIT) for k, v in tags.items() if v is not None})
     artifact = TRAINING_ARTIFACT if count == 1 else TRAINING_ARTIFACT.replace(".json", f"_{count}.json")
     mlflow.log_dict(lineage.to_dict(), artifact)

@@ -11,245 +11,102 @@ stores and the engines define an empty window.
 pandas rows go through Feast's `get_historical_features` (DuckDB, on the driver). Spark rows are joined in
 Spark on the same tables (features.engine.pit): the same values, the rows never pass through the driver.
 
-`fill_empty` gives a frame read from either store those values and one set of column types; the model
-wrapper (features.model) applies it to online values, so a model sees the same columns in training and serving.
+`fill_empty` (features.feature_refs) gives a frame read from either store those values and one set of column
+types; the model wrapper (features.model) applies it to online values, so a model sees the same columns in
+training and serving. A training set can read the tables as of an earlier version (`as_of_version`, `as_of`),
+and its lineage (features.lineage) records the versions it read.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, date, datetime, timedelta
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from features.errors import ConfigError
+from features.feature_refs import ROW_ID, FeatureRef, fill_empty, join_keys, offline_dates, resolve_features
+from features.lineage import lineage_from, lineage_of
 from features.repo import Repo
-from features.spec import DType, Feature, FeatureGroup
-from features.spec.fingerprint import definition_hash, feature_hash
+from features.spec import FeatureGroup
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame as SparkDataFrame
     from pyspark.sql import SparkSession
 
 FEAST_TIMESTAMP = "event_timestamp"  # the column Feast reads the lookup time from
-ROW_ID = "__features_row"  # keeps the caller's row order through Feast's join
 
 
-@dataclass(frozen=True)
-class FeatureRef:
-    """One feature of one group, as Feast names it: `group:feature`."""
-
-    group: FeatureGroup
-    feature: Feature
-    dtype: DType
-
-    @property
-    def ref(self) -> str:
-        return f"{self.group.name}:{self.feature.name}"
-
-    def column(self, full_feature_names: bool = False) -> str:
-        """The column Feast gives it: the feature name, or `group__feature` with full feature names."""
-        return f"{self.group.name}__{self.feature.name}" if full_feature_names else self.feature.name
-
-    def as_column(self, full_feature_names: bool = False) -> FeatureColumn:
-        return FeatureColumn(self.column(full_feature_names), self.dtype, self.feature.aggregation.kind.empty_is_zero)
-
-
-@dataclass(frozen=True)
-class FeatureColumn:
-    """What `fill_empty` needs to know of a feature column (plain values: a logged model keeps them)."""
-
-    name: str
-    dtype: DType
-    empty_is_zero: bool  # count, sum, approx_count_distinct: 0 for an empty window, not null
-
-
-def resolve_features(repo: Repo, features: Sequence[str | FeatureGroup]) -> list[FeatureRef]:
-    """`group:feature` strings, group names (all their features) or FeatureGroups, as FeatureRefs in order."""
-    from features.feast_objects import source_schema
-
-    if isinstance(features, str | FeatureGroup):
-        features = [features]
-    if not features:
-        raise ConfigError("features: no features requested; pass e.g. ['user_transactions:failed_count_24h']")
-    refs: list[FeatureRef] = []
-    for item in features:
-        name, wanted = _split(item)
-        group = repo.groups.get(name)
-        if group is None:
-            raise ConfigError(
-                f"features: {item if isinstance(item, str) else name!r} names no feature group of {repo.root}; "
-                f"it defines {', '.join(sorted(repo.groups)) or 'none'}"
-            )
-        types = group.output_types(source_schema(group, repo.root))
-        names = [f.name for f in group.features]
-        for feature_name in wanted or names:
-            if feature_name not in names:
-                raise ConfigError(
-                    f"features: {name}:{feature_name} is not a feature of group {name!r}; it has {', '.join(names)}"
-                )
-            ref = FeatureRef(group, group.feature(feature_name), types[feature_name])
-            if all(r.ref != ref.ref for r in refs):
-                refs.append(ref)
-    return refs
-
-
-def _split(item: str | FeatureGroup) -> tuple[str, list[str]]:
-    if isinstance(item, FeatureGroup):
-        return item.name, []
-    group, _, feature = item.partition(":")
-    return group.strip(), [feature.strip()] if feature else []
-
-
-def join_keys(refs: Sequence[FeatureRef]) -> list[str]:
-    """Every join key the features need, in order of first use."""
-    keys: list[str] = []
-    for ref in refs:
-        keys += [k for k in ref.group.join_keys if k not in keys]
-    return keys
-
-
-# ---------------------------------------------------------------------------------------------------------
-# One set of values and types for both stores
-
-
-def empty_value(column: FeatureColumn) -> int | float | None:
-    """A feature's value over an empty window (docs/semantics.md#empty-windows): 0 for count, sum, approx_count_distinct
-    and count_distinct (an integer 0 for integer features), None (null) for every other aggregation."""
-    if not column.empty_is_zero:
-        return None
-    return 0 if column.dtype is DType.INT64 else 0.0
-
-
-def fill_empty(
-    frame: pd.DataFrame, features: Sequence[FeatureRef | FeatureColumn], full_feature_names: bool = False
-) -> pd.DataFrame:
-    """The frame with the empty-window values (docs/semantics.md) where a store had no row, and one type per feature.
-
-    Where Feast found no row for a key at or before the lookup time, every window was empty: counts, sums and
-    approx_count_distinct become 0, the rest stay null. Types: integers int64 when never null (counts) and
-    pandas' nullable Int64 otherwise, floats float64 (NaN for null), booleans pandas' boolean, strings object,
-    lists Python lists (None for null)."""
-    out = frame.copy()
-    for spec in features:
-        ref = spec.as_column(full_feature_names) if isinstance(spec, FeatureRef) else spec
-        column = ref.name
-        values = out[column]
-        empty = empty_value(ref)
-        if empty is not None:
-            out[column] = pd.to_numeric(values).fillna(empty).astype(type(empty))
-        elif ref.dtype is DType.INT64:
-            out[column] = pd.array(pd.to_numeric(values), dtype="Int64")
-        elif ref.dtype is DType.FLOAT64:
-            out[column] = pd.to_numeric(values).astype("float64")
-        elif ref.dtype is DType.BOOL:
-            out[column] = values.astype("boolean")
-        elif ref.dtype.name.endswith("_LIST"):
-            out[column] = pd.Series([_as_list(v) for v in values], index=out.index, dtype=object)
-        else:
-            out[column] = pd.Series([None if _missing(v) else v for v in values], index=out.index, dtype=object)
-    return out
-
-
-def _missing(value: Any) -> bool:
-    return value is None or (np.isscalar(value) and bool(pd.isna(value)))
-
-
-def _as_list(value: Any) -> list[Any] | None:
-    if _missing(value):
-        return None
-    return [v.item() if isinstance(v, np.generic) else v for v in value]
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Lineage
-
-
-@dataclass(frozen=True)
-class Lineage:
-    """What a training set was built from: logged on the active MLflow run (features.tracking)."""
-
-    features: list[str]  # "group:feature", in the order asked
-    definition_hashes: dict[str, str]  # group -> features.spec.fingerprint.definition_hash
-    feature_hashes: dict[str, str]  # "group:feature" -> feature_hash
-    definitions: dict[str, dict[str, Any]]  # group -> features.spec.fingerprint.describe
-    rows: int
-    start: datetime | None  # the entity rows' earliest and latest timestamps (UTC)
-    end: datetime | None
-    timestamp_column: str
-    offline_dates: dict[str, list[str]] = field(default_factory=dict)  # group -> [first, last] date partition
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "features": list(self.features),
-            "definition_hashes": dict(self.definition_hashes),
-            "feature_hashes": dict(self.feature_hashes),
-            "definitions": self.definitions,
-            "entity_rows": {
-                "rows": self.rows,
-                "timestamp_column": self.timestamp_column,
-                "start": self.start.isoformat() if self.start else None,
-                "end": self.end.isoformat() if self.end else None,
-            },
-            "offline_dates": dict(self.offline_dates),
-        }
-
-
-def lineage_of(refs: Sequence[FeatureRef], times: pd.Series, timestamp_column: str, repo: Repo) -> Lineage:
-    valid = times.dropna()
-    start = valid.min().to_pydatetime() if len(valid) else None
-    end = valid.max().to_pydatetime() if len(valid) else None
-    return lineage_from(refs, len(times), start, end, timestamp_column, repo)
-
-
-def lineage_from(
-    refs: Sequence[FeatureRef],
-    rows: int,
-    start: datetime | None,
-    end: datetime | None,
-    timestamp_column: str,
+def table_versions(
     repo: Repo,
-) -> Lineage:
-    """The lineage of a training set of `rows` rows with lookup times in [start, end] (UTC)."""
-    from features.spec.fingerprint import describe
+    refs: Sequence[FeatureRef],
+    as_of_version: int | Mapping[str, int] | None = None,
+    as_of: datetime | None = None,
+) -> dict[str, int]:
+    """Per requested group, the version of its offline table a training set reads: the one asked for
+    (`as_of_version`: an int when the features come from one group, else group -> version), the one current at
+    `as_of`, or the newest. A ConfigError names a group without one."""
+    from features import offline
 
-    groups = {r.group.name: r.group for r in refs}
-    return Lineage(
-        features=[r.ref for r in refs],
-        definition_hashes={name: definition_hash(g) for name, g in groups.items()},
-        feature_hashes={r.ref: feature_hash(r.group, r.feature) for r in refs},
-        definitions={name: describe(g) for name, g in groups.items()},
-        rows=rows,
-        start=start,
-        end=end,
-        timestamp_column=timestamp_column,
-        offline_dates={name: _date_range(repo, g) for name, g in groups.items()},
-    )
+    groups = list(dict.fromkeys(r.group.name for r in refs))
+    if as_of_version is not None and as_of is not None:
+        raise ConfigError("training_set: pass as_of_version or as_of, not both")
+    if isinstance(as_of_version, int) and not isinstance(as_of_version, bool):
+        if len(groups) != 1:
+            raise ConfigError(
+                f"training_set: as_of_version={as_of_version} is one table's version, and the features come from "
+                f"groups {groups}, each with its own offline table. Fix: as_of_version={{group: version}} for "
+                "each (a training set's lineage records them as `table_versions`)"
+            )
+        as_of_version = {groups[0]: as_of_version}
+    if as_of_version is not None and not isinstance(as_of_version, Mapping):
+        raise ConfigError(
+            f"training_set: as_of_version must be an int or a mapping of group to version, got {as_of_version!r}"
+        )
+    versions: dict[str, int] = {}
+    for name in groups:
+        table = repo.offline_path(name)
+        if as_of_version is not None:
+            wanted = as_of_version.get(name)
+            if isinstance(wanted, bool) or not isinstance(wanted, int) or wanted < 0:
+                raise ConfigError(
+                    f"training_set: as_of_version has {wanted!r} for group {name!r}; give each requested group "
+                    "its table version, an int >= 0"
+                )
+            found: int | None = wanted
+        elif as_of is not None:
+            found = offline.version_at(table, _aware(as_of))
+        else:
+            found = offline.current_version(table)
+        if found is None:
+            state = "has no offline rows" if as_of is None else f"had no offline table at {_aware(as_of).isoformat()}"
+            raise ConfigError(
+                f"features: group {name!r} {state} in {table}. Fix: run `features backfill --repo {repo.root} "
+                "--start ... --end ...` over the entity rows' time range"
+            )
+        versions[name] = found
+    unknown = sorted(set(as_of_version or {}) - set(groups))
+    if unknown:
+        raise ConfigError(f"training_set: as_of_version names groups no requested feature is from: {unknown}")
+    return versions
 
 
-def offline_dates(repo: Repo, group: FeatureGroup | str) -> list[date]:
-    """The dates of the group's offline table partitions (each a UTC day a backfill or stream wrote)."""
-    from features.offline import rows_by_date
-
-    return [day for day, rows in rows_by_date(repo.offline_path(group)).items() if rows]
+def _aware(moment: datetime) -> datetime:
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
-def _date_range(repo: Repo, group: FeatureGroup) -> list[str]:
-    dates = offline_dates(repo, group)
-    return [dates[0].isoformat(), dates[-1].isoformat()] if dates else []
-
-
-def offline_spans(repo: Repo, refs: Sequence[FeatureRef]) -> dict[str, tuple[datetime, datetime]]:
-    """Per requested group, the UTC time its offline table's days cover: [first day, the day after the last).
-    A ConfigError if a group has no offline rows."""
+def offline_spans(
+    repo: Repo, refs: Sequence[FeatureRef], versions: dict[str, int]
+) -> dict[str, tuple[datetime, datetime]]:
+    """Per requested group, the UTC time its offline table's days cover (at `versions`): [first day, the day
+    after the last). A ConfigError if a group has no offline rows."""
     spans = {}
     for group in {r.group.name: r.group for r in refs}.values():
-        dates = offline_dates(repo, group)
+        dates = offline_dates(repo, group, versions.get(group.name))
         if not dates:
             raise ConfigError(
                 f"features: group {group.name!r} has no offline rows in {repo.offline_path(group)}. Fix: run "
@@ -261,10 +118,10 @@ def offline_spans(repo: Repo, refs: Sequence[FeatureRef]) -> dict[str, tuple[dat
     return spans
 
 
-def _check_coverage(repo: Repo, refs: Sequence[FeatureRef], times: pd.Series) -> None:
+def _check_coverage(repo: Repo, refs: Sequence[FeatureRef], times: pd.Series, versions: dict[str, int]) -> None:
     """A ConfigError if a group has no offline rows; a warning if lookups fall on days no backfill covered."""
     valid = times.dropna()
-    for name, (first, after) in offline_spans(repo, refs).items():
+    for name, (first, after) in offline_spans(repo, refs, versions).items():
         if len(valid):
             _warn_outside(name, (first, after), int((valid < first).sum()), int((valid >= after).sum()))
 
@@ -296,6 +153,8 @@ def training_set(
     spark: bool | SparkSession | None = None,
     full_feature_names: bool = False,
     log_lineage: bool = True,
+    as_of_version: int | Mapping[str, int] | None = None,
+    as_of: datetime | None = None,
 ) -> pd.DataFrame | SparkDataFrame:
     """The entity rows, in their order, with each requested feature's value at each row's timestamp.
 
@@ -304,27 +163,40 @@ def training_set(
     is passed through. `features`: "group:feature" references, group names (all of a group's features) or
     FeatureGroups. `spark`: False for pandas, True (or a SparkSession) for a Spark DataFrame; by default the
     kind of `entity_rows`. `full_feature_names`: name columns `group__feature` (needed when two groups share
-    a feature name).
+    a feature name). `as_of_version` / `as_of`: read the offline tables as they were at a version (an int for
+    one group's features, else group -> version, e.g. a logged lineage's `table_versions`) or a time (Delta's
+    time travel; docs/table-format.md), so that a training set can be rebuilt exactly later.
 
     pandas rows are looked up by Feast's `get_historical_features`. Spark rows are joined in Spark, in their
     own session (classic or Spark Connect), on the same offline tables and with the same values
     (`features.engine.pit`): they never pass through the driver, and the result is a lazy Spark DataFrame.
 
-    When an MLflow run is active, the lineage (feature references, definition hashes, the rows' time range)
-    is logged on it (`features.tracking.log_training_lineage`); a pandas result's
+    When an MLflow run is active, the lineage (feature references, definition hashes, the rows' time range, the
+    tables' versions) is logged on it (`features.tracking.log_training_lineage`); a pandas result's
     `frame.attrs["features.lineage"]` holds it too.
     """
     loaded = repo if isinstance(repo, Repo) else Repo.load(repo)
     refs = resolve_features(loaded, features)
     _check_names(refs, full_feature_names)
-    if not isinstance(entity_rows, pd.DataFrame):
-        frame = _spark_training_set(entity_rows, refs, loaded, timestamp_column, full_feature_names, log_lineage)
-        if spark is None or spark is True or not isinstance(spark, bool):
+    versions = table_versions(loaded, refs, as_of_version, as_of)
+    pinned = as_of_version is not None or as_of is not None
+    if not isinstance(entity_rows, pd.DataFrame) or pinned:
+        # Feast reads a table's newest version only: a pinned version is joined in Spark, with the same values.
+        rows = entity_rows if not isinstance(entity_rows, pd.DataFrame) else _to_spark(entity_rows, _given(spark))
+        args = (refs, loaded, timestamp_column, full_feature_names, log_lineage, versions)
+        frame = _spark_training_set(rows, *args)
+        if not isinstance(entity_rows, pd.DataFrame):
+            if spark is None or spark is True or not isinstance(spark, bool):
+                return frame
+            # pandas asked for: the joined rows are collected, typed as the pandas path types them.
+            return fill_empty(frame.toPandas(), refs, full_feature_names)
+        if spark:
             return frame
-        # pandas asked for: the joined rows are collected, typed as the pandas path types them.
-        return fill_empty(frame.toPandas(), refs, full_feature_names)
+        columns = [r.column(full_feature_names) for r in refs]
+        found = fill_empty(frame.select(*columns).toPandas(), refs, full_feature_names)
+        return pd.concat([entity_rows.reset_index(drop=True), found], axis=1)
     entity_df = _entity_frame(entity_rows, refs, timestamp_column, full_feature_names)
-    _check_coverage(loaded, refs, entity_df[FEAST_TIMESTAMP])
+    _check_coverage(loaded, refs, entity_df[FEAST_TIMESTAMP], versions)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # from Feast's DuckDB backend, not actionable here
         job = loaded.feature_store().get_historical_features(
@@ -337,7 +209,8 @@ def training_set(
     columns = [r.column(full_feature_names) for r in refs]
     # The caller's columns as given (Feast may change their types), then the features.
     out = pd.concat([entity_rows.reset_index(drop=True), fill_empty(joined[columns], refs, full_feature_names)], axis=1)
-    lineage = lineage_of(refs, entity_df[FEAST_TIMESTAMP], timestamp_column, loaded)
+    _warn_if_written(loaded, refs, versions)
+    lineage = lineage_of(refs, entity_df[FEAST_TIMESTAMP], timestamp_column, loaded, versions)
     out.attrs["features.lineage"] = lineage.to_dict()
     if log_lineage:
         from features import tracking
@@ -345,7 +218,27 @@ def training_set(
         tracking.log_training_lineage(lineage)
     if not spark:
         return out
-    return _to_spark(out, spark if not isinstance(spark, bool) else None)
+    return _to_spark(out, _given(spark))
+
+
+def _given(spark: bool | SparkSession | None) -> SparkSession | None:
+    return spark if spark is not None and not isinstance(spark, bool) else None
+
+
+def _warn_if_written(repo: Repo, refs: Sequence[FeatureRef], versions: dict[str, int]) -> None:
+    """Feast reads each table's newest version: warn when a commit landed while it read, as the lineage then
+    names the version before it."""
+    from features.offline import current_version
+
+    for name, version in versions.items():
+        now = current_version(repo.offline_path(name))
+        if now != version:
+            warnings.warn(
+                f"training_set: group {name!r}'s offline table was written while the training set was read "
+                f"(version {version} -> {now}); the lineage records version {version}, and rows may come from "
+                f"either. Pass as_of_version={{{name!r}: {now}}} to read one version",
+                stacklevel=3,
+            )
 
 
 def _spark_training_set(
@@ -355,12 +248,14 @@ def _spark_training_set(
     timestamp_column: str,
     full_feature_names: bool,
     log_lineage: bool,
+    versions: dict[str, int],
 ) -> SparkDataFrame:
-    """The Spark path: checks and lineage from one aggregation over the rows, then the join in Spark."""
+    """The Spark path: checks and lineage from one aggregation over the rows, then the join in Spark, on the
+    tables at `versions` (the lazy result reads them whenever it runs)."""
     from features.engine import pit
 
     _check_columns(list(rows.columns), refs, timestamp_column, full_feature_names)
-    spans = offline_spans(repo, refs)
+    spans = offline_spans(repo, refs, versions)
     stats = pit.row_stats(rows, timestamp_column, spans)
     if stats.unparsed:
         raise ConfigError(
@@ -370,7 +265,7 @@ def _spark_training_set(
     _check_times(timestamp_column, stats.missing)
     for name, (early, late) in stats.outside.items():
         _warn_outside(name, spans[name], early, late)
-    lineage = lineage_from(refs, stats.rows, stats.start, stats.end, timestamp_column, repo)
+    lineage = lineage_from(refs, stats.rows, stats.start, stats.end, timestamp_column, repo, versions)
     if log_lineage:
         from features import tracking
 
@@ -385,6 +280,7 @@ def _spark_training_set(
         start=stats.start,
         end=stats.end,
         full_feature_names=full_feature_names,
+        versions=versions,
     )
 
 

@@ -142,8 +142,8 @@ def build_feast_repo(
     `events` (if given) land in the groups' source folder first, since Feast objects infer the source
     schema from the files when the EventSource declares none.
     """
-    from features.cli import apply as apply_repo
     from features.demo import write_events
+    from features.registration import apply as apply_repo
     from features.repo import Repo, resolve
 
     root.mkdir(parents=True, exist_ok=True)

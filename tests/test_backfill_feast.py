@@ -17,7 +17,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import SHUFFLE_PARTITIONS
 from reference import reference_frame, to_micros
 
 from features import Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, Tumble, agg, offline
@@ -285,7 +284,7 @@ def test_the_table_is_partitioned_by_date_with_few_files_each(full, repo_root: P
     files = pa.table(table.get_add_actions(flatten=True)).to_pydict()
     per_day = Counter(str(d) for d in files[f"partition.{offline.DATE}"])
     assert sorted(per_day) == ["2026-01-01", "2026-01-02", "2026-01-03"]
-    assert max(per_day.values()) <= SHUFFLE_PARTITIONS  # a file per date and task of the pass: a few
+    assert max(per_day.values()) <= offline.MAX_FILES  # a file per date and task of the pass: a few, never more
     rows = read_table(repo_root, group)
     assert (rows[WINDOW_END].dt.strftime("date=%Y-%m-%d") == rows["_partition"]).all()
     assert rows[WINDOW_END].min() >= START and rows[WINDOW_END].max() < END

@@ -17,17 +17,20 @@ from test_cli import EXAMPLE_REPO, run
 
 from features import offline
 from features.demo import generate_transactions, write_events
+from features.registration import apply
 from features.repo import Repo
 from features.spec import AggKind
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.spark]
 START = pd.Timestamp("2026-01-05", tz="UTC")
 
 
 def _repo(root: Path, events: pd.DataFrame) -> Path:
+    """A copy of the example repo with `events`, applied in this process (its `where` check parses in the tests'
+    session, where a CLI call would start a JVM only for that)."""
     shutil.copytree(EXAMPLE_REPO, root, ignore=shutil.ignore_patterns("data", ".features", "__pycache__"))
     write_events(events, root / "data" / "transactions", n_files=2)
-    assert run("apply", "--repo", str(root), cwd=root).returncode == 0
+    apply(str(root))
     return root
 
 
@@ -57,16 +60,13 @@ def _check_rows(root: Path, events: pd.DataFrame, samples: int = 60) -> int:
     return checked
 
 
-def test_backfill_and_stream_on_a_local_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_backfill_and_stream_on_a_local_cluster(spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     events = generate_transactions(4_000, 40, START.to_pydatetime(), 1.0, seed=5, late_fraction=0.0)
-    batch, streamed = tmp_path / "batch", tmp_path / "stream"
+    batch, streamed = _repo(tmp_path / "batch", events), _repo(tmp_path / "stream", events)
     end = (START + pd.Timedelta(days=2)).date().isoformat()
     # Two repos side by side, each run on a cluster of its own: most of a run is starting JVMs and Python workers
     # and waiting for them, which the other run's work fills.
     with ThreadPoolExecutor(2) as pool:
-        # Applied on the default local master: apply's Spark only parses the `where`s, and a cluster of its own
-        # would cost its executors' start.
-        list(pool.map(_repo, (batch, streamed), (events, events)))
         monkeypatch.setenv("FEATURES_SPARK_MASTER", "local-cluster[2,1,1024]")
         assert os.environ["FEATURES_SPARK_MASTER"].startswith("local-cluster")
         backfill = ["backfill", "--repo", str(batch), "--start", START.date().isoformat(), "--end", end]

@@ -323,7 +323,7 @@ def _plain_repo(root: Path, **modules: str) -> Path:
 
 
 def test_apply_registers_groups_without_exports_and_a_copied_module_once(tmp_path: Path) -> None:
-    from features.cli import apply
+    from features.registration import apply
 
     module = PLAIN_MODULE.format(every="5m")
     # The copy also exports its Feast objects (for plain `feast apply`): the same objects, applied once.

@@ -238,8 +238,8 @@ def test_nan_is_null_and_an_infinite_value_is_quarantined(spark, tmp_path: Path,
 @pytest.mark.spark
 def test_a_where_spark_cannot_resolve_fails_at_apply(spark, tmp_path: Path, capfd):
     from features import Feature, agg
-    from features.cli import check_wheres
     from features.errors import SchemaError
+    from features.registration import check_wheres
 
     folder = tmp_path / "repo" / "events"
     folder.mkdir(parents=True)

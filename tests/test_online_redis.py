@@ -501,7 +501,7 @@ def test_backfill_into_redis_serves_the_reference_values(
         f"  connection_string: {redis_server.connection_string}\noffline_store:\n  type: duckdb\n"
         "entity_key_serialization_version: 3\n"
     )
-    from features.cli import apply
+    from features.registration import apply
 
     apply(str(root))
     try:

@@ -435,6 +435,73 @@ def test_lineage_is_logged_on_the_active_run_and_found_later(repo: Repo, events:
     assert run.info.run_id in set(found["run_id"])
 
 
+def test_a_training_set_reads_the_tables_as_of_a_version_or_a_time(
+    spark, feast_repo, events: pd.DataFrame, no_fluent_run
+):
+    """Each backfill is a commit of the offline table: a training set as of the first one sees the values before
+    the late events the second added, and the versions logged with a set rebuild it exactly."""
+    from features.demo import write_events
+
+    first_events = events[events["event_ts"] < START + pd.Timedelta("1d")]
+    root = feast_repo([CARD_MERCHANT, USER], first_events)
+    loaded = Repo.load(root)
+    day = (START.to_pydatetime(), (START + pd.Timedelta("1d")).to_pydatetime())
+    backfill(loaded, *day, [CARD_MERCHANT.name], spark=spark, progress=False, track=False)
+    between = datetime.now(UTC)
+    late = first_events.sample(n=40, random_state=5).assign(
+        event_ts=lambda f: f["event_ts"] + pd.Timedelta(minutes=7), txn_id=lambda f: f["txn_id"] + "-late"
+    )
+    write_events(late, root / "data" / "transactions", start_index=100)
+    backfill(loaded, *day, [CARD_MERCHANT.name], spark=spark, progress=False, track=False)
+    both = pd.concat([first_events, late], ignore_index=True)
+    rows = entity_rows(first_events, n=20, seed=8)
+    rows = rows[rows["t"] < START + pd.Timedelta("1d")].reset_index(drop=True)
+    refs = ["card_merchant:txn_count_1h", "card_merchant:amount_sum_24h"]
+    lookups = [((r.card_id, r.merchant_id), r.t) for r in rows.itertuples()]
+
+    def assert_values(frame: pd.DataFrame, source: pd.DataFrame) -> None:
+        want = reference_frame(source, CARD_MERCHANT, lookups)
+        for column in ("txn_count_1h", "amount_sum_24h"):
+            bad = [i for i, (g, w) in enumerate(zip(frame[column], want[column], strict=True)) if not same(g, w)]
+            assert not bad, f"{column}: rows {bad[:5]} differ from the reference"
+
+    tracking.use(loaded)
+    with mlflow.start_run() as run:
+        newest = training_set(rows, refs, loaded, timestamp_column="t")
+    assert_values(newest, both)
+    client = mlflow.MlflowClient()
+    logged = json.loads(Path(client.download_artifacts(run.info.run_id, tracking.TRAINING_ARTIFACT)).read_text())
+    assert logged["table_versions"] == {"card_merchant": 1}
+    assert client.get_run(run.info.run_id).data.tags["features.table_version.card_merchant"] == "1"
+    assert not reference_frame(first_events, CARD_MERCHANT, lookups)["txn_count_1h"].equals(newest["txn_count_1h"])
+
+    before = training_set(rows, refs, loaded, timestamp_column="t", as_of_version=0, log_lineage=False)
+    assert_values(before, first_events)
+    pd.testing.assert_frame_equal(before[rows.columns], rows)  # the caller's rows kept, as the Feast path keeps them
+    at_time = training_set(rows, refs, loaded, timestamp_column="t", as_of=between, log_lineage=False)
+    pd.testing.assert_frame_equal(at_time, before)
+    again = training_set(
+        spark_frame(spark, rows), refs, loaded, timestamp_column="t", as_of_version=logged["table_versions"]
+    )
+    pd.testing.assert_frame_equal(
+        again.toPandas()[["txn_count_1h", "amount_sum_24h"]],
+        newest[["txn_count_1h", "amount_sum_24h"]],
+        check_dtype=False,
+    )
+
+    with pytest.raises(ConfigError, match=r"as_of_version=0 is one table's version, and the features come from"):
+        two = ["card_merchant:txn_count_1h", "user_transactions:amount_sum_1h"]
+        training_set(rows, two, loaded, timestamp_column="t", as_of_version=0)
+    with pytest.raises(ConfigError, match=r"version 7 of the offline table .* cannot be read .* Fix: ask for"):
+        training_set(rows, refs, loaded, timestamp_column="t", as_of_version=7)
+    with pytest.raises(ConfigError, match=r"as_of_version names groups no requested feature is from: \['users'\]"):
+        training_set(rows, refs, loaded, timestamp_column="t", as_of_version={"card_merchant": 0, "users": 1})
+    with pytest.raises(ConfigError, match=r"pass as_of_version or as_of, not both"):
+        training_set(rows, refs, loaded, timestamp_column="t", as_of_version=0, as_of=between)
+    with pytest.raises(ConfigError, match=r"group 'card_merchant' had no offline table at 2020-01-01"):
+        training_set(rows, refs, loaded, timestamp_column="t", as_of=datetime(2020, 1, 1))
+
+
 def test_no_active_run_logs_nothing(repo: Repo, events: pd.DataFrame, no_fluent_run):
     tracking.use(repo)
     before = len(tracking.find_runs(repo))

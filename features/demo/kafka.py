@@ -42,8 +42,8 @@ STEPS = 5
 def run_kafka_demo(repo: str, *, events: int, users: int, days: float, bootstrap_servers: str) -> None:
     """Produce the demo's transactions to a topic on a broker at `bootstrap_servers` (started here when none
     answers there), stream them to the stores, and print what each step gives."""
-    from features.cli import apply
     from features.engine.session import get_spark
+    from features.registration import apply
     from features.stream import stream
 
     check_sizes(events, users, days)

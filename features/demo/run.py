@@ -40,7 +40,7 @@ SHOW_TRANSACTIONS = 10
 def run_demo(repo: str, *, events: int, users: int, days: float) -> None:
     """Run the whole loop on `repo` (normally the example `feature_repo/`) and print what each step gives."""
     from features.backfill import backfill
-    from features.cli import apply
+    from features.registration import apply
 
     check_sizes(events, users, days)
     loaded = Repo.load(repo)

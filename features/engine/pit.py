@@ -4,7 +4,7 @@ For each label row (keys, t) and each requested group, the group's change point 
 `window_end <= t` for those keys: the very row Feast's `get_historical_features` picks (Feast 0.67 joins on
 equal keys and `window_end <= t`, the equality included, then keeps the latest `window_end` per entity row; the
 FeatureViews' ttl is 0, so there is no lower bound). A key without such a row reads as empty windows, filled
-as the pandas path fills them (`features.training.empty_value`). Null keys match nothing, in Feast as here.
+as the pandas path fills them (`features.feature_refs.empty_value`). Null keys match nothing, in Feast as here.
 Two change points of one key never share a `window_end` (the offline table guarantees it), so there are no
 ties to break.
 
@@ -33,7 +33,7 @@ rows come out in the order Spark reads them (for a DataFrame made from pandas or
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -43,13 +43,13 @@ from pyspark.sql.types import DateType, StringType, TimestampNTZType, TimestampT
 
 from features.engine.session import apply_required_conf, is_connect
 from features.errors import ConfigError
+from features.feature_refs import ROW_ID, empty_value, offline_dates
 from features.offline import DATE, read_table
 from features.spec import WINDOW_END, DType
-from features.training import ROW_ID, empty_value, offline_dates
 
 if TYPE_CHECKING:
+    from features.feature_refs import FeatureRef
     from features.repo import Repo
-    from features.training import FeatureRef
 
 DAY = timedelta(days=1)
 _INTERNAL = "__features_"
@@ -185,10 +185,12 @@ def join_features(
     end: datetime,
     full_feature_names: bool = False,
     bucket: timedelta = DAY,
+    versions: Mapping[str, int] | None = None,
 ) -> DataFrame:
     """The rows (all their columns, in their order) with each feature's value at the row's time, then the
     features in the order of `refs`. `start`/`end`: the rows' earliest and latest lookup time (`row_stats`).
-    `bucket`: the time buckets a key's timeline is cut into (see the module docstring)."""
+    `bucket`: the time buckets a key's timeline is cut into (see the module docstring). `versions`: group ->
+    the offline table's version to read (the newest for a group not in it)."""
     spark = rows.sparkSession
     fn, _ = _api(spark)
     bucket_us = int(bucket / timedelta(microseconds=1))
@@ -201,7 +203,7 @@ def join_features(
     )
     out = staged
     for group in _groups(refs, repo, full_feature_names):
-        out = _join_group(out, staged, group, repo, (start, end), bucket_us)
+        out = _join_group(out, staged, group, repo, (start, end), bucket_us, (versions or {}).get(group.name))
     features = [c for g in _groups(refs, repo, full_feature_names) for c in g.columns]
     ordered = out.orderBy(ROW_ID)
     return ordered.select(fn.col(f"{PAYLOAD}.*"), *[fn.col(_q(c)) for c in features])
@@ -218,12 +220,18 @@ def _groups(refs: Sequence[FeatureRef], repo: Repo, full_feature_names: bool) ->
 
 
 def _join_group(
-    labels: DataFrame, staged: DataFrame, group: _Group, repo: Repo, span: tuple[datetime, datetime], bucket_us: int
+    labels: DataFrame,
+    staged: DataFrame,
+    group: _Group,
+    repo: Repo,
+    span: tuple[datetime, datetime],
+    bucket_us: int,
+    version: int | None,
 ) -> DataFrame:
     """`labels` with the group's features added: the as-of lookup per (key, bucket)."""
     spark = labels.sparkSession
     fn, win = _api(spark)
-    table = read_table(spark, group.table)
+    table = read_table(spark, group.table, version)
     if table is None:
         raise ConfigError(f"features: group {group.name!r} has no offline rows in {group.table}; backfill it first")
     keys = [_key(i) for i in range(len(group.keys))]
@@ -231,7 +239,7 @@ def _join_group(
     first_day, last_day = span[0].astimezone(UTC).date(), span[1].astimezone(UTC).date()
     changes = _change_points(table, group, bucket_us)
     in_range = (fn.col(DATE) >= fn.lit(first_day)) & (fn.col(DATE) <= fn.lit(last_day))
-    older = [d for d in offline_dates(repo, group.name) if d < first_day]
+    older = [d for d in offline_dates(repo, group.name, version) if d < first_day]
     look_back = _look_back_dates(table, key_values, group, first_day) if older else []
     read = in_range | fn.col(DATE).isin(*look_back) if look_back else in_range
     points = changes.where(read)
@@ -341,7 +349,7 @@ def _carry_in(points: DataFrame, buckets: DataFrame, keys: list[str]) -> DataFra
 
 
 def _filled(value: Column, ref: FeatureRef, group: _Group, fn: Any) -> Column:
-    """A feature's value with the empty-window fill of the pandas path (`features.training.empty_value`)."""
+    """A feature's value with the empty-window fill of the pandas path (`features.feature_refs.empty_value`)."""
     column = ref.as_column(group.full_feature_names)
     empty = empty_value(column)
     if empty is None:

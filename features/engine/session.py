@@ -145,6 +145,35 @@ def get_spark(app_name: str = "features", shuffle_partitions: int | None = None)
     return spark
 
 
+def make_class_archive(timeout_s: float = 300.0) -> bool:
+    """Make the JVM class archive (features.engine.jvm_archive) now, if this Java and PySpark have none yet:
+    start a local session, run the jobs that fill it, stop the JVM and wait until it has written the archive.
+    Returns whether it made one. For set-up scripts (`./dev test` calls it before the tests, so that every
+    session of the run starts with the archive, not only those after the first one ends)."""
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    if SparkContext._active_spark_context is not None:  # a session runs in this process: nothing to make here
+        return False
+    builder, making = _local_defaults(SparkSession.builder.appName("features-class-archive"), None)
+    if not making:
+        return False
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    _fill_archive(spark)
+    gateway = SparkContext._gateway
+    spark.stop()
+    process = getattr(gateway, "proc", None)  # the JVM PySpark started; it exits when its stdin closes
+    gateway.shutdown()
+    SparkContext._gateway = SparkContext._jvm = None
+    if process is not None:
+        process.stdin.close()
+        process.wait(timeout_s)  # the JVM writes the archive as it exits
+    packages = [str(jar) for jar in jars.class_path(_pyspark_version())]
+    options = java_options(java_description() or "", packages)  # turns the complete file into the archive
+    return bool(options) and options[0].startswith("-XX:SharedArchiveFile=")
+
+
 def _fill_archive(spark: SparkSession) -> None:
     """Load the classes of the offline table's writes and reads into the JVM whose exit makes the class archive
     (features.engine.jvm_archive): the first session may be one that never touches a Delta table (e.g.
@@ -160,6 +189,7 @@ def _fill_archive(spark: SparkSession) -> None:
             later = rows.where("id >= 2")
             later.write.format("delta").mode("overwrite").option("replaceWhere", "id >= 2").save(table)
             spark.read.format("delta").load(table).where("id > 0").count()
+            spark.range(4).mapInArrow(lambda batches: batches, "id long").count()  # the kernel's Arrow exchange
     except Exception as exc:  # the session may stop first (a short command): the archive then holds less
         logger.debug("filling the JVM class archive stopped: %s", exc)
 
@@ -191,8 +221,10 @@ def _local_defaults(
     builder = builder.config("spark.executor.extraClassPath", os.pathsep.join(packages))
     for key, value in jars.DELTA_CONF.items():
         builder = builder.config(key, value)
-    # Delta replays its log with this many tasks (50 by default): a few suit a local session's cores.
+    # Delta replays its log with this many tasks (50 by default), and VACUUM lists a table's folders with this many
+    # (10,000 by default: 19 s of empty tasks on 2 cores): a few suit a local session's cores.
     builder = builder.config("spark.databricks.delta.snapshotPartitions", str(max(2, cores)))
+    builder = builder.config("spark.sql.sources.parallelPartitionDiscovery.parallelism", str(max(2, cores)))
     options = [f"-Dlog4j2.configurationFile={LOG4J2_CONFIG.as_uri()}"] if LOG4J2_CONFIG.is_file() else []
     archive = java_options(java_description() or "", packages)
     options += archive

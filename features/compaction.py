@@ -1,0 +1,126 @@
+"""Keeping the offline table small: compaction of small files, and removal of the files no version needs.
+
+A stream appends one file per date a micro-batch touches (features.offline.append_batch): at a 1 s trigger,
+86,400 a day, which every training set and `features verify` would open. Delta's OPTIMIZE rewrites a date's
+files as one in a commit that changes no row, so readers (Spark, Feast through DuckDB, pandas through deltalake)
+see the files before it or after it, never both and never neither. A stream's appends go on beside it (they add
+files it did not read). A backfill that replaces the same date at the same moment makes one of the two commits
+fail: a backfill commits again (features.offline), a compaction waits for its next round.
+
+A stream compacts every `EVERY_APPENDS` of its appends, the dates then holding more than `COMPACT_ABOVE` files:
+as each append adds at most one file per date, no date ever holds more than COMPACT_ABOVE + EVERY_APPENDS
+(24 <= MAX_FILES) files, however many batches ran, and a day whose windows are final is compacted at the next
+round after its last append. `features compact` compacts every date with more than one file on demand.
+
+The files a compaction or a backfill replaced stay for older versions (time travel, `training_set(...,
+as_of_version=)`) until VACUUM deletes them, once they are older than the table's retention, Delta's own
+setting `delta.deletedFileRetentionDuration` (7 days unless set; `features compact --retention` sets it). A
+stream vacuums once an hour.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import date, timedelta
+from typing import TYPE_CHECKING
+
+from features.errors import ConfigError
+from features.offline import DATE, MAX_FILES, exists, is_conflict
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+logger = logging.getLogger(__name__)
+
+EVERY_APPENDS = 16  # a stream's appends between compaction rounds
+COMPACT_ABOVE = 8  # a round compacts the dates holding more files than this
+assert COMPACT_ABOVE + EVERY_APPENDS <= MAX_FILES  # the bound the module docstring derives
+VACUUM_EVERY_S = 3600.0
+
+
+def files_per_date(table: str) -> dict[date, int]:
+    """The active data files of each date partition (from the log; no data is read); {} without a table."""
+    if not exists(table):
+        return {}
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    values = pa.table(DeltaTable(table).get_add_actions(flatten=True)).column(f"partition.{DATE}").to_pylist()
+    out: dict[date, int] = {}
+    for value in values:
+        day = value if isinstance(value, date) else date.fromisoformat(str(value))
+        out[day] = out.get(day, 0) + 1
+    return dict(sorted(out.items()))
+
+
+def compact(spark: SparkSession, table: str, above: int = 1) -> dict[date, int]:
+    """Rewrite each date partition holding more than `above` files as one file (Delta's OPTIMIZE, one commit);
+    returns the files each compacted date held before."""
+    crowded = {day: n for day, n in files_per_date(table).items() if n > above}
+    if crowded:
+        days = ", ".join(f"'{day.isoformat()}'" for day in crowded)
+        spark.sql(f"OPTIMIZE delta.`{_sql_path(table)}` WHERE {DATE} IN ({days})").collect()
+    return crowded
+
+
+def vacuum(spark: SparkSession, table: str, retention: timedelta | None = None) -> None:
+    """Delete the files no version within the table's retention needs (Delta's VACUUM). `retention`, when given,
+    becomes the table's `delta.deletedFileRetentionDuration` first (versions older than it can no longer be
+    read)."""
+    if not exists(table):
+        return
+    path = _sql_path(table)
+    if retention is not None:
+        if retention < timedelta(0):
+            raise ConfigError(f"--retention must not be negative, got {retention}")
+        hours = int(retention.total_seconds() // 3600)
+        spark.sql(
+            f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES "
+            f"('delta.deletedFileRetentionDuration' = 'interval {hours} hours')"
+        ).collect()
+    spark.sql(f"VACUUM delta.`{path}`").collect()
+
+
+def _sql_path(table: str) -> str:
+    return table.replace("`", "``")
+
+
+@dataclass
+class StreamCompaction:
+    """A stream's rounds: after every `every` appends, compact the dates holding more than `above` files;
+    vacuum once per `vacuum_every_s` of `clock`."""
+
+    table: str
+    every: int = EVERY_APPENDS
+    above: int = COMPACT_ABOVE
+    vacuum_every_s: float = VACUUM_EVERY_S
+    clock: Callable[[], float] = time.monotonic
+    appends: int = 0
+    vacuumed: float | None = field(default=None)  # when it last vacuumed (the start counts: a stream's first
+    # vacuum comes an hour in, not in its first minutes)
+
+    def __post_init__(self) -> None:
+        if self.vacuumed is None:
+            self.vacuumed = self.clock()
+
+    def after_append(self, spark: SparkSession) -> dict[date, int]:
+        """Count one append; run a round when due. Returns the dates compacted (files each held before)."""
+        self.appends += 1
+        if self.appends % self.every:
+            return {}
+        try:
+            compacted = compact(spark, self.table, self.above)
+        except Exception as exc:
+            if not is_conflict(exc):
+                raise
+            # A backfill replaced one of the dates first: its rows are new files, compacted next round.
+            logger.info("compaction of %s left for the next round: %s", self.table, type(exc).__name__)
+            return {}
+        now = self.clock()
+        if self.vacuumed is None or now - self.vacuumed >= self.vacuum_every_s:
+            self.vacuumed = now
+            vacuum(spark, self.table)
+        return compacted

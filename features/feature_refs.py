@@ -1,0 +1,153 @@
+"""The features a training set or a model asks for, and the one set of values and types both stores give them.
+
+A request names features as `group:feature`, a group (all its features) or a FeatureGroup; `resolve_features`
+turns it into FeatureRefs. Where a store has no row for a key at or before a lookup time, every window was
+empty: `fill_empty` gives those rows the empty-window values (docs/semantics.md) and one type per feature, for
+training sets read from either store and for the online values a logged model serves (features.model).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import date
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from features.errors import ConfigError
+from features.repo import Repo
+from features.spec import DType, Feature, FeatureGroup
+
+ROW_ID = "__features_row"  # keeps the caller's row order through Feast's join
+
+
+@dataclass(frozen=True)
+class FeatureRef:
+    """One feature of one group, as Feast names it: `group:feature`."""
+
+    group: FeatureGroup
+    feature: Feature
+    dtype: DType
+
+    @property
+    def ref(self) -> str:
+        return f"{self.group.name}:{self.feature.name}"
+
+    def column(self, full_feature_names: bool = False) -> str:
+        """The column Feast gives it: the feature name, or `group__feature` with full feature names."""
+        return f"{self.group.name}__{self.feature.name}" if full_feature_names else self.feature.name
+
+    def as_column(self, full_feature_names: bool = False) -> FeatureColumn:
+        return FeatureColumn(self.column(full_feature_names), self.dtype, self.feature.aggregation.kind.empty_is_zero)
+
+
+@dataclass(frozen=True)
+class FeatureColumn:
+    """What `fill_empty` needs to know of a feature column (plain values: a logged model keeps them)."""
+
+    name: str
+    dtype: DType
+    empty_is_zero: bool  # count, sum, approx_count_distinct: 0 for an empty window, not null
+
+
+def resolve_features(repo: Repo, features: Sequence[str | FeatureGroup]) -> list[FeatureRef]:
+    """`group:feature` strings, group names (all their features) or FeatureGroups, as FeatureRefs in order."""
+    from features.feast_objects import source_schema
+
+    if isinstance(features, str | FeatureGroup):
+        features = [features]
+    if not features:
+        raise ConfigError("features: no features requested; pass e.g. ['user_transactions:failed_count_24h']")
+    refs: list[FeatureRef] = []
+    for item in features:
+        name, wanted = _split(item)
+        group = repo.groups.get(name)
+        if group is None:
+            raise ConfigError(
+                f"features: {item if isinstance(item, str) else name!r} names no feature group of {repo.root}; "
+                f"it defines {', '.join(sorted(repo.groups)) or 'none'}"
+            )
+        types = group.output_types(source_schema(group, repo.root))
+        names = [f.name for f in group.features]
+        for feature_name in wanted or names:
+            if feature_name not in names:
+                raise ConfigError(
+                    f"features: {name}:{feature_name} is not a feature of group {name!r}; it has {', '.join(names)}"
+                )
+            ref = FeatureRef(group, group.feature(feature_name), types[feature_name])
+            if all(r.ref != ref.ref for r in refs):
+                refs.append(ref)
+    return refs
+
+
+def _split(item: str | FeatureGroup) -> tuple[str, list[str]]:
+    if isinstance(item, FeatureGroup):
+        return item.name, []
+    group, _, feature = item.partition(":")
+    return group.strip(), [feature.strip()] if feature else []
+
+
+def join_keys(refs: Sequence[FeatureRef]) -> list[str]:
+    """Every join key the features need, in order of first use."""
+    keys: list[str] = []
+    for ref in refs:
+        keys += [k for k in ref.group.join_keys if k not in keys]
+    return keys
+
+
+def empty_value(column: FeatureColumn) -> int | float | None:
+    """A feature's value over an empty window (docs/semantics.md#empty-windows): 0 for count, sum, approx_count_distinct
+    and count_distinct (an integer 0 for integer features), None (null) for every other aggregation."""
+    if not column.empty_is_zero:
+        return None
+    return 0 if column.dtype is DType.INT64 else 0.0
+
+
+def fill_empty(
+    frame: pd.DataFrame, features: Sequence[FeatureRef | FeatureColumn], full_feature_names: bool = False
+) -> pd.DataFrame:
+    """The frame with the empty-window values (docs/semantics.md) where a store had no row, and one type per feature.
+
+    Where Feast found no row for a key at or before the lookup time, every window was empty: counts, sums and
+    approx_count_distinct become 0, the rest stay null. Types: integers int64 when never null (counts) and
+    pandas' nullable Int64 otherwise, floats float64 (NaN for null), booleans pandas' boolean, strings object,
+    lists Python lists (None for null)."""
+    out = frame.copy()
+    for spec in features:
+        ref = spec.as_column(full_feature_names) if isinstance(spec, FeatureRef) else spec
+        column = ref.name
+        values = out[column]
+        empty = empty_value(ref)
+        if empty is not None:
+            out[column] = pd.to_numeric(values).fillna(empty).astype(type(empty))
+        elif ref.dtype is DType.INT64:
+            out[column] = pd.array(pd.to_numeric(values), dtype="Int64")
+        elif ref.dtype is DType.FLOAT64:
+            out[column] = pd.to_numeric(values).astype("float64")
+        elif ref.dtype is DType.BOOL:
+            out[column] = values.astype("boolean")
+        elif ref.dtype.name.endswith("_LIST"):
+            out[column] = pd.Series([_as_list(v) for v in values], index=out.index, dtype=object)
+        else:
+            out[column] = pd.Series([None if _missing(v) else v for v in values], index=out.index, dtype=object)
+    return out
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (np.isscalar(value) and bool(pd.isna(value)))
+
+
+def _as_list(value: Any) -> list[Any] | None:
+    if _missing(value):
+        return None
+    return [v.item() if isinstance(v, np.generic) else v for v in value]
+
+
+def offline_dates(repo: Repo, group: FeatureGroup | str, version: int | None = None) -> list[date]:
+    """The dates of the group's offline table partitions (each a UTC day a backfill or stream wrote), as of
+    `version` if given."""
+    from features.offline import rows_by_date
+
+    return [day for day, rows in rows_by_date(repo.offline_path(group), version).items() if rows]

@@ -1,0 +1,137 @@
+"""Compaction of the offline table (features.compaction): a stream's date partitions never hold more than
+`above + every` files however many batches ran (24 <= 32 with the stream's settings), readers never see a row
+missing or doubled while a compaction commits, a backfill of the same day at the same moment loses nothing, and
+`features compact` compacts and vacuums (docs/table-format.md)."""
+
+from __future__ import annotations
+
+import math
+import threading
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+from test_offline_table import T0, M, assert_once, rows, table_rows
+
+from features import Entity, EventSource, Feature, FeatureGroup, Hop, agg, offline
+from features.compaction import COMPACT_ABOVE, EVERY_APPENDS, StreamCompaction, compact, files_per_date, vacuum
+from features.spec import WINDOW_END
+
+pytestmark = pytest.mark.spark
+
+
+def stream_batches(spark, table: str, batches: int, compaction: StreamCompaction | None, first: int = 0) -> list:
+    """`batches` micro-batches of 3 users x 2 minutes each, appended as a stream appends them; the files per date
+    after each."""
+    log = offline.StreamLog(table, "s1")
+    seen = []
+    for batch in range(first, first + batches):
+        log.refresh()
+        offline.append_batch(spark, rows(spark, T0 + 2 * batch * M, 2), log, batch)
+        if compaction is not None:
+            compaction.after_append(spark)
+        seen.append(files_per_date(table)[T0.date()])
+    return seen
+
+
+def test_a_streams_date_partition_holds_at_most_above_plus_every_files(spark, tmp_path: Path) -> None:
+    """Each append adds one file to a date and every `every`-th compacts the dates above `above`: no date ever holds
+    more than above + every files. With the stream's settings (8 + 16) that is under the 32-file bound."""
+    assert COMPACT_ABOVE + EVERY_APPENDS <= offline.MAX_FILES == 32
+    table = str(tmp_path / "g")
+    clock = [0.0]
+    compaction = StreamCompaction(table, every=4, above=2, vacuum_every_s=3600, clock=lambda: clock[0])
+    seen = stream_batches(spark, table, 9, compaction)
+    assert seen == [1, 2, 3, 1, 2, 3, 4, 1, 2]  # rounds after appends 4 and 8 (the 4th: 4 files > 2)
+    got = table_rows(table)
+    assert_once(got)
+    assert len(got) == 9 * 2 * 3
+    log = offline.StreamLog(table, "s1")  # the stream still finds its own last batch past the compactions' commits
+    log.refresh()
+    assert log.last_batch == 8
+    assert len(list(Path(table).glob("date=*/*.parquet"))) == 9 + 2  # replaced files wait for an hour's vacuum
+    assert compaction.vacuumed == 0.0
+    clock[0] = 3600.0  # an hour later: the next round also vacuums (files younger than the retention stay)
+    stream_batches(spark, table, 4, compaction, first=9)
+    assert compaction.vacuumed == 3600.0
+
+
+def test_readers_never_see_a_row_missing_or_doubled_while_a_compaction_commits(spark, tmp_path: Path) -> None:
+    table = str(tmp_path / "g")
+    stream_batches(spark, table, 6, None)
+    expected = len(table_rows(table))
+    seen: list[int] = []
+    stop = threading.Event()
+
+    def read() -> None:
+        while not stop.is_set():
+            got = table_rows(table)
+            seen.append(len(got) if not got.duplicated(["user_id", WINDOW_END]).any() else -1)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        assert compact(spark, table) == {T0.date(): 6}
+        spark_rows = offline.read_table(spark, table).count()
+    finally:
+        stop.set()
+        reader.join()
+    assert seen and set(seen) == {expected}, seen
+    assert spark_rows == expected
+    assert files_per_date(table) == {T0.date(): 1}
+
+
+def test_a_compaction_and_a_backfill_of_the_same_day_at_once_lose_nothing(spark, tmp_path: Path) -> None:
+    table = str(tmp_path / "g")
+    stream_batches(spark, table, 8, None)
+    errors: list[BaseException] = []
+
+    def compacting() -> None:
+        try:
+            compaction = StreamCompaction(table, every=1, above=1, vacuum_every_s=math.inf)
+            for _ in range(3):
+                compaction.after_append(spark)  # a conflict waits for its next round
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    thread = threading.Thread(target=compacting)
+    thread.start()
+    offline.replace_range(spark, rows(spark, T0, 10, value=500.0, latest=False), table, T0, T0 + 10 * M)
+    thread.join()
+    assert not errors, errors
+    got = table_rows(table)
+    assert_once(got)
+    assert len(got) == 16 * 3
+    assert (got.loc[got[WINDOW_END] < T0 + 10 * M, "v"] >= 500).all()  # the backfill's rows in its range
+
+
+def test_features_compact_compacts_and_removes_what_no_version_needs(spark, feast_repo, capsys) -> None:
+    from features.cli import main
+
+    group = FeatureGroup(
+        "g",
+        Entity("user", ["user_id"]),
+        EventSource("tx", "data/tx", "event_ts", schema={"user_id": "string", "event_ts": "timestamp", "v": "float64"}),
+        [Feature("v_sum", agg.sum("v"), Hop("1h", every="5m"))],
+    )
+    root = feast_repo([group], apply=False)
+    table = str(root / "data" / "offline" / "g")
+    stream_batches(spark, table, 3, None)
+
+    def parquet() -> list[str]:
+        return sorted(p.name for p in Path(table).glob("date=*/*.parquet"))
+
+    assert len(parquet()) == 3
+    assert main(["status", "--repo", str(root)]) == 0
+    assert "  table      version 2, 1 dates in 3 files (at most 3 a date)" in capsys.readouterr().out
+    assert main(["compact", "--repo", str(root), "--retention", "1h"]) == 0
+    assert "g: 1 dates compacted (3 files into 1)" in capsys.readouterr().out
+    assert main(["status", "--repo", str(root)]) == 0
+    assert "1 dates in 1 files (at most 1 a date)" in capsys.readouterr().out
+    assert len(parquet()) == 4  # the replaced files stay for older versions, within the retention
+    properties = DeltaTable(table).metadata().configuration
+    assert properties["delta.deletedFileRetentionDuration"] == "interval 1 hours"
+    vacuum(spark, table, timedelta(0))  # what a later run does once they are older than the retention
+    assert len(parquet()) == 1
+    assert len(table_rows(table)) == 3 * 2 * 3
