@@ -31,6 +31,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -48,13 +49,17 @@ FILES_BOUND = 32
 FLAT = 0.15
 
 
-def make_repo(work: Path) -> Path:
-    """The demo's feature repo (its definitions and feature_store.yaml) in `work`, applied."""
+def make_repo(work: Path, apply: Callable[[Path], object] | None = None) -> Path:
+    """The demo's feature repo (its definitions and feature_store.yaml) in `work`, applied (by `features apply` in a
+    process of its own unless `apply(repo)` is given)."""
     shutil.rmtree(work, ignore_errors=True)
     repo = work / "repo"
     shutil.copytree(ROOT / "feature_repo", repo, ignore=shutil.ignore_patterns("data", "__pycache__"))
     (repo / "data" / "transactions").mkdir(parents=True)
-    subprocess.run(_features("apply", "--repo", str(repo)), check=True, capture_output=True)
+    if apply is not None:
+        apply(repo)
+    else:
+        subprocess.run(_features("apply", "--repo", str(repo)), check=True, capture_output=True)
     return repo
 
 
@@ -215,9 +220,19 @@ def _quarter_ratio(points: list[tuple[float, float]]) -> float | None:
     return float(last / second) if second else None
 
 
-def soak(work: Path, catch_up_min: float, live_min: float, days: float, events_per_file: int) -> dict[str, object]:
-    """Run the soak in `work`; returns its measurements (see the module docstring)."""
-    repo = make_repo(work)
+def soak(
+    work: Path,
+    catch_up_min: float,
+    live_min: float,
+    days: float,
+    events_per_file: int,
+    drain: Callable[[Path], None] | None = None,
+    apply: Callable[[Path], object] | None = None,
+) -> dict[str, object]:
+    """Run the soak in `work`; returns its measurements (see the module docstring). `apply(repo)` and
+    `drain(repo)` (what landed after the live stream stopped) run by default as `features apply` and `features
+    stream --available-now` processes; the tests run them in their own session, which costs no JVM start."""
+    repo = make_repo(work, apply)
     feeder = Feeder(
         repo / "data" / "transactions",
         pd.Timestamp.now(tz="UTC") - pd.Timedelta(days=days),
@@ -259,10 +274,7 @@ def soak(work: Path, catch_up_min: float, live_min: float, days: float, events_p
     stop.set()
     loader.join()
     stream.stop()
-    drain = subprocess.run(_features("stream", "--repo", str(repo), "--available-now"), capture_output=True, text=True)
-    (work / "drain.log").write_text(drain.stdout + drain.stderr)
-    if drain.returncode != 0:
-        raise RuntimeError(f"the draining run failed:\n{drain.stderr[-3000:]}")
+    (drain or _drain_process)(repo)
     events = pd.concat(feeder.landed, ignore_index=True)
     events.to_parquet(work / "events.parquet", index=False)
     # Flatness is judged where batches do the same work: during the catch-up (each file spans the same stretch of
@@ -285,6 +297,14 @@ def soak(work: Path, catch_up_min: float, live_min: float, days: float, events_p
         "first": events["event_ts"].min(),
         "last": events["event_ts"].max(),
     }
+
+
+def _drain_process(repo: Path) -> None:
+    command = _features("stream", "--repo", str(repo), "--available-now")
+    drained = subprocess.run(command, capture_output=True, text=True)
+    (repo.parent / "drain.log").write_text(drained.stdout + drained.stderr)
+    if drained.returncode != 0:
+        raise RuntimeError(f"the draining run failed:\n{drained.stderr[-3000:]}")
 
 
 def _aside(repo: Path) -> dict[str, int]:

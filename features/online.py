@@ -509,7 +509,9 @@ class RedisOnlineWriter(OnlineWriter):
         if self._client is None:
             from feast.infra.online_stores.redis import RedisOnlineStore
             from redis import Redis
+            from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
             from redis.exceptions import RedisError
+            from redis.retry import Retry
             from redis.sentinel import Sentinel
 
             nodes, options = RedisOnlineStore._parse_connection_string(self.connection_string)
@@ -518,8 +520,13 @@ class RedisOnlineWriter(OnlineWriter):
                     sentinel = Sentinel([(n["host"], int(n["port"])) for n in nodes], **options)
                     client = sentinel.master_for(self.sentinel_master)
                 else:
-                    client = Redis(host=nodes[0]["host"], port=int(nodes[0]["port"]), **options)
+                    # The first call fails at once when nothing listens there (redis-py's default retries back off
+                    # for about 10 s); the writes after it retry as redis-py does by default.
+                    client = Redis(
+                        host=nodes[0]["host"], port=int(nodes[0]["port"]), retry=Retry(NoBackoff(), 0), **options
+                    )
                 self._sha = client.script_load(guarded_hset_lua(len(self.features)))
+                client.set_retry(Retry(ExponentialWithJitterBackoff(base=1, cap=10), 3))
             except RedisError as exc:
                 raise ConfigError(
                     f"online store of feature view {self.view!r}: cannot use Redis at {self.address} ({exc}). "

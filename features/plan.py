@@ -96,7 +96,7 @@ class ApplyPlan:
 
 def plan_apply(repo: Repo) -> ApplyPlan:
     """What `features apply` on `repo` would change (see the module docstring); changes nothing."""
-    from features.schedule import removed_groups
+    from features.registration import removed_groups
 
     the_plan = ApplyPlan(str(repo.root))
     registered = _registered_views(repo)
@@ -117,7 +117,7 @@ def plan_apply(repo: Repo) -> ApplyPlan:
 
 
 def _registered_views(repo: Repo) -> dict[str, Any]:
-    from features.schedule import TAG
+    from features.registration import TAG
 
     views = repo.feature_store().list_feature_views(allow_cache=False)
     return {v.name: v for v in views if TAG in (v.tags or {})}

@@ -10,6 +10,7 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
+from features.errors import ConfigError
 from features.repo import Repo
 
 
@@ -34,7 +35,6 @@ def apply(repo_path: str, *, prune: bool = False) -> list[str]:
     that are no longer defined are removed only with `prune` (else a ConfigError names them): Feast's apply
     would drop them, and their online values, silently."""
     from features.feast_objects import apply_repo, record_source_schemas
-    from features.schedule import check_removed_groups
 
     repo = Repo.load(repo_path)
     check_removed_groups(repo, prune=prune)
@@ -61,3 +61,32 @@ def check_wheres(repo: Repo) -> None:
     spark = get_spark()
     for group in groups:
         check_columns(group, spark.createDataFrame([], spark_schema(source_schema(group, repo.root))))
+
+
+TAG = "features.source"  # the tag features.feast_objects.to_feast puts on every view it makes
+
+
+def removed_groups(repo: Repo) -> list[str]:
+    """Feature views in the Feast registry made from a group that the repo no longer defines."""
+    views = repo.feature_store().list_feature_views(allow_cache=False)
+    return sorted(v.name for v in views if TAG in (v.tags or {}) and v.name not in repo.groups)
+
+
+def check_removed_groups(repo: Repo, *, prune: bool) -> list[str]:
+    """Refuse to apply when it would remove views of deleted groups, unless `prune`; returns those views."""
+    removed = removed_groups(repo)
+    if not removed:
+        return []
+    names = ", ".join(map(repr, removed))
+    if not prune:
+        raise ConfigError(
+            f"apply: the Feast registry has feature view(s) {names} but no feature group in {repo.root} defines "
+            "them any more; run `features apply --prune` to remove them (with their online values), or restore "
+            "the group(s)"
+        )
+    tables = ", ".join(repo.offline_path(name) for name in removed)
+    print(
+        f"pruning feature view(s) {names} from the Feast registry and the online store; their offline data "
+        f"stays in {tables} (delete it when it is no longer needed)"
+    )
+    return removed

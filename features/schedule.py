@@ -586,36 +586,3 @@ def backfill_command(
         return 0
     execute(repo, the_plan, spark=spark, online=online, on_invalid=on_invalid, now=now, track=track)
     return 0
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Removed groups
-
-
-TAG = "features.source"  # the tag features.feast_objects.to_feast puts on every view it makes
-
-
-def removed_groups(repo: Repo) -> list[str]:
-    """Feature views in the Feast registry made from a group that the repo no longer defines."""
-    views = repo.feature_store().list_feature_views(allow_cache=False)
-    return sorted(v.name for v in views if TAG in (v.tags or {}) and v.name not in repo.groups)
-
-
-def check_removed_groups(repo: Repo, *, prune: bool) -> list[str]:
-    """Refuse to apply when it would remove views of deleted groups, unless `prune`; returns those views."""
-    removed = removed_groups(repo)
-    if not removed:
-        return []
-    names = ", ".join(map(repr, removed))
-    if not prune:
-        raise ConfigError(
-            f"apply: the Feast registry has feature view(s) {names} but no feature group in {repo.root} defines "
-            "them any more; run `features apply --prune` to remove them (with their online values), or restore "
-            "the group(s)"
-        )
-    tables = ", ".join(repo.offline_path(name) for name in removed)
-    print(
-        f"pruning feature view(s) {names} from the Feast registry and the online store; their offline data "
-        f"stays in {tables} (delete it when it is no longer needed)"
-    )
-    return removed

@@ -13,9 +13,11 @@ import pytest
 from reference import reference_frame
 from test_stream import offline_rows, same_value
 
+from features.registration import apply
 from features.repo import Repo
 from features.serving import online_features
 from features.spec import WINDOW_END
+from features.stream import stream
 from features.verify import verify_group
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -30,12 +32,27 @@ def _bench():
     return module
 
 
+def apply_here(repo: Path) -> None:
+    apply(str(repo))
+
+
+def drain_here(repo: Path) -> None:
+    """What `features stream --available-now` runs, in the tests' session."""
+    run = stream(Repo.load(repo), available_now=True, progress=False, tracking=False)
+    try:
+        run.await_termination()
+    finally:
+        run.stop()
+
+
 def test_a_stream_soaked_through_event_time_and_a_kill(spark, tmp_path) -> None:
     soak = _bench()
     work = tmp_path / "soak"
     # The bench samples every 5 s and kills at the first sample past half the run: 18 s kills at 10 s, where 24 s
     # waited until 15 s. The restart's cold start outlasts the rest either way, so that live events still land.
-    result = soak.soak(work, catch_up_min=0.25, live_min=0.05, days=1.0, events_per_file=50)
+    result = soak.soak(
+        work, catch_up_min=0.25, live_min=0.05, days=1.0, events_per_file=50, drain=drain_here, apply=apply_here
+    )
     assert result["batches"] >= 5  # micro-batches with events, before and after the kill
     assert result["aside"] == {g: 0 for g in soak.GROUPS}  # every event good and in order: nothing set aside
     assert result["max_files_per_partition"] <= soak.FILES_BOUND
