@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable
-from test_offline_table import T0, M, assert_once, rows, table_rows
+from test_offline_table import T0, M, assert_once, cli_group, rows, table_rows
 
-from features import Entity, EventSource, Feature, FeatureGroup, Hop, agg, offline
+from features import offline
 from features.compaction import COMPACT_ABOVE, EVERY_APPENDS, StreamCompaction, compact, files_per_date, vacuum
 from features.spec import WINDOW_END
 
@@ -109,13 +109,7 @@ def test_a_compaction_and_a_backfill_of_the_same_day_at_once_lose_nothing(spark,
 def test_features_compact_compacts_and_removes_what_no_version_needs(spark, feast_repo, capsys) -> None:
     from features.cli import main
 
-    group = FeatureGroup(
-        "g",
-        Entity("user", ["user_id"]),
-        EventSource("tx", "data/tx", "event_ts", schema={"user_id": "string", "event_ts": "timestamp", "v": "float64"}),
-        [Feature("v_sum", agg.sum("v"), Hop("1h", every="5m"))],
-    )
-    root = feast_repo([group], apply=False)
+    root = feast_repo([cli_group("g")], apply=False)
     table = str(root / "data" / "offline" / "g")
     stream_batches(spark, table, 3, None)
 

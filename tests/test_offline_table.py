@@ -207,16 +207,20 @@ def test_a_table_of_an_earlier_version_is_refused_then_converted_in_place(spark,
     assert offline.rows_by_date(table) == {T0.date(): 12}
 
 
-def test_features_migrate_converts_each_group(feast_repo, tmp_path: Path, capsys) -> None:
-    from features.cli import main
-
-    group = FeatureGroup(
-        "old_group",
+def cli_group(name: str) -> FeatureGroup:
+    """A group whose offline table a CLI test writes by hand (rows as `rows` makes them)."""
+    return FeatureGroup(
+        name,
         Entity("user", ["user_id"]),
         EventSource("tx", "data/tx", "event_ts", schema={"user_id": "string", "event_ts": "timestamp", "v": "float64"}),
         [Feature("v_sum", agg.sum("v"), Hop("1h", every="5m"))],
     )
-    root = feast_repo([group], apply=False)
+
+
+def test_features_migrate_converts_each_group(feast_repo, tmp_path: Path, capsys) -> None:
+    from features.cli import main
+
+    root = feast_repo([cli_group("old_group")], apply=False)
     old_table(root / "data" / "offline" / "old_group")
     assert main(["migrate", "--repo", str(root)]) == 0
     assert "old_group: converted " in capsys.readouterr().out
