@@ -219,17 +219,34 @@ def replace_range(
         at_end = newest.where(F.col(WINDOW_END) == end_ts)
         if on_staged is not None and not on_staged(new_rows.unionByName(at_end), newest):
             return 0
-        count = new_rows.count()
         meta = {**(info or {}), "writer": BACKFILL, "start": start.isoformat(), "end": end.isoformat()}
         condition = _range_condition(start, end)
         commit = partial(_retried, lambda: _replace(new_rows, table, condition, meta))
         beside(commit, partial(alongside, newest) if alongside is not None else None)
+        count = _rows_written(table, meta)
+        if count is None:  # the log no longer shows the commit (a burst of other writers): count the rows
+            count = new_rows.count()
     finally:
         staged.unpersist()
     if on_swapped is not None:
         for day in dates_between(start, end):
             on_swapped(day)
     return count
+
+
+def _rows_written(table: str, meta: Mapping[str, Any]) -> int | None:
+    """The rows the newest commit recording `meta` wrote, from its metrics in the log (no Spark job)."""
+    from deltalake import DeltaTable
+
+    for entry in DeltaTable(table).history(10):
+        try:
+            info = json.loads(entry.get("userMetadata") or "{}").get(KEY)
+        except (ValueError, AttributeError):
+            continue
+        written = (entry.get("operationMetrics") or {}).get("numOutputRows")
+        if info == dict(meta) and written is not None:
+            return int(written)
+    return None
 
 
 def _range_condition(start: datetime, end: datetime) -> str:
