@@ -153,13 +153,9 @@ def _folder_bytes(folder: Path) -> int:
 
 def _max_files(table: Path) -> int:
     """The most data files any date of the offline table has (its current version's files)."""
-    import pyarrow as pa
-    from deltalake import DeltaTable
+    from features.offline import files_per_date
 
-    if not DeltaTable.is_deltatable(str(table)):
-        return 0
-    days = pa.table(DeltaTable(str(table)).get_add_actions(flatten=True)).column("partition.date").to_pylist()
-    return max((days.count(d) for d in set(days)), default=0)
+    return max(files_per_date(str(table)).values(), default=0)
 
 
 class Stream:

@@ -28,7 +28,7 @@ from datetime import date, timedelta
 from typing import TYPE_CHECKING
 
 from features.errors import ConfigError
-from features.offline import DATE, MAX_FILES, exists, is_conflict
+from features.offline import DATE, MAX_FILES, exists, files_per_date, is_conflict
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -39,21 +39,6 @@ EVERY_APPENDS = 16  # a stream's appends between compaction rounds
 COMPACT_ABOVE = 8  # a round compacts the dates holding more files than this
 assert COMPACT_ABOVE + EVERY_APPENDS <= MAX_FILES  # the bound the module docstring derives
 VACUUM_EVERY_S = 3600.0
-
-
-def files_per_date(table: str) -> dict[date, int]:
-    """The active data files of each date partition (from the log; no data is read); {} without a table."""
-    if not exists(table):
-        return {}
-    import pyarrow as pa
-    from deltalake import DeltaTable
-
-    values = pa.table(DeltaTable(table).get_add_actions(flatten=True)).column(f"partition.{DATE}").to_pylist()
-    out: dict[date, int] = {}
-    for value in values:
-        day = value if isinstance(value, date) else date.fromisoformat(str(value))
-        out[day] = out.get(day, 0) + 1
-    return dict(sorted(out.items()))
 
 
 def compact(spark: SparkSession, table: str, above: int = 1) -> dict[date, int]:

@@ -138,15 +138,26 @@ def read_pandas(table: str, with_date: bool = False) -> pd.DataFrame:
 def rows_by_date(table: str, version: int | None = None) -> dict[date, int]:
     """Rows per date partition (as of `version` if given), from the log's file statistics (no data is read); {}
     when there is no table."""
+    return _per_date(table, version, "num_records")
+
+
+def files_per_date(table: str) -> dict[date, int]:
+    """The active data files of each date partition (from the log; no data is read); {} without a table."""
+    return _per_date(table, None, None)
+
+
+def _per_date(table: str, version: int | None, weight: str | None) -> dict[date, int]:
+    """The sum of the `weight` column of the table's active files per date partition (their count for None)."""
     if not exists(table):
         return {}
     import pyarrow as pa
 
     actions = pa.table(_loaded(table, version).get_add_actions(flatten=True)).to_pydict()
+    days = actions[f"partition.{DATE}"]
     out: dict[date, int] = {}
-    for value, rows in zip(actions[f"partition.{DATE}"], actions["num_records"], strict=True):
+    for value, n in zip(days, actions[weight] if weight else [1] * len(days), strict=True):
         day = value if isinstance(value, date) else date.fromisoformat(str(value))
-        out[day] = out.get(day, 0) + int(rows or 0)
+        out[day] = out.get(day, 0) + int(n or 0)
     return dict(sorted(out.items()))
 
 

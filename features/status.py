@@ -136,8 +136,7 @@ def _group_status(repo: Repo, group: FeatureGroup, now: datetime) -> GroupStatus
 
 
 def _table_info(table: str) -> TableInfo | None:
-    from features.compaction import files_per_date
-    from features.offline import current_version
+    from features.offline import current_version, files_per_date
 
     version = current_version(table)
     if version is None:

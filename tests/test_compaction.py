@@ -15,7 +15,8 @@ from deltalake import DeltaTable
 from test_offline_table import T0, M, assert_once, cli_group, rows, table_rows
 
 from features import offline
-from features.compaction import COMPACT_ABOVE, EVERY_APPENDS, StreamCompaction, compact, files_per_date, vacuum
+from features.compaction import COMPACT_ABOVE, EVERY_APPENDS, StreamCompaction, compact, vacuum
+from features.offline import files_per_date
 from features.spec import WINDOW_END
 
 pytestmark = pytest.mark.spark
