@@ -338,6 +338,7 @@ def test_ctrl_c_stops_the_server_and_its_workers_at_once(applied: Path) -> None:
     uvicorn worker ignored (gunicorn then waited 30 s and SIGKILLed them)."""
     server = _start(applied, workers=2)
     try:
+        _wait_until_booted(server, 2)  # a worker still booting dies of the SIGINT itself, as it would in a terminal
         workers = server.workers() if Path(f"/proc/{server.process.pid}/task").is_dir() else []
         started = time.monotonic()
         os.killpg(server.process.pid, signal.SIGINT)
@@ -350,6 +351,13 @@ def test_ctrl_c_stops_the_server_and_its_workers_at_once(applied: Path) -> None:
     assert took < 10, f"stopping took {took:.1f}s\n{log}"
     assert "SIGKILL" not in log and "was sent" not in log and "Traceback" not in log, log
     assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()], "a worker outlived the server"
+
+
+def _wait_until_booted(server: Server, workers: int) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while server.log.read_text().count("Application startup complete") < workers:
+        assert time.monotonic() < deadline, server.log.read_text()
+        time.sleep(0.1)
 
 
 def _serve(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
