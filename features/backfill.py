@@ -24,7 +24,7 @@ from features.engine.source import observed_count, quarantine_counts, read_sourc
 from features.errors import ConfigError
 from features.manifest import read_manifest
 from features.manifest import update as update_manifest
-from features.offline import replace_range
+from features.offline import stage
 from features.progress import spark_progress
 from features.repo import Repo
 
@@ -309,19 +309,6 @@ def backfill_group(
         timings[name] = timings.get(name, 0.0) + now - clock[0]
         clock[0] = now
 
-    def check(staged: DataFrame, newest: DataFrame) -> bool:
-        """Validate every row about to reach a store; on failure act as the policy says (nothing is written)."""
-        nonlocal report, batch_quarantined
-        lap("compute")
-        if validate:
-            report = quality.validate_batch(group, staged, range_start=start)
-            if not report.success:
-                what = f"change points for [{start.isoformat()}, {end.isoformat()}]"
-                batch_quarantined = quality.handle_invalid(report, staged, group, repo.root, chosen, what)
-                return False
-        lap("validation")
-        return True
-
     def write_newest_online(newest: DataFrame) -> None:
         """Each key's newest row to the online store, while the offline table's commit runs."""
         nonlocal online_rows
@@ -330,21 +317,28 @@ def backfill_group(
             lap("online")
 
     swapped: list[date] = []
-
-    def swapped_day(day: date) -> None:
-        swapped.append(day)
-        if on_swapped is not None:
-            on_swapped(day)
-
     table = repo.offline_path(group)
     try:
         with spark_progress(spark, f"backfill {group.name}", progress):
             computed = change_points(group, events, micros(start), micros(end), observe=True)
-            rows = computed.with_latest
-            info = {"group": group.name, "definition_hash": definition_hash(group), "features": feature_hashes(group)}
-            rows_out = replace_range(
-                spark, rows, table, start, end, check, swapped_day, info, alongside=write_newest_online
-            )
+            # stage -> validate -> publish (the online store beside the offline commit), or quarantine
+            with stage(spark, computed.with_latest, table, start, end) as staged:
+                lap("compute")
+                if validate:
+                    report = quality.validate_batch(group, staged.rows, range_start=start)
+                if report is not None and not report.success:
+                    what = f"change points for [{start.isoformat()}, {end.isoformat()}]"
+                    batch_quarantined = quality.handle_invalid(report, staged.rows, group, repo.root, chosen, what)
+                    rows_out = 0
+                else:
+                    lap("validation")
+                    info = {
+                        "group": group.name,
+                        "definition_hash": definition_hash(group),
+                        "features": feature_hashes(group),
+                    }
+                    rows_out = staged.publish(info, alongside=write_newest_online)
+                    swapped = staged.days
     except Exception as exc:  # the bad records are set aside whatever else failed
         try:
             _, by_day = quarantine_counts(rejected, records, group.source.timestamp)
@@ -352,6 +346,9 @@ def backfill_group(
         except Exception as also:
             exc.add_note(f"Setting the bad source records aside failed too: {also}")
         raise
+    if on_swapped is not None:
+        for day in swapped:
+            on_swapped(day)
     lap("offline")
     quarantined: dict[str, int] = {}
     by_day: dict[date, int] = {}

@@ -199,50 +199,72 @@ def commits(table: str | DeltaTable, limit: int | None = None) -> list[Commit]:
 # Backfill: replace a range
 
 
+class Staged:
+    """A backfill's rows for [start, end), computed once and kept (Spark's cache) until they are published or
+    discarded: the one computation feeds validation and both stores. Use it as a context manager (`stage`), so
+    that the cache goes whatever happens.
+
+    `rows` are the rows to validate: those with window ends in [start, end] (the newest rows at `end` included,
+    as the online store gets them). `newest` is each key's newest row as of `end`, the online store's value."""
+
+    def __init__(self, spark: SparkSession, rows: DataFrame, table: str, start: datetime, end: datetime) -> None:
+        start_ts, end_ts = F.lit(start).cast("timestamp"), F.lit(end).cast("timestamp")
+        latest = F.col(LATEST)
+        in_range = (F.col(WINDOW_END) >= start_ts) & (F.col(WINDOW_END) < end_ts)
+        self.spark, self.table, self.start, self.end = spark, table, start, end
+        self._kept = rows.where(latest | in_range).persist()
+        self._new_rows = self._kept.where(~latest).drop(LATEST)
+        self.newest = self._kept.where(latest).drop(LATEST)
+        self.rows = self._new_rows.unionByName(self.newest.where(F.col(WINDOW_END) == end_ts))
+
+    @property
+    def days(self) -> list[date]:
+        """The dates whose partitions a publish replaces (in part at the ends of the range)."""
+        return dates_between(self.start, self.end)
+
+    def publish(
+        self, info: Mapping[str, Any] | None = None, alongside: Callable[[DataFrame], None] | None = None
+    ) -> int:
+        """One commit replaces the range with the rows, while `alongside` gets `newest` in this thread (the online
+        store's write: Python work beside the commit's Spark jobs); an error of either is raised once both are
+        done. Returns the rows written to the table."""
+        meta = {**(info or {}), "writer": BACKFILL, "start": self.start.isoformat(), "end": self.end.isoformat()}
+        condition = _range_condition(self.start, self.end)
+        commit = partial(_retried, lambda: _replace(self._new_rows, self.table, condition, meta))
+        beside(commit, partial(alongside, self.newest) if alongside is not None else None)
+        count = _rows_written(self.table, meta)
+        if count is None:  # the log no longer shows the commit (a burst of other writers): count the rows
+            count = self._new_rows.count()
+        return count
+
+    def discard(self) -> None:
+        self._kept.unpersist()
+
+    def __enter__(self) -> Staged:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.discard()
+
+
+def stage(spark: SparkSession, rows: DataFrame, table: str, start: datetime, end: datetime) -> Staged:
+    """Stage `rows` to become the table's content for window ends in [start, end). `rows` carries the boolean
+    column `LATEST` (features.engine.batch): true on a copy of each key's newest row (window end <= `end`), its
+    value as of `end` for the online store. Nothing is written until `publish`."""
+    return Staged(spark, rows, table, start, end)
+
+
 def replace_range(
     spark: SparkSession,
     rows: DataFrame,
     table: str,
     start: datetime,
     end: datetime,
-    on_staged: Callable[[DataFrame, DataFrame], bool] | None = None,
-    on_swapped: Callable[[date], None] | None = None,
     info: Mapping[str, Any] | None = None,
-    alongside: Callable[[DataFrame], None] | None = None,
 ) -> int:
-    """Make `rows` with window ends in [start, end) the table's content for that range; returns their count.
-    `rows` carries the boolean column `LATEST` (features.engine.batch): true on a copy of each key's newest row
-    (window end <= `end`), its value as of `end` for the online store.
-
-    The rows are computed once and kept (Spark's cache) for every reader: `on_staged` gets, before anything is
-    written, the rows with window ends in [start, end] (those at `end` included) and the newest-row copies, so
-    that one computation feeds validation and both stores; when it returns False, nothing is written (the
-    result is then 0). Then one commit replaces the range, while `alongside` gets the newest-row copies in
-    this thread (the online store's write: Python work beside the commit's Spark jobs); an error of either is
-    raised once both are done. `on_swapped` gets each date after both."""
-    start_ts, end_ts = F.lit(start).cast("timestamp"), F.lit(end).cast("timestamp")
-    latest = F.col(LATEST)
-    in_range = (F.col(WINDOW_END) >= start_ts) & (F.col(WINDOW_END) < end_ts)
-    staged = rows.where(latest | in_range).persist()
-    try:
-        new_rows = staged.where(~latest).drop(LATEST)
-        newest = staged.where(latest).drop(LATEST)
-        at_end = newest.where(F.col(WINDOW_END) == end_ts)
-        if on_staged is not None and not on_staged(new_rows.unionByName(at_end), newest):
-            return 0
-        meta = {**(info or {}), "writer": BACKFILL, "start": start.isoformat(), "end": end.isoformat()}
-        condition = _range_condition(start, end)
-        commit = partial(_retried, lambda: _replace(new_rows, table, condition, meta))
-        beside(commit, partial(alongside, newest) if alongside is not None else None)
-        count = _rows_written(table, meta)
-        if count is None:  # the log no longer shows the commit (a burst of other writers): count the rows
-            count = new_rows.count()
-    finally:
-        staged.unpersist()
-    if on_swapped is not None:
-        for day in dates_between(start, end):
-            on_swapped(day)
-    return count
+    """Stage and publish `rows` (see `stage`), unvalidated; returns the rows written."""
+    with stage(spark, rows, table, start, end) as staged:
+        return staged.publish(info)
 
 
 def _rows_written(table: str, meta: Mapping[str, Any]) -> int | None:

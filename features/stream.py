@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +35,7 @@ from features.rollup import MetricRollup
 from features.spec import FeatureGroup
 from features.spec.durations import parse_duration
 from features.spec.fingerprint import definition_hash, describe
+from features.stream_aside import SetAside
 from features.stream_sink import BatchSink, StreamProgress
 
 if TYPE_CHECKING:
@@ -176,9 +178,10 @@ def stream(
                 processor, projection.output_schema, "append", "EventTime"
             )
             writer_of = writers.get(group.name)
-            schema = projection.record_schema
-            sink = BatchSink(repo, group, writer_of, validate, run, show, spark, schema, metrics_s, keep_s)
-            sink.nanoseconds = nanoseconds
+            rollup = MetricRollup(partial(_log_metrics, run.tracker), metrics_s)
+            run.rollups.append(rollup)
+            aside = SetAside(repo, group, spark, projection.record_schema, rollup, keep_s, nanoseconds)
+            sink = BatchSink(repo, group, writer_of, validate, run, show, spark, aside, rollup)
             sink.stream_id = stream_id
             writer = out.writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint / "query"))
             writer = writer.queryName(f"features_{group.name}")
@@ -208,6 +211,10 @@ CONNECT_UNSUPPORTED = (
     "user) access mode, `spark-submit jobs/stream.py`, or `features stream` without SPARK_REMOTE. Backfills "
     "(`features backfill --since-last`, e.g. every few minutes) do run on Spark Connect"
 )
+
+
+def _log_metrics(tracker: Any, metrics: dict[str, float], step: int, group: str) -> None:
+    tracker.log_metrics(metrics, step=step, group=group)
 
 
 def _archive(

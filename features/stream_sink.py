@@ -5,7 +5,6 @@ queries; features.engine.stream computes what a batch holds).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import operator
 import sys
@@ -14,12 +13,10 @@ import time
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import partial, reduce
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from features.parallel import beside
 from features.repo import Repo
-from features.retention import SWEEP_EVERY_S, held, sweep
 from features.rollup import MetricRollup
 from features.spec import WINDOW_END, FeatureGroup
 
@@ -29,9 +26,9 @@ if TYPE_CHECKING:
 
     from features import offline
     from features.compaction import StreamCompaction
-    from features.engine.files import FileCheck
     from features.online import OnlineWriter
     from features.screen import Screen
+    from features.stream_aside import SetAside
 
 
 class RunState(Protocol):
@@ -94,9 +91,8 @@ class BatchSink:
         run: RunState,
         show: bool,
         spark: SparkSession,
-        record_schema: str,
-        metrics_s: float = 60.0,
-        keep_s: float | None = None,
+        aside: SetAside,
+        rollup: MetricRollup,
     ) -> None:
         from features import quality
 
@@ -107,18 +103,11 @@ class BatchSink:
         self.query: StreamingQuery | None = None
         self.lock = threading.Lock()
         self.spark = spark
-        self.files: FileCheck | None = None  # unreadable Parquet files, checked as they land
-        self.nanoseconds = True  # whether the stream reads nanosecond files (engine.stream.reads_nanoseconds)
         self.stream_id = ""  # the checkpoint's, which the stream's offline commits record
         self.offline_log: offline.StreamLog | None = None
         self.compaction: StreamCompaction | None = None
-        self.checked: set[str] = set()
-        tracker = run.tracker
-        self.rollup = MetricRollup(lambda m, step, g: tracker.log_metrics(m, step=step, group=g), metrics_s)
-        run.rollups.append(self.rollup)
-        self.keep_s, self.swept = keep_s, None
-        self.record_schema = record_schema  # a bad record's columns (engine.Projection.record_schema)
-        self._sweep(-1)  # before the first batch: what an earlier run left beyond the retention
+        self.aside, self.rollup = aside, rollup
+        self.quarantined = 0  # batches that failed validation
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         try:
@@ -128,13 +117,11 @@ class BatchSink:
             raise
 
     def _batch(self, batch: DataFrame, batch_id: int) -> None:
-        """Three Spark jobs when all is well: one computes the batch (and caches it), counts its rows of each
-        kind and screens the final and eager rows; one writes the offline table; one the online store. (And a
-        small one reads the buckets' stats from the cache.)"""
-        from pyspark.sql import functions as F
-
+        """Screen -> validate -> publish (the offline append beside the online write) or quarantine -> set aside
+        late and bad records. Three Spark jobs when all is well: one computes the batch (and caches it), counts
+        its rows of each kind and screens the final and eager rows; one writes the offline table; one the online
+        store. (And a small one reads the buckets' stats from the cache.)"""
         from features.engine import stream as engine
-        from features.engine.online_rows import write_online
 
         began = time.perf_counter()
         # The cache lives for this batch only and is read twice: compressing it costs more than it saves. (The
@@ -142,66 +129,42 @@ class BatchSink:
         batch.sparkSession.conf.set("spark.sql.inMemoryColumnarStorage.compressed", "false")
         batch = batch.persist()
         try:
-            kind = F.col(engine.KIND)
-            screens = self._summary(batch)
+            screens = screen(self.group, batch, self.validate)
             counts = {k: s.rows for k, s in screens.items()}
-            stat_rows = [
-                dict(zip(engine.STAT_FIELDS, json.loads(r[0]), strict=True))
-                for r in batch.where(kind == engine.STAT).select(engine.RECORD).collect()
-            ]
-            rows_out, online = 0, []
+            stats = _stats(batch)
             eager = bool(counts.get(engine.EAGER)) and self._eager_valid(batch, batch_id, screens[engine.EAGER])
-            rows = self._rows_of(batch, engine.ROW)
-            if counts.get(engine.ROW) and self._rows_valid(rows, batch_id, screens[engine.ROW]):
-                rows_out = counts[engine.ROW]
-                latest = (kind == engine.ROW) & F.col(engine.LATEST)
-                # A key's eager value is newer than its last change point: the store needs only that one.
-                online.append(latest & ~F.coalesce(F.col(engine.REPLACED), F.lit(False)) if eager else latest)
-            if eager:
-                online.append(kind == engine.EAGER)
-            write = None
-            if self.writer is not None and online:
-                # Eager values are ahead of the final rows, and newer-or-equal wins: one write takes both.
-                newest = batch.where(reduce(operator.or_, online)).select(*self._columns())
-                write = partial(write_online, self.writer, newest)
-            # The offline commit (Spark's work) beside the online write (mostly Python's).
-            beside(partial(self._write_offline, rows, batch_id) if rows_out else None, write)
-            late = counts.get(engine.LATE, 0)
-            if late:
-                self._write_late(batch, batch_id)
-            bad = counts.get(engine.BAD, 0)
-            if bad:
-                self._write_bad(batch, batch_id)
-            bad += self._set_aside_unreadable_files()
+            rows = rows_of(self.group, batch, engine.ROW)
+            final = bool(counts.get(engine.ROW)) and self._rows_valid(rows, batch_id, screens[engine.ROW])
+            self._publish(batch, batch_id, rows if final else None, eager)
+            rows_out = counts[engine.ROW] if final else 0
+            late, bad = self.aside.write(batch, batch_id, counts)
         finally:
             batch.unpersist()
-        self._report(batch_id, stat_rows, rows_out, late, bad, time.perf_counter() - began)
-        self._sweep(batch_id)
+        self._report(batch_id, stats, rows_out, late, bad, time.perf_counter() - began)
+        self.aside.sweep(batch_id)
 
-    def _sweep(self, batch_id: int) -> None:
-        """Remove what was set aside longer ago than the retention (hourly); log what is held."""
-        if self.keep_s is None or (self.swept is not None and time.monotonic() - self.swept < SWEEP_EVERY_S):
-            return
-        self.swept = time.monotonic()
-        sweep(self.repo, self.group.name, self.keep_s)
-        kept = {
-            f"aside.{h.kind}.{unit}": getattr(h, unit)
-            for h in held(self.repo, self.group.name)
-            for unit in ("files", "bytes")
-        }
-        self.rollup.add(kept, max(batch_id, 0), self.group.name)
-
-    def _summary(self, batch: DataFrame) -> dict[str, Screen]:
-        """The batch's rows of each kind, screened (final and eager rows; the other kinds are only counted)."""
+    def _publish(self, batch: DataFrame, batch_id: int, rows: DataFrame | None, eager: bool) -> None:
+        """The valid change points appended to the offline table (Spark's work) beside the online store's write
+        (mostly Python's) of each key's newest final row and the valid eager rows."""
         from pyspark.sql import functions as F
 
-        from features import quality
         from features.engine import stream as engine
-        from features.screen import Screen
+        from features.engine.online_rows import write_online
 
-        if self.validate:
-            return quality.screen_batches(self.group, batch.select(engine.KIND, *self._columns()), engine.KIND)
-        return {k: Screen(n, {}, {}) for k, n in batch.groupBy(engine.KIND).agg(F.count(F.lit(1))).collect()}
+        kind = F.col(engine.KIND)
+        online = []
+        if rows is not None:
+            latest = (kind == engine.ROW) & F.col(engine.LATEST)
+            # A key's eager value is newer than its last change point: the store needs only that one.
+            online.append(latest & ~F.coalesce(F.col(engine.REPLACED), F.lit(False)) if eager else latest)
+        if eager:
+            online.append(kind == engine.EAGER)
+        write = None
+        if self.writer is not None and online:
+            # Eager values are ahead of the final rows, and newer-or-equal wins: one write takes both.
+            newest = batch.where(reduce(operator.or_, online)).select(*feature_columns(self.group))
+            write = partial(write_online, self.writer, newest)
+        beside(partial(self._write_offline, rows, batch_id) if rows is not None else None, write)
 
     def _rows_valid(self, rows: DataFrame, batch_id: int, screened: Screen) -> bool:
         """Validate the change points; False when they were quarantined (the policy "fail" raises)."""
@@ -221,7 +184,7 @@ class BatchSink:
             quality.handle_invalid(report, rows, self.group, self.repo.root, quality.FAIL, "change points")
         folder = quality.quarantine_root(self.repo.root, self.group.name) / "batches" / f"stream-b{batch_id}"
         quality.quarantine_batch(report, rows, folder)
-        self.quarantined = getattr(self, "quarantined", 0) + 1
+        self.quarantined += 1
         return False
 
     def _write_offline(self, rows: DataFrame, batch_id: int) -> None:
@@ -248,101 +211,10 @@ class BatchSink:
 
         if not self.validate or self.writer is None:
             return self.writer is not None
-        report = quality.validate_batch(self.group, self._rows_of(batch, engine.EAGER), screened=screened)
+        report = quality.validate_batch(self.group, rows_of(self.group, batch, engine.EAGER), screened=screened)
         if not report.success:
             self.run.tracker.log_validation(report, step=batch_id, artifact=True)
         return report.success
-
-    def _rows_of(self, batch: DataFrame, kind: str) -> DataFrame:
-        """The batch's feature rows of one kind (ROW or EAGER), as the stores take them."""
-        from pyspark.sql import functions as F
-
-        from features.engine import stream as engine
-
-        return batch.where(F.col(engine.KIND) == kind).select(*self._columns())
-
-    def _columns(self) -> list[Any]:
-        from pyspark.sql import functions as F
-
-        return [
-            *self.group.join_keys,
-            F.timestamp_micros(F.col(WINDOW_END)).alias(WINDOW_END),
-            *[f.name for f in self.group.features],
-        ]
-
-    def _write_late(self, batch: DataFrame, batch_id: int) -> None:
-        from pyspark.sql import functions as F
-
-        from features.engine import stream as engine
-        from features.kernel import TS
-
-        key_types = {k: t for k, t in self._key_types().items()}
-        late = batch.where(F.col(engine.KIND) == engine.LATE).select(
-            F.from_json(F.col(engine.RECORD), engine.late_schema(self.group, key_types)).alias("r")
-        )
-        late = late.select(
-            *[F.col(f"r.{k}").alias(k) for k in self.group.join_keys],
-            F.timestamp_micros(F.col(f"r.{TS}")).alias(self.group.source.timestamp),
-            F.lit(batch_id).alias("batch_id"),
-        )
-        engine.write_json_records(late, Path(self.repo.late_path(self.group)) / f"batch={batch_id}", None)
-
-    def _write_bad(self, batch: DataFrame, batch_id: int) -> None:
-        from pyspark.sql import functions as F
-
-        from features import quality
-        from features.engine import schema
-        from features.engine import stream as engine
-
-        # The columns of the backfill's quarantined records (features.engine.source.SourceRead.rejected); the batch
-        # id is in the folder's name.
-        bad = batch.where(F.col(engine.KIND) == engine.BAD).select(
-            F.col(engine.REASON).alias(schema.REASON),
-            F.from_json(F.col(engine.RECORD), self.record_schema).alias("r"),
-        )
-        bad = bad.select(schema.REASON, "r.*")
-        if self.group.source.format != "json" and self.group.source.kafka is None:
-            bad = bad.drop(schema.RAW_RECORD)  # only a JSON text has a raw text beside its parsed columns
-        folder = quality.quarantine_root(self.repo.root, self.group.name) / "records" / f"stream-b{batch_id}"
-        engine.write_json_records(bad, folder, None)
-
-    def _set_aside_unreadable_files(self) -> int:
-        """The landed Parquet files set aside whole (the stream's reads skip them): those that do not conform to
-        the source's schema (`nonconforming_file: ...`, a column the group reads missing or of a type that does
-        not convert without loss) and those Spark cannot read (`unreadable_file: ...`), each set aside once with
-        its reason as a record of its own, like the backfill's; the number set aside. Files on a store the
-        driver cannot open are skipped unreported."""
-        from features import quality
-        from features.engine import files, schema
-        from features.engine import stream as engine
-
-        if self.group.source.format != "parquet" or self.group.source.kafka is not None:
-            return 0
-        path = self.repo.source_path(self.group)
-        if self.files is None:
-            read_schema = engine.source_schema(self.spark, self.group, path)
-            self.files = files.FileCheck(self.spark, read_schema, nanoseconds=self.nanoseconds)
-        reader = self.spark.read.schema(self.files.schema).option("recursiveFileLookup", "true")
-        listed = set(reader.parquet(path).inputFiles())
-        new = sorted(listed - self.checked)
-        # Only the names still landed: the set never outgrows the listing Spark's file source makes each batch.
-        self.checked = listed
-        bad = self.files.unreadable(new) or []
-        for reason, file in bad:
-            # Named by the file: a replay or a restart that finds it again replaces the same record.
-            name = hashlib.sha1(file.encode()).hexdigest()[:16]
-            folder = quality.quarantine_root(self.repo.root, self.group.name) / "records" / f"file-{name}"
-            record = self.spark.createDataFrame(
-                [(reason, file)], f"{schema.REASON} string, {schema.SOURCE_FILE} string"
-            )
-            engine.write_json_records(record, folder, None)
-        return len(bad)
-
-    def _key_types(self) -> dict[str, Any]:
-        from features.feast_objects import source_schema
-
-        types = self.group.output_types(source_schema(self.group, self.repo.root))
-        return {k: types[k] for k in self.group.join_keys}
 
     def _report(
         self, batch_id: int, stats: list[dict[str, Any]], rows_out: int, late: int, bad: int, seconds: float
@@ -374,7 +246,7 @@ class BatchSink:
             late=late,
             late_total=before.late_total + late,
             bad_records_total=before.bad_records_total + bad,
-            batches_quarantined=getattr(self, "quarantined", 0),
+            batches_quarantined=self.quarantined,
             batch_seconds=seconds,
             freshness_seconds=freshness,
         )
@@ -397,3 +269,45 @@ class BatchSink:
             )
         if self.show:
             print(now.line(), file=sys.stderr, flush=True)
+
+
+def screen(group: FeatureGroup, batch: DataFrame, validate: bool) -> dict[str, Screen]:
+    """The batch's rows of each kind, screened (final and eager rows; the other kinds are only counted)."""
+    from pyspark.sql import functions as F
+
+    from features import quality
+    from features.engine import stream as engine
+    from features.screen import Screen
+
+    if validate:
+        return quality.screen_batches(group, batch.select(engine.KIND, *feature_columns(group)), engine.KIND)
+    return {k: Screen(n, {}, {}) for k, n in batch.groupBy(engine.KIND).agg(F.count(F.lit(1))).collect()}
+
+
+def rows_of(group: FeatureGroup, batch: DataFrame, kind: str) -> DataFrame:
+    """The batch's feature rows of one kind (ROW or EAGER), as the stores take them."""
+    from pyspark.sql import functions as F
+
+    from features.engine import stream as engine
+
+    return batch.where(F.col(engine.KIND) == kind).select(*feature_columns(group))
+
+
+def feature_columns(group: FeatureGroup) -> list[Any]:
+    from pyspark.sql import functions as F
+
+    return [
+        *group.join_keys,
+        F.timestamp_micros(F.col(WINDOW_END)).alias(WINDOW_END),
+        *[f.name for f in group.features],
+    ]
+
+
+def _stats(batch: DataFrame) -> list[dict[str, Any]]:
+    """Each bucket's stats row of the batch: events read, watermark, state held, oldest landing."""
+    from pyspark.sql import functions as F
+
+    from features.engine import stream as engine
+
+    rows = batch.where(F.col(engine.KIND) == engine.STAT).select(engine.RECORD).collect()
+    return [dict(zip(engine.STAT_FIELDS, json.loads(r[0]), strict=True)) for r in rows]

@@ -1,0 +1,141 @@
+"""What a stream's micro-batch sets aside instead of writing to the stores: events behind the watermark (the
+late-events folder), bad source records and landed files that cannot be read (the quarantine), each with its
+reason; and the hourly sweep of what was set aside longer ago than the retention (features.retention)."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from features.repo import Repo
+from features.retention import SWEEP_EVERY_S, held, sweep
+from features.rollup import MetricRollup
+from features.spec import FeatureGroup
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from features.engine.files import FileCheck
+
+
+class SetAside:
+    """One group's late events, bad records and unreadable files, written as a micro-batch finds them."""
+
+    def __init__(
+        self,
+        repo: Repo,
+        group: FeatureGroup,
+        spark: SparkSession,
+        record_schema: str,
+        rollup: MetricRollup,
+        keep_s: float | None,
+        nanoseconds: bool,
+    ) -> None:
+        self.repo, self.group, self.spark, self.rollup = repo, group, spark, rollup
+        self.record_schema = record_schema  # a bad record's columns (engine.Projection.record_schema)
+        self.nanoseconds = nanoseconds  # whether the stream reads nanosecond files (engine.stream.reads_nanoseconds)
+        self.keep_s, self.swept = keep_s, None
+        self.files: FileCheck | None = None  # unreadable Parquet files, checked as they land
+        self.checked: set[str] = set()
+        self.sweep(-1)  # before the first batch: what an earlier run left beyond the retention
+
+    def write(self, batch: DataFrame, batch_id: int, counts: dict[str, int]) -> tuple[int, int]:
+        """Set aside the batch's late events and bad records (their rows counted in `counts` by kind), and the
+        landed files found unreadable since the last batch; returns (late events, bad records)."""
+        from features.engine import stream as engine
+
+        late = counts.get(engine.LATE, 0)
+        if late:
+            self._write_late(batch, batch_id)
+        bad = counts.get(engine.BAD, 0)
+        if bad:
+            self._write_bad(batch, batch_id)
+        return late, bad + self._set_aside_unreadable_files()
+
+    def sweep(self, batch_id: int) -> None:
+        """Remove what was set aside longer ago than the retention (hourly); log what is held."""
+        if self.keep_s is None or (self.swept is not None and time.monotonic() - self.swept < SWEEP_EVERY_S):
+            return
+        self.swept = time.monotonic()
+        sweep(self.repo, self.group.name, self.keep_s)
+        kept = {
+            f"aside.{h.kind}.{unit}": getattr(h, unit)
+            for h in held(self.repo, self.group.name)
+            for unit in ("files", "bytes")
+        }
+        self.rollup.add(kept, max(batch_id, 0), self.group.name)
+
+    def _write_late(self, batch: DataFrame, batch_id: int) -> None:
+        from pyspark.sql import functions as F
+
+        from features.engine import stream as engine
+        from features.kernel import TS
+
+        late = batch.where(F.col(engine.KIND) == engine.LATE).select(
+            F.from_json(F.col(engine.RECORD), engine.late_schema(self.group, self._key_types())).alias("r")
+        )
+        late = late.select(
+            *[F.col(f"r.{k}").alias(k) for k in self.group.join_keys],
+            F.timestamp_micros(F.col(f"r.{TS}")).alias(self.group.source.timestamp),
+            F.lit(batch_id).alias("batch_id"),
+        )
+        engine.write_json_records(late, Path(self.repo.late_path(self.group)) / f"batch={batch_id}", None)
+
+    def _write_bad(self, batch: DataFrame, batch_id: int) -> None:
+        from pyspark.sql import functions as F
+
+        from features import quality
+        from features.engine import schema
+        from features.engine import stream as engine
+
+        # The columns of the backfill's quarantined records (features.engine.source.SourceRead.rejected); the batch
+        # id is in the folder's name.
+        bad = batch.where(F.col(engine.KIND) == engine.BAD).select(
+            F.col(engine.REASON).alias(schema.REASON),
+            F.from_json(F.col(engine.RECORD), self.record_schema).alias("r"),
+        )
+        bad = bad.select(schema.REASON, "r.*")
+        if self.group.source.format != "json" and self.group.source.kafka is None:
+            bad = bad.drop(schema.RAW_RECORD)  # only a JSON text has a raw text beside its parsed columns
+        folder = quality.quarantine_root(self.repo.root, self.group.name) / "records" / f"stream-b{batch_id}"
+        engine.write_json_records(bad, folder, None)
+
+    def _set_aside_unreadable_files(self) -> int:
+        """The landed Parquet files set aside whole (the stream's reads skip them): those that do not conform to
+        the source's schema (`nonconforming_file: ...`, a column the group reads missing or of a type that does
+        not convert without loss) and those Spark cannot read (`unreadable_file: ...`), each set aside once with
+        its reason as a record of its own, like the backfill's; the number set aside. Files on a store the
+        driver cannot open are skipped unreported."""
+        from features import quality
+        from features.engine import files, schema
+        from features.engine import stream as engine
+
+        if self.group.source.format != "parquet" or self.group.source.kafka is not None:
+            return 0
+        path = self.repo.source_path(self.group)
+        if self.files is None:
+            read_schema = engine.source_schema(self.spark, self.group, path)
+            self.files = files.FileCheck(self.spark, read_schema, nanoseconds=self.nanoseconds)
+        reader = self.spark.read.schema(self.files.schema).option("recursiveFileLookup", "true")
+        listed = set(reader.parquet(path).inputFiles())
+        new = sorted(listed - self.checked)
+        # Only the names still landed: the set never outgrows the listing Spark's file source makes each batch.
+        self.checked = listed
+        bad = self.files.unreadable(new) or []
+        for reason, file in bad:
+            # Named by the file: a replay or a restart that finds it again replaces the same record.
+            name = hashlib.sha1(file.encode()).hexdigest()[:16]
+            folder = quality.quarantine_root(self.repo.root, self.group.name) / "records" / f"file-{name}"
+            record = self.spark.createDataFrame(
+                [(reason, file)], f"{schema.REASON} string, {schema.SOURCE_FILE} string"
+            )
+            engine.write_json_records(record, folder, None)
+        return len(bad)
+
+    def _key_types(self) -> dict[str, Any]:
+        from features.feast_objects import source_schema
+
+        types = self.group.output_types(source_schema(self.group, self.repo.root))
+        return {k: types[k] for k in self.group.join_keys}
