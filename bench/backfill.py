@@ -32,10 +32,10 @@ from typing import TypeVar
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from features.backfill import BackfillResult, backfill_group
 from features.demo import generate_transactions, write_events
 from features.engine.session import get_spark
-from features.registration import apply
+from features.pipelines.backfill import BackfillResult, backfill_group
+from features.pipelines.registration import apply
 from features.repo import Repo
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -28,9 +28,9 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from features import Feature, FeatureGroup, Hop, agg
-from features.backfill import backfill_group
 from features.demo import generate_transactions, write_events
-from features.registration import apply
+from features.pipelines.backfill import backfill_group
+from features.pipelines.registration import apply
 from features.repo import Repo
 from features.spec import AggKind
 

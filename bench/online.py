@@ -4,7 +4,7 @@
 
 Measured in one run on one machine, on the same data, so the ratios compare like with like:
   * Write throughput, --rows rows x 8 features (ints, floats, some nulls), into SQLite and into Redis:
-    Feast's `FeatureStore.write_to_online_store` against `features.online`'s writer, each into a store of its
+    Feast's `FeatureStore.write_to_online_store` against `features.stores.online`'s writer, each into a store of its
     own, first empty (load), then again with a newer window end (update of every key).
     Required: writer >= 3x Feast on SQLite, >= 10x on Redis. On Redis also against Feast's raw
     `online_write_batch`, timed without its proto conversion.
@@ -45,7 +45,7 @@ import numpy as np
 import pandas as pd
 
 from features import Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, agg, to_feast
-from features.online import online_writer
+from features.stores.online import online_writer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results import RESULTS, update_section  # bench/results.py, beside this file

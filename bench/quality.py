@@ -24,11 +24,11 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from features.backfill import BackfillResult, backfill_group
 from features.demo import generate_transactions, write_events
 from features.engine.session import get_spark
+from features.pipelines.backfill import BackfillResult, backfill_group
+from features.pipelines.registration import apply
 from features.quality import derived_checks, validate_batch
-from features.registration import apply
 from features.repo import Repo
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -123,7 +123,7 @@ def measure(args: argparse.Namespace, spark: SparkSession, repo: Repo) -> int:
 
     # For scale, on the rows of the table just written (read from Parquet, as the backfill's staged rows are):
     # the one-pass screen alone, and the same suite evaluated entirely by Great Expectations.
-    from features.offline import read_table
+    from features.stores.offline import read_table
 
     table = read_table(spark, repo.offline_path(group))
     assert table is not None

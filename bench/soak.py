@@ -153,7 +153,7 @@ def _folder_bytes(folder: Path) -> int:
 
 def _max_files(table: Path) -> int:
     """The most data files any date of the offline table has (its current version's files)."""
-    from features.offline import files_per_date
+    from features.stores.offline import files_per_date
 
     return max(files_per_date(str(table)).values(), default=0)
 
@@ -316,9 +316,9 @@ def _aside(repo: Path) -> dict[str, int]:
 def backfill_twin(repo: Path, work: Path, spark) -> tuple[object, dict[str, tuple[int, int]]]:  # type: ignore[no-untyped-def]
     """A copy of the repo whose offline tables a backfill writes over the soaked tables' range (up to the stream's
     final watermark); per group, the soaked rows and how many rows differ between the two tables."""
-    from features.backfill import backfill
+    from features.pipelines.backfill import backfill
+    from features.pipelines.stream import emitted_watermark
     from features.repo import Repo
-    from features.stream import emitted_watermark
 
     soaked = Repo.load(repo)
     twin_root = work / "twin"
@@ -382,7 +382,7 @@ def _labels(repo) -> pd.DataFrame:  # type: ignore[no-untyped-def]
 def training_ratio(soaked, twin) -> float:  # type: ignore[no-untyped-def]
     """Median time of a training set (Feast's retrieval) on the soaked tables over the same on the backfill's,
     in paired runs."""
-    from features.training import training_set
+    from features.ml.training import training_set
 
     labels = _labels(soaked)
     times: dict[str, list[float]] = {"soaked": [], "twin": []}

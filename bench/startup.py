@@ -30,7 +30,7 @@ import pandas as pd
 
 from features.demo import generate_transactions, write_events
 from features.engine import jvm_archive
-from features.registration import apply
+from features.pipelines.registration import apply
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results import load, update_section
@@ -94,7 +94,7 @@ def make_repo(root: Path, events: int, users: int, start: datetime, days: float,
     (root / "feature_store.yaml").write_text(STORE)
     (root / "groups.py").write_text(definitions)
     apply(str(root))
-    from features import tracking
+    from features.ml import tracking
     from features.repo import Repo
 
     tracking.client_for(Repo.load(root))  # the MLflow store a nightly job finds from its second night on
@@ -125,8 +125,8 @@ def backfill_cli(root: Path, *options: str) -> tuple[float, str]:
 
 
 def breakdown(root: Path, group: str) -> dict[str, float]:
-    """The newest backfill run's `<group>.seconds.*` metrics (features.tracking), and the group's seconds."""
-    from features import tracking
+    """The newest backfill run's `<group>.seconds.*` metrics (features.ml.tracking), and the group's seconds."""
+    from features.ml import tracking
 
     runs = tracking.find_runs(root, kind="backfill")
     newest = runs.iloc[0]
@@ -187,7 +187,7 @@ def nightly(args: argparse.Namespace) -> tuple[list[str], bool]:
 def offline_rows(root: Path, group: str) -> pd.DataFrame:
     """The group's offline table as each key's series of values: rows that repeat the key's previous values are
     left out (a run that starts mid-series begins each key with such a row; lookups give the same values)."""
-    from features.offline import read_pandas
+    from features.stores.offline import read_pandas
 
     table = read_pandas(str(root / "data" / "offline" / group))
     table = table.sort_values(["user_id", "window_end"], ignore_index=True)

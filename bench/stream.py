@@ -33,9 +33,9 @@ from pyspark.sql import functions as F
 from features.demo import generate_transactions, write_events
 from features.engine import stream as engine
 from features.engine.session import get_spark
-from features.registration import apply
+from features.pipelines.registration import apply
+from features.pipelines.stream import stream
 from features.repo import Repo
-from features.stream import stream
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results import load, update_section

@@ -1,4 +1,4 @@
-"""The offline table's writes and reads as this package makes them on its Delta Lake table (features.offline)
+"""The offline table's writes and reads as this package makes them on its Delta Lake table (features.stores.offline)
 against plain Parquet folders doing the same work without transactions: what the table format costs
 (docs/table-format.md).
 
@@ -79,9 +79,9 @@ def main() -> None:
 
     from pyspark.sql import functions as F
 
-    from features import offline
     from features.engine.batch import LATEST
     from features.engine.session import get_spark
+    from features.stores import offline
 
     started = f"Run on {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; {load()} at the start"
     spark = get_spark("bench-table-format")

@@ -54,10 +54,10 @@ def labels_path(rows: int) -> Path:
 
 def setup(sizes: list[int]) -> dict[str, object]:
     """The repo (definitions, events, `user_transactions` backfilled) and one Parquet label set per size."""
-    from features.backfill import backfill
     from features.demo import generate_transactions, write_events
     from features.engine.session import get_spark
-    from features.registration import apply
+    from features.pipelines.backfill import backfill
+    from features.pipelines.registration import apply
     from features.repo import Repo
 
     shutil.rmtree(WORK, ignore_errors=True)
@@ -106,7 +106,7 @@ def measure(path: str, rows: int) -> dict[str, object]:
     import warnings
 
     from features.engine.session import get_spark
-    from features.training import training_set
+    from features.ml.training import training_set
 
     started = time.perf_counter()
     spark = get_spark("bench-training")

@@ -4,8 +4,8 @@ Definitions (this module's names) import no Spark, Feast, MLflow or Great Expect
 stores are imported only where they are used: the functions below import theirs when called.
 
 Notebook calls: `spark_session()`, `load_repo(path)`, `apply(repo)`, `preview(group, events, start, end)`,
-`training_set(...)`, `online_features(...)`; with the modules `features.stream` (`stream(repo)`),
-`features.tracking`, `features.quality`, `features.model` and `features.demo` (generated sample data).
+`training_set(...)`, `online_features(...)`; with the modules `features.pipelines.stream` (`stream(repo)`),
+`features.ml.tracking`, `features.quality`, `features.ml.model` and `features.demo` (generated sample data).
 """
 
 from __future__ import annotations
@@ -50,15 +50,15 @@ __all__ = [
 
 
 def to_feast(group: FeatureGroup, **kwargs: object) -> list[object]:
-    """Feast objects (Entity, FileSource, FeatureView) for a group; see `features.feast_objects.to_feast`."""
-    from features.feast_objects import to_feast as _to_feast
+    """Feast objects (Entity, FileSource, FeatureView) for a group; see `features.stores.feast_objects.to_feast`."""
+    from features.stores.feast_objects import to_feast as _to_feast
 
     return _to_feast(group, **kwargs)  # type: ignore[arg-type]
 
 
 def training_set(entity_rows: object, features: object, repo: object = "feature_repo", **kwargs: object) -> object:
-    """Point-in-time correct features for labelled entity rows; see `features.training.training_set`."""
-    from features.training import training_set as _training_set
+    """Point-in-time correct features for labelled entity rows; see `features.ml.training.training_set`."""
+    from features.ml.training import training_set as _training_set
 
     return _training_set(entity_rows, features, repo, **kwargs)  # type: ignore[arg-type]
 
@@ -80,7 +80,7 @@ def load_repo(path: str | Path = "feature_repo") -> Repo:
 
 def apply(repo: str | Path | Repo = "feature_repo", *, prune: bool = False) -> list[str]:
     """Register the repo's FeatureGroups with Feast, as `features apply` does; returns the group names."""
-    from features.registration import apply as _apply
+    from features.pipelines.registration import apply as _apply
 
     root = getattr(repo, "root", repo)
     return _apply(str(root), prune=prune)
@@ -102,7 +102,7 @@ def preview(
 
 
 def online_features(repo: object, group: str, keys: object, **kwargs: object) -> pd.DataFrame:
-    """Each key's current values from the Feast online store; see `features.serving.online_features`."""
-    from features.serving import online_features as _online_features
+    """Each key's current values from the Feast online store; see `features.stores.serving.online_features`."""
+    from features.stores.serving import online_features as _online_features
 
     return _online_features(repo, group, keys, **kwargs)  # type: ignore[arg-type]

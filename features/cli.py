@@ -248,12 +248,12 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "backfill" and args.json:
         return _backfill_json(args)
     if args.command == "apply":
-        from features.registration import apply
+        from features.pipelines.registration import apply
 
         print(f"applied feature groups: {', '.join(apply(args.repo, prune=args.prune)) or 'none'}")
         return 0
     if args.command == "backfill":
-        from features.schedule import backfill_command
+        from features.pipelines.schedule import backfill_command
 
         return backfill_command(
             args.repo,
@@ -298,7 +298,7 @@ def _run(args: argparse.Namespace) -> int:
         run_demo(args.repo, events=args.events, users=args.users, days=args.days)
         return 0
     if args.command == "serve":
-        from features.serving import serve
+        from features.stores.serving import serve
 
         if args.workers is not None and args.workers < 1:
             raise ConfigError(f"--workers: {args.workers} is not a positive number of worker processes")
@@ -330,22 +330,22 @@ def _set_log_level(repo_path: str, level: str) -> None:
 def _print_json(value: object) -> None:
     import json
 
-    from features.status import jsonable
+    from features.pipelines.status import jsonable
 
     print(json.dumps(jsonable(value)), flush=True)
 
 
 def _status(args: argparse.Namespace) -> int:
     """`features status`: a table per group, or one JSON document."""
+    from features.pipelines.status import status
     from features.repo import Repo
-    from features.status import status
 
     return _show(status(Repo.load(args.repo), args.group, checkpoint_root=args.checkpoint_dir), args.json)
 
 
 def _plan(args: argparse.Namespace) -> int:
     """`features plan`: what `features apply` would change; changes nothing."""
-    from features.plan import plan_apply
+    from features.pipelines.plan import plan_apply
     from features.repo import Repo
 
     return _show(plan_apply(Repo.load(args.repo)), args.json)
@@ -363,7 +363,7 @@ def _show(report: Any, as_json: bool) -> int:
 def _backfill_json(args: argparse.Namespace) -> int:
     """`features backfill --json`: the plan and progress on stderr, one JSON line per result on stdout (per
     group and date range; with --dry-run, per group the days it would compute and why)."""
-    from features import schedule
+    from features.pipelines import schedule
 
     repo, the_plan = schedule.command_plan(
         args.repo,
@@ -396,8 +396,8 @@ def _backfill_json(args: argparse.Namespace) -> int:
 def _stream(args: argparse.Namespace) -> int:
     """`features stream`: run until stopped (Ctrl-C stops cleanly) or, with --available-now, until done."""
     from features.errors import ValidationFailed
+    from features.pipelines.stream import stream
     from features.repo import Repo
-    from features.stream import stream
 
     if args.max_files_per_trigger is not None and args.max_files_per_trigger < 1:
         raise ConfigError(f"--max-files-per-trigger: {args.max_files_per_trigger} is not a positive number of files")
@@ -434,8 +434,8 @@ def _stream(args: argparse.Namespace) -> int:
 
 def _retention(args: argparse.Namespace) -> int:
     """`features retention`: what each group keeps set aside, after removing what is older than --keep."""
+    from features.pipelines.retention import held, sweep
     from features.repo import Repo
-    from features.retention import held, sweep
     from features.spec.durations import parse_duration
 
     repo = Repo.load(args.repo)
@@ -452,8 +452,8 @@ def _retention(args: argparse.Namespace) -> int:
 
 def _verify(args: argparse.Namespace) -> int:
     """`features verify`: the tables per group; exit 1 when any value disagrees, naming the feature and key."""
+    from features.pipelines.verify import verify
     from features.repo import Repo
-    from features.verify import verify
 
     if args.sample < 1:
         raise ConfigError(f"--sample: {args.sample} is not a positive number of keys")
@@ -485,15 +485,15 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _tally(tally: object) -> dict[str, object]:
-    from features.status import jsonable
+    from features.pipelines.status import jsonable
 
     return jsonable(tally)
 
 
 def _migrate(repo_path: str, groups: list[str]) -> int:
     """`features migrate`: each group's offline table of an earlier version converted into a Delta table."""
-    from features import offline
     from features.repo import Repo
+    from features.stores import offline
 
     repo = Repo.load(repo_path)
     for group in repo.select(groups):
@@ -512,11 +512,11 @@ def _compact(repo_path: str, groups: list[str], retention: str | None) -> int:
     """`features compact`: each group's offline table compacted (dates with several files) and vacuumed."""
     from datetime import timedelta
 
-    from features.compaction import compact, vacuum
     from features.engine.session import get_spark
-    from features.offline import exists
     from features.repo import Repo
     from features.spec.durations import parse_duration
+    from features.stores.compaction import compact, vacuum
+    from features.stores.offline import exists
 
     repo = Repo.load(repo_path)
     keep = timedelta(seconds=parse_duration(retention, "--retention")) if retention is not None else None

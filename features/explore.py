@@ -34,7 +34,7 @@ def preview(
     sorted by key and window end, `window_end` in UTC). Events before `start` count as history: pass everything
     from `start` minus the longest window (all of it for a Lifetime feature). Records a backfill would set aside
     as bad (no key or timestamp, ...) are left out. `start`/`end`: ISO-8601 or datetimes, naive means UTC."""
-    from features.backfill import micros, parse_time
+    from features.pipelines.backfill import micros, parse_time
 
     start_t, end_t = parse_time(start, "start"), parse_time(end, "end")
     if start_t >= end_t:

@@ -109,7 +109,7 @@ def online_store_type(config: Mapping[str, Any]) -> str:
     return online if isinstance(online, str) else str(online.get("type", "sqlite"))
 
 
-# The online stores features writes (features.online), by every name feature_store.yaml may give them.
+# The online stores features writes (features.stores.online), by every name feature_store.yaml may give them.
 ONLINE_STORE_TYPES = {
     "sqlite": "sqlite",
     "feast.infra.online_stores.sqlite.SqliteOnlineStore": "sqlite",

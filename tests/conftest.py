@@ -143,7 +143,7 @@ def build_feast_repo(
     schema from the files when the EventSource declares none.
     """
     from features.demo import write_events
-    from features.registration import apply as apply_repo
+    from features.pipelines.registration import apply as apply_repo
     from features.repo import Repo, resolve
 
     root.mkdir(parents=True, exist_ok=True)

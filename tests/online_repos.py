@@ -14,7 +14,7 @@ from feast import FeatureStore
 from redis_server import RedisServer
 
 from features import Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, agg, to_feast
-from features.online import OnlineWriter, online_writer
+from features.stores.online import OnlineWriter, online_writer
 
 STORES = ("sqlite", "redis")
 

@@ -1,6 +1,6 @@
 """Brute-force reference of docs/semantics.md: what every feature value means.
 
-Written straight from the definition, slow and obvious, with no Spark and no `features.panes`:
+Written straight from the definition, slow and obvious, with no Spark and no `features.kernel.panes`:
 
     value(k, t) = AGG over rows r with key k, where(r) true, event_ts(r) in [E - size, E)
     E = floor(t / every) * every        (integer microseconds since the epoch, UTC)

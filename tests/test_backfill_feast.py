@@ -19,10 +19,11 @@ import pandas as pd
 import pytest
 from reference import reference_frame, to_micros
 
-from features import Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, Tumble, agg, offline
-from features.backfill import BackfillResult, backfill
+from features import Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, Tumble, agg
+from features.pipelines.backfill import BackfillResult, backfill
 from features.repo import Repo
 from features.spec import WINDOW_END, AggKind
+from features.stores import offline
 
 pytestmark = pytest.mark.spark
 
@@ -377,7 +378,7 @@ def test_earlier_backfill_never_moves_the_online_store_back(history: History, ev
 
 
 def test_verify_finds_the_stores_consistent(spark, full, repo_root: Path) -> None:
-    from features.verify import verify_group
+    from features.pipelines.verify import verify_group
 
     repo = Repo.load(repo_root)
     for group in GROUPS:
@@ -392,9 +393,9 @@ def test_verify_names_a_tampered_value(spark, full, repo_root: Path, tmp_path: P
 
     from deltalake import DeltaTable
 
-    from features.backfill import ready_writer
-    from features.serving import online_features
-    from features.verify import verify_group
+    from features.pipelines.backfill import ready_writer
+    from features.pipelines.verify import verify_group
+    from features.stores.serving import online_features
 
     root = tmp_path / "repo"
     shutil.copytree(repo_root, root)

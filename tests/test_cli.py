@@ -58,7 +58,7 @@ def table_after(stdout: str, marker: str) -> tuple[list[str], list[list[str]]]:
 
 
 def offline_dates(repo: Path, group: str) -> list[str]:
-    from features.offline import rows_by_date
+    from features.stores.offline import rows_by_date
 
     return [f"date={day.isoformat()}" for day in rows_by_date(str(repo / "data" / "offline" / group))]
 

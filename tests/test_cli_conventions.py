@@ -15,9 +15,9 @@ from conftest import definitions_code
 from features import Entity, EventSource, Feature, FeatureGroup, Hop, agg
 from features.cli import DEFAULT_REPO, build_parser, main, package_version
 from features.demo import generate_transactions
-from features.manifest import read_manifest, update
 from features.repo import Repo
 from features.spec.fingerprint import definition_hash, feature_hashes
+from features.stores.manifest import read_manifest, update
 
 D1, D2, D3 = (date(2026, 3, d) for d in range(1, 4))
 SOURCE = EventSource(

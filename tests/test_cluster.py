@@ -15,11 +15,11 @@ import pytest
 from reference import percentile_ok, reference_frame
 from test_cli import EXAMPLE_REPO, run
 
-from features import offline
 from features.demo import generate_transactions, write_events
-from features.registration import apply
+from features.pipelines.registration import apply
 from features.repo import Repo
 from features.spec import AggKind
+from features.stores import offline
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 START = pd.Timestamp("2026-01-05", tz="UTC")

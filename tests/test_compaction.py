@@ -1,4 +1,4 @@
-"""Compaction of the offline table (features.compaction): a stream's date partitions never hold more than
+"""Compaction of the offline table (features.stores.compaction): a stream's date partitions never hold more than
 `above + every` files however many batches ran (24 <= 32 with the stream's settings), readers never see a row
 missing or doubled while a compaction commits, a backfill of the same day at the same moment loses nothing, and
 `features compact` compacts and vacuums (docs/table-format.md)."""
@@ -14,10 +14,10 @@ import pytest
 from deltalake import DeltaTable
 from test_offline_table import T0, M, assert_once, cli_group, rows, table_rows
 
-from features import offline
-from features.compaction import COMPACT_ABOVE, EVERY_APPENDS, StreamCompaction, compact, vacuum
-from features.offline import files_per_date
 from features.spec import WINDOW_END
+from features.stores import offline
+from features.stores.compaction import COMPACT_ABOVE, EVERY_APPENDS, StreamCompaction, compact, vacuum
+from features.stores.offline import files_per_date
 
 pytestmark = pytest.mark.spark
 

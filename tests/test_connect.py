@@ -21,8 +21,9 @@ from connect_server import connect_url, spark_connect  # noqa: F401 - fixtures
 from reference import reference_frame
 
 import features
-from features import Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, Tumble, agg, offline
+from features import Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, Tumble, agg
 from features.spec import WINDOW_END
+from features.stores import offline
 
 pytestmark = pytest.mark.spark
 
@@ -127,7 +128,7 @@ def test_backfill_on_connect_writes_both_stores(
     classic_points: pd.DataFrame,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from features.backfill import backfill
+    from features.pipelines.backfill import backfill
 
     root = feast_repo([GROUP], events)
     [result] = backfill(features.load_repo(root), START, END, spark=spark_connect, progress=True, track=False)
@@ -233,7 +234,7 @@ def test_great_expectations_checks_rows_on_their_own_session(
 
 def test_stream_on_connect_stops_with_the_limitation(spark_connect, feast_repo, events) -> None:  # noqa: F811
     from features.errors import EnvironmentProblem
-    from features.stream import stream
+    from features.pipelines.stream import stream
 
     root = feast_repo([GROUP], events, apply=False)
     with pytest.raises(EnvironmentProblem, match=r"cannot run on a Spark Connect session.*foreachBatch"):

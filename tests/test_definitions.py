@@ -27,7 +27,7 @@ from features import (
     Tumble,
     agg,
 )
-from features.panes import (
+from features.kernel.panes import (
     MICROS,
     WindowShape,
     entry_end,

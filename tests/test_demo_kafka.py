@@ -17,7 +17,7 @@ from test_cli import EXAMPLE_REPO, GROUPS, USER_FEATURES, run, table_after
 from features.demo import START, generate_transactions
 from features.demo.broker import broker_answers, local_broker
 from features.demo.run import SEED
-from features.offline import rows_by_date
+from features.stores.offline import rows_by_date
 
 EVENTS, USERS = 3000, 50
 

@@ -35,8 +35,8 @@ from redis_server import RedisServer
 from features.cli import build_parser
 from features.engine import jars, runtime
 from features.errors import EnvironmentProblem
-from features.offline import read_pandas
 from features.repo import read_config
+from features.stores.offline import read_pandas
 
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLE_FILE = ROOT / "databricks.yml"

@@ -17,9 +17,9 @@ from feast import FeatureStore, FeatureView, FileSource, ValueType
 from feast.types import Array, Bool, Float64, Int64, String
 
 from features import ConfigError, DataError, Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, agg
-from features.feast_objects import dtype_of_arrow, feast_value_type, source_schema, to_feast
 from features.repo import offline_table_path
 from features.spec import DType
+from features.stores.feast_objects import dtype_of_arrow, feast_value_type, source_schema, to_feast
 
 REPO = Path(__file__).resolve().parents[1] / "feature_repo"
 FEATURE_STORE_YAML = """\
@@ -323,7 +323,7 @@ def _plain_repo(root: Path, **modules: str) -> Path:
 
 
 def test_apply_registers_groups_without_exports_and_a_copied_module_once(tmp_path: Path) -> None:
-    from features.registration import apply
+    from features.pipelines.registration import apply
 
     module = PLAIN_MODULE.format(every="5m")
     # The copy also exports its Feast objects (for plain `feast apply`): the same objects, applied once.

@@ -1,7 +1,7 @@
 """Feast's own web UI (`feast ui`, part of the Feast wheel) on the demo's definitions, as docs/serving.md shows it.
 
 The demo's feature groups are applied into a temporary repo (`features apply` semantics,
-`features.registration.apply`; its `where` check uses the session's Spark). `feast ui` is started there on
+`features.pipelines.registration.apply`; its `where` check uses the session's Spark). `feast ui` is started there on
 127.0.0.1 as a subprocess, and the test reads what the page reads: the REST registry API the UI server mounts
 at /api/v1, and the feature views page rendered by headless Chromium (Debian's `chromium` package, which
 `./dev test` installs when it can). Without Chromium the test fails when the environment variable CI is set,

@@ -330,7 +330,7 @@ def land(root: Path) -> None:
 
 @pytest.fixture(scope="module")
 def backfilled(spark, feast_repo_factory, tmp_path_factory):
-    from features.backfill import backfill
+    from features.pipelines.backfill import backfill
     from features.repo import Repo
 
     root = tmp_path_factory.mktemp("int_backfill") / "repo"
@@ -344,8 +344,8 @@ def backfilled(spark, feast_repo_factory, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def streamed(spark, feast_repo_factory, tmp_path_factory):
+    from features.pipelines.stream import stream
     from features.repo import Repo
-    from features.stream import stream
 
     root = tmp_path_factory.mktemp("int_stream") / "repo"
     land(root)
@@ -405,7 +405,7 @@ def test_the_stream_equals_the_backfill_and_the_reference(spark, backfilled, str
 def test_online_values_are_exact(backfilled, streamed, group, which) -> None:
     """Each key's online value (through Feast, int keys and values above 2^53) is the reference's at its window
     end."""
-    from features.serving import online_features
+    from features.stores.serving import online_features
 
     repo = backfilled if which == "backfill" else streamed[0]
     keys = EVENTS[list(group.join_keys)].drop_duplicates().reset_index(drop=True).astype(object)  # Python ints

@@ -1,4 +1,4 @@
-"""The offline table's manifest (features.manifest): what it records, atomic replacement, concurrent writers,
+"""The offline table's manifest (features.stores.manifest): what it records, atomic replacement, concurrent writers,
 and the errors a damaged file gives. Unit tests: no Spark."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from features.errors import ConfigError
-from features.manifest import (
+from features.stores.manifest import (
     LOCK_FILE,
     MANIFEST_FILE,
     LateBatch,

@@ -1,4 +1,4 @@
-"""The model that serves itself (features.model): an MLflow pyfunc reading its features from Feast online.
+"""The model that serves itself (features.ml.model): an MLflow pyfunc reading its features from Feast online.
 
 - `predict` fetches each key's current online values and predicts exactly what the wrapped classifier
   predicts on the reference values as of the backfill end (keys never seen: empty windows, 0 counts).
@@ -20,12 +20,13 @@ import pandas as pd
 import pytest
 from reference import reference_frame
 
-from features import ConfigError, Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, agg, tracking
-from features.backfill import backfill
-from features.model import ENV_REPO, OUTPUT, feature_model, log_model, predict_http, serve
+from features import ConfigError, Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, agg
+from features.ml import tracking
+from features.ml.model import ENV_REPO, OUTPUT, feature_model, log_model, predict_http, serve
+from features.ml.training import training_set
+from features.pipelines.backfill import backfill
 from features.repo import Repo
 from features.spec.fingerprint import definition_hash
-from features.training import training_set
 
 pytestmark = pytest.mark.spark
 

@@ -1,4 +1,4 @@
-"""A logged model (features.model.log_model) loads and predicts outside this environment.
+"""A logged model (features.ml.model.log_model) loads and predicts outside this environment.
 
 - The model folder ships the `features` wheel (`code/features-<version>-py3-none-any.whl`, no declared
   dependencies); its requirements.txt names that wheel and pins what loading and `predict` import (MLflow,
@@ -35,12 +35,13 @@ import pytest
 import yaml
 from reference import reference_frame
 
-from features import ConfigError, Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, agg, tracking
-from features.feast_objects import source_schema
-from features.model import ENV_REPO, OUTPUT, log_model, model_distributions, requirements
-from features.online import online_writer
+from features import ConfigError, Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, agg
+from features.ml import tracking
+from features.ml.model import ENV_REPO, OUTPUT, log_model, model_distributions, requirements
 from features.repo import Repo
 from features.spec import WINDOW_END
+from features.stores.feast_objects import source_schema
+from features.stores.online import online_writer
 
 START = pd.Timestamp("2026-01-01", tz="UTC")
 END = pd.Timestamp("2026-01-01 20:00", tz="UTC")
@@ -222,7 +223,7 @@ def test_the_model_folder_ships_the_wheel_and_pins_what_predict_needs(logged: Lo
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
         metadata = archive.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
-    assert {"features/model.py", "features/serving.py", "features/training.py"} <= set(names)
+    assert {"features/ml/model.py", "features/stores/serving.py", "features/ml/training.py"} <= set(names)
     assert not any("__pycache__" in n for n in names)
     assert "Requires-Dist" not in metadata  # installing the wheel brings nothing the requirements do not pin
 

@@ -17,8 +17,8 @@ import pytest
 from reference import reference_frame
 from test_cli import EXAMPLE_REPO, run
 
-from features import offline
 from features.repo import Repo
+from features.stores import offline
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -239,7 +239,7 @@ def test_nan_is_null_and_an_infinite_value_is_quarantined(spark, tmp_path: Path,
 def test_a_where_spark_cannot_resolve_fails_at_apply(spark, tmp_path: Path, capfd):
     from features import Feature, agg
     from features.errors import SchemaError
-    from features.registration import check_wheres
+    from features.pipelines.registration import check_wheres
 
     folder = tmp_path / "repo" / "events"
     folder.mkdir(parents=True)
@@ -273,7 +273,7 @@ def test_a_stream_reads_pandas_files_and_sets_unreadable_ones_aside(spark, feast
     """The stream reads what the backfill reads (pandas' nanosecond files, aware and naive, an empty file) to the
     same change points, and sets a stray file aside once, with its reason, while the good files stream on."""
     import features
-    from features.stream import stream
+    from features.pipelines.stream import stream
 
     root = tmp_path / "repo"
     landing = root / "data" / "transactions"
@@ -319,7 +319,7 @@ def test_a_stream_of_microsecond_files_reads_them_once_and_names_a_later_nanosec
     second read as integers); a pandas file landing later is set aside with the reason and the fix; a restart keeps
     to the checkpoint's choice, and `--reset` with a nanosecond file in the folder reads those too."""
     from features.engine.schema import nanosecond_read
-    from features.stream import stream
+    from features.pipelines.stream import stream
 
     root = tmp_path / "repo"
     landing = root / "data" / "transactions"

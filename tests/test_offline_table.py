@@ -1,4 +1,4 @@
-"""The offline table's writers (features.offline): a backfill's range replaced in one commit, a stream's batches
+"""The offline table's writers (features.stores.offline): a backfill's range replaced in one commit, a stream's batches
 appended once each, and the two writing the same days at once with every row there exactly once, on a local path
 and on a file:// URI (docs/table-format.md)."""
 
@@ -11,9 +11,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from features import Entity, EventSource, Feature, FeatureGroup, Hop, agg, offline
+from features import Entity, EventSource, Feature, FeatureGroup, Hop, agg
 from features.engine.batch import LATEST
 from features.spec import WINDOW_END
+from features.stores import offline
 
 pytestmark = pytest.mark.spark
 

@@ -44,9 +44,9 @@ from online_repos import (
 from redis_server import RedisServer
 
 from features import ConfigError, DataError
-from features.feast_codec import INT64_TYPE, STRING_TYPE, encode_values, entity_keys, resp_values
-from features.online import RedisOnlineWriter, online_writer
 from features.spec import DType
+from features.stores.feast_codec import INT64_TYPE, STRING_TYPE, encode_values, entity_keys, resp_values
+from features.stores.online import RedisOnlineWriter, online_writer
 
 redis_server = redis_fixtures.redis_server  # the session's real Redis (a fixture)
 
@@ -131,7 +131,7 @@ def test_values_are_protobufs_serialization(dtype: DType, values: list, proto) -
 
 def _feast_rows(rows: pd.DataFrame) -> list[tuple]:
     """The rows as Feast's `online_write_batch` takes them (its own proto conversion)."""
-    from features.feast_codec import proto_converter
+    from features.stores.feast_codec import proto_converter
 
     types = USER.output_types(SOURCE.schema)
     data = []
@@ -472,8 +472,8 @@ def test_backfill_into_redis_serves_the_reference_values(
     from reference import reference_frame
 
     from features import Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, agg
-    from features.backfill import backfill_group
     from features.demo import generate_transactions
+    from features.pipelines.backfill import backfill_group
     from features.repo import Repo
 
     # The range ends while events go on (they span 2026-01-01): every window holds values at the end.
@@ -501,7 +501,7 @@ def test_backfill_into_redis_serves_the_reference_values(
         f"  connection_string: {redis_server.connection_string}\noffline_store:\n  type: duckdb\n"
         "entity_key_serialization_version: 3\n"
     )
-    from features.registration import apply
+    from features.pipelines.registration import apply
 
     apply(str(root))
     try:

@@ -16,9 +16,9 @@ from feast.protos.feast.types.EntityKey_pb2 import EntityKey as EntityKeyProto
 from feast.protos.feast.types.Value_pb2 import Value as ValueProto
 
 from features import ConfigError, DataError, Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, agg
-from features.feast_objects import to_feast
-from features.online import OnlineWriter, SqliteOnlineWriter, online_writer
 from features.repo import Repo
+from features.stores.feast_objects import to_feast
+from features.stores.online import OnlineWriter, SqliteOnlineWriter, online_writer
 
 FEATURE_STORE_YAML = """\
 project: test
@@ -318,7 +318,7 @@ CONFIGS = {
 def test_online_config_reads_as_feast_does(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from feast.repo_config import load_repo_config
 
-    from features.online_config import online_config
+    from features.stores.online_config import online_config
 
     monkeypatch.setenv("FX_ONLINE_DIR", str(tmp_path / "online"))
     (tmp_path / "feature_store.yaml").write_text(CONFIGS[name])
@@ -336,7 +336,7 @@ def test_a_writer_from_a_repo_folder_does_not_import_feast(repo: Path) -> None:
     import sys
 
     script = (
-        "import sys\nfrom features.online import online_writer\nfrom features.spec import DType, FeatureGroup\n"
+        "import sys\nfrom features.stores.online import online_writer\nfrom features.spec import DType, FeatureGroup\n"
         "from features import Entity, EventSource, Feature, Hop, agg\n"
         "g = FeatureGroup('user_transactions', Entity('user', join_keys=['user_id']), "
         "EventSource('t', path='x', timestamp='ts', schema={'user_id': 'string', 'ts': 'timestamp'}), "

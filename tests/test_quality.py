@@ -26,8 +26,8 @@ from pyspark.sql import functions as F
 from reference import reference_frame
 
 from features import DefinitionError, Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, agg
-from features.backfill import backfill
 from features.errors import ValidationFailed
+from features.pipelines.backfill import backfill
 from features.repo import Repo
 from features.spec import WINDOW_END, AggKind
 
@@ -210,8 +210,8 @@ assert len(CORRUPTIONS) <= USERS
 
 def screened(rows) -> set[str]:
     """The checks the one-pass screen rejects."""
-    from features.checks import derived_checks
-    from features.screen import screen
+    from features.quality.checks import derived_checks
+    from features.quality.screen import screen
 
     counts = screen(rows, derived_checks(ROWS_GROUP))[()].rejected
     return {name for name, n in counts.items() if n}
@@ -242,8 +242,8 @@ def test_the_screen_counts_duplicate_window_ends_exactly(spark, seed: int) -> No
     count: ends on the grid over several blocks and words, repeated ends, null ends and null keys."""
     import numpy as np
 
-    from features.checks import derived_checks
-    from features.screen import screen
+    from features.quality.checks import derived_checks
+    from features.quality.screen import screen
 
     rng = np.random.default_rng(seed)
     n = 3000
@@ -416,7 +416,7 @@ def online_values(root: Path, group: FeatureGroup, users: list[str]) -> pd.DataF
 
 
 def offline_rows(root: Path, group: FeatureGroup) -> pd.DataFrame:
-    from features import offline
+    from features.stores import offline
 
     path = str(root / "data" / "offline" / group.name)
     if not offline.exists(path):

@@ -1,4 +1,4 @@
-"""Late events and quarantined data are kept for a retention period (features.retention): reported, swept on
+"""Late events and quarantined data are kept for a retention period (features.pipelines.retention): reported, swept on
 demand and by the stream itself. The clock is the test's: folders are dated with os.utime."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from test_stream import land
 
 from features import Entity, EventSource, Feature, FeatureGroup, Hop, agg
 from features.cli import main
+from features.pipelines.retention import held, sweep
+from features.pipelines.stream import stream
 from features.quality import quarantine_root
 from features.repo import Repo
-from features.retention import held, sweep
-from features.stream import stream
 
 DAY = 86400.0
 GROUP = FeatureGroup(

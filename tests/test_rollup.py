@@ -1,10 +1,11 @@
-"""A long stream's batch metrics reach MLflow rolled up, one point per interval (features.rollup); no Spark."""
+"""A long stream's batch metrics reach MLflow rolled up, one point per interval (features.pipelines.rollup);
+no Spark."""
 
 from __future__ import annotations
 
 import pytest
 
-from features.rollup import MetricRollup
+from features.pipelines.rollup import MetricRollup
 
 
 class _Clock:

@@ -1,4 +1,4 @@
-"""Incremental backfills (features.schedule): what a schedule computes and why, resuming after a failure,
+"""Incremental backfills (features.pipelines.schedule): what a schedule computes and why, resuming after a failure,
 healing late events, definition changes, removed groups, and the entry points schedulers run.
 
 Plans need no Spark (they read manifests and late-event files); the Spark tests run real backfills on small
@@ -28,11 +28,7 @@ from features import Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, 
 from features.cli import build_parser, main
 from features.demo import generate_transactions, write_events
 from features.errors import ConfigError, ValidationFailed
-from features.manifest import read_manifest, update
-from features.offline import read_pandas, rows_by_date
-from features.progress import PartitionProgress
-from features.repo import Repo
-from features.schedule import (
+from features.pipelines.schedule import (
     FORCED,
     NEW,
     chunk_runs,
@@ -43,9 +39,13 @@ from features.schedule import (
     request,
     spans,
 )
+from features.pipelines.stale import late_event_micros, stale_days
+from features.progress import PartitionProgress
+from features.repo import Repo
 from features.spec import WINDOW_END
 from features.spec.fingerprint import definition_hash, feature_hashes
-from features.stale import late_event_micros, stale_days
+from features.stores.manifest import read_manifest, update
+from features.stores.offline import read_pandas, rows_by_date
 
 ROOT = Path(__file__).resolve().parents[1]
 D1, D2, D3, D4, D5 = (date(2026, 3, d) for d in range(1, 6))
@@ -448,8 +448,9 @@ def test_job_ends_an_unexpected_error_with_one_reason_line(tmp_path: Path) -> No
     shutil.copytree(ROOT / "feature_repo", broken, ignore=shutil.ignore_patterns("data", "__pycache__"))
     # A bug's stand-in: the planner itself raises.
     (broken / "bug.py").write_text(
-        "import features.schedule\n\n\ndef plan(*args, **kwargs):\n    raise RuntimeError('boom in the planner')\n\n\n"
-        "features.schedule.plan = plan\n"
+        "import features.pipelines.schedule\n\n\n"
+        "def plan(*args, **kwargs):\n    raise RuntimeError('boom in the planner')\n\n\n"
+        "features.pipelines.schedule.plan = plan\n"
     )
     result = run_job("--repo", str(broken), "--since-last", cwd=tmp_path)
     assert result.returncode == 3, result.stderr
@@ -548,8 +549,8 @@ def test_interrupted_schedule_resumes_where_it_stopped(spark, tmp_path: Path) ->
 
 @pytest.mark.spark
 def test_since_last_over_many_days_is_one_pass_that_resumes_by_the_day(spark, tmp_path: Path, monkeypatch) -> None:
-    import features.backfill
-    import features.schedule
+    import features.pipelines.backfill
+    import features.pipelines.schedule
 
     days = [D1 + timedelta(days=k) for k in range(6)]
     now = at(days[-1] + timedelta(days=1), "00:30")
@@ -560,15 +561,15 @@ def test_since_last_over_many_days_is_one_pass_that_resumes_by_the_day(spark, tm
 
     repo = make_repo(tmp_path / "repo", [LIFE], events)
     passes: list[tuple[datetime, datetime]] = []
-    compute = features.backfill.change_points
+    compute = features.pipelines.backfill.change_points
     monkeypatch.setattr(
-        features.backfill,
+        features.pipelines.backfill,
         "change_points",
         lambda group, events, lo, hi, **kw: passes.append((lo, hi)) or compute(group, events, lo, hi, **kw),
     )
     # The six days are one commit; the manifest records them one by one after it, and the process is killed
     # while it does: the days not recorded yet are computed again, the others not.
-    record = features.schedule.record_completed
+    record = features.pipelines.schedule.record_completed
     recorded: list[date] = []
 
     def killed_at_the_fourth_day(repo: Repo, group: FeatureGroup, days: list[date]) -> None:
@@ -577,7 +578,7 @@ def test_since_last_over_many_days_is_one_pass_that_resumes_by_the_day(spark, tm
         record(repo, group, days)
         recorded.extend(days)
 
-    monkeypatch.setattr(features.schedule, "record_completed", killed_at_the_fourth_day)
+    monkeypatch.setattr(features.pipelines.schedule, "record_completed", killed_at_the_fourth_day)
     first = plan(repo, request(since_last=True), now=now, spark=spark)
     assert [r.days for r in first.groups[0].runs] == [tuple(days)]
     with pytest.raises(KeyboardInterrupt):
@@ -586,7 +587,7 @@ def test_since_last_over_many_days_is_one_pass_that_resumes_by_the_day(spark, tm
     manifest = read_manifest(repo.offline_path(LIFE), "life")
     assert manifest.completed() == days[:3]
 
-    monkeypatch.setattr(features.schedule, "record_completed", record)
+    monkeypatch.setattr(features.pipelines.schedule, "record_completed", record)
     second = plan(repo, request(since_last=True), now=now)
     assert second.groups[0].todo == dict.fromkeys(days[3:], NEW)  # the completed days are not computed again
     execute(repo, second, **opts)

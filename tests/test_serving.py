@@ -43,7 +43,7 @@ from online_repos import (
 
 from features import ConfigError
 from features.cli import build_parser, main
-from features.serving import online_features, server_options
+from features.stores.serving import online_features, server_options
 
 redis_server = redis_fixtures.redis_server  # the session's real Redis (a fixture)
 

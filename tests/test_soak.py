@@ -13,12 +13,12 @@ import pytest
 from reference import reference_frame
 from test_stream import offline_rows, same_value
 
-from features.registration import apply
+from features.pipelines.registration import apply
+from features.pipelines.stream import stream
+from features.pipelines.verify import verify_group
 from features.repo import Repo
-from features.serving import online_features
 from features.spec import WINDOW_END
-from features.stream import stream
-from features.verify import verify_group
+from features.stores.serving import online_features
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 

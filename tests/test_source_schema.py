@@ -20,10 +20,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from features import Entity, EventSource, Feature, FeatureGroup, Hop, agg, offline
+from features import Entity, EventSource, Feature, FeatureGroup, Hop, agg
 from features.errors import ConfigError
 from features.repo import Repo
 from features.spec import DType
+from features.stores import offline
 
 DAY = "2026-01-01"
 
@@ -77,7 +78,7 @@ def _land_b(folder: Path) -> pd.DataFrame:
 
 @pytest.mark.parametrize("stray_name", ["0-stray.parquet", "9-stray.parquet"])
 def test_the_inferred_type_is_the_one_most_rows_fit_whatever_the_file_order(tmp_path: Path, stray_name: str):
-    from features.feast_objects import infer_parquet, infer_parquet_schema
+    from features.stores.feast_objects import infer_parquet, infer_parquet_schema
 
     folder = tmp_path / "events"
     _land_a(folder)
@@ -103,7 +104,7 @@ def test_the_inferred_type_is_the_one_most_rows_fit_whatever_the_file_order(tmp_
 
 
 def test_integers_that_fit_float64_exactly_widen_to_it_without_a_conflict(tmp_path: Path):
-    from features.feast_objects import infer_parquet_schema
+    from features.stores.feast_objects import infer_parquet_schema
 
     folder = tmp_path / "events"
     folder.mkdir()
@@ -115,7 +116,7 @@ def test_integers_that_fit_float64_exactly_widen_to_it_without_a_conflict(tmp_pa
 
 
 def test_a_column_some_files_lack_is_named_with_them(tmp_path: Path):
-    from features.feast_objects import infer_parquet_schema
+    from features.stores.feast_objects import infer_parquet_schema
 
     folder = tmp_path / "events"
     _land_b(folder)
@@ -156,7 +157,7 @@ def test_a_column_some_files_lack_is_named_with_them(tmp_path: Path):
     ],
 )
 def test_which_types_convert_without_loss(found: pa.DataType, want: DType, problem: str | None):
-    from features.feast_objects import conversion_problem
+    from features.stores.feast_objects import conversion_problem
 
     assert conversion_problem(found, want) == problem
 
@@ -217,8 +218,9 @@ def _repo(root: Path, group: FeatureGroup) -> Repo:
 
 
 def test_apply_records_the_schema_and_warns_of_conflicts_naming_the_files(tmp_path: Path):
-    from features.feast_objects import record_source_schemas, source_schema
+    from features.pipelines.registration import record_source_schemas
     from features.repo import recorded_schema, schema_record_path
+    from features.stores.feast_objects import source_schema
 
     group = _group()
     repo = _repo(tmp_path / "repo", group)
@@ -241,7 +243,7 @@ def test_apply_records_the_schema_and_warns_of_conflicts_naming_the_files(tmp_pa
 
 
 def test_a_missing_column_the_group_reads_is_a_warning_at_apply(tmp_path: Path):
-    from features.feast_objects import record_source_schemas
+    from features.pipelines.registration import record_source_schemas
 
     repo = _repo(tmp_path / "repo", _group())
     _land_b(tmp_path / "repo" / "data" / "transactions")
@@ -253,7 +255,7 @@ def test_a_missing_column_the_group_reads_is_a_warning_at_apply(tmp_path: Path):
 
 
 def test_a_record_that_cannot_be_used_says_to_apply_again(tmp_path: Path):
-    from features.feast_objects import record_source_schemas
+    from features.pipelines.registration import record_source_schemas
     from features.repo import read_schema_record, schema_record_path
 
     group = _group()
@@ -282,8 +284,8 @@ def test_a_record_that_cannot_be_used_says_to_apply_again(tmp_path: Path):
 
 
 def test_the_summary_counts_the_files_and_events_set_aside():
-    from features.backfill import BackfillResult
     from features.engine.files import SetAsideFile
+    from features.pipelines.backfill import BackfillResult
 
     start, end = datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 1, 2, tzinfo=UTC)
     stray = SetAsideFile("file:///d/0-stray.parquet", "nonconforming_file: /d/0-stray.parquet: column ...", 1)
@@ -309,7 +311,7 @@ def test_the_summary_counts_the_files_and_events_set_aside():
 
 
 def test_the_manifest_keeps_what_each_day_set_aside(tmp_path: Path):
-    from features.manifest import read_manifest, set_aside_by_day, update
+    from features.stores.manifest import read_manifest, set_aside_by_day, update
 
     with update(tmp_path, "g") as manifest:
         manifest.note_set_aside(date(2026, 1, 1), 1, 3, 2)
@@ -356,7 +358,7 @@ def _file_records(root: Path) -> list[dict]:
 def test_a_backfill_sets_a_drifted_file_aside_whole_and_says_so(
     spark, feast_repo_factory, tmp_path: Path, capfd, drift: str
 ):
-    from features.schedule import backfill_command
+    from features.pipelines.schedule import backfill_command
 
     root = tmp_path / "repo"
     repo, good, applied = _applied(root, feast_repo_factory, _land_a if drift == "a" else _land_b, capfd)
@@ -386,7 +388,7 @@ def test_a_backfill_sets_a_drifted_file_aside_whole_and_says_so(
     assert f"column {column!r} {found}" in record["reason"] and "; fix: " in record["reason"], record
     # Nothing of the file was used: the values are those of the good files alone.
     pd.testing.assert_frame_equal(_offline(repo, group), _expected(spark, group, good, "2026-01-02"), check_dtype=False)
-    from features.manifest import set_aside_by_day
+    from features.stores.manifest import set_aside_by_day
 
     [(day, entry)] = set_aside_by_day(repo.offline_path(group), group.name).items()
     assert (day, entry.files, entry.events, entry.records) == (date(2026, 1, 1), 1, events, 0)
@@ -395,7 +397,7 @@ def test_a_backfill_sets_a_drifted_file_aside_whole_and_says_so(
 @pytest.mark.spark
 @pytest.mark.parametrize("drift", ["a", "b"])
 def test_the_stream_sets_a_drifted_file_aside_whole(spark, feast_repo_factory, tmp_path: Path, capfd, drift: str):
-    from features.stream import stream
+    from features.pipelines.stream import stream
 
     root = tmp_path / "repo"
     repo, good, _ = _applied(root, feast_repo_factory, _land_a if drift == "a" else _land_b, capfd)
@@ -418,7 +420,7 @@ def test_the_stream_sets_a_drifted_file_aside_whole(spark, feast_repo_factory, t
 def test_a_file_landing_after_the_stream_started_is_left_out_as_it_lands(spark, feast_repo_factory, tmp_path: Path):
     """The stream decides each file as it lands, not once at its start: a renamed column arriving later is set
     aside too, and none of its events reach the state."""
-    from features.stream import stream
+    from features.pipelines.stream import stream
 
     root = tmp_path / "repo"
     landing = root / "data" / "transactions"

@@ -21,14 +21,15 @@ import pytest
 from reference import percentile_ok, reference_frame
 from test_batch_reference import BASE, H, collect_change_points, compare_value, make_events
 
-from features import Entity, EventSource, Feature, FeatureGroup, Hop, KafkaTopic, Lifetime, Tumble, agg, offline
+from features import Entity, EventSource, Feature, FeatureGroup, Hop, KafkaTopic, Lifetime, Tumble, agg
 from features.cli import main
 from features.demo import write_events
 from features.errors import ConfigError
+from features.pipelines.stream import stream
 from features.repo import Repo
-from features.serving import online_features
 from features.spec import WINDOW_END, AggKind
-from features.stream import stream
+from features.stores import offline
+from features.stores.serving import online_features
 
 pytestmark = pytest.mark.spark
 
@@ -221,7 +222,7 @@ def test_an_eager_value_is_online_before_the_watermark_and_a_late_event_corrects
 
 def test_verify_finds_the_streamed_stores_consistent(spark, streamed) -> None:
     """`features verify` after a stream: eager online values against a recompute, offline rows both ways."""
-    from features.verify import verify_group
+    from features.pipelines.verify import verify_group
 
     repo, _, _ = streamed
     for group in GROUPS:
@@ -245,7 +246,7 @@ def test_progress_reports_every_batch(streamed) -> None:
 
 
 def test_late_events_are_kept_aside_and_the_next_backfill_heals_the_table(spark, streamed) -> None:
-    from features.backfill import backfill
+    from features.pipelines.backfill import backfill
 
     repo, events, run = streamed
     watermark = pd.Timestamp(run.progress()[0].watermark)
@@ -368,23 +369,15 @@ KAFKA_SCHEMA = {
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("source", ["files", "kafka"])
-def test_killed_streams_end_like_an_uninterrupted_one(
-    spark, feast_repo_factory, tmp_path, capsys, source, request
-) -> None:
-    """SIGKILL the stream process at random points, restart it each time: the offline table and the online
-    store end exactly as those of a run that was never interrupted. Each kill leaves at most the micro-batch in
-    flight to replay; the test reports which batch each restart replayed and how long it took to catch up.
-    From files, one file per batch; from Kafka, the offsets of each batch are in the checkpoint."""
+def test_a_killed_kafka_stream_ends_like_an_uninterrupted_one(spark, feast_repo_factory, tmp_path, capsys, kafka_topic):
+    """SIGKILL the stream process at a random point, restart it: the offline table and the online store end
+    exactly as those of a run that was never interrupted. The kill leaves at most the micro-batch in flight to
+    replay, from the offsets in the checkpoint; the test reports which batch the restart replayed and how long it
+    took to catch up. (A stream from files is killed in the soak test, tests/test_soak.py: each kill costs
+    process starts.)"""
     events = arrival_order(make_events(), pd.Timedelta(minutes=20), seed=2)
-    group = PAIR_GROUP
+    group = from_kafka(PAIR_GROUP, kafka_topic, events, FILES)
     command = [sys.executable, "-m", "features.cli", "stream", "--available-now"]
-    per_trigger = None
-    if source == "kafka":
-        group = from_kafka(group, request.getfixturevalue("kafka_topic"), events, FILES)
-    else:
-        per_trigger = 1
-        command += ["--max-files-per-trigger", str(per_trigger)]
     roots = {}
     for name in ("calm", "killed"):
         roots[name] = tmp_path / name
@@ -392,11 +385,7 @@ def test_killed_streams_end_like_an_uninterrupted_one(
         feast_repo_factory(roots[name], [group])
     # The uninterrupted run goes on in this process's session while the killed one starts and restarts: its
     # query is the one `features stream` starts, with the same micro-batches, and costs no cold start of its own.
-    calm_run = stream(
-        Repo.load(roots["calm"]), available_now=True, max_files_per_trigger=per_trigger, progress=False, tracking=False
-    )
-    # One kill at a random point for each source (each kill costs a process start; the soak test kills a live
-    # stream too): from files the replay of a batch of landed files, from Kafka the restart from its offsets.
+    calm_run = stream(Repo.load(roots["calm"]), available_now=True, progress=False, tracking=False)
     planned = 1
     try:
         kills, report = _kill_and_restart(command, roots["killed"], group, planned)
@@ -428,7 +417,7 @@ def _kill_and_restart(command: list[str], root: Path, group: FeatureGroup, plann
     rng = np.random.default_rng(5)
     # Kill i comes once targets[i] batches are committed, at a random moment of the next second and a half: in
     # a batch, between two, or while the process starts. Progress, not the clock, decides, so that a faster
-    # start cannot let the stream finish first; two file batches always remain after the last kill.
+    # start cannot let the stream finish first; two batches always remain after the last kill.
     # A kill may also come too late, once the stream has finished: then fewer.
     targets = sorted(int(t) for t in rng.choice(FILES - 2, size=planned, replace=False))
     kills, report, in_flight = 0, [], None
@@ -468,8 +457,8 @@ def _kill_and_restart(command: list[str], root: Path, group: FeatureGroup, plann
 
 
 def test_each_stream_run_is_an_mlflow_run_with_batch_metrics(streamed) -> None:
+    from features.ml.tracking import client_for, find_runs
     from features.spec.fingerprint import definition_hash
-    from features.tracking import client_for, find_runs
 
     repo, events, run = streamed
     runs = find_runs(repo, kind="stream", group=USER_GROUP.name, definition_hash=definition_hash(USER_GROUP))
@@ -478,7 +467,7 @@ def test_each_stream_run_is_an_mlflow_run_with_batch_metrics(streamed) -> None:
     assert first["status"] == "FINISHED"
     history = client.get_metric_history(first["run_id"], f"{USER_GROUP.name}.events")
     assert sum(m.value for m in history) == len(events)
-    # Rolled up (features.rollup): one point per minute of the run, at the step of the minute's last batch.
+    # Rolled up (features.pipelines.rollup): one point per minute of the run, at the step of the minute's last batch.
     batches = set(run.status().query(f"group == '{USER_GROUP.name}'")["batch_id"])
     assert {m.step for m in history} <= batches and max(m.step for m in history) == max(batches)
 
@@ -515,7 +504,7 @@ def test_a_backfill_next_to_a_running_stream(spark, feast_repo_factory, tmp_path
     landed while the backfill ran, and whether it saw them depended on which thread came first.)"""
     import threading
 
-    from features.backfill import backfill
+    from features.pipelines.backfill import backfill
 
     events = arrival_order(make_events(), pd.Timedelta(minutes=20), seed=4)
     root = tmp_path / "repo"

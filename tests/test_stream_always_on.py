@@ -14,10 +14,10 @@ from test_stream import land, offline_rows, same_value
 from features import Entity, EventSource, Feature, FeatureGroup, Hop, agg
 from features import kernel as pt
 from features.errors import ConfigError
+from features.pipelines.stream import stream
 from features.repo import Repo
-from features.serving import online_features
 from features.spec import WINDOW_END, DType
-from features.stream import stream
+from features.stores.serving import online_features
 
 pytestmark = pytest.mark.spark
 
@@ -147,7 +147,7 @@ def test_verify_checks_eager_values_before_any_final_row(spark, feast_repo_facto
     """A stream whose watermark has emitted no final row yet: `features verify` checks its eager online values
     against the recompute instead of stopping for the missing offline table."""
     from features.cli import main
-    from features.verify import verify_group
+    from features.pipelines.verify import verify_group
 
     group = _group("no_final_rows", watermark="1d")
     land(tmp_path, _events("u1", [T0 + m * M for m in (1, 2, 14)]), 1)
@@ -177,7 +177,7 @@ def test_closed_end_is_the_latest_end_on_any_grid() -> None:
 def test_the_stream_sets_bad_records_aside_as_the_backfill_does(spark, feast_repo_factory, tmp_path) -> None:
     """One kind of quarantine file: the same columns (reason, source_file, the source's columns) and values
     from a backfill and from the stream."""
-    from features.backfill import backfill
+    from features.pipelines.backfill import backfill
     from features.quality import quarantine_root
 
     group = _group("aside_alike")

@@ -23,10 +23,10 @@ from test_stream import (
 
 from features import EventSource, FeatureGroup, KafkaTopic
 from features.engine.schema import MISSING_KEY, UNPARSEABLE, WRONG_TYPE
+from features.pipelines.stream import stream
 from features.quality import quarantine_root
 from features.repo import Repo
 from features.spec import WINDOW_END
-from features.stream import stream
 
 pytestmark = pytest.mark.spark
 
@@ -115,7 +115,7 @@ def test_a_restart_goes_on_from_the_checkpointed_offsets(spark, feast_repo_facto
 def test_the_archive_holds_every_record_once_and_backfills_to_the_streams_rows(
     spark, feast_repo_factory, tmp_path, kafka_topic
 ) -> None:
-    from features.backfill import backfill
+    from features.pipelines.backfill import backfill
 
     topic = kafka_topic
     values = json_values(arrival_order(EVENTS, pd.Timedelta(minutes=20), seed=5), tmp_path / "values")
@@ -150,7 +150,7 @@ def test_a_partition_hours_behind_is_not_waited_for(spark, feast_repo_factory, t
     """Spark's watermark is the newest event time of any partition minus the delay: the events of a partition
     hours behind the others are used while nothing has been emitted past them, and late after that; a backfill
     over the archive (which holds the late events too) gives the values of every event."""
-    from features.backfill import backfill
+    from features.pipelines.backfill import backfill
 
     topic = kafka_topic
     ahead = arrival_order(EVENTS[EVENTS["event_ts"] >= BASE + 5 * H], pd.Timedelta(minutes=20), seed=7)

@@ -17,9 +17,9 @@ from test_stream_kafka import kafka_groups
 
 from features import FeatureGroup, KafkaTopic
 from features.engine.schema import MISSING_KEY, UNPARSEABLE_AVRO
+from features.pipelines.stream import StreamRun, stream
 from features.quality import quarantine_root
 from features.repo import Repo
-from features.stream import StreamRun, stream
 
 pytestmark = pytest.mark.spark
 

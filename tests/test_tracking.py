@@ -1,4 +1,4 @@
-"""MLflow tracking (features.tracking) on a real SQLite tracking store.
+"""MLflow tracking (features.ml.tracking) on a real SQLite tracking store.
 
 - Where runs go: the repo's own SQLite store by default, MLFLOW_TRACKING_URI when set; a store that cannot
   start is a ConfigError naming MLFLOW_TRACKING_URI; `enabled=False` records nothing and never imports MLflow.
@@ -27,9 +27,10 @@ from great_expectations.core import ExpectationSuite, ExpectationSuiteValidation
 from great_expectations.core.expectation_validation_result import ExpectationValidationResult
 from mlflow import MlflowClient
 
-from features import ConfigError, Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, agg, tracking
-from features.backfill import BackfillResult, backfill
+from features import ConfigError, Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, agg
 from features.errors import ValidationFailed
+from features.ml import tracking
+from features.pipelines.backfill import BackfillResult, backfill
 from features.quality import Outcome, ValidationReport
 from features.repo import Repo
 from features.spec.fingerprint import definition_hash, describe, feature_hashes
@@ -170,7 +171,8 @@ def test_tracking_off_records_nothing_and_never_imports_mlflow(tmp_path: Path):
     code = """
 import sys
 from pathlib import Path
-from features import Entity, EventSource, Feature, FeatureGroup, Hop, agg, tracking
+from features import Entity, EventSource, Feature, FeatureGroup, Hop, agg
+from features.ml import tracking
 from features.repo import Repo
 source = EventSource("transactions", path="data/transactions", timestamp="event_ts")
 user = Entity("user", join_keys=["user_id"])

@@ -28,11 +28,12 @@ import pytest
 from connect_server import connect_url, spark_connect  # noqa: F401 - fixtures
 from reference import reference_frame
 
-from features import ConfigError, Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, Tumble, agg, tracking
-from features.backfill import backfill
+from features import ConfigError, Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, Tumble, agg
+from features.ml import tracking
+from features.ml.training import resolve_features, training_set
+from features.pipelines.backfill import backfill
 from features.repo import Repo
 from features.spec.fingerprint import definition_hash, feature_hashes
-from features.training import resolve_features, training_set
 
 pytestmark = pytest.mark.spark
 

@@ -43,8 +43,8 @@ def run_kafka_demo(repo: str, *, events: int, users: int, days: float, bootstrap
     """Produce the demo's transactions to a topic on a broker at `bootstrap_servers` (started here when none
     answers there), stream them to the stores, and print what each step gives."""
     from features.engine.session import get_spark
-    from features.registration import apply
-    from features.stream import stream
+    from features.pipelines.registration import apply
+    from features.pipelines.stream import stream
 
     check_sizes(events, users, days)
     loaded = Repo.load(repo)

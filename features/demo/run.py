@@ -24,9 +24,9 @@ import pyarrow as pa
 
 from features.demo.datagen import generate_transactions, write_events
 from features.errors import ConfigError
-from features.feast_objects import schema_of_arrow
 from features.repo import Repo
 from features.spec import DType, FeatureGroup
+from features.stores.feast_objects import schema_of_arrow
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
 SEED = 20260101
@@ -39,8 +39,8 @@ SHOW_TRANSACTIONS = 10
 
 def run_demo(repo: str, *, events: int, users: int, days: float) -> None:
     """Run the whole loop on `repo` (normally the example `feature_repo/`) and print what each step gives."""
-    from features.backfill import backfill
-    from features.registration import apply
+    from features.pipelines.backfill import backfill
+    from features.pipelines.registration import apply
 
     check_sizes(events, users, days)
     loaded = Repo.load(repo)

@@ -1,15 +1,15 @@
 """The demo fraud classifier: does it learn from the windowed features?
 
 Every generated transaction is a labelled entity row (its user, card and merchant, its time, its own amount,
-`is_fraud`). Its features are the point-in-time values of the fraud groups at that time (features.training),
+`is_fraud`). Its features are the point-in-time values of the fraud groups at that time (features.ml.training),
 i.e. from events of earlier panes only. The model trains on an earlier time range and is scored on a later
 one it never saw, twice: with the windowed features and with the transaction's own amount alone. The fraud in
 the generated data is bursts of failed attempts on compromised cards at merchants new to the card, which
 only the windowed features can see.
 
 Used by notebook 04 (when notebook 02 has not built the model yet) and by the tests; notebook 02 writes the
-same steps out in its cells. Everything here calls only the public API (`features`, `features.backfill`,
-`features.model`, `features.tracking`, `features.demo`): it is what a user would write in a notebook.
+same steps out in its cells. Everything here calls only the public API (`features`, `features.pipelines.backfill`,
+`features.ml.model`, `features.ml.tracking`, `features.demo`): it is what a user would write in a notebook.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import features
 from features.demo.datagen import generate_transactions
 
 if TYPE_CHECKING:
-    from features.backfill import BackfillResult
+    from features.pipelines.backfill import BackfillResult
     from features.repo import Repo
 
 LABEL = "is_fraud"
@@ -58,8 +58,8 @@ def prepare(
 ) -> tuple[pd.DataFrame, list[BackfillResult]]:
     """Land generated transactions in the repo's source folder, apply, and backfill [start, start + days)
     (whole hours); replaces earlier demo data. Returns the transactions and the backfill results."""
-    from features.backfill import backfill
     from features.demo.run import START, check_sizes, clear_outputs, write_sources
+    from features.pipelines.backfill import backfill
 
     loaded = features.load_repo(repo) if isinstance(repo, str | PathLike) else repo
     check_sizes(events, users, days)
@@ -182,8 +182,8 @@ def build_model(
 ) -> tuple[int, Comparison]:
     """Everything notebook 02 does, in one call: data, backfill, training set, both models, and the model
     with the windowed features logged with its lineage and registered as `name`. Returns its version."""
-    from features import tracking
-    from features.model import log_model
+    from features.ml import tracking
+    from features.ml.model import log_model
 
     loaded = features.load_repo(repo) if isinstance(repo, str | PathLike) else repo
     transactions, _results = prepare(loaded, events=events, users=users, days=days, seed=seed)

@@ -21,12 +21,12 @@ from features import kernel
 from features.engine.inputs import bucket_labels, bucket_of, ddl, kernel_inputs
 from features.engine.schema import schema_of
 from features.engine.source import observed_count
-from features.panes import MICROS, lookback_us
+from features.kernel.panes import MICROS, lookback_us
 from features.spec import WINDOW_END, DType, FeatureGroup
+from features.stores.offline import LATEST
 
 BUCKET = "fx_bucket"
 END_US = "fx_end"  # the window end in µs, as the kernel returns it
-LATEST = "fx_latest"  # true on a copy of each key's newest row: its value as of the range end, for the online store
 
 ARROW_TYPES = {
     DType.INT64: pa.int64(),

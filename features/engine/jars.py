@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from features.errors import EnvironmentProblem
-from features.locks import held
+from features.stores.locks import held
 
 ENV = "FEATURES_JARS"
 

@@ -25,6 +25,9 @@ from pathlib import Path
 ENV = "FEATURES_JVM_ARCHIVE"
 MAGIC = bytes.fromhex("a8ab0bf0")  # a dynamic archive's header (0xf00baba8, little-endian)
 QUIET = "-Xlog:cds=off,cds+dynamic=off"  # Java's notes about the archive (e.g. a class path mismatch)
+# What the process that makes an archive loads into it (features.engine.session._fill_archive): raised when that
+# changes, so that archives made before (without Delta's classes, say) are made again instead of used.
+FILL_VERSION = "2"
 WRITING_S = 60.0  # a file written to this recently may still be growing
 
 
@@ -60,12 +63,14 @@ def _cache_folder() -> Path:
 
 
 def _install_key(java_description: str, class_path: list[str] | tuple[str, ...]) -> str:
-    """Which Java and which jars: an archive is only valid for the classes it was made from."""
+    """Which Java and which jars (an archive is only valid for the classes it was made from), and what filled it."""
     import pyspark
 
     jars = Path(pyspark.__file__).parent / "jars"
     names = sorted(p.name for p in jars.glob("*.jar")) if jars.is_dir() else []
-    digest = hashlib.sha1("\n".join([java_description, str(jars), *names, *class_path]).encode()).hexdigest()[:16]
+    digest = hashlib.sha1(
+        "\n".join([FILL_VERSION, java_description, str(jars), *names, *class_path]).encode()
+    ).hexdigest()[:16]
     return f"{pyspark.__version__}-{digest}"
 
 

@@ -12,7 +12,7 @@ from pyspark.sql import functions as F
 from features.spec import WINDOW_END
 
 if TYPE_CHECKING:
-    from features.online import OnlineWriter
+    from features.stores.online import OnlineWriter
 
 
 def write_online(writer: OnlineWriter, rows: DataFrame) -> int:

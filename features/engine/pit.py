@@ -4,7 +4,7 @@ For each label row (keys, t) and each requested group, the group's change point 
 `window_end <= t` for those keys: the very row Feast's `get_historical_features` picks (Feast 0.67 joins on
 equal keys and `window_end <= t`, the equality included, then keeps the latest `window_end` per entity row; the
 FeatureViews' ttl is 0, so there is no lower bound). A key without such a row reads as empty windows, filled
-as the pandas path fills them (`features.feature_refs.empty_value`). Null keys match nothing, in Feast as here.
+as the pandas path fills them (`features.stores.feature_refs.empty_value`). Null keys match nothing, in Feast as here.
 Two change points of one key never share a `window_end` (the offline table guarantees it), so there are no
 ties to break.
 
@@ -43,13 +43,13 @@ from pyspark.sql.types import DateType, StringType, TimestampNTZType, TimestampT
 
 from features.engine.session import apply_required_conf, is_connect
 from features.errors import ConfigError
-from features.feature_refs import ROW_ID, empty_value, offline_dates
-from features.offline import DATE, read_table
 from features.spec import WINDOW_END, DType
+from features.stores.feature_refs import ROW_ID, empty_value, offline_dates
+from features.stores.offline import DATE, read_table
 
 if TYPE_CHECKING:
-    from features.feature_refs import FeatureRef
     from features.repo import Repo
+    from features.stores.feature_refs import FeatureRef
 
 DAY = timedelta(days=1)
 _INTERNAL = "__features_"
@@ -349,7 +349,7 @@ def _carry_in(points: DataFrame, buckets: DataFrame, keys: list[str]) -> DataFra
 
 
 def _filled(value: Column, ref: FeatureRef, group: _Group, fn: Any) -> Column:
-    """A feature's value with the empty-window fill of the pandas path (`features.feature_refs.empty_value`)."""
+    """A feature's value with the empty-window fill of the pandas path (`features.stores.feature_refs.empty_value`)."""
     column = ref.as_column(group.full_feature_names)
     empty = empty_value(column)
     if empty is None:

@@ -178,7 +178,8 @@ def _fill_archive(spark: SparkSession) -> None:
     """Load the classes of the offline table's writes and reads into the JVM whose exit makes the class archive
     (features.engine.jvm_archive): the first session may be one that never touches a Delta table (e.g.
     `features apply`), and every later one would then load Delta's classes from its jars, measured at a
-    third of a second per process. A few small jobs in a scratch folder, once per installation."""
+    third of a second per process. A few small jobs in a scratch folder, once per installation. (A change to
+    what this loads raises jvm_archive.FILL_VERSION, so that archives made before are made again.)"""
     from pyspark.sql import functions as F
 
     try:

@@ -355,7 +355,7 @@ def _load(spark: SparkSession, group: FeatureGroup, path: str) -> tuple[DataFram
 def parquet_schema(spark: SparkSession, group: FeatureGroup, path: str) -> StructType:
     """The schema a Parquet source is read with, the columns the group reads marked (`READ`): the declared
     one, else the one `features apply` recorded, else the files' own (all footers together, skipping files that
-    are not Parquet: features.feast_objects.infer_parquet_schema; Spark's own inference for a URI the driver
+    are not Parquet: features.stores.feast_objects.infer_parquet_schema; Spark's own inference for a URI the driver
     cannot list)."""
     from features.repo import recorded_schema
 
@@ -367,7 +367,7 @@ def parquet_schema(spark: SparkSession, group: FeatureGroup, path: str) -> Struc
         return group_schema(group, recorded)
     if "://" in path or path.startswith("dbfs:"):
         return spark.read.option("recursiveFileLookup", "true").parquet(path).schema
-    from features.feast_objects import infer_parquet
+    from features.stores.feast_objects import infer_parquet
 
     columns = infer_parquet(path, f"EventSource({group.source.name!r})")
     if not columns:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from features.panes import MICROS, pane_length_us
+from features.kernel.panes import MICROS, pane_length_us
 from features.spec import AggKind, DType, FeatureGroup
 
 PANE = "fx_pane"

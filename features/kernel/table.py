@@ -7,7 +7,7 @@ each feature's partial columns `<feature>.<part>` (features.kernel.aggregations)
 
 The batch engine runs `phase1` and `emit` on each hash bucket of keys (all of their events at once); the stream
 runs `step` on each bucket's state once per micro-batch. The meaning of every value is docs/semantics.md; the
-window and pane arithmetic is `features.panes`.
+window and pane arithmetic is `features.kernel.panes`.
 """
 
 from __future__ import annotations
@@ -283,7 +283,7 @@ def change_ends(
     plan: Plan, table: pd.DataFrame, after_us: int | None, upto_us: int | None, clamp_us: int | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """(row indexes, Es) for every window end in (after, upto] where some feature's value may change: where a
-    pane holding rows for it enters or leaves its window (features.panes).
+    pane holding rows for it enters or leaves its window (features.kernel.panes).
 
     `clamp_us` (a backfill's range start): ends before it are moved to it, so that each key's first row of the
     range carries the value the range starts with, without a row for every earlier end."""

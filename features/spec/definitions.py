@@ -41,7 +41,7 @@ RESERVED_COLUMNS: Mapping[str, str] = MappingProxyType(
 RESERVED_FEATURE_COLUMNS: Mapping[str, str] = MappingProxyType(
     {"rn": "the rank Feast's point-in-time join gives the candidate rows of a feature view"}
 )
-# Prefixes of the columns the engines and training sets add while they work (features.engine, features.training).
+# Prefixes of the columns the engines and training sets add while they work (features.engine, features.ml.training).
 RESERVED_PREFIXES = ("fx_", "__features_")
 # Feast's point-in-time join drops every column of a feature view whose name ends so (its join suffix).
 RESERVED_FEATURE_SUFFIX = "_y"

@@ -1,4 +1,4 @@
-"""Window definitions: `Hop`, `Tumble` and `Lifetime` (inert; arithmetic lives in `features.panes`)."""
+"""Window definitions: `Hop`, `Tumble` and `Lifetime` (inert; arithmetic lives in `features.kernel.panes`)."""
 
 from __future__ import annotations
 

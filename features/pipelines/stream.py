@@ -28,15 +28,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from features.errors import ConfigError, EnvironmentProblem, ValidationFailed
+from features.pipelines.retention import DEFAULT_KEEP
+from features.pipelines.rollup import MetricRollup
+from features.pipelines.stream_aside import SetAside
+from features.pipelines.stream_sink import BatchSink, StreamProgress
 from features.progress import shown_by_default
 from features.repo import Repo
-from features.retention import DEFAULT_KEEP
-from features.rollup import MetricRollup
 from features.spec import FeatureGroup
 from features.spec.durations import parse_duration
 from features.spec.fingerprint import definition_hash, describe
-from features.stream_aside import SetAside
-from features.stream_sink import BatchSink, StreamProgress
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -51,7 +51,7 @@ class StreamRun:
     latest: dict[str, StreamProgress]
     history: list[StreamProgress] = field(default_factory=list)
     errors: dict[str, BaseException] = field(default_factory=dict)
-    tracker: Any = None  # the MLflow run (features.tracking) the batches log to
+    tracker: Any = None  # the MLflow run (features.ml.tracking) the batches log to
     _tracking: Any = None  # its context manager, ended when the queries end
     rollups: list[MetricRollup] = field(default_factory=list)  # the batches' metrics not logged yet, per group
     archives: dict[str, StreamingQuery] = field(default_factory=dict)  # per Kafka source archived: its query
@@ -137,12 +137,12 @@ def stream(
     retention: str | None = DEFAULT_KEEP,
 ) -> StreamRun:
     """Start one streaming query per group (all by default) and return without waiting. The run is one MLflow
-    run (features.tracking) with the micro-batches' counts as metrics, one point per `metrics_every` of wall
-    time (features.rollup); `tracking=False` records nothing. Late events and quarantined data are kept for
-    `retention` (None: for ever), swept when the stream starts and hourly (features.retention)."""
-    from features.backfill import ready_writer
+    run (features.ml.tracking) with the micro-batches' counts as metrics, one point per `metrics_every` of wall
+    time (features.pipelines.rollup); `tracking=False` records nothing. Late events and quarantined data are kept for
+    `retention` (None: for ever), swept when the stream starts and hourly (features.pipelines.retention)."""
     from features.engine import stream as engine
     from features.engine.session import get_spark
+    from features.pipelines.backfill import ready_writer
 
     if buckets is not None and buckets < 1:
         raise ConfigError(f"--buckets: {buckets} is not a positive number of hash buckets")
@@ -154,7 +154,7 @@ def stream(
     spark = spark or get_spark()
     _check_not_connect(spark)
     engine.configure(spark)
-    from features import tracking as mlflow_tracking
+    from features.ml import tracking as mlflow_tracking
 
     show = shown_by_default() if progress is None else progress  # a terminal or a notebook
     run = StreamRun({}, {})
@@ -343,7 +343,7 @@ def _check_checkpoint(
 
 def _remove_stream_rows(spark: SparkSession, repo: Repo, group: FeatureGroup) -> None:
     """Take the stream's rows out of the offline table: all rows but those in the ranges backfills wrote."""
-    from features import offline
+    from features.stores import offline
 
     table = repo.offline_path(group)
     log = offline.StreamLog(table, "", spans=offline.completed_days(table, group.name))

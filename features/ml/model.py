@@ -1,13 +1,13 @@
 """A model that serves itself: an MLflow pyfunc that fetches its features from the Feast online store.
 
-    info = features.model.log_model(classifier, features=refs, repo="feature_repo", input_example=rows.head(5),
+    info = features.ml.model.log_model(classifier, features=refs, repo="feature_repo", input_example=rows.head(5),
                                     input_columns=["amount"], registered_model_name="fraud_classifier")
     mlflow models serve -m models:/fraud_classifier/1 --env-manager local     # POST /invocations
 
 Given rows of entity keys (and any request-time columns the model reads, `input_columns`), `predict` reads
 each key's current values from the online store (FeatureStore.get_online_features, through
-features.serving), gives keys without an online row the empty-window values (0 for counts, sums and
-approx_count_distinct, null otherwise: features.feature_refs.fill_empty, the same as in training sets), and
+features.stores.serving), gives keys without an online row the empty-window values (0 for counts, sums and
+approx_count_distinct, null otherwise: features.stores.feature_refs.fill_empty, the same as in training sets), and
 returns the wrapped model's probability of the positive class, one per row, as a Series named `probability`.
 
 The wrapped model is anything with `predict_proba` (scikit-learn style) fitted on the columns
@@ -53,9 +53,9 @@ import numpy as np
 import pandas as pd
 
 from features.errors import ConfigError
-from features.feature_refs import FeatureColumn, fill_empty, join_keys, resolve_features
 from features.repo import ONLINE_STORE_TYPES
 from features.spec import DType
+from features.stores.feature_refs import FeatureColumn, fill_empty, join_keys, resolve_features
 
 if TYPE_CHECKING:
     from feast import FeatureStore
@@ -68,7 +68,7 @@ CONFIG_REPO = "repo"  # the model_config key naming the feature repo
 OUTPUT = "probability"
 CODE_DIR = "code"  # where MLflow puts `code_paths` in a model folder; requirements.txt names the wheel there
 # What loading the model and `predict` import where it is served: MLflow and cloudpickle (the pickled model),
-# Feast (features.serving), pandas, numpy, pyarrow and pyyaml (features.training, features.repo).
+# Feast (features.stores.serving), pandas, numpy, pyarrow and pyyaml (features.ml.training, features.repo).
 _REQUIREMENTS = ("mlflow", "cloudpickle", "feast", "pandas", "numpy", "pyarrow", "pyyaml")
 # The Feast extras that opening the repo's store needs where the model is served: the online store's client
 # (SQLite's is in the standard library), and the offline store's, which Feast imports to read feature_store.yaml
@@ -150,14 +150,14 @@ class FeatureModel(mlflow.pyfunc.PythonModel):
 
     def store(self) -> FeatureStore:
         if self._store is None:
-            from features.serving import feature_store
+            from features.stores.serving import feature_store
 
             self._store = feature_store(self.repo_root())
         return self._store
 
     def feature_frame(self, rows: pd.DataFrame) -> pd.DataFrame:
         """The rows' input columns and their current online features, filled and typed as in training."""
-        from features.serving import online_features
+        from features.stores.serving import online_features
 
         missing = [c for c in [*self.keys, *self.input_columns] if c not in rows.columns]
         if missing:
@@ -273,7 +273,7 @@ def build_wheel(wheel_dir: str | Path) -> Path:
     out = Path(wheel_dir)
     with tempfile.TemporaryDirectory(prefix="features-wheel-") as tmp:
         project = Path(tmp)
-        package = Path(__file__).resolve().parent
+        package = Path(__file__).resolve().parents[1]  # features/, this module being features/ml/model.py
         shutil.copytree(package, project / "features", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         (project / "pyproject.toml").write_text(_WHEEL_PYPROJECT.format(version=version))
         command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--disable-pip-version-check", "--quiet"]
@@ -354,7 +354,7 @@ def latest_version(name: str, tracking_uri: str | None = None) -> int | None:
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
-    from features.tracking import quiet_mlflow
+    from features.ml.tracking import quiet_mlflow
 
     quiet_mlflow()
     client = MlflowClient(tracking_uri=tracking_uri) if tracking_uri else MlflowClient()

@@ -7,7 +7,7 @@ A value with the same `window_end` is replaced (a replay may carry a corrected v
 
 Writers are built from plain data (paths, names, types) and open their connection lazily, so they can be
 pickled to Spark executors and used inside `mapInPandas` / `foreachPartition`. They encode a pandas batch a
-column at a time in Feast's format (features.feast_codec), then hand it to the store in bulk:
+column at a time in Feast's format (features.stores.feast_codec), then hand it to the store in bulk:
 
 - SQLite (`SqliteOnlineWriter`): multi-row upserts in the B-tree order of the table's key, the whole batch in
   one transaction, the next part encoded while SQLite writes the previous one. SQLite takes one writer at a
@@ -32,7 +32,8 @@ from urllib.parse import quote
 import pandas as pd
 
 from features.errors import ConfigError, DataError
-from features.feast_codec import (
+from features.spec import WINDOW_END, DType, FeatureGroup
+from features.stores.feast_codec import (
     encode_values,
     entity_keys,
     feast_epoch,
@@ -42,8 +43,7 @@ from features.feast_codec import (
     resp_values,
     timestamp_resp,
 )
-from features.online_config import online_config
-from features.spec import WINDOW_END, DType, FeatureGroup
+from features.stores.online_config import online_config
 
 if TYPE_CHECKING:
     from feast import FeatureStore, RepoConfig

@@ -1,5 +1,5 @@
 """Stale partitions: which completed days of a group a changed definition or the stream's late events make
-wrong, so that `features backfill --date/--since-last` recomputes them (features.schedule).
+wrong, so that `features backfill --date/--since-last` recomputes them (features.pipelines.schedule).
 
 An event at time ts changes the window ends in (ts, ts + size + every] of each feature, so the completed days
 holding those ends are stale; a `Lifetime` window changes at every later window end, so a late event makes
@@ -17,10 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
-from features.manifest import LateBatch, Manifest, batch_order
-from features.panes import MICROS, WindowShape
+from features.kernel.panes import MICROS, WindowShape
 from features.repo import Repo
 from features.spec import FeatureGroup
+from features.stores.manifest import LateBatch, Manifest, batch_order
 
 DAY_US = 86_400 * MICROS
 EPOCH = date(1970, 1, 1)

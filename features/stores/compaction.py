@@ -1,11 +1,11 @@
 """Keeping the offline table small: compaction of small files, and removal of the files no version needs.
 
-A stream appends one file per date a micro-batch touches (features.offline.append_batch): at a 1 s trigger,
+A stream appends one file per date a micro-batch touches (features.stores.offline.append_batch): at a 1 s trigger,
 86,400 a day, which every training set and `features verify` would open. Delta's OPTIMIZE rewrites a date's
 files as one in a commit that changes no row, so readers (Spark, Feast through DuckDB, pandas through deltalake)
 see the files before it or after it, never both and never neither. A stream's appends go on beside it (they add
 files it did not read). A backfill that replaces the same date at the same moment makes one of the two commits
-fail: a backfill commits again (features.offline), a compaction waits for its next round.
+fail: a backfill commits again (features.stores.offline), a compaction waits for its next round.
 
 A stream compacts every `EVERY_APPENDS` of its appends, the dates then holding more than `COMPACT_ABOVE` files:
 as each append adds at most one file per date, no date ever holds more than COMPACT_ABOVE + EVERY_APPENDS
@@ -28,7 +28,7 @@ from datetime import date, timedelta
 from typing import TYPE_CHECKING
 
 from features.errors import ConfigError
-from features.offline import DATE, MAX_FILES, exists, files_per_date, is_conflict
+from features.stores.offline import DATE, MAX_FILES, exists, files_per_date, is_conflict
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

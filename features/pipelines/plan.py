@@ -5,11 +5,11 @@
 
 - groups added (defined, not registered with Feast), removed (registered, no longer defined: `apply` refuses
   them without `--prune`) and changed, per feature: added, removed, or changed definition. A group's features
-  are compared with the hashes its offline table was computed with (features.manifest, per feature) when a
+  are compared with the hashes its offline table was computed with (features.stores.manifest, per feature) when a
   backfill completed a day of it, else with the feature view registered in Feast (names, types, and the
   aggregation and window each field's description states);
 - the completed days a backfill computed with another definition: `features backfill --since-last` (or
-  `--date`) recomputes them (features.schedule);
+  `--date`) recomputes them (features.pipelines.schedule);
 - the Feast objects (entities, data sources, feature views) whose registered spec differs from the repo's,
   from Feast's own dry run of the apply (`FeatureStore.plan`), which writes nothing to the registry.
 """
@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 from datetime import date
 from typing import Any
 
-from features.manifest import read_manifest
+from features.pipelines.stale import definition_change
 from features.repo import Repo
 from features.spec import FeatureGroup
 from features.spec.fingerprint import definition_hash, feature_hashes
-from features.stale import definition_change
+from features.stores.manifest import read_manifest
 
 ADDED, REMOVED, CHANGED = "added", "removed", "changed"
 
@@ -73,7 +73,7 @@ class ApplyPlan:
         return not (self.groups or self.stale or self.feast)
 
     def lines(self) -> list[str]:
-        from features.schedule import spans
+        from features.pipelines.schedule import spans
 
         out = []
         for g in self.groups:
@@ -96,7 +96,7 @@ class ApplyPlan:
 
 def plan_apply(repo: Repo) -> ApplyPlan:
     """What `features apply` on `repo` would change (see the module docstring); changes nothing."""
-    from features.registration import removed_groups
+    from features.pipelines.registration import removed_groups
 
     the_plan = ApplyPlan(str(repo.root))
     registered = _registered_views(repo)
@@ -117,7 +117,7 @@ def plan_apply(repo: Repo) -> ApplyPlan:
 
 
 def _registered_views(repo: Repo) -> dict[str, Any]:
-    from features.registration import TAG
+    from features.pipelines.registration import TAG
 
     views = repo.feature_store().list_feature_views(allow_cache=False)
     return {v.name: v for v in views if TAG in (v.tags or {})}
@@ -147,7 +147,7 @@ def _hash_changes(recorded: dict[str, str] | Any, current: dict[str, str]) -> tu
 def _view_changes(repo: Repo, group: FeatureGroup, view: Any) -> tuple[FeatureChange, ...]:
     """Features against the registered view's fields: the name, the type, and the description (which states
     the aggregation, window and filter)."""
-    from features.feast_objects import to_feast
+    from features.stores.feast_objects import to_feast
 
     def described(fields: Any) -> dict[str, tuple[str, str]]:
         return {f.name: (str(f.dtype), f.description) for f in fields if f.name not in group.join_keys}
@@ -187,11 +187,11 @@ def feast_changes(repo: Repo) -> list[FeastChange]:
 
 
 def _desired_contents(repo: Repo, config: Any) -> Any:
-    """The repo's objects as `features apply` assembles them (features.feast_objects.apply_repo), without the
+    """The repo's objects as `features apply` assembles them (features.stores.feast_objects.apply_repo), without the
     apply. Feast imports the modules from the repo folder and prints notes on stdout: both kept in check."""
     import os
 
-    from features.feast_objects import repo_contents
+    from features.stores.feast_objects import repo_contents
 
     before = os.getcwd()
     try:

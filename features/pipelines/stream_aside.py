@@ -1,6 +1,6 @@
 """What a stream's micro-batch sets aside instead of writing to the stores: events behind the watermark (the
 late-events folder), bad source records and landed files that cannot be read (the quarantine), each with its
-reason; and the hourly sweep of what was set aside longer ago than the retention (features.retention)."""
+reason; and the hourly sweep of what was set aside longer ago than the retention (features.pipelines.retention)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from features.pipelines.retention import SWEEP_EVERY_S, held, sweep
+from features.pipelines.rollup import MetricRollup
 from features.repo import Repo
-from features.retention import SWEEP_EVERY_S, held, sweep
-from features.rollup import MetricRollup
 from features.spec import FeatureGroup
 
 if TYPE_CHECKING:
@@ -135,7 +135,7 @@ class SetAside:
         return len(bad)
 
     def _key_types(self) -> dict[str, Any]:
-        from features.feast_objects import source_schema
+        from features.stores.feast_objects import source_schema
 
         types = self.group.output_types(source_schema(self.group, self.repo.root))
         return {k: types[k] for k in self.group.join_keys}

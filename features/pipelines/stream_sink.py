@@ -1,5 +1,5 @@
 """The stream's micro-batch sink (foreachBatch): each batch validated, then written to the offline table and
-the online store, late events and bad records set aside, and its progress reported (features.stream runs the
+the online store, late events and bad records set aside, and its progress reported (features.pipelines.stream runs the
 queries; features.engine.stream computes what a batch holds).
 """
 
@@ -16,23 +16,23 @@ from functools import partial, reduce
 from typing import TYPE_CHECKING, Any, Protocol
 
 from features.parallel import beside
+from features.pipelines.rollup import MetricRollup
 from features.repo import Repo
-from features.rollup import MetricRollup
 from features.spec import WINDOW_END, FeatureGroup
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
-    from features import offline
-    from features.compaction import StreamCompaction
-    from features.online import OnlineWriter
-    from features.screen import Screen
-    from features.stream_aside import SetAside
+    from features.pipelines.stream_aside import SetAside
+    from features.quality.screen import Screen
+    from features.stores import offline
+    from features.stores.compaction import StreamCompaction
+    from features.stores.online import OnlineWriter
 
 
 class RunState(Protocol):
-    """What a sink reports to: the stream run (features.stream.StreamRun) its query belongs to."""
+    """What a sink reports to: the stream run (features.pipelines.stream.StreamRun) its query belongs to."""
 
     latest: dict[str, StreamProgress]
     history: list[StreamProgress]
@@ -172,7 +172,7 @@ class BatchSink:
 
         if not self.validate:
             return True
-        from features.tracking import validation_metrics, validation_prefix
+        from features.ml.tracking import validation_metrics, validation_prefix
 
         report = quality.validate_batch(self.group, rows, screened=screened)
         self.rollup.add(validation_metrics(report), batch_id, validation_prefix(self.group.name))
@@ -188,9 +188,9 @@ class BatchSink:
         return False
 
     def _write_offline(self, rows: DataFrame, batch_id: int) -> None:
-        """Append the batch's change points, and compact the table when a round is due (features.compaction)."""
-        from features import offline
-        from features.compaction import StreamCompaction
+        """Append the batch's change points, and compact the table when a round is due (features.stores.compaction)."""
+        from features.stores import offline
+        from features.stores.compaction import StreamCompaction
 
         if self.offline_log is None:
             table = self.repo.offline_path(self.group)
@@ -277,7 +277,7 @@ def screen(group: FeatureGroup, batch: DataFrame, validate: bool) -> dict[str, S
 
     from features import quality
     from features.engine import stream as engine
-    from features.screen import Screen
+    from features.quality.screen import Screen
 
     if validate:
         return quality.screen_batches(group, batch.select(engine.KIND, *feature_columns(group)), engine.KIND)

@@ -25,7 +25,6 @@ from features.repo import (
     read_schema_record,
     recorded_schema,
     resolve,
-    write_schema_record,
 )
 from features.spec import WINDOW_END, DType, Feature, FeatureGroup
 
@@ -109,7 +108,8 @@ def source_schema(
     group: FeatureGroup, repo_root: str | Path | None = None, schema: Mapping[str, DType] | None = None
 ) -> dict[str, DType]:
     """The source columns and their types: `schema`, else the declared one, else the one `features apply`
-    recorded for a Parquet source (`record_source_schemas`), else read from the files (all of them, for Parquet)."""
+    recorded for a Parquet source (features.pipelines.registration.record_source_schemas), else read from the
+    files (all of them, for Parquet)."""
     if schema is not None:
         return dict(schema)
     source = group.source
@@ -292,46 +292,6 @@ def _count(n: int, word: str) -> str:
 def _names(files: list[str], most: int = 5) -> str:
     shown = ", ".join(files[:most])
     return shown if len(files) <= most else f"{shown} and {len(files) - most} more"
-
-
-def record_source_schemas(repo: Repo) -> list[str]:
-    """Infer the schema of every Parquet source of the repo that declares none, from all the files present, and
-    record it in the repo (`features.repo.write_schema_record`): every later read uses it, until the next
-    `features apply`. Returns a warning per conflict between files (a type, or a column a group reads that some
-    files lack), naming the files and the choice recorded."""
-    from features.engine.schema import read_columns
-
-    warnings: list[str] = []
-    sources: dict[str, list[FeatureGroup]] = {}
-    for group in repo.groups.values():
-        source = group.source
-        if source.schema is None and source.format == "parquet" and "://" not in repo.source_path(group):
-            sources.setdefault(source.name, []).append(group)
-    for name, groups in sources.items():
-        source = groups[0].source
-        where = f"EventSource({name!r})"
-        inferred = infer_parquet_schema(repo.source_path(groups[0]), where)
-        if inferred is None:
-            continue  # no files yet: the first read that finds some infers from them (nothing recorded)
-        read = {c for g in groups for c in read_columns(g, inferred.columns)}
-        conflicts = [c for c in inferred.conflicts if c.column in read]
-        warnings += [c.describe(where) for c in conflicts]
-        warnings += [note for c in sorted(read) if (note := inferred.missing_note(where, c)) is not None]
-        write_schema_record(
-            repo.root,
-            source,
-            inferred.columns,
-            files=inferred.files,
-            conflicts=[
-                {
-                    "column": c.column,
-                    "recorded": c.recorded.value,
-                    "set_aside": [{"file": f.file, "type": f.type, "rows": f.rows} for f in c.misfits],
-                }
-                for c in inferred.conflicts
-            ],
-        )
-    return warnings
 
 
 def _infer_json(path: str, where: str) -> dict[str, DType] | None:

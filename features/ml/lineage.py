@@ -1,4 +1,4 @@
-"""What a training set was built from, logged on the active MLflow run (features.tracking) so that it can be
+"""What a training set was built from, logged on the active MLflow run (features.ml.tracking) so that it can be
 found and rebuilt later (`training_set(..., as_of_version=lineage.table_versions)`)."""
 
 from __future__ import annotations
@@ -10,15 +10,15 @@ from typing import Any
 
 import pandas as pd
 
-from features.feature_refs import FeatureRef, offline_dates
 from features.repo import Repo
 from features.spec import FeatureGroup
 from features.spec.fingerprint import definition_hash, feature_hash
+from features.stores.feature_refs import FeatureRef, offline_dates
 
 
 @dataclass(frozen=True)
 class Lineage:
-    """What a training set was built from: logged on the active MLflow run (features.tracking)."""
+    """What a training set was built from: logged on the active MLflow run (features.ml.tracking)."""
 
     features: list[str]  # "group:feature", in the order asked
     definition_hashes: dict[str, str]  # group -> features.spec.fingerprint.definition_hash

@@ -15,13 +15,13 @@ A day is complete once it ended at least one source watermark ago (the stream ta
 - computed with another definition of the group: the manifest keeps the definition and feature hashes of
   each partition (features.spec.fingerprint), so an added, removed or changed feature is detected and named;
 - made stale by late events, which the stream writes to `Repo.late_path(group)` and which are also in the
-  source: the completed dates holding the window ends they change (features.stale) are recomputed from the
+  source: the completed dates holding the window ends they change (features.pipelines.stale) are recomputed from the
   source, after which the table equals a backfill from the full source.
 
 Dates are computed in order, up to `days_per_run` consecutive dates per Spark run (default
 DAYS_PER_RUN): one run reads the source once and computes all its dates in one Spark pass (a Lifetime
 feature reads all history once per run, not once per date), then swaps the dates' partitions in one after
-the other, recording each in the manifest (features.manifest) right after its swap. An interrupted schedule
+the other, recording each in the manifest (features.stores.manifest) right after its swap. An interrupted schedule
 therefore resumes with the first date it did not finish. `days_per_run` caps the memory of a run (the
 kernel holds a bucket's events of the whole run), not its speed: a date with no events costs a task with
 no rows. A run whose change points fail validation is redone a date at a time, so that the dates before
@@ -36,16 +36,24 @@ from datetime import UTC, date, datetime, time, timedelta
 from typing import TYPE_CHECKING, Any
 
 from features.errors import ConfigError
-from features.manifest import LateBatch, Manifest, PartitionRecord, batch_order, now_utc, read_manifest, update
+from features.pipelines.stale import DAY_US, EPOCH, definition_change, new_late_batches
 from features.repo import Repo
 from features.spec import FeatureGroup
 from features.spec.fingerprint import definition_hash, feature_hashes
-from features.stale import DAY_US, EPOCH, definition_change, new_late_batches
+from features.stores.manifest import (
+    LateBatch,
+    Manifest,
+    PartitionRecord,
+    batch_order,
+    now_utc,
+    read_manifest,
+    update,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from features.backfill import BackfillResult
+    from features.pipelines.backfill import BackfillResult
 
 DAY = timedelta(days=1)
 NEW = "not computed yet"
@@ -92,7 +100,7 @@ def request(
     days_per_run: int | str | None = None,
 ) -> Request:
     """Check a combination of `features backfill` options; a ConfigError names the wrong one and the fix."""
-    from features.backfill import check_range, parse_time
+    from features.pipelines.backfill import check_range, parse_time
 
     ranged = start is not None or end is not None
     if day is not None and since_last:
@@ -339,7 +347,7 @@ def _stale(group: FeatureGroup, manifest: Manifest, new_late: dict[str, LateBatc
 
 
 def _plan_range(gp: GroupPlan, req: Request, stale: dict[date, str], now: datetime) -> None:
-    from features.offline import dates_between
+    from features.stores.offline import dates_between
 
     assert req.start is not None and req.end is not None
     days = dates_between(req.start, req.end)
@@ -452,8 +460,8 @@ def execute(
     soon as its partition is in the table. A run of several dates that fails validation is redone a date
     at a time (the dates before the bad one get completed). A failing run stops the schedule with its error;
     the dates recorded before it stay recorded."""
-    from features.backfill import backfill, ready_writer
     from features.errors import ValidationFailed
+    from features.pipelines.backfill import backfill, ready_writer
     from features.progress import PartitionProgress
 
     _remember_late(repo, the_plan)
@@ -536,7 +544,7 @@ def _remember_late(repo: Repo, the_plan: Plan) -> None:
 
 def record_completed(repo: Repo, group: FeatureGroup, days: Sequence[date]) -> None:
     """Record days whose partitions were just swapped in, with the definition and their row counts."""
-    from features.offline import rows_by_date
+    from features.stores.offline import rows_by_date
 
     table = repo.offline_path(group)
     current, hashes = definition_hash(group), feature_hashes(group)

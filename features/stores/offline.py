@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from features.engine.batch import LATEST
 from features.errors import ConfigError, EnvironmentProblem
 from features.parallel import beside
 from features.spec import WINDOW_END
@@ -39,6 +38,9 @@ if TYPE_CHECKING:
     from deltalake import DeltaTable
 
 DATE = "date"
+# A staged row's flag (engine.batch sets it): true on a copy of each key's newest row, its value as of the range end
+# for the online store.
+LATEST = "fx_latest"
 KEY = "features"  # the commit info's key for what this package wrote
 BACKFILL, STREAM, MIGRATED = "backfill", "stream", "migrate"
 MAX_FILES = 32  # active files per date partition at most: a write's tasks, and a stream's between compactions
@@ -384,7 +386,7 @@ def is_conflict(exc: BaseException) -> bool:
 @dataclass
 class StreamLog:
     """What a stream knows of the table's log: the ranges backfills own, the newest version it has seen, and the
-    last batch it committed itself. `refresh` reads the commits after `version` (features.offline.commits)."""
+    last batch it committed itself. `refresh` reads the commits after `version` (features.stores.offline.commits)."""
 
     table: str
     stream: str  # the stream's id (a new checkpoint gets a new one)
@@ -417,7 +419,7 @@ class StreamLog:
 def completed_days(table: str, group: str) -> list[tuple[datetime, datetime]]:
     """The days the group's manifest records as completed by a backfill, as ranges of window ends: they hold
     when the log no longer has the commits that wrote them (Delta drops old log entries)."""
-    from features.manifest import read_manifest
+    from features.stores.manifest import read_manifest
 
     return [(_midnight(day), _midnight(day + timedelta(days=1))) for day in read_manifest(table, group).completed()]
 
@@ -470,7 +472,7 @@ def append_batch(spark: SparkSession, rows: DataFrame, log: StreamLog, batch_id:
 
 
 def _append(rows: DataFrame, table: str, meta: Mapping[str, Any]) -> None:
-    """One task writes a micro-batch (small): one file per date, which features.compaction counts on."""
+    """One task writes a micro-batch (small): one file per date, which features.stores.compaction counts on."""
     writer = _writer(_dated(rows).coalesce(1), meta)
     if exists(table):
         writer.mode("append").save(table)

@@ -7,7 +7,7 @@ What `serve` adds to Feast's server:
 - a client's mistake in a request (an unknown feature or feature view, a join key missing, key lists of
   different lengths) is answered 400 or 404 with a JSON body `{"error": ..., "fix": ...}` and one log line,
   where Feast answers 500 with a traceback in the log, or for a composite key given in part 200 with every
-  value NOT_FOUND (`features.serving_requests.RequestErrors`);
+  value NOT_FOUND (`features.stores.serving_requests.RequestErrors`);
 - Ctrl-C (SIGINT) stops it within a second: gunicorn sends its workers SIGQUIT, which Feast's uvicorn worker
   ignores, so gunicorn waited 30 s and then SIGKILLed them;
 - a broken feature_store.yaml, a port in use or a registry with nothing applied is one `error:` line (exit 2).
@@ -190,7 +190,7 @@ def _application_class() -> type:
     from uvicorn.server import Server
     from uvicorn_worker import UvicornWorker
 
-    from features.serving_requests import RequestErrors
+    from features.stores.serving_requests import RequestErrors
 
     class WorkerServer(Server):
         """uvicorn's server, except that a signal only stops it: uvicorn raises the signal again once stopped,

@@ -1,5 +1,5 @@
 """The expectations derived from a FeatureGroup's definitions, and the user's own: what every batch of feature
-rows is checked against (features.quality validates; features.screen evaluates the derived ones in one pass).
+rows is checked against (features.quality validates; features.quality.screen evaluates the derived ones in one pass).
 
 The derived suite:
 - every join key and `window_end` is never null;

@@ -144,8 +144,8 @@ def verify_group(spark: SparkSession, repo: Repo, group: FeatureGroup, sample: i
 
     from features.engine.batch import change_points
     from features.engine.source import read_source
-    from features.offline import read_table
-    from features.serving import online_features
+    from features.stores.offline import read_table
+    from features.stores.serving import online_features
 
     keys = list(group.join_keys)
     features = [f.name for f in group.features]
@@ -228,8 +228,8 @@ def _iso(t_us: int) -> str:
 
 def verify(repo: Repo, groups: Sequence[str] = (), *, sample: int = 100, track: bool = True) -> list[GroupReport]:
     """`features verify`: every group (or the named ones), logged to MLflow as `verify.*` metrics."""
-    from features import tracking
     from features.engine.session import get_spark
+    from features.ml import tracking
 
     chosen = repo.select(list(groups))
     spark = get_spark("features-verify")

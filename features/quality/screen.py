@@ -1,4 +1,4 @@
-"""The one-pass screen: a group's derived checks (features.checks) evaluated together in one Spark aggregation,
+"""The one-pass screen: a group's derived checks (features.quality.checks) evaluated together in one Spark aggregation,
 instead of the dozens of jobs Great Expectations runs for a suite. features.quality reports what it finds, and
 hands a batch to Great Expectations when anything fails.
 
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from features.checks import DerivedCheck, quoted
+from features.quality.checks import DerivedCheck, quoted
 from features.spec import WINDOW_END
 
 if TYPE_CHECKING:

@@ -1,6 +1,6 @@
 """The feature server's answers to a client's mistakes: a request to `POST /get-online-features` that names an
 unknown feature or view, or whose entity keys are missing or uneven, gets a 4xx answer with a JSON body saying
-what was wrong and the fix (features.serving runs the server with this middleware in front of Feast's app)."""
+what was wrong and the fix (features.stores.serving runs the server with this middleware in front of Feast's app)."""
 
 from __future__ import annotations
 

@@ -3,11 +3,11 @@
 This is the only module that imports Great Expectations. For each FeatureGroup it derives an expectation suite
 from the definitions (`expectation_suite`), adds the user's own expectations (`FeatureGroup.expectations`),
 and validates a Spark DataFrame of change-point rows with `validate_batch`, which every engine calls (the batch
-backfill, the stream once per micro-batch). The derived suite is defined in features.checks.
+backfill, the stream once per micro-batch). The derived suite is defined in features.quality.checks.
 
 Cost: Great Expectations resolves each expectation with several Spark jobs of its own, so a suite of 20
 expectations is dozens of jobs per batch. By default (`mode="auto"`) the derived expectations are instead
-evaluated together in one Spark aggregation (features.screen): each of them is a row condition (the same Spark
+evaluated together in one Spark aggregation (features.quality.screen): each of them is a row condition (the same Spark
 SQL that Great Expectations runs), a uniqueness count or a schema check. When all pass, their Great
 Expectations results are filled in from that pass (marked so in their `meta`); when any fails, the whole suite
 runs in Great Expectations on the same DataFrame, and its result is the one reported. User expectations always
@@ -32,7 +32,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from features.checks import (
+from features.errors import ConfigError, DefinitionError, ValidationFailed
+from features.quality.checks import (
     ORIGIN,
     UNEXPECTED_ROWS,
     DerivedCheck,
@@ -42,10 +43,9 @@ from features.checks import (
     suite_of,
     user_expectations,
 )
-from features.checks import expectation_name as expectation_name  # re-exported: part of the quality API
-from features.checks import expectation_suite as expectation_suite
-from features.errors import ConfigError, DefinitionError, ValidationFailed
-from features.screen import Screen, screen
+from features.quality.checks import expectation_name as expectation_name  # re-exported: part of the quality API
+from features.quality.checks import expectation_suite as expectation_suite
+from features.quality.screen import Screen, screen
 from features.spec import FeatureGroup
 
 if TYPE_CHECKING:
@@ -509,7 +509,7 @@ def validate_table(
     """Validate the offline table of each named group (all by default) with Great Expectations, every
     expectation evaluated there, and (by default) add each result to the repo's Data Docs."""
     from features.engine.session import get_spark
-    from features.offline import DATE, read_table
+    from features.stores.offline import DATE, read_table
 
     selected = repo.select(list(groups or []))
     spark = spark or get_spark()

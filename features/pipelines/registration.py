@@ -34,7 +34,7 @@ def apply(repo_path: str, *, prune: bool = False) -> list[str]:
     the source's schema first, so that a typo fails here and not in the first backfill. Feature views of groups
     that are no longer defined are removed only with `prune` (else a ConfigError names them): Feast's apply
     would drop them, and their online values, silently."""
-    from features.feast_objects import apply_repo, record_source_schemas
+    from features.stores.feast_objects import apply_repo
 
     repo = Repo.load(repo_path)
     check_removed_groups(repo, prune=prune)
@@ -49,7 +49,7 @@ def apply(repo_path: str, *, prune: bool = False) -> list[str]:
 def check_wheres(repo: Repo) -> None:
     """Spark's parser and analyzer on each `where`, over an empty frame with the source's schema (Spark starts
     only when some feature has a `where`)."""
-    from features.feast_objects import source_schema
+    from features.stores.feast_objects import source_schema
 
     groups = [g for g in repo.groups.values() if any(f.where is not None for f in g.features)]
     if not groups:
@@ -63,7 +63,7 @@ def check_wheres(repo: Repo) -> None:
         check_columns(group, spark.createDataFrame([], spark_schema(source_schema(group, repo.root))))
 
 
-TAG = "features.source"  # the tag features.feast_objects.to_feast puts on every view it makes
+TAG = "features.source"  # the tag features.stores.feast_objects.to_feast puts on every view it makes
 
 
 def removed_groups(repo: Repo) -> list[str]:
@@ -90,3 +90,46 @@ def check_removed_groups(repo: Repo, *, prune: bool) -> list[str]:
         f"stays in {tables} (delete it when it is no longer needed)"
     )
     return removed
+
+
+def record_source_schemas(repo: Repo) -> list[str]:
+    """Infer the schema of every Parquet source of the repo that declares none, from all the files present, and
+    record it in the repo (`features.repo.write_schema_record`): every later read uses it, until the next
+    `features apply`. Returns a warning per conflict between files (a type, or a column a group reads that some
+    files lack), naming the files and the choice recorded."""
+    from features.engine.schema import read_columns
+    from features.repo import write_schema_record
+    from features.spec import FeatureGroup
+    from features.stores.feast_objects import infer_parquet_schema
+
+    warnings: list[str] = []
+    sources: dict[str, list[FeatureGroup]] = {}
+    for group in repo.groups.values():
+        source = group.source
+        if source.schema is None and source.format == "parquet" and "://" not in repo.source_path(group):
+            sources.setdefault(source.name, []).append(group)
+    for name, groups in sources.items():
+        source = groups[0].source
+        where = f"EventSource({name!r})"
+        inferred = infer_parquet_schema(repo.source_path(groups[0]), where)
+        if inferred is None:
+            continue  # no files yet: the first read that finds some infers from them (nothing recorded)
+        read = {c for g in groups for c in read_columns(g, inferred.columns)}
+        conflicts = [c for c in inferred.conflicts if c.column in read]
+        warnings += [c.describe(where) for c in conflicts]
+        warnings += [note for c in sorted(read) if (note := inferred.missing_note(where, c)) is not None]
+        write_schema_record(
+            repo.root,
+            source,
+            inferred.columns,
+            files=inferred.files,
+            conflicts=[
+                {
+                    "column": c.column,
+                    "recorded": c.recorded.value,
+                    "set_aside": [{"file": f.file, "type": f.type, "rows": f.rows} for f in c.misfits],
+                }
+                for c in inferred.conflicts
+            ],
+        )
+    return warnings

@@ -11,10 +11,10 @@ stores and the engines define an empty window.
 pandas rows go through Feast's `get_historical_features` (DuckDB, on the driver). Spark rows are joined in
 Spark on the same tables (features.engine.pit): the same values, the rows never pass through the driver.
 
-`fill_empty` (features.feature_refs) gives a frame read from either store those values and one set of column
-types; the model wrapper (features.model) applies it to online values, so a model sees the same columns in
+`fill_empty` (features.stores.feature_refs) gives a frame read from either store those values and one set of column
+types; the model wrapper (features.ml.model) applies it to online values, so a model sees the same columns in
 training and serving. A training set can read the tables as of an earlier version (`as_of_version`, `as_of`),
-and its lineage (features.lineage) records the versions it read.
+and its lineage (features.ml.lineage) records the versions it read.
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ import numpy as np
 import pandas as pd
 
 from features.errors import ConfigError
-from features.feature_refs import ROW_ID, FeatureRef, fill_empty, join_keys, offline_dates, resolve_features
-from features.lineage import lineage_from, lineage_of
+from features.ml.lineage import lineage_from, lineage_of
 from features.repo import Repo
 from features.spec import FeatureGroup
+from features.stores.feature_refs import ROW_ID, FeatureRef, fill_empty, join_keys, offline_dates, resolve_features
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame as SparkDataFrame
@@ -50,7 +50,7 @@ def table_versions(
     """Per requested group, the version of its offline table a training set reads: the one asked for
     (`as_of_version`: an int when the features come from one group, else group -> version), the one current at
     `as_of`, or the newest. A ConfigError names a group without one."""
-    from features import offline
+    from features.stores import offline
 
     groups = list(dict.fromkeys(r.group.name for r in refs))
     if as_of_version is not None and as_of is not None:
@@ -172,7 +172,7 @@ def training_set(
     (`features.engine.pit`): they never pass through the driver, and the result is a lazy Spark DataFrame.
 
     When an MLflow run is active, the lineage (feature references, definition hashes, the rows' time range, the
-    tables' versions) is logged on it (`features.tracking.log_training_lineage`); a pandas result's
+    tables' versions) is logged on it (`features.ml.tracking.log_training_lineage`); a pandas result's
     `frame.attrs["features.lineage"]` holds it too.
     """
     loaded = repo if isinstance(repo, Repo) else Repo.load(repo)
@@ -213,7 +213,7 @@ def training_set(
     lineage = lineage_of(refs, entity_df[FEAST_TIMESTAMP], timestamp_column, loaded, versions)
     out.attrs["features.lineage"] = lineage.to_dict()
     if log_lineage:
-        from features import tracking
+        from features.ml import tracking
 
         tracking.log_training_lineage(lineage)
     if not spark:
@@ -228,7 +228,7 @@ def _given(spark: bool | SparkSession | None) -> SparkSession | None:
 def _warn_if_written(repo: Repo, refs: Sequence[FeatureRef], versions: dict[str, int]) -> None:
     """Feast reads each table's newest version: warn when a commit landed while it read, as the lineage then
     names the version before it."""
-    from features.offline import current_version
+    from features.stores.offline import current_version
 
     for name, version in versions.items():
         now = current_version(repo.offline_path(name))
@@ -267,7 +267,7 @@ def _spark_training_set(
         _warn_outside(name, spans[name], early, late)
     lineage = lineage_from(refs, stats.rows, stats.start, stats.end, timestamp_column, repo, versions)
     if log_lineage:
-        from features import tracking
+        from features.ml import tracking
 
         tracking.log_training_lineage(lineage)
     if stats.start is None or stats.end is None:  # no rows: nothing to look up, the columns all the same

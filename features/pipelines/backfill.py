@@ -22,15 +22,15 @@ from features.engine.schema import FILE_REASONS
 from features.engine.session import cancel_all, get_spark, is_stopped
 from features.engine.source import observed_count, quarantine_counts, read_source
 from features.errors import ConfigError
-from features.manifest import read_manifest
-from features.manifest import update as update_manifest
-from features.offline import stage
 from features.progress import spark_progress
 from features.repo import Repo
+from features.stores.manifest import read_manifest
+from features.stores.manifest import update as update_manifest
+from features.stores.offline import stage
 
 if TYPE_CHECKING:
-    from features.online import OnlineWriter
     from features.quality import ValidationReport
+    from features.stores.online import OnlineWriter
 from features.spec import FeatureGroup
 from features.spec.fingerprint import definition_hash, feature_hashes
 
@@ -160,7 +160,7 @@ def backfill(
 
     `on_invalid` overrides each group's policy for change points that fail validation ("fail", the default,
     or "quarantine"); `now` is the current time for the source's `max_future` check (default: the clock).
-    `track`: record the run in MLflow (features.tracking: definitions, range, counts, validation).
+    `track`: record the run in MLflow (features.ml.tracking: definitions, range, counts, validation).
     `on_swapped(group, day)`: called as each date partition of a group is swapped into its table."""
     start_t, end_t = parse_time(start, "--start"), parse_time(end, "--end")
     check_range(start_t, end_t)
@@ -168,7 +168,7 @@ def backfill(
     # Fail before Spark starts when a store cannot take writes (e.g. the repo was never applied).
     writers = {g.name: ready_writer(repo, g) for g in selected} if online else {}
     session = _session_soon(spark)  # the JVM starts while the MLflow run is set up
-    from features import tracking
+    from features.ml import tracking
 
     params = {"start": start_t, "end": end_t, "online": online, "on_invalid": on_invalid or "group default"}
     setting_up = time.perf_counter()
@@ -258,8 +258,8 @@ def _cancel_jobs_on_interrupt(spark: SparkSession) -> None:
 
 def ready_writer(repo: Repo, group: FeatureGroup) -> OnlineWriter:
     """The group's online writer, checked to be able to write (types from the declared or stored schema)."""
-    from features.feast_objects import source_schema
-    from features.online import online_writer
+    from features.stores.feast_objects import source_schema
+    from features.stores.online import online_writer
 
     writer = online_writer(repo, group, group.output_types(source_schema(group, repo.root)))
     writer.check_ready()
@@ -380,7 +380,7 @@ def record_set_aside(
     """Record in the table's manifest, for each date whose partition this backfill swapped in, what it set
     aside of the events stamped that date: the files set aside whole that hold some (their events counted from
     the files' timestamps; a file without a readable timestamp counts on no date), and the bad records
-    (features.manifest.set_aside_by_day reads it back). A later backfill of a date replaces its entry."""
+    (features.stores.manifest.set_aside_by_day reads it back). A later backfill of a date replaces its entry."""
     if not days:
         return
     stamped = [d for d in (file_days(f.file, group.source.timestamp) for f in files) if d is not None]

@@ -3,7 +3,7 @@
 A request names features as `group:feature`, a group (all its features) or a FeatureGroup; `resolve_features`
 turns it into FeatureRefs. Where a store has no row for a key at or before a lookup time, every window was
 empty: `fill_empty` gives those rows the empty-window values (docs/semantics.md) and one type per feature, for
-training sets read from either store and for the online values a logged model serves (features.model).
+training sets read from either store and for the online values a logged model serves (features.ml.model).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class FeatureColumn:
 
 def resolve_features(repo: Repo, features: Sequence[str | FeatureGroup]) -> list[FeatureRef]:
     """`group:feature` strings, group names (all their features) or FeatureGroups, as FeatureRefs in order."""
-    from features.feast_objects import source_schema
+    from features.stores.feast_objects import source_schema
 
     if isinstance(features, str | FeatureGroup):
         features = [features]
@@ -148,6 +148,6 @@ def _as_list(value: Any) -> list[Any] | None:
 def offline_dates(repo: Repo, group: FeatureGroup | str, version: int | None = None) -> list[date]:
     """The dates of the group's offline table partitions (each a UTC day a backfill or stream wrote), as of
     `version` if given."""
-    from features.offline import rows_by_date
+    from features.stores.offline import rows_by_date
 
     return [day for day, rows in rows_by_date(repo.offline_path(group), version).items() if rows]

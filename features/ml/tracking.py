@@ -1,6 +1,6 @@
 """MLflow tracking: every backfill and stream run is an MLflow run; training sets log their lineage.
 
-This module and features.model are the only ones that import MLflow, and only when tracking is on.
+This module and features.ml.model are the only ones that import MLflow, and only when tracking is on.
 
 Where runs go: `MLFLOW_TRACKING_URI` when it is set; on Databricks, the workspace ("databricks"); otherwise a
 SQLite store under the feature repo, `sqlite:///<repo>/data/mlflow.db`, with artifacts in
@@ -10,12 +10,12 @@ SQLite store under the feature repo, `sqlite:///<repo>/data/mlflow.db`, with art
 
 The API the engines use (one run per backfill or stream; `enabled=False` gives a run that records nothing):
 
-    from features import tracking
+    from features.ml import tracking
 
     with tracking.start_run(repo, kind="backfill", groups=[group, ...], params={"start": ..., "end": ...}) as run:
         run.log_metrics({"rows_in": 10, "late": 2}, step=None, group=None)  # group="g" names them "g.rows_in"
         run.log_validation(report, step=None)  # a features.quality.ValidationReport
-        run.log_result(result)                  # a features.backfill.BackfillResult (or any result like it)
+        run.log_result(result)                  # a features.pipelines.backfill.BackfillResult (or any result like it)
 
 What a run holds:
 - tags `features.kind` (backfill | stream), `features.groups`, `features.project`, `features.repo`, and per group
@@ -34,7 +34,7 @@ A run in progress when an MLflow run is active in the same thread and store beco
 If tracking cannot start (a bad `MLFLOW_TRACKING_URI`, an unwritable store), `start_run` raises ConfigError
 naming `MLFLOW_TRACKING_URI`; errors while logging are raised too, never swallowed.
 
-Training sets (features.training) call `log_training_lineage` on the active run: tags `features.training.features`,
+Training sets (features.ml.training) call `log_training_lineage` on the active run: tags `features.training.features`,
 `.start`, `.end`, `.rows`, the same `features.definition_hash.<group>` / `features.feature.<group>.<feature>`
 tags as above, `features.table_version.<group>` (the offline table's version read), and the artifact
 `features/training_set.json` (its `table_versions` rebuild the set: `training_set(..., as_of_version=...)`).
@@ -61,7 +61,7 @@ if TYPE_CHECKING:
     import pandas as pd
     from mlflow import MlflowClient
 
-    from features.lineage import Lineage
+    from features.ml.lineage import Lineage
     from features.quality import ValidationReport
     from features.repo import Repo
 
@@ -292,7 +292,7 @@ class Run:
         self, report: ValidationReport, step: int | None = None, artifact: bool = True, metrics: bool = True
     ) -> None:
         """A validation's outcome as `<group>.validation.*` metrics and (by default) a JSON artifact.
-        `metrics=False`: the artifact only (a stream rolls the metrics up itself, features.rollup)."""
+        `metrics=False`: the artifact only (a stream rolls the metrics up itself, features.pipelines.rollup)."""
         if metrics:
             self.log_metrics(validation_metrics(report), step=step, group=validation_prefix(report.group))
         if artifact:

@@ -1,7 +1,7 @@
 """`features status`: where each group stands, gathered from what the jobs left behind (nothing is computed).
 
-Per group: the days a backfill completed (features.manifest), the stale days and the days still to compute
-that `features backfill --since-last` would do, with why (features.schedule's own plan of it), the days whose
+Per group: the days a backfill completed (features.stores.manifest), the stale days and the days still to compute
+that `features backfill --since-last` would do, with why (features.pipelines.schedule's own plan of it), the days whose
 latest backfill set source records aside, the offline table's newest version and its files (the version
 `training_set(..., as_of_version=)` reads; a date holding many files waits for compaction), the stream's emitted
 watermark and how far it is behind the newest
@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from features.errors import ConfigError
-from features.manifest import SetAside, now_utc, read_manifest, set_aside_by_day
 from features.repo import Repo
 from features.spec import FeatureGroup
+from features.stores.manifest import SetAside, now_utc, read_manifest, set_aside_by_day
 
 RUNS_SHOWN = 5  # the last runs reported per group
 
@@ -63,7 +63,7 @@ class TableInfo:
     version: int  # the offline table's newest version (its last commit)
     dates: int
     files: int
-    most_files: int  # the most files one date partition holds (features.compaction keeps it small)
+    most_files: int  # the most files one date partition holds (features.stores.compaction keeps it small)
 
 
 @dataclass
@@ -116,7 +116,7 @@ def status(
 
 
 def _group_status(repo: Repo, group: FeatureGroup, now: datetime) -> GroupStatus:
-    from features.schedule import NEW, Request, last_complete_day, plan
+    from features.pipelines.schedule import NEW, Request, last_complete_day, plan
 
     table = repo.offline_path(group)
     completed = read_manifest(table, group.name).completed()
@@ -136,7 +136,7 @@ def _group_status(repo: Repo, group: FeatureGroup, now: datetime) -> GroupStatus
 
 
 def _table_info(table: str) -> TableInfo | None:
-    from features.offline import current_version, files_per_date
+    from features.stores.offline import current_version, files_per_date
 
     version = current_version(table)
     if version is None:
@@ -157,7 +157,7 @@ def day_ranges(days: list[date]) -> list[tuple[date, date]]:
 
 
 def _stream_info(repo: Repo, group: FeatureGroup, checkpoint_root: str | None) -> StreamInfo | None:
-    from features.stream import emitted_watermark
+    from features.pipelines.stream import emitted_watermark
 
     query = Path(repo.checkpoint_path(group, checkpoint_root)) / "query"
     if not query.is_dir():
@@ -224,7 +224,7 @@ def _footer_max(parquet: Any, column: str) -> datetime | None:
 def _runs(repo: Repo, groups: list[FeatureGroup], limit: int) -> tuple[dict[str, list[RunInfo]], str]:
     """The last runs per group, and where they were looked for; the repo's own store is only read if it exists
     (status does not create it)."""
-    from features import tracking
+    from features.ml import tracking
 
     uri = tracking.tracking_uri(repo)
     if uri == tracking.default_uri(repo) and not (repo.root / tracking.STORE_FILE).is_file():
@@ -258,7 +258,7 @@ def _missing(value: Any) -> bool:
 
 def status_lines(report: Status) -> list[str]:
     """A compact table per group: one line of days, then stream and runs when there are any."""
-    from features.schedule import days_from, spans
+    from features.pipelines.schedule import days_from, spans
 
     lines = []
     for g in report.groups:
