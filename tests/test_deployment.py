@@ -433,6 +433,7 @@ def test_installing_the_wheel_keeps_the_clusters_pyspark(
 
 @pytest.mark.slow
 def test_spark_submit_runs_a_backfill_from_the_installed_wheel(
+    spark: object,
     installed: Path,
     tmp_path: Path,
     redis_server: RedisServer,
@@ -441,6 +442,7 @@ def test_spark_submit_runs_a_backfill_from_the_installed_wheel(
     """As the nightly job runs it: jobs/backfill.py under spark-submit, the package from the wheel, the repo with
     the Databricks feature_store.yaml and REDIS_CONNECTION_STRING set as the job's spark_env_vars set it."""
     from features.demo import generate_transactions, write_events
+    from features.pipelines.registration import apply
 
     venv = installed.parent.parent
     imported = _run(installed, "-c", "import features; print(features.__file__)").stdout.strip()
@@ -464,17 +466,9 @@ def test_spark_submit_runs_a_backfill_from_the_installed_wheel(
         "PYSPARK_DRIVER_PYTHON": str(installed),
         "REDIS_CONNECTION_STRING": redis_server.connection_string,
     }
+    monkeypatch.setenv("REDIS_CONNECTION_STRING", redis_server.connection_string)
     try:
-        applied = subprocess.run(
-            [str(venv / "bin" / "features"), "apply", "--repo", str(repo)],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
-        )
-        assert applied.returncode == 0, applied.stdout[-2000:] + applied.stderr[-3000:]
+        apply(str(repo))  # in the tests' session: the job under test is the backfill (its own JVM)
         spark_submit = Path(sys.executable).with_name("spark-submit")
         end = start + timedelta(days=2)
         result = subprocess.run(
@@ -491,7 +485,6 @@ def test_spark_submit_runs_a_backfill_from_the_installed_wheel(
         assert len(offline) > 0
         newest = offline.sort_values("window_end").groupby("user_id").tail(1).set_index("user_id")
         user = str(events["user_id"].value_counts().index[0])
-        monkeypatch.setenv("REDIS_CONNECTION_STRING", redis_server.connection_string)
         from feast import FeatureStore
 
         online = (
