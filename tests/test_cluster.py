@@ -1,19 +1,21 @@
 """The engines on `local-cluster[2,1,1024]`: executors in JVMs and Python workers of their own, as on a real
-cluster, so that nothing relies on state only the driver has. The CLI runs a backfill and a stream of the example
-repo's mixed groups there; every row each writes is checked against the brute-force reference."""
+cluster, so that nothing relies on state only the driver has. A job of its own (a process, as a Databricks job
+calls the Python API) runs a backfill of the example repo's mixed groups and a stream of the same groups there,
+one after the other on one cluster; every row each writes is checked against the brute-force reference."""
 
 from __future__ import annotations
 
 import os
 import shutil
-from concurrent.futures import ThreadPoolExecutor
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 from reference import percentile_ok, reference_frame
-from test_cli import EXAMPLE_REPO, run
+from test_cli import EXAMPLE_REPO
 
 from features.demo import generate_transactions, write_events
 from features.pipelines.registration import apply
@@ -60,20 +62,32 @@ def _check_rows(root: Path, events: pd.DataFrame, samples: int = 60) -> int:
     return checked
 
 
-def test_backfill_and_stream_on_a_local_cluster(spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+# The job: the backfill of one repo, then the stream of the other, on the session FEATURES_SPARK_MASTER names.
+JOB = """
+import sys
+
+from features.pipelines.backfill import backfill
+from features.pipelines.stream import stream
+from features.repo import Repo
+
+batch, streamed, start, end = sys.argv[1:]
+backfill(Repo.load(batch), start, end, progress=False)
+run = stream(Repo.load(streamed), available_now=True, progress=False, tracking=False)
+try:
+    run.await_termination()
+finally:
+    run.stop()
+"""
+
+
+def test_backfill_and_stream_on_a_local_cluster(spark, tmp_path: Path) -> None:
     events = generate_transactions(4_000, 40, START.to_pydatetime(), 1.0, seed=5, late_fraction=0.0)
     batch, streamed = _repo(tmp_path / "batch", events), _repo(tmp_path / "stream", events)
     end = (START + pd.Timedelta(days=2)).date().isoformat()
-    # Two repos side by side, each run on a cluster of its own: most of a run is starting JVMs and Python workers
-    # and waiting for them, which the other run's work fills.
-    with ThreadPoolExecutor(2) as pool:
-        monkeypatch.setenv("FEATURES_SPARK_MASTER", "local-cluster[2,1,1024]")
-        assert os.environ["FEATURES_SPARK_MASTER"].startswith("local-cluster")
-        backfill = ["backfill", "--repo", str(batch), "--start", START.date().isoformat(), "--end", end]
-        stream = ["stream", "--repo", str(streamed), "--available-now", "--no-tracking"]
-        runs = {batch: pool.submit(run, *backfill, cwd=batch), streamed: pool.submit(run, *stream, cwd=streamed)}
-        for root, done in runs.items():
-            result = done.result()
-            assert result.returncode == 0, (root.name, result.stderr[-3000:])
-    for root in runs:
+    env = {**os.environ, "FEATURES_SPARK_MASTER": "local-cluster[2,1,1024]"}
+    env.pop("SPARK_REMOTE", None)
+    command = [sys.executable, "-c", JOB, str(batch), str(streamed), START.date().isoformat(), end]
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for root in (batch, streamed):
         assert _check_rows(root, events) > 100, root.name
