@@ -317,7 +317,7 @@ def backfill_twin(repo: Path, work: Path, spark) -> tuple[object, dict[str, tupl
     """A copy of the repo whose offline tables a backfill writes over the soaked tables' range (up to the stream's
     final watermark); per group, the soaked rows and how many rows differ between the two tables."""
     from features.pipelines.backfill import backfill
-    from features.pipelines.stream import emitted_watermark
+    from features.pipelines.stream_progress import emitted_watermark
     from features.repo import Repo
 
     soaked = Repo.load(repo)

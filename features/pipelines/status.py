@@ -157,7 +157,7 @@ def day_ranges(days: list[date]) -> list[tuple[date, date]]:
 
 
 def _stream_info(repo: Repo, group: FeatureGroup, checkpoint_root: str | None) -> StreamInfo | None:
-    from features.pipelines.stream import emitted_watermark
+    from features.pipelines.stream_progress import emitted_watermark
 
     query = Path(repo.checkpoint_path(group, checkpoint_root)) / "query"
     if not query.is_dir():

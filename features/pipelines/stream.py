@@ -15,31 +15,40 @@ the group's quarantine folder, both with the batch id.
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.pandas.types import to_arrow_type
+from pyspark.sql.types import StructType
+
+from features.engine import kafka
+from features.engine import stream as engine
+from features.engine.inputs import bucket_labels
+from features.engine.session import get_spark, is_connect
 from features.errors import ConfigError, EnvironmentProblem, ValidationFailed
+from features.ml import tracking as mlflow_tracking
+from features.pipelines.backfill import ready_writer
 from features.pipelines.retention import DEFAULT_KEEP
 from features.pipelines.rollup import MetricRollup
 from features.pipelines.stream_aside import SetAside
-from features.pipelines.stream_sink import BatchSink, StreamProgress
+from features.pipelines.stream_progress import StreamProgress, emitted_watermark
+from features.pipelines.stream_sink import BatchSink
 from features.progress import shown_by_default
 from features.repo import Repo
 from features.spec import FeatureGroup
 from features.spec.durations import parse_duration
 from features.spec.fingerprint import definition_hash, describe
+from features.stores import offline
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
 
@@ -140,9 +149,6 @@ def stream(
     run (features.ml.tracking) with the micro-batches' counts as metrics, one point per `metrics_every` of wall
     time (features.pipelines.rollup); `tracking=False` records nothing. Late events and quarantined data are kept for
     `retention` (None: for ever), swept when the stream starts and hourly (features.pipelines.retention)."""
-    from features.engine import stream as engine
-    from features.engine.session import get_spark
-    from features.pipelines.backfill import ready_writer
 
     if buckets is not None and buckets < 1:
         raise ConfigError(f"--buckets: {buckets} is not a positive number of hash buckets")
@@ -154,8 +160,6 @@ def stream(
     spark = spark or get_spark()
     _check_not_connect(spark)
     engine.configure(spark)
-    from features.ml import tracking as mlflow_tracking
-
     show = shown_by_default() if progress is None else progress  # a terminal or a notebook
     run = StreamRun({}, {})
     params = {"trigger": "available-now" if available_now else trigger, "buckets": buckets, "online": online}
@@ -224,7 +228,6 @@ def _archive(
     by event date, for backfills. Spark's file sink writes each micro-batch's files exactly once: its log
     (`_spark_metadata` in the folder) lists the files of committed batches, and Spark's readers of the folder,
     the backfill's among them, read only those."""
-    from features.engine import kafka
 
     rows = kafka.archive_rows(group, events)
     writer = rows.writeStream.format("parquet").partitionBy(kafka.ARCHIVE_DATE).outputMode("append")
@@ -233,7 +236,6 @@ def _archive(
 
 
 def _check_not_connect(spark: SparkSession) -> None:
-    from features.engine.session import is_connect
 
     if is_connect(spark):
         raise EnvironmentProblem(CONNECT_UNSUPPORTED)
@@ -241,8 +243,6 @@ def _check_not_connect(spark: SparkSession) -> None:
 
 def _arrow_types(schema: str) -> dict[str, Any]:
     """Each column of a DDL schema and its Arrow type."""
-    from pyspark.sql.pandas.types import to_arrow_type
-    from pyspark.sql.types import StructType
 
     return {f.name: to_arrow_type(f.dataType) for f in StructType.fromDDL(schema).fields}
 
@@ -266,17 +266,6 @@ def _cores(spark: SparkSession) -> int:
         return int(spark.conf.get("spark.sql.shuffle.partitions") or 1)
 
 
-def emitted_watermark(query_checkpoint: Path) -> datetime | None:
-    """The watermark the query's last committed micro-batch emitted up to (its offsets' batchWatermarkMs), or None
-    for a new checkpoint: every offline row up to it is final."""
-    commits = [int(p.name) for p in (query_checkpoint / "commits").glob("[0-9]*") if p.name.isdigit()]
-    if not commits:
-        return None
-    lines = (query_checkpoint / "offsets" / str(max(commits))).read_text().splitlines()
-    ms = json.loads(lines[1]).get("batchWatermarkMs") if len(lines) > 1 else None
-    return datetime.fromtimestamp(ms / 1000, UTC) if ms else None
-
-
 def _check_checkpoint(
     repo: Repo, group: FeatureGroup, checkpoint: Path, buckets: int | None, reset: bool, spark: SparkSession
 ) -> tuple[list[int], int, bool, str]:
@@ -289,8 +278,6 @@ def _check_checkpoint(
     and one Python call per core and batch, which costs the least per batch. Both are fixed when a checkpoint
     starts: Spark keeps the partition count in its checkpoint, and the labels are saved with the definition, as
     a key's state lives under its bucket's label."""
-    from features.engine import stream as engine
-    from features.engine.inputs import bucket_labels
 
     saved = engine.saved_definition(checkpoint)
     if reset:
@@ -343,7 +330,6 @@ def _check_checkpoint(
 
 def _remove_stream_rows(spark: SparkSession, repo: Repo, group: FeatureGroup) -> None:
     """Take the stream's rows out of the offline table: all rows but those in the ranges backfills wrote."""
-    from features.stores import offline
 
     table = repo.offline_path(group)
     log = offline.StreamLog(table, "", spans=offline.completed_days(table, group.name))

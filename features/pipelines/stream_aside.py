@@ -7,17 +7,20 @@ from __future__ import annotations
 import hashlib
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from features import quality
+from features.engine import files, schema
+from features.engine import stream as engine
+from features.kernel import TS
 from features.pipelines.retention import SWEEP_EVERY_S, held, sweep
 from features.pipelines.rollup import MetricRollup
 from features.repo import Repo
 from features.spec import FeatureGroup
-
-if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
-
-    from features.engine.files import FileCheck
+from features.stores.feast_objects import source_schema
 
 
 class SetAside:
@@ -37,14 +40,13 @@ class SetAside:
         self.record_schema = record_schema  # a bad record's columns (engine.Projection.record_schema)
         self.nanoseconds = nanoseconds  # whether the stream reads nanosecond files (engine.stream.reads_nanoseconds)
         self.keep_s, self.swept = keep_s, None
-        self.files: FileCheck | None = None  # unreadable Parquet files, checked as they land
+        self.file_check: files.FileCheck | None = None  # unreadable Parquet files, checked as they land
         self.checked: set[str] = set()
         self.sweep(-1)  # before the first batch: what an earlier run left beyond the retention
 
     def write(self, batch: DataFrame, batch_id: int, counts: dict[str, int]) -> tuple[int, int]:
         """Set aside the batch's late events and bad records (their rows counted in `counts` by kind), and the
         landed files found unreadable since the last batch; returns (late events, bad records)."""
-        from features.engine import stream as engine
 
         late = counts.get(engine.LATE, 0)
         if late:
@@ -68,10 +70,6 @@ class SetAside:
         self.rollup.add(kept, max(batch_id, 0), self.group.name)
 
     def _write_late(self, batch: DataFrame, batch_id: int) -> None:
-        from pyspark.sql import functions as F
-
-        from features.engine import stream as engine
-        from features.kernel import TS
 
         late = batch.where(F.col(engine.KIND) == engine.LATE).select(
             F.from_json(F.col(engine.RECORD), engine.late_schema(self.group, self._key_types())).alias("r")
@@ -84,11 +82,6 @@ class SetAside:
         engine.write_json_records(late, Path(self.repo.late_path(self.group)) / f"batch={batch_id}", None)
 
     def _write_bad(self, batch: DataFrame, batch_id: int) -> None:
-        from pyspark.sql import functions as F
-
-        from features import quality
-        from features.engine import schema
-        from features.engine import stream as engine
 
         # The columns of the backfill's quarantined records (features.engine.source.SourceRead.rejected); the batch
         # id is in the folder's name.
@@ -108,22 +101,19 @@ class SetAside:
         not convert without loss) and those Spark cannot read (`unreadable_file: ...`), each set aside once with
         its reason as a record of its own, like the backfill's; the number set aside. Files on a store the
         driver cannot open are skipped unreported."""
-        from features import quality
-        from features.engine import files, schema
-        from features.engine import stream as engine
 
         if self.group.source.format != "parquet" or self.group.source.kafka is not None:
             return 0
         path = self.repo.source_path(self.group)
-        if self.files is None:
+        if self.file_check is None:
             read_schema = engine.source_schema(self.spark, self.group, path)
-            self.files = files.FileCheck(self.spark, read_schema, nanoseconds=self.nanoseconds)
-        reader = self.spark.read.schema(self.files.schema).option("recursiveFileLookup", "true")
+            self.file_check = files.FileCheck(self.spark, read_schema, nanoseconds=self.nanoseconds)
+        reader = self.spark.read.schema(self.file_check.schema).option("recursiveFileLookup", "true")
         listed = set(reader.parquet(path).inputFiles())
         new = sorted(listed - self.checked)
         # Only the names still landed: the set never outgrows the listing Spark's file source makes each batch.
         self.checked = listed
-        bad = self.files.unreadable(new) or []
+        bad = self.file_check.unreadable(new) or []
         for reason, file in bad:
             # Named by the file: a replay or a restart that finds it again replaces the same record.
             name = hashlib.sha1(file.encode()).hexdigest()[:16]
@@ -135,7 +125,6 @@ class SetAside:
         return len(bad)
 
     def _key_types(self) -> dict[str, Any]:
-        from features.stores.feast_objects import source_schema
 
         types = self.group.output_types(source_schema(self.group, self.repo.root))
         return {k: types[k] for k in self.group.join_keys}

@@ -1,6 +1,6 @@
 """The stream's micro-batch sink (foreachBatch): each batch validated, then written to the offline table and
-the online store, late events and bad records set aside, and its progress reported (features.pipelines.stream runs the
-queries; features.engine.stream computes what a batch holds).
+the online store, late events and bad records set aside (features.pipelines.stream_aside), and its progress
+reported (features.pipelines.stream runs the queries; features.engine.stream computes what a batch holds).
 """
 
 from __future__ import annotations
@@ -10,73 +10,32 @@ import operator
 import sys
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 from functools import partial, reduce
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from features import quality
+from features.engine import stream as engine
+from features.engine.online_rows import write_online
+from features.ml.tracking import validation_metrics, validation_prefix
 from features.parallel import beside
 from features.pipelines.rollup import MetricRollup
+from features.pipelines.stream_aside import SetAside
+from features.pipelines.stream_progress import RunState
+from features.quality.screen import Screen
 from features.repo import Repo
 from features.spec import WINDOW_END, FeatureGroup
+from features.stores import offline
+from features.stores.compaction import StreamCompaction
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
-    from features.pipelines.stream_aside import SetAside
-    from features.quality.screen import Screen
-    from features.stores import offline
-    from features.stores.compaction import StreamCompaction
     from features.stores.online import OnlineWriter
-
-
-class RunState(Protocol):
-    """What a sink reports to: the stream run (features.pipelines.stream.StreamRun) its query belongs to."""
-
-    latest: dict[str, StreamProgress]
-    history: list[StreamProgress]
-    errors: dict[str, BaseException]
-    tracker: Any
-    rollups: list[MetricRollup]
-
-
-@dataclass(frozen=True)
-class StreamProgress:
-    """Where one group's stream stands after its latest micro-batch (totals since this run started)."""
-
-    group: str
-    batch_id: int = -1
-    events: int = 0  # read by the latest batch
-    input_rate: float = 0.0  # events per second arriving, as Spark measures it
-    processing_rate: float = 0.0  # events per second processed
-    watermark: datetime | None = None
-    state_rows: int = 0  # pane rows held in state, all buckets
-    state_bytes: int = 0
-    rows_emitted: int = 0  # change points written by the latest batch
-    rows_total: int = 0
-    late: int = 0  # events behind the watermark in the latest batch (written to the late-events folder)
-    late_total: int = 0
-    bad_records_total: int = 0  # bad source records quarantined
-    batches_quarantined: int = 0  # micro-batches that failed validation (nothing of them written)
-    batch_seconds: float = 0.0
-    # From the landing of the batch's oldest file (Kafka: record time) to the batch's rows being written.
-    freshness_seconds: float | None = None
-
-    def line(self) -> str:
-        wm = self.watermark.strftime("%Y-%m-%d %H:%M:%S") if self.watermark else "-"
-        text = (
-            f"{self.group} batch {self.batch_id}: {self.events:,} events in {self.batch_seconds:.1f}s "
-            f"({self.processing_rate:,.0f}/s), watermark {wm}, {self.rows_emitted:,} rows out "
-            f"({self.rows_total:,} total), state {self.state_rows:,} panes, late {self.late_total:,}"
-        )
-        if self.freshness_seconds is not None:
-            text += f", landing to online {self.freshness_seconds:.1f}s"
-        if self.bad_records_total:
-            text += f", bad records {self.bad_records_total:,}"
-        if self.batches_quarantined:
-            text += f", batches quarantined {self.batches_quarantined}"
-        return text
 
 
 class BatchSink:
@@ -94,8 +53,6 @@ class BatchSink:
         aside: SetAside,
         rollup: MetricRollup,
     ) -> None:
-        from features import quality
-
         self.repo, self.group, self.writer, self.validate = repo, group, writer, validate
         self.run, self.show = run, show
         self.policy = quality.policy(group, quality.STREAM_DEFAULT)
@@ -121,7 +78,6 @@ class BatchSink:
         late and bad records. Three Spark jobs when all is well: one computes the batch (and caches it), counts
         its rows of each kind and screens the final and eager rows; one writes the offline table; one the online
         store. (And a small one reads the buckets' stats from the cache.)"""
-        from features.engine import stream as engine
 
         began = time.perf_counter()
         # The cache lives for this batch only and is read twice: compressing it costs more than it saves. (The
@@ -146,10 +102,6 @@ class BatchSink:
     def _publish(self, batch: DataFrame, batch_id: int, rows: DataFrame | None, eager: bool) -> None:
         """The valid change points appended to the offline table (Spark's work) beside the online store's write
         (mostly Python's) of each key's newest final row and the valid eager rows."""
-        from pyspark.sql import functions as F
-
-        from features.engine import stream as engine
-        from features.engine.online_rows import write_online
 
         kind = F.col(engine.KIND)
         online = []
@@ -168,11 +120,9 @@ class BatchSink:
 
     def _rows_valid(self, rows: DataFrame, batch_id: int, screened: Screen) -> bool:
         """Validate the change points; False when they were quarantined (the policy "fail" raises)."""
-        from features import quality
 
         if not self.validate:
             return True
-        from features.ml.tracking import validation_metrics, validation_prefix
 
         report = quality.validate_batch(self.group, rows, screened=screened)
         self.rollup.add(validation_metrics(report), batch_id, validation_prefix(self.group.name))
@@ -189,8 +139,6 @@ class BatchSink:
 
     def _write_offline(self, rows: DataFrame, batch_id: int) -> None:
         """Append the batch's change points, and compact the table when a round is due (features.stores.compaction)."""
-        from features.stores import offline
-        from features.stores.compaction import StreamCompaction
 
         if self.offline_log is None:
             table = self.repo.offline_path(self.group)
@@ -206,8 +154,6 @@ class BatchSink:
     def _eager_valid(self, batch: DataFrame, batch_id: int, screened: Screen) -> bool:
         """Whether the eager rows (each touched key's value ahead of the watermark, for the online store only)
         pass validation like the change points; they are left out of the store when they fail."""
-        from features import quality
-        from features.engine import stream as engine
 
         if not self.validate or self.writer is None:
             return self.writer is not None
@@ -273,11 +219,6 @@ class BatchSink:
 
 def screen(group: FeatureGroup, batch: DataFrame, validate: bool) -> dict[str, Screen]:
     """The batch's rows of each kind, screened (final and eager rows; the other kinds are only counted)."""
-    from pyspark.sql import functions as F
-
-    from features import quality
-    from features.engine import stream as engine
-    from features.quality.screen import Screen
 
     if validate:
         return quality.screen_batches(group, batch.select(engine.KIND, *feature_columns(group)), engine.KIND)
@@ -286,15 +227,11 @@ def screen(group: FeatureGroup, batch: DataFrame, validate: bool) -> dict[str, S
 
 def rows_of(group: FeatureGroup, batch: DataFrame, kind: str) -> DataFrame:
     """The batch's feature rows of one kind (ROW or EAGER), as the stores take them."""
-    from pyspark.sql import functions as F
-
-    from features.engine import stream as engine
 
     return batch.where(F.col(engine.KIND) == kind).select(*feature_columns(group))
 
 
 def feature_columns(group: FeatureGroup) -> list[Any]:
-    from pyspark.sql import functions as F
 
     return [
         *group.join_keys,
@@ -305,9 +242,6 @@ def feature_columns(group: FeatureGroup) -> list[Any]:
 
 def _stats(batch: DataFrame) -> list[dict[str, Any]]:
     """Each bucket's stats row of the batch: events read, watermark, state held, oldest landing."""
-    from pyspark.sql import functions as F
-
-    from features.engine import stream as engine
 
     rows = batch.where(F.col(engine.KIND) == engine.STAT).select(engine.RECORD).collect()
     return [dict(zip(engine.STAT_FIELDS, json.loads(r[0]), strict=True)) for r in rows]

@@ -1,0 +1,71 @@
+"""Where a stream stands: each group's progress after its latest micro-batch, and the watermark its checkpoint's
+last committed batch emitted up to (read from Spark's checkpoint files, without Spark: `features status` uses it)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from features.pipelines.rollup import MetricRollup
+
+
+class RunState(Protocol):
+    """What a sink reports to: the stream run (features.pipelines.stream.StreamRun) its query belongs to."""
+
+    latest: dict[str, StreamProgress]
+    history: list[StreamProgress]
+    errors: dict[str, BaseException]
+    tracker: Any
+    rollups: list[MetricRollup]
+
+
+@dataclass(frozen=True)
+class StreamProgress:
+    """Where one group's stream stands after its latest micro-batch (totals since this run started)."""
+
+    group: str
+    batch_id: int = -1
+    events: int = 0  # read by the latest batch
+    input_rate: float = 0.0  # events per second arriving, as Spark measures it
+    processing_rate: float = 0.0  # events per second processed
+    watermark: datetime | None = None
+    state_rows: int = 0  # pane rows held in state, all buckets
+    state_bytes: int = 0
+    rows_emitted: int = 0  # change points written by the latest batch
+    rows_total: int = 0
+    late: int = 0  # events behind the watermark in the latest batch (written to the late-events folder)
+    late_total: int = 0
+    bad_records_total: int = 0  # bad source records quarantined
+    batches_quarantined: int = 0  # micro-batches that failed validation (nothing of them written)
+    batch_seconds: float = 0.0
+    # From the landing of the batch's oldest file (Kafka: record time) to the batch's rows being written.
+    freshness_seconds: float | None = None
+
+    def line(self) -> str:
+        wm = self.watermark.strftime("%Y-%m-%d %H:%M:%S") if self.watermark else "-"
+        text = (
+            f"{self.group} batch {self.batch_id}: {self.events:,} events in {self.batch_seconds:.1f}s "
+            f"({self.processing_rate:,.0f}/s), watermark {wm}, {self.rows_emitted:,} rows out "
+            f"({self.rows_total:,} total), state {self.state_rows:,} panes, late {self.late_total:,}"
+        )
+        if self.freshness_seconds is not None:
+            text += f", landing to online {self.freshness_seconds:.1f}s"
+        if self.bad_records_total:
+            text += f", bad records {self.bad_records_total:,}"
+        if self.batches_quarantined:
+            text += f", batches quarantined {self.batches_quarantined}"
+        return text
+
+
+def emitted_watermark(query_checkpoint: Path) -> datetime | None:
+    """The watermark the query's last committed micro-batch emitted up to (its offsets' batchWatermarkMs), or None
+    for a new checkpoint: every offline row up to it is final."""
+    commits = [int(p.name) for p in (query_checkpoint / "commits").glob("[0-9]*") if p.name.isdigit()]
+    if not commits:
+        return None
+    lines = (query_checkpoint / "offsets" / str(max(commits))).read_text().splitlines()
+    ms = json.loads(lines[1]).get("batchWatermarkMs") if len(lines) > 1 else None
+    return datetime.fromtimestamp(ms / 1000, UTC) if ms else None
