@@ -211,9 +211,9 @@ assert len(CORRUPTIONS) <= USERS
 def screened(rows) -> set[str]:
     """The checks the one-pass screen rejects."""
     from features.quality.checks import derived_checks
-    from features.quality.screen import screen
+    from features.quality.screen import screen_rows
 
-    counts = screen(rows, derived_checks(ROWS_GROUP))[()].rejected
+    counts = screen_rows(rows, derived_checks(ROWS_GROUP))[()].rejected
     return {name for name, n in counts.items() if n}
 
 
@@ -243,7 +243,7 @@ def test_the_screen_counts_duplicate_window_ends_exactly(spark, seed: int) -> No
     import numpy as np
 
     from features.quality.checks import derived_checks
-    from features.quality.screen import screen
+    from features.quality.screen import screen_rows
 
     rng = np.random.default_rng(seed)
     n = 3000
@@ -256,7 +256,7 @@ def test_the_screen_counts_duplicate_window_ends_exactly(spark, seed: int) -> No
     for feat in ROWS_GROUP.features:
         rows = rows.withColumn(feat.name, F.lit(None).cast("bigint" if feat.name.startswith("n") else "double"))
     checks = [c for c in derived_checks(ROWS_GROUP) if c.unique]
-    counts = screen(rows, checks)[()].rejected
+    counts = screen_rows(rows, checks)[()].rejected
     valid = frame.dropna(subset=[WINDOW_END]).astype({"user_id": object}).fillna({"user_id": "<null>"})
     assert counts["unique(user_id, window_end)"] == n - len(valid.drop_duplicates())
 

@@ -85,7 +85,7 @@ class BatchSink:
         batch.sparkSession.conf.set("spark.sql.inMemoryColumnarStorage.compressed", "false")
         batch = batch.persist()
         try:
-            screens = screen(self.group, batch, self.validate)
+            screens = screen_kinds(self.group, batch, self.validate)
             counts = {k: s.rows for k, s in screens.items()}
             stats = _stats(batch)
             eager = bool(counts.get(engine.EAGER)) and self._eager_valid(batch, batch_id, screens[engine.EAGER])
@@ -217,7 +217,7 @@ class BatchSink:
             print(now.line(), file=sys.stderr, flush=True)
 
 
-def screen(group: FeatureGroup, batch: DataFrame, validate: bool) -> dict[str, Screen]:
+def screen_kinds(group: FeatureGroup, batch: DataFrame, validate: bool) -> dict[str, Screen]:
     """The batch's rows of each kind, screened (final and eager rows; the other kinds are only counted)."""
 
     if validate:

@@ -45,7 +45,7 @@ from features.quality.checks import (
 )
 from features.quality.checks import expectation_name as expectation_name  # re-exported: part of the quality API
 from features.quality.checks import expectation_suite as expectation_suite
-from features.quality.screen import Screen, screen
+from features.quality.screen import Screen, screen_rows
 from features.spec import FeatureGroup
 
 if TYPE_CHECKING:
@@ -396,7 +396,7 @@ def validate_batch(
     checks = derived_checks(group, range_start=range_start, table=table)
     user = user_expectations(group)
     if mode == "auto" and not table:
-        found = screened or screen(rows, checks)[()]
+        found = screened or screen_rows(rows, checks)[()]
         n, types = found.rows, found.types
         if not any(found.rejected.values()):
             if not user:
@@ -426,7 +426,7 @@ def screen_batches(group: FeatureGroup, rows: DataFrame, by: str) -> dict[Any, S
     """Screen several batches of the group's feature rows in one Spark job: `rows` holds them all, and column
     `by` tells them apart. Each batch's screen is for `validate_batch(group, its_rows, screened=...)`."""
     check_user_expectations(group, rows.columns)
-    return {value: found for (value,), found in screen(rows, derived_checks(group), [by]).items()}
+    return {value: found for (value,), found in screen_rows(rows, derived_checks(group), [by]).items()}
 
 
 def _element_count(result: ExpectationSuiteValidationResult) -> int | None:

@@ -77,7 +77,7 @@ class Screen:
     types: dict[str, str]  # column -> Spark type name, of the rows screened
 
 
-def screen(rows: DataFrame, checks: list[DerivedCheck], by: Sequence[str] = ()) -> dict[tuple[Any, ...], Screen]:
+def screen_rows(rows: DataFrame, checks: list[DerivedCheck], by: Sequence[str] = ()) -> dict[tuple[Any, ...], Screen]:
     """Screen `rows` in one Spark job: one batch, or (`by`) the batches that the values of the columns `by` tell
     apart, each screened on its own. Keyed by the values of `by` (`()` for one batch); a value no row has is
     absent."""

@@ -217,7 +217,8 @@ class Staged:
         self._kept = rows.where(latest | in_range).persist()
         self._new_rows = self._kept.where(~latest).drop(LATEST)
         self.newest = self._kept.where(latest).drop(LATEST)
-        self.rows = self._new_rows.unionByName(self.newest.where(F.col(WINDOW_END) == end_ts))
+        # One filter, not a union of the two: a screen of them then reads the cached rows once.
+        self.rows = self._kept.where(~latest | (F.col(WINDOW_END) == end_ts)).drop(LATEST)
 
     @property
     def days(self) -> list[date]:
