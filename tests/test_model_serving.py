@@ -216,6 +216,32 @@ def test_loads_and_predicts_in_a_clean_virtualenv(logged: Logged, served: Path, 
     np.testing.assert_allclose(result["predictions"], logged.expected, rtol=1e-12)
 
 
+def test_a_wheel_of_the_same_source_is_built_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shipped wheel is cached by the digest of the package's files: a second model logged from the same
+    source copies it, without pip; a changed file makes another digest."""
+    from features.ml import model
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    first = model.build_wheel(tmp_path / "one")
+    [cached] = (tmp_path / "cache" / "features" / "wheels").glob("*/features-*.whl")
+
+    def no_pip(*args: object, **kwargs: object) -> None:
+        raise AssertionError("pip ran for a wheel of a source built before")
+
+    monkeypatch.setattr(model.subprocess, "run", no_pip)
+    second = model.build_wheel(tmp_path / "two")
+    assert second.read_bytes() == first.read_bytes() == cached.read_bytes() and second.parent == tmp_path / "two"
+
+    package = tmp_path / "package"
+    shutil.copytree(Path(model.__file__).resolve().parents[1], package, ignore=shutil.ignore_patterns("__pycache__"))
+    before = model.source_digest(package, "1.0")
+    (package / "__pycache__").mkdir(exist_ok=True)
+    (package / "__pycache__" / "x.pyc").write_bytes(b"compiled")  # compiled files are not the source
+    assert model.source_digest(package, "1.0") == before
+    (package / "errors.py").write_text((package / "errors.py").read_text() + "\n# changed\n")
+    assert model.source_digest(package, "1.0") != before != model.source_digest(package, "1.1")
+
+
 def test_the_model_folder_ships_the_wheel_and_pins_what_predict_needs(logged: Logged):
     lines = requirement_lines(logged.model_dir)
     wheels = [line for line in lines if line.endswith(".whl")]

@@ -30,6 +30,7 @@ adds others). Not Spark or Great Expectations: the wheel declares no dependencie
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -265,15 +266,21 @@ def _canonical(name: str) -> str:
 def build_wheel(wheel_dir: str | Path) -> Path:
     """Build the `features` wheel a logged model ships into `wheel_dir`, from the source of the package
     imported here (`pip wheel --no-deps`); its path. The wheel declares no dependencies, so installing it
-    brings neither Spark nor Great Expectations: the model's requirements pin what serving needs."""
+    brings neither Spark nor Great Expectations: the model's requirements pin what serving needs. A wheel of
+    the same source was built before (the digest of every file and the version): a copy of it, without pip."""
     try:
         version = metadata.version("features")
     except metadata.PackageNotFoundError:  # imported from a source folder (sys.path), never installed
         version = "0+source"
     out = Path(wheel_dir)
+    package = Path(__file__).resolve().parents[1]  # features/, this module being features/ml/model.py
+    cached = _wheel_cache() / source_digest(package, version)
+    made = sorted(cached.glob("features-*.whl")) if cached.is_dir() else []
+    if made:
+        out.mkdir(parents=True, exist_ok=True)
+        return Path(shutil.copy2(made[0], out / made[0].name))
     with tempfile.TemporaryDirectory(prefix="features-wheel-") as tmp:
         project = Path(tmp)
-        package = Path(__file__).resolve().parents[1]  # features/, this module being features/ml/model.py
         shutil.copytree(package, project / "features", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         (project / "pyproject.toml").write_text(_WHEEL_PYPROJECT.format(version=version))
         command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--disable-pip-version-check", "--quiet"]
@@ -286,7 +293,35 @@ def build_wheel(wheel_dir: str | Path) -> Path:
             f"\n{(done.stdout + done.stderr)[-4000:]}\nFix: pip needs setuptools>=68 to build it, from the package "
             "index or its cache"
         )
-    return next(out.glob("features-*.whl"))
+    wheel = next(out.glob("features-*.whl"))
+    _keep(wheel, cached)
+    return wheel
+
+
+def source_digest(package: Path, version: str) -> str:
+    """What a shipped wheel is built from: the version and every file of the package (not compiled ones)."""
+    digest = hashlib.sha256(version.encode())
+    for path in sorted(package.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
+            digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:24]
+
+
+def _wheel_cache() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "features" / "wheels"
+
+
+def _keep(wheel: Path, cached: Path) -> None:
+    """A copy of the wheel in the cache, made whole before it shows (another process may be reading it). A cache
+    that cannot be written (a read-only home) only means the next model builds its wheel again."""
+    try:
+        cached.mkdir(parents=True, exist_ok=True)
+        partial = cached / f".{wheel.name}.{os.getpid()}"
+        shutil.copy2(wheel, partial)
+        os.replace(partial, cached / wheel.name)
+    except OSError:
+        return
 
 
 def log_model(
