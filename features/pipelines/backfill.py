@@ -24,6 +24,8 @@ from features.engine.source import observed_count, quarantine_counts, read_sourc
 from features.errors import ConfigError
 from features.progress import spark_progress
 from features.repo import Repo
+from features.spec import FeatureGroup
+from features.spec.fingerprint import definition_hash, feature_hashes
 from features.stores.manifest import read_manifest
 from features.stores.manifest import update as update_manifest
 from features.stores.offline import stage
@@ -31,8 +33,6 @@ from features.stores.offline import stage
 if TYPE_CHECKING:
     from features.quality import ValidationReport
     from features.stores.online import OnlineWriter
-from features.spec import FeatureGroup
-from features.spec.fingerprint import definition_hash, feature_hashes
 
 
 @dataclass(frozen=True)
@@ -50,9 +50,10 @@ class BackfillResult:
     quarantine_path: str | None = None
     validation: ValidationReport | None = None
     batch_quarantined: str | None = None
-    # Where the time went, in seconds: compute (the Spark pass up to the staged rows), validation, online (while
-    # the offline commit runs), offline (the rest of that commit), and from `backfill`: spark_start (waiting for
-    # the session) and tracking (MLflow set-up).
+    # Where the time went, in seconds: compute (planning the Spark pass: its rows are computed by the first job
+    # that reads them, validation's screen, else the commit), validation, online (while the offline commit runs),
+    # offline (the rest of that commit), and from `backfill`: spark_start (waiting for the session) and tracking
+    # (MLflow set-up).
     timings: dict[str, float] = field(default_factory=dict)
     # The source files set aside whole (unreadable, or not conforming to the source's schema): a record each
     # among `quarantined`, and the events they hold.
