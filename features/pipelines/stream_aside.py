@@ -47,7 +47,6 @@ class SetAside:
     def write(self, batch: DataFrame, batch_id: int, counts: dict[str, int]) -> tuple[int, int]:
         """Set aside the batch's late events and bad records (their rows counted in `counts` by kind), and the
         landed files found unreadable since the last batch; returns (late events, bad records)."""
-
         late = counts.get(engine.LATE, 0)
         if late:
             self._write_late(batch, batch_id)
@@ -101,7 +100,6 @@ class SetAside:
         not convert without loss) and those Spark cannot read (`unreadable_file: ...`), each set aside once with
         its reason as a record of its own, like the backfill's; the number set aside. Files on a store the
         driver cannot open are skipped unreported."""
-
         if self.group.source.format != "parquet" or self.group.source.kafka is not None:
             return 0
         path = self.repo.source_path(self.group)

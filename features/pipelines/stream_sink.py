@@ -78,7 +78,6 @@ class BatchSink:
         late and bad records. Three Spark jobs when all is well: one computes the batch (and caches it), counts
         its rows of each kind and screens the final and eager rows; one writes the offline table; one the online
         store. (And a small one reads the buckets' stats from the cache.)"""
-
         began = time.perf_counter()
         # The cache lives for this batch only and is read twice: compressing it costs more than it saves. (The
         # batch's session is the query's own, so users' caches keep the setting.)
@@ -102,7 +101,6 @@ class BatchSink:
     def _publish(self, batch: DataFrame, batch_id: int, rows: DataFrame | None, eager: bool) -> None:
         """The valid change points appended to the offline table (Spark's work) beside the online store's write
         (mostly Python's) of each key's newest final row and the valid eager rows."""
-
         kind = F.col(engine.KIND)
         online = []
         if rows is not None:
@@ -120,7 +118,6 @@ class BatchSink:
 
     def _rows_valid(self, rows: DataFrame, batch_id: int, screened: Screen) -> bool:
         """Validate the change points; False when they were quarantined (the policy "fail" raises)."""
-
         if not self.validate:
             return True
 
@@ -139,7 +136,6 @@ class BatchSink:
 
     def _write_offline(self, rows: DataFrame, batch_id: int) -> None:
         """Append the batch's change points, and compact the table when a round is due (features.stores.compaction)."""
-
         if self.offline_log is None:
             table = self.repo.offline_path(self.group)
             spans = offline.completed_days(table, self.group.name)
@@ -154,7 +150,6 @@ class BatchSink:
     def _eager_valid(self, batch: DataFrame, batch_id: int, screened: Screen) -> bool:
         """Whether the eager rows (each touched key's value ahead of the watermark, for the online store only)
         pass validation like the change points; they are left out of the store when they fail."""
-
         if not self.validate or self.writer is None:
             return self.writer is not None
         report = quality.validate_batch(self.group, rows_of(self.group, batch, engine.EAGER), screened=screened)
