@@ -14,8 +14,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from features import compat
 from features.errors import ConfigError, DataError, DefinitionError, FeaturesError, SchemaError, ValidationFailed
 from features.spec import Entity, EventSource, Feature, FeatureGroup, Hop, KafkaTopic, Lifetime, Tumble, agg
+
+compat.install()  # module paths of earlier versions still import (features.compat)
 
 if TYPE_CHECKING:
     import pandas as pd
