@@ -17,6 +17,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from features.cache import user_cache
 from features.errors import EnvironmentProblem
 from features.stores.locks import held
 
@@ -79,8 +80,7 @@ def folder() -> Path:
     setting = os.environ.get(ENV, "").strip()
     if setting:
         return Path(setting).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "features" / "ivy"
+    return user_cache("ivy")
 
 
 def packages_for(spark_version: tuple[int, int]) -> tuple[Package, ...]:

@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+from features.cache import user_cache
+
 ENV = "FEATURES_JVM_ARCHIVE"
 MAGIC = bytes.fromhex("a8ab0bf0")  # a dynamic archive's header (0xf00baba8, little-endian)
 QUIET = "-Xlog:cds=off,cds+dynamic=off"  # Java's notes about the archive (e.g. a class path mismatch)
@@ -38,7 +40,7 @@ def java_options(java_description: str, class_path: list[str] | tuple[str, ...] 
     setting = os.environ.get(ENV, "").strip()
     if setting.lower() in ("off", "0", "false", "no"):
         return []
-    folder = Path(setting).expanduser() if setting else _cache_folder()
+    folder = Path(setting).expanduser() if setting else user_cache("jvm")
     archive = folder / f"spark-{_install_key(java_description, class_path)}.jsa"
     making = _settle(archive)
     if archive.is_file():
@@ -55,11 +57,6 @@ def java_options(java_description: str, class_path: list[str] | tuple[str, ...] 
 def making(options: list[str]) -> bool:
     """Whether a JVM started with `options` (from java_options) makes the archive at its exit."""
     return any(o.startswith("-XX:ArchiveClassesAtExit=") for o in options)
-
-
-def _cache_folder() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "features" / "jvm"
 
 
 def _install_key(java_description: str, class_path: list[str] | tuple[str, ...]) -> str:

@@ -53,6 +53,7 @@ import mlflow.pyfunc
 import numpy as np
 import pandas as pd
 
+from features.cache import user_cache
 from features.errors import ConfigError
 from features.repo import ONLINE_STORE_TYPES
 from features.spec import DType
@@ -274,7 +275,7 @@ def build_wheel(wheel_dir: str | Path) -> Path:
         version = "0+source"
     out = Path(wheel_dir)
     package = Path(__file__).resolve().parents[1]  # features/, this module being features/ml/model.py
-    cached = _wheel_cache() / source_digest(package, version)
+    cached = user_cache("wheels") / source_digest(package, version)
     made = sorted(cached.glob("features-*.whl")) if cached.is_dir() else []
     if made:
         out.mkdir(parents=True, exist_ok=True)
@@ -305,11 +306,6 @@ def source_digest(package: Path, version: str) -> str:
         if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
             digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:24]
-
-
-def _wheel_cache() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "features" / "wheels"
 
 
 def _keep(wheel: Path, cached: Path) -> None:

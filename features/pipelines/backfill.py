@@ -28,7 +28,7 @@ from features.spec import FeatureGroup
 from features.spec.fingerprint import definition_hash, feature_hashes
 from features.stores.manifest import read_manifest
 from features.stores.manifest import update as update_manifest
-from features.stores.offline import stage
+from features.stores.offline import Staged
 
 if TYPE_CHECKING:
     from features.quality import ValidationReport
@@ -323,7 +323,7 @@ def backfill_group(
         with spark_progress(spark, f"backfill {group.name}", progress):
             computed = change_points(group, events, micros(start), micros(end), observe=True)
             # stage -> validate -> publish (the online store beside the offline commit), or quarantine
-            with stage(spark, computed.with_latest, table, start, end) as staged:
+            with Staged(computed.with_latest, table, start, end) as staged:
                 lap("compute")
                 if validate:
                     report = quality.validate_batch(group, staged.rows, range_start=start)

@@ -202,18 +202,21 @@ def commits(table: str | DeltaTable, limit: int | None = None) -> list[Commit]:
 
 
 class Staged:
-    """A backfill's rows for [start, end), computed once and kept (Spark's cache) until they are published or
-    discarded: the one computation feeds validation and both stores. Use it as a context manager (`stage`), so
-    that the cache goes whatever happens.
+    """A backfill's rows, staged to become the table's content for window ends in [start, end): computed once
+    and kept (Spark's cache) until they are published or discarded, so that the one computation feeds validation
+    and both stores. Nothing is written until `publish`. Use it as a context manager, so that the cache goes
+    whatever happens.
 
-    `rows` are the rows to validate: those with window ends in [start, end] (the newest rows at `end` included,
-    as the online store gets them). `newest` is each key's newest row as of `end`, the online store's value."""
+    The rows given carry the boolean column `LATEST` (features.engine.batch): true on a copy of each key's newest
+    row (window end <= `end`), its value as of `end` for the online store. `rows` are the rows to validate: those
+    with window ends in [start, end] (the newest rows at `end` included, as the online store gets them).
+    `newest` is each key's newest row as of `end`, the online store's value."""
 
-    def __init__(self, spark: SparkSession, rows: DataFrame, table: str, start: datetime, end: datetime) -> None:
+    def __init__(self, rows: DataFrame, table: str, start: datetime, end: datetime) -> None:
         start_ts, end_ts = F.lit(start).cast("timestamp"), F.lit(end).cast("timestamp")
         latest = F.col(LATEST)
         in_range = (F.col(WINDOW_END) >= start_ts) & (F.col(WINDOW_END) < end_ts)
-        self.spark, self.table, self.start, self.end = spark, table, start, end
+        self.table, self.start, self.end = table, start, end
         self._kept = rows.where(latest | in_range).persist()
         self._new_rows = self._kept.where(~latest).drop(LATEST)
         self.newest = self._kept.where(latest).drop(LATEST)
@@ -250,13 +253,6 @@ class Staged:
         self.discard()
 
 
-def stage(spark: SparkSession, rows: DataFrame, table: str, start: datetime, end: datetime) -> Staged:
-    """Stage `rows` to become the table's content for window ends in [start, end). `rows` carries the boolean
-    column `LATEST` (features.engine.batch): true on a copy of each key's newest row (window end <= `end`), its
-    value as of `end` for the online store. Nothing is written until `publish`."""
-    return Staged(spark, rows, table, start, end)
-
-
 def replace_range(
     spark: SparkSession,
     rows: DataFrame,
@@ -265,8 +261,8 @@ def replace_range(
     end: datetime,
     info: Mapping[str, Any] | None = None,
 ) -> int:
-    """Stage and publish `rows` (see `stage`), unvalidated; returns the rows written."""
-    with stage(spark, rows, table, start, end) as staged:
+    """Stage and publish `rows` (see `Staged`), unvalidated; returns the rows written."""
+    with Staged(rows, table, start, end) as staged:
         return staged.publish(info)
 
 
