@@ -7,7 +7,8 @@ Written straight from the definition, slow and obvious, with no Spark and no `fe
 
 Lifetime windows read (-inf, E). Nulls (None, NaN, NaT) in the value column are ignored; count() counts
 rows. (A float NaN is a null here, as it is once pandas writes it to Parquet or Spark reads it from pandas.)
-An empty window gives 0 for count, sum and approx_count_distinct and None for everything else.
+An empty window gives 0 for count, sum and the distinct counts, {} for histogram and top_frequent, and None for
+everything else.
 Rows whose timestamp or key is null belong to no window.
 
 `where` is a Spark SQL condition, evaluated here with SQL's three-valued logic (a comparison with null is
@@ -24,6 +25,7 @@ import math
 import operator
 import re
 import statistics
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,13 +35,14 @@ import pandas as pd
 
 from features import Feature, FeatureGroup
 from features.spec import AggKind
+from features.spec.aggregations import Empty
 
 MICROS = 1_000_000
 _EPOCH = pd.Timestamp(0, tz="UTC")
 _ONE_US = pd.Timedelta(microseconds=1)
 # approx_percentile's documented accuracy: within 1% of the exact value, relative (features.agg.approx_percentile)
 PERCENTILE_RELATIVE_ERROR = 0.01
-_NEVER_NULL = {AggKind.COUNT, AggKind.SUM, AggKind.APPROX_COUNT_DISTINCT, AggKind.COUNT_DISTINCT}
+_NEVER_NULL = {kind for kind in AggKind if kind.op.empty is not Empty.NULL}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -374,6 +377,10 @@ def _aggregate(prepared: _FeatureRows, rows: pd.DataFrame) -> object:
         return sum(values) if prepared.integral else math.fsum(values)  # fsum: the correctly rounded sum
     if kind in (AggKind.APPROX_COUNT_DISTINCT, AggKind.COUNT_DISTINCT):
         return len(set(values))
+    if kind is AggKind.BOUNDED_COUNT_DISTINCT:
+        return min(aggregation.k, len(set(values)))
+    if kind in (AggKind.HISTOGRAM, AggKind.TOP_FREQUENT):
+        return _counts(values, aggregation)
     if not values:
         return None
     return _FOLD[kind](values, pairs, aggregation)
@@ -397,6 +404,37 @@ def _last_k(values: list[Any], pairs: list[tuple[int, Any]], aggregation: Any) -
     return [v for _, v in newest_first[: aggregation.k]]
 
 
+def _first_k(values: list[Any], pairs: list[tuple[int, Any]], aggregation: Any) -> list[Any]:
+    oldest_first = sorted(pairs, key=lambda p: (p[0], p[1]))  # ties: smaller value first
+    return [v for _, v in oldest_first[: aggregation.k]]
+
+
+def _moment(statistic: str, least: int) -> Callable[[list[Any], list[tuple[int, Any]], Any], float | None]:
+    """pandas' own bias-corrected skew / kurt (or the sample variance) of the exact values: the contract's
+    definition; null below `least` values."""
+
+    def fold(values: list[Any], pairs: list[tuple[int, Any]], aggregation: Any) -> float | None:
+        if len(values) < least:
+            return None
+        if statistic == "var":
+            return float(statistics.variance(values))  # exact arithmetic, denominator n - 1
+        if len(set(values)) == 1:
+            return 0.0
+        series = pd.Series(values, dtype="float64")
+        return float(series.skew() if statistic == "skew" else series.kurt())
+
+    return fold
+
+
+def _counts(values: list[Any], aggregation: Any) -> dict[str, int]:
+    """histogram: {value's text: count} in value order; top_frequent: the k most frequent, count ties to the
+    smaller value."""
+    counted = sorted(Counter(values).items())
+    if aggregation.kind is AggKind.TOP_FREQUENT:
+        counted = sorted(counted, key=lambda item: -item[1])[: aggregation.k]  # stable: ties stay in value order
+    return {str(value): count for value, count in counted}
+
+
 _FOLD: dict[AggKind, Callable[[list[Any], list[tuple[int, Any]], Any], object]] = {
     AggKind.AVG: _avg,
     AggKind.MIN: lambda values, pairs, a: min(values),
@@ -406,6 +444,12 @@ _FOLD: dict[AggKind, Callable[[list[Any], list[tuple[int, Any]], Any], object]] 
     AggKind.LAST: lambda values, pairs, a: max(pairs, key=lambda p: (p[0], p[1]))[1],  # ties: largest
     AggKind.APPROX_PERCENTILE: _percentile,
     AggKind.LAST_K: _last_k,
+    AggKind.FIRST_K: _first_k,
+    AggKind.TOP_K: lambda values, pairs, a: sorted(values, reverse=True)[: a.k],
+    AggKind.BOTTOM_K: lambda values, pairs, a: sorted(values)[: a.k],
+    AggKind.VARIANCE: _moment("var", 2),
+    AggKind.SKEW: _moment("skew", 3),
+    AggKind.KURTOSIS: _moment("kurt", 4),
 }
 
 
@@ -485,7 +529,7 @@ def reference_frame(
 
 def _column_dtype(prepared: _FeatureRows) -> str:
     kind = prepared.feature.aggregation.kind
-    if kind not in _NEVER_NULL:
+    if kind not in _NEVER_NULL or kind.op.empty is Empty.EMPTY_MAP:
         return "object"
     if kind is AggKind.SUM and not prepared.integral:
         return "float64"

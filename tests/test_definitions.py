@@ -359,27 +359,84 @@ def test_bad_k(k):
     expect_error(lambda: agg.last_k("amount", k), "agg.last_k.k", "1 to 1000")
 
 
+NUMERIC_FIX = "aggregate a numeric column"
+ORDERED_FIX = "aggregate a number or string column"
+SCALAR_FIX = "aggregate a number, string or boolean column"
+DISCRETE_FIX = "aggregate an integer or string column"
+
+
 @pytest.mark.parametrize(
-    ("aggregation", "column_type"),
+    ("aggregation", "column_type", "fix"),
     [
-        (agg.sum("status"), "string"),
-        (agg.avg("approved"), "bool"),
-        (agg.stddev("merchant_id"), "string"),
-        (agg.approx_percentile("status", 0.5), "string"),
-        (agg.max("approved"), "bool"),
-        (agg.min("event_ts"), "timestamp"),
-        (agg.last("event_ts"), "timestamp"),
-        (agg.approx_count_distinct("event_ts"), "timestamp"),
-        (agg.last_k("event_ts", 3), "timestamp"),
+        (agg.sum("status"), "string", NUMERIC_FIX),
+        (agg.avg("approved"), "bool", NUMERIC_FIX),
+        (agg.stddev("merchant_id"), "string", NUMERIC_FIX),
+        (agg.variance("status"), "string", NUMERIC_FIX),
+        (agg.skew("approved"), "bool", NUMERIC_FIX),
+        (agg.kurtosis("merchant_id"), "string", NUMERIC_FIX),
+        (agg.approx_percentile("status", 0.5), "string", NUMERIC_FIX),
+        (agg.max("approved"), "bool", ORDERED_FIX),
+        (agg.min("event_ts"), "timestamp", ORDERED_FIX),
+        (agg.top_k("approved", 3), "bool", ORDERED_FIX),
+        (agg.bottom_k("event_ts", 3), "timestamp", ORDERED_FIX),
+        (agg.last("event_ts"), "timestamp", SCALAR_FIX),
+        (agg.approx_count_distinct("event_ts"), "timestamp", SCALAR_FIX),
+        (agg.last_k("event_ts", 3), "timestamp", SCALAR_FIX),
+        (agg.first_k("event_ts", 3), "timestamp", SCALAR_FIX),
+        (agg.bounded_count_distinct("event_ts", 3), "timestamp", SCALAR_FIX),
+        (agg.histogram("amount"), "float64", DISCRETE_FIX),
+        (agg.top_frequent("approved", 3), "bool", DISCRETE_FIX),
     ],
     ids=lambda v: v.describe() if isinstance(v, Aggregation) else v,
 )
-def test_wrong_input_type(aggregation, column_type):
+def test_wrong_input_type(aggregation, column_type, fix):
     group = group_of(Feature("f", aggregation, window=Hop("1h", every="5m")))
-    exc = expect_error(lambda: group.check_schema(SCHEMA), "Feature('f').aggregation", "aggregate a numeric column")
+    exc = expect_error(lambda: group.check_schema(SCHEMA), "Feature('f').aggregation", fix)
     assert f"of type {column_type}" in str(exc)
     with pytest.raises(DefinitionError):
         group.output_types(SCHEMA)
+
+
+@pytest.mark.parametrize(
+    ("build", "field", "fix"),
+    [
+        (lambda: agg.top_k("amount", 0), "agg.top_k.k", "1 to 1000"),
+        (lambda: agg.bottom_k("amount", -2), "agg.bottom_k.k", "1 to 1000"),
+        (lambda: agg.first_k("amount", 1001), "agg.first_k.k", "1 to 1000"),
+        (lambda: agg.top_frequent("status", True), "agg.top_frequent.k", "1 to 1000"),
+        (lambda: agg.bounded_count_distinct("status", 2.5), "agg.bounded_count_distinct.k", "1 to 1000000"),
+        (lambda: agg.histogram(""), "agg.histogram.column", "source column"),
+        (lambda: agg.variance(" "), "agg.variance.column", "source column"),
+    ],
+)
+def test_invalid_parameters_of_the_newer_aggregations(build, field, fix):
+    expect_error(build, field, fix)
+
+
+def test_output_types_of_the_newer_aggregations():
+    features = [
+        Feature("var", agg.variance("quantity"), window=Hop("1h", every="5m")),
+        Feature("sk", agg.skew("amount"), window=Hop("1h", every="5m")),
+        Feature("ku", agg.kurtosis("amount"), window=Hop("1h", every="5m")),
+        Feature("fk", agg.first_k("status", 2), window=Hop("1h", every="5m")),
+        Feature("tk", agg.top_k("quantity", 2), window=Hop("1h", every="5m")),
+        Feature("bk", agg.bottom_k("amount", 2), window=Hop("1h", every="5m")),
+        Feature("h", agg.histogram("status"), window=Hop("1h", every="5m")),
+        Feature("tf", agg.top_frequent("quantity", 2), window=Hop("1h", every="5m")),
+        Feature("bcd", agg.bounded_count_distinct("status", 5), window=Hop("1h", every="5m")),
+    ]
+    types = group_of(*features).output_types(SCHEMA)
+    assert {f.name: types[f.name] for f in features} == {
+        "var": DType.FLOAT64,
+        "sk": DType.FLOAT64,
+        "ku": DType.FLOAT64,
+        "fk": DType.STRING_LIST,
+        "tk": DType.INT64_LIST,
+        "bk": DType.FLOAT64_LIST,
+        "h": DType.COUNT_MAP,
+        "tf": DType.COUNT_MAP,
+        "bcd": DType.INT64,
+    }
 
 
 def test_a_column_the_source_does_not_have():
@@ -591,8 +648,17 @@ def test_composite_key_output_types():
 
 
 def test_empty_window_values():
-    zero = {AggKind.COUNT, AggKind.SUM, AggKind.APPROX_COUNT_DISTINCT, AggKind.COUNT_DISTINCT}
+    zero = {
+        AggKind.COUNT,
+        AggKind.SUM,
+        AggKind.APPROX_COUNT_DISTINCT,
+        AggKind.COUNT_DISTINCT,
+        AggKind.BOUNDED_COUNT_DISTINCT,
+    }
     assert {kind for kind in AggKind if kind.empty_is_zero} == zero
+    assert agg.histogram("status").empty_value == {} and agg.top_frequent("status", 2).empty_value == {}
+    assert agg.histogram("status").empty_value is not agg.histogram("status").empty_value  # never shared
+    assert agg.top_k("amount", 2).empty_value is None
 
 
 def test_definitions_import_no_engines():

@@ -4,17 +4,24 @@ points looked up as-of, at every change point and between them."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 import numpy as np
 import pandas as pd
 import pytest
-from reference import percentile_ok, reference_frame, to_micros, where_mask
-from test_batch_reference import GROUP_AGGS, GROUP_COMPOSITE, GROUP_MIXED, H, compare_value, make_events
+from reference import reference_frame, to_micros, where_mask
+from test_batch_reference import (
+    GROUP_AGGS,
+    GROUP_COMPOSITE,
+    GROUP_MIXED,
+    GROUP_NEWER,
+    H,
+    compare_value,
+    make_events,
+)
 
 from features import kernel as pt
-from features.spec import AggKind, DType, FeatureGroup
+from features.spec import DType, FeatureGroup
 
 EVENTS = make_events()
 TYPES = {
@@ -96,25 +103,9 @@ def check_against_reference(group: FeatureGroup, rows: pd.DataFrame, events: pd.
         at = int(np.searchsorted(mine["window_end"].to_numpy(), to_micros(t), side="right"))
         got = None if at == 0 else mine.iloc[at - 1]
         for feat in group.features:
-            exact = expect[feat.name]
             value = None if got is None else got[feat.name]
-            if value is pd.NA:  # a null in an Arrow-backed column (last_k's lists)
-                value = None
-            kind = feat.aggregation.kind
-            if got is None:  # no change point yet: the key's windows hold nothing, so every value is the empty one
-                assert exact == 0 if kind.empty_is_zero else exact is None, (feat.name, key, exact, t)
-                continue
-            where = f"{feat.name} {key} {t}"
-            if kind is AggKind.APPROX_PERCENTILE and exact is not None:
-                assert value is not None and percentile_ok(value, exact), where
-            elif (
-                isinstance(exact, float) and value is not None and not (isinstance(value, float) and math.isnan(value))
-            ):
-                assert value == pytest.approx(exact, rel=1e-9, abs=1e-9), where
-            elif exact is None or (isinstance(exact, float) and math.isnan(exact)):
-                assert value is None or (isinstance(value, float) and math.isnan(value)), where
-            else:
-                assert (list(value) if isinstance(value, list | np.ndarray) else value) == exact, where
+            problem = compare_value(feat, got is not None, None if value is pd.NA else value, expect[feat.name])
+            assert problem is None, f"{feat.name} {key} {t}: {problem}"
 
 
 def check_rows_sample(
@@ -134,7 +125,7 @@ def check_rows_sample(
             assert problem is None, f"{feat.name} {key} at {end}: {problem}"
 
 
-@pytest.mark.parametrize("group", [GROUP_AGGS, GROUP_MIXED, GROUP_COMPOSITE], ids=lambda g: g.name)
+@pytest.mark.parametrize("group", [GROUP_AGGS, GROUP_MIXED, GROUP_COMPOSITE, GROUP_NEWER], ids=lambda g: g.name)
 def test_stream_steps_match_the_reference(group: FeatureGroup) -> None:
     rows, late, _ = run_stream(group, EVENTS, batches=7, lateness=H, seed=1)
     assert late.empty  # every event arrived within the watermark

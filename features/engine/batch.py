@@ -37,6 +37,7 @@ ARROW_TYPES = {
     DType.FLOAT64_LIST: pa.list_(pa.float64()),
     DType.STRING_LIST: pa.list_(pa.string()),
     DType.BOOL_LIST: pa.list_(pa.bool_()),
+    DType.COUNT_MAP: pa.map_(pa.string(), pa.int64()),
 }
 
 

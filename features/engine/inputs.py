@@ -20,6 +20,7 @@ SPARK_TYPES = {
     DType.FLOAT64_LIST: "array<double>",
     DType.STRING_LIST: "array<string>",
     DType.BOOL_LIST: "array<boolean>",
+    DType.COUNT_MAP: "map<string,bigint>",
 }
 
 

@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 from features.kernel import quantiles
 from features.kernel.frames import column_values
 from features.kernel.plan import TS, Calc
-from features.spec import AggKind, DType
+from features.spec import DType
 
 # ---------------------------------------------------------------------------------------------------------
 # Range reductions: every aggregation as (phase 1 per group, merge over index ranges, finalize)
@@ -41,12 +41,12 @@ def ranges_add(values: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.n
     return np.where(ends > starts, out, 0)
 
 
-def _ranges_extreme(values: np.ndarray, valid: np.ndarray, starts: np.ndarray, ends: np.ndarray, smallest: bool):
+def ranges_extreme(values: np.ndarray, valid: np.ndarray, starts: np.ndarray, ends: np.ndarray, smallest: bool):
     """min/max of the valid values in each range, and whether the range had any."""
     count = ranges_add(valid.astype(np.int64), starts, ends)
     if values.dtype == object:  # strings: reduced as their ranks in sorted order, then mapped back
         ranks, distinct = pd.factorize(np.where(valid, values, None), sort=True, use_na_sentinel=True)
-        picked, present = _ranges_extreme(ranks.astype(np.int64), valid, starts, ends, smallest)
+        picked, present = ranges_extreme(ranks.astype(np.int64), valid, starts, ends, smallest)
         out = np.asarray(distinct, dtype=object)[np.where(present, picked, 0)] if len(distinct) else picked
         return np.where(present, out, None), present
     if values.dtype.kind == "f":
@@ -101,7 +101,7 @@ def range_groups(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.n
     return group, row
 
 
-def _large_lists(column: Any) -> Any:
+def large_lists(column: Any) -> Any:
     """A column of Arrow lists as one LargeListArray whose offsets start at 0."""
     array = pa.array(column)
     if isinstance(array, pa.ChunkedArray):
@@ -138,6 +138,13 @@ class Kind:
     def window(self, calc: Calc, cols: dict[str, Any], starts, ends, key_of_row) -> Any:
         """The feature's value over the rows of each range [start, end) (a window's panes)."""
         return self.finalize(calc, self.merge(calc, cols, starts, ends, key_of_row))
+
+    def empty(self, calc: Calc, n: int) -> dict[str, Any]:
+        """The partial of no rows, n times."""
+        frame = pd.DataFrame({TS: np.zeros(0, dtype=np.int64)})
+        if calc.value is not None:
+            frame[calc.value] = np.zeros(0, dtype=numpy_dtype(calc.value_type))
+        return self.phase1(calc, np.zeros(0, dtype=np.int64), n, np.zeros(0, dtype=bool), frame)
 
 
 def bincount(codes: np.ndarray, groups: int, weights: np.ndarray | None = None) -> np.ndarray:
@@ -184,45 +191,11 @@ class Sum(Kind):
     def finalize(self, calc, cols):
         if self.average:
             with np.errstate(invalid="ignore", divide="ignore"):
-                return _nullable(cols["s"] / np.maximum(cols["c"], 1), cols["c"] > 0)
+                return nullable(cols["s"] / np.maximum(cols["c"], 1), cols["c"] > 0)
         return np.where(cols["c"] > 0, cols["s"], 0).astype(cols["s"].dtype)
 
 
-class Stddev(Kind):
-    """(n, mean, M2) partials merged as in Chan et al., around a per-key shift as the batch engine does."""
-
-    parts = ("n", "mean", "m2")
-
-    def phase1(self, calc, codes, groups, mask, frame):
-        values, valid = column_values(frame[calc.value], DType.FLOAT64)
-        ok = mask & valid
-        c, v = codes[ok], values[ok]
-        n = bincount(c, groups)
-        mean = bincount(c, groups, v) / np.maximum(n, 1)
-        dev = v - mean[c]
-        m2 = bincount(c, groups, dev * dev)
-        return {"n": n.astype(np.int64), "mean": mean, "m2": m2}
-
-    def merge(self, calc, cols, starts, ends, key_of_row, same_pane=False):
-        n, mean, m2 = cols["n"], cols["mean"], cols["m2"]
-        # Shift by the first pane mean of each key: sums of n*d stay small, with no cancellation.
-        shift = _first_per_key(mean, n > 0, key_of_row)
-        d = np.where(n > 0, mean - shift, 0.0)
-        total = ranges_add(n, starts, ends)
-        a = ranges_add(n * d, starts, ends)
-        b = ranges_add(np.where(n > 0, m2 + n * d * d, 0.0), starts, ends)
-        safe = np.maximum(total, 1)
-        row_shift = shift[np.minimum(starts, len(shift) - 1)] if len(shift) else np.zeros(len(starts))
-        return {"n": total, "mean": np.where(total > 0, row_shift + a / safe, 0.0), "m2": b - a * a / safe}
-
-    def finalize(self, calc, cols):
-        n = cols["n"]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            value = np.sqrt(np.maximum(0.0, cols["m2"] / np.maximum(n - 1, 1)))
-        return _nullable(value, n > 1)
-
-
-def _first_per_key(values: np.ndarray, valid: np.ndarray, key_of_row: np.ndarray) -> np.ndarray:
+def first_per_key(values: np.ndarray, valid: np.ndarray, key_of_row: np.ndarray) -> np.ndarray:
     """Per row: the first valid value among its key's rows (rows sorted by key), 0 if none."""
     out = np.zeros(len(values))
     if len(values) == 0:
@@ -250,16 +223,16 @@ class Extreme(Kind):
         ok = mask & valid
         series = pd.Series(values[ok], dtype=_pandas_dtype(calc.value_type)).groupby(codes[ok])
         picked = series.min() if self.smallest else series.max()
-        v = np.full(groups, _empty(calc.value_type), dtype=_numpy_dtype(calc.value_type))
+        v = np.full(groups, empty_value(calc.value_type), dtype=numpy_dtype(calc.value_type))
         v[picked.index.to_numpy()] = picked.to_numpy()
         return {"c": bincount(codes[ok], groups).astype(np.int64), "v": v}
 
     def merge(self, calc, cols, starts, ends, key_of_row, same_pane=False):
-        v, present = _ranges_extreme(cols["v"], cols["c"] > 0, starts, ends, self.smallest)
+        v, present = ranges_extreme(cols["v"], cols["c"] > 0, starts, ends, self.smallest)
         return {"c": present.astype(np.int64), "v": v}
 
     def finalize(self, calc, cols):
-        return _nullable(cols["v"], cols["c"] > 0)
+        return nullable(cols["v"], cols["c"] > 0)
 
 
 class ByTime(Kind):
@@ -276,7 +249,7 @@ class ByTime(Kind):
         ok = mask & valid
         g, picked_t, picked_v = self._picked(codes[ok], frame[TS].to_numpy(dtype=np.int64)[ok], values[ok])
         t = np.zeros(groups, dtype=np.int64)
-        v = np.full(groups, _empty(calc.value_type), dtype=_numpy_dtype(calc.value_type))
+        v = np.full(groups, empty_value(calc.value_type), dtype=numpy_dtype(calc.value_type))
         t[g], v[g] = picked_t, picked_v
         return {"c": bincount(codes[ok], groups).astype(np.int64), "t": t, "v": v}
 
@@ -294,7 +267,7 @@ class ByTime(Kind):
     def merge(self, calc, cols, starts, ends, key_of_row, same_pane=False):
         valid = np.flatnonzero(cols["c"] > 0)
         if len(valid) == 0:
-            return empty_partial(calc, len(starts))
+            return self.empty(calc, len(starts))
         if same_pane:
             return self._merge_overlapping(calc, cols, starts, ends)
         if self.earliest:
@@ -306,7 +279,7 @@ class ByTime(Kind):
             ok = (pick >= starts) & (pick < ends)
         pick = np.where(ok, pick, 0)
         v = cols["v"][pick].copy()
-        v[~ok] = _empty(calc.value_type)
+        v[~ok] = empty_value(calc.value_type)
         return {"c": ok.astype(np.int64), "t": np.where(ok, cols["t"][pick], 0), "v": v}
 
     def _merge_overlapping(self, calc, cols, starts, ends):
@@ -314,65 +287,12 @@ class ByTime(Kind):
         present = cols["c"][row] > 0
         group, row = group[present], row[present]
         g, t, v = self._picked(group, cols["t"][row], cols["v"][row])
-        out = empty_partial(calc, len(starts))
+        out = self.empty(calc, len(starts))
         out["c"][g], out["t"][g], out["v"][g] = 1, t, v
         return out
 
     def finalize(self, calc, cols):
-        return _nullable(cols["v"], cols["c"] > 0)
-
-
-class LastK(Kind):
-    """The k newest (ts, value) items, newest first (ties on ts: larger value first). A pane's partial is its
-    k newest items as Arrow lists, oldest first, so that the items of consecutive panes (which cover disjoint
-    time) lie in time order when flattened: a window's k newest are the last k items of its rows' slice."""
-
-    parts = ("t", "v")
-
-    def phase1(self, calc, codes, groups, mask, frame):
-        values, valid = column_values(frame[calc.value], calc.value_type)
-        ok = mask & valid
-        return self._newest(calc, codes[ok], frame[TS].to_numpy(dtype=np.int64)[ok], values[ok], groups)
-
-    def _newest(self, calc: Calc, g: np.ndarray, t: np.ndarray, v: np.ndarray, groups: int) -> dict[str, Any]:
-        """Each group's k newest items (group, time, value), oldest first, as Arrow lists."""
-        order = time_order(g, t, v)
-        g = g[order]
-        group_end = np.r_[np.flatnonzero(g[1:] != g[:-1]) + 1, len(g)]
-        newest = np.arange(len(g)) >= np.repeat(group_end, np.diff(np.r_[0, group_end])) - calc.k
-        keep, g = order[newest], g[newest]
-        return {
-            "t": arrow_lists(g, t[keep], groups, DType.INT64),
-            "v": arrow_lists(g, v[keep], groups, calc.value_type),
-        }
-
-    def merge(self, calc, cols, starts, ends, key_of_row, same_pane=False):
-        """Rows of one pane from several batches (`same_pane`), which overlap in time: their items merged by
-        (ts, value). A window's rows cover disjoint time and are read by `window` instead."""
-        t = _large_lists(cols["t"])
-        range_of_row = range_of_rows(len(t), starts, ends)
-        parent, times = flatten(t)
-        take = range_of_row[parent] >= 0
-        values = flatten(_large_lists(cols["v"]))[1]
-        return self._newest(calc, range_of_row[parent[take]], times[take], values[take], len(starts))
-
-    def window(self, calc, cols, starts, ends, key_of_row):
-        """The last k values of each range's slice, newest first, null for an empty window (an Arrow list
-        column): the slice is in time order already, so the times are not read."""
-        v = _large_lists(cols["v"])
-        offsets = v.offsets.to_numpy()
-        last = offsets[ends]
-        n = np.minimum(last - offsets[starts], calc.k)
-        out_offsets = np.zeros(len(starts) + 1, dtype=np.int64)
-        np.cumsum(n, out=out_offsets[1:])
-        # item j of range i (output position out_offsets[i] + j) is flat item last_i - 1 - j
-        pick = np.repeat(last - 1 + out_offsets[:-1], n) - np.arange(out_offsets[-1])
-        items = pc.list_flatten(v).take(pa.array(pick))
-        mask = pa.array(n == 0)
-        return pd.arrays.ArrowExtensionArray(pa.LargeListArray.from_arrays(pa.array(out_offsets), items, mask=mask))
-
-    def finalize(self, calc, cols):
-        raise NotImplementedError("last_k is evaluated over a window's rows by `window`")
+        return nullable(cols["v"], cols["c"] > 0)
 
 
 class Quantiles(Kind):
@@ -404,12 +324,12 @@ class Quantiles(Kind):
         return self._counted(range_of_row[parent[take]], buckets[take], counts[take], len(starts))
 
     def window(self, calc, cols, starts, ends, key_of_row):
-        lists = _large_lists(cols["b"])
+        lists = large_lists(cols["b"])
         offsets = lists.offsets.to_numpy()
         buckets = pc.list_flatten(lists).to_numpy()
-        counts = pc.list_flatten(_large_lists(cols["c"])).to_numpy()
+        counts = pc.list_flatten(large_lists(cols["c"])).to_numpy()
         value, n = quantiles.window_quantiles(buckets, counts, offsets[starts], offsets[ends], calc.quantile)
-        return _nullable(value, n > 0)
+        return nullable(value, n > 0)
 
     def finalize(self, calc, cols):
         raise NotImplementedError("approx_percentile is evaluated over a window's rows by `window`")
@@ -498,8 +418,19 @@ class CountDistinct(Kind):
         last = np.r_[first[1:] - 1, len(r) - 1]
         return Coverage(asked, span, limit, starts, np.sort(kc[first] * span + r[last] + width + 1))
 
+    def counted(self, calc: Calc, counts: np.ndarray) -> np.ndarray:
+        """The feature's value from the number of distinct values at each window end."""
+        return counts
+
     def finalize(self, calc, cols):
         raise NotImplementedError("count_distinct is evaluated by `coverage`, never from a merged partial")
+
+
+class BoundedDistinct(CountDistinct):
+    """bounded_count_distinct: count_distinct, capped at k."""
+
+    def counted(self, calc: Calc, counts: np.ndarray) -> np.ndarray:
+        return np.minimum(counts, calc.k)
 
 
 class HashedDistinct(CountDistinct):
@@ -513,23 +444,7 @@ class HashedDistinct(CountDistinct):
         return hashes.view(np.int64), DType.INT64
 
 
-KINDS: dict[AggKind, Kind] = {
-    AggKind.COUNT: Count(),
-    AggKind.SUM: Sum(average=False),
-    AggKind.AVG: Sum(average=True),
-    AggKind.STDDEV: Stddev(),
-    AggKind.MIN: Extreme(smallest=True),
-    AggKind.MAX: Extreme(smallest=False),
-    AggKind.FIRST: ByTime(earliest=True),
-    AggKind.LAST: ByTime(earliest=False),
-    AggKind.LAST_K: LastK(),
-    AggKind.APPROX_COUNT_DISTINCT: HashedDistinct(),
-    AggKind.APPROX_PERCENTILE: Quantiles(),
-    AggKind.COUNT_DISTINCT: CountDistinct(),
-}
-
-
-def _numpy_dtype(dtype: DType | None) -> Any:
+def numpy_dtype(dtype: DType | None) -> Any:
     return {DType.INT64: np.int64, DType.FLOAT64: np.float64}.get(dtype, object)  # type: ignore[arg-type]
 
 
@@ -537,19 +452,11 @@ def _pandas_dtype(dtype: DType | None) -> Any:
     return {DType.INT64: "int64", DType.FLOAT64: "float64"}.get(dtype, object)  # type: ignore[arg-type]
 
 
-def _empty(dtype: DType | None) -> Any:
+def empty_value(dtype: DType | None) -> Any:
     return {DType.INT64: 0, DType.FLOAT64: np.nan}.get(dtype)  # type: ignore[arg-type]
 
 
-def _nullable(values: np.ndarray, present: np.ndarray) -> np.ndarray:
+def nullable(values: np.ndarray, present: np.ndarray) -> np.ndarray:
     out = values.astype(object)
     out[~present] = None
     return out
-
-
-def empty_partial(calc: Calc, n: int) -> dict[str, np.ndarray]:
-    """The partial of no rows, n times."""
-    frame = pd.DataFrame({TS: np.zeros(0, dtype=np.int64)})
-    if calc.value is not None:
-        frame[calc.value] = np.zeros(0, dtype=_numpy_dtype(calc.value_type))
-    return KINDS[calc.kind].phase1(calc, np.zeros(0, dtype=np.int64), n, np.zeros(0, dtype=bool), frame)

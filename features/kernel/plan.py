@@ -82,16 +82,15 @@ class Plan:
 
 def value_column(kind: AggKind, column: str) -> str:
     """The kernel's input column for a source column, named by how Spark casts it for this kind."""
-    return f"fx_v_{_CAST.get(kind, 'raw')}_{column}"
-
-
-_CAST = {AggKind.AVG: "double", AggKind.STDDEV: "double", AggKind.APPROX_PERCENTILE: "double"}
+    return f"fx_v_{kind.op.cast}_{column}"
 
 
 def input_type(kind: AggKind, source_type: DType) -> DType:
-    if kind in _CAST:
+    """The type of the kernel's input column: `Operation.cast` applied to the source column's type."""
+    cast = kind.op.cast
+    if cast == "double":
         return DType.FLOAT64
-    if kind is AggKind.APPROX_COUNT_DISTINCT and source_type not in (DType.INT64, DType.STRING):
+    if cast == "text" and source_type not in (DType.INT64, DType.STRING):
         return DType.STRING  # floats and booleans are hashed by their text
     return source_type
 

@@ -22,7 +22,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from features.kernel.aggregations import KINDS, CountDistinct, bincount, empty_partial, ranges_add
+from features.kernel.aggregations import CountDistinct, bincount, ranges_add
+from features.kernel.kinds import KINDS
 from features.kernel.plan import BASE, KEY, PANE, TS, Calc, Plan
 
 # ---------------------------------------------------------------------------------------------------------
@@ -335,7 +336,8 @@ def values_at(plan: Plan, s: Sorted, key_code: np.ndarray, ends: np.ndarray) -> 
                 rank = s.position - s.key_code * s.span
                 lists = s.table[calc.col("vals")].array
                 cover = s.memo[calc.name] = kind.coverage(calc, lists, s.key_code, rank, asked, plan.pane_us)
-            out[calc.name] = cover.count(key_code, (ends - ends % calc.every_us - s.origin) // plan.pane_us + 1)
+            counts = cover.count(key_code, (ends - ends % calc.every_us - s.origin) // plan.pane_us + 1)
+            out[calc.name] = kind.counted(calc, counts)
             continue
         lo, hi = first_row(calc.every_us, calc.size_us), first_row(calc.every_us, 0)
         out[calc.name] = kind.window(calc, s.columns(calc), lo, hi, s.key_code)
@@ -431,7 +433,7 @@ def prune(plan: Plan, table: pd.DataFrame, upto_us: int, align_us: int | None = 
 
 
 def _clear(calc: Calc, table: pd.DataFrame) -> pd.DataFrame:
-    for part, values in empty_partial(calc, len(table)).items():
+    for part, values in KINDS[calc.kind].empty(calc, len(table)).items():
         table[calc.col(part)] = values
     return table
 

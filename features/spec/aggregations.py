@@ -1,9 +1,17 @@
-"""Aggregations (`features.agg`): what a feature computes over the rows of its window."""
+"""Aggregations (`features.agg`): what a feature computes over the rows of its window.
+
+Every aggregation is one `Operation` entry in `OPERATIONS`: its parameters and their checks, the column types it
+reads, its output type, its empty value, how the kernel receives its input, the expectations its output meets,
+a plain Spark SQL form (the naive baseline the benches time) and its cost. The kernel's reduction of each entry is
+`features.kernel.aggregations.KINDS`, and the tests' brute-force reference `tests/reference.py`; a test checks
+that all three cover the same kinds."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 from features.errors import DefinitionError
 from features.spec.types import DType
@@ -16,22 +24,275 @@ class AggKind(Enum):
     MIN = "min"
     MAX = "max"
     STDDEV = "stddev"
+    VARIANCE = "variance"
+    SKEW = "skew"
+    KURTOSIS = "kurtosis"
     FIRST = "first"
     LAST = "last"
+    FIRST_K = "first_k"
+    LAST_K = "last_k"
+    TOP_K = "top_k"
+    BOTTOM_K = "bottom_k"
     APPROX_COUNT_DISTINCT = "approx_count_distinct"
     APPROX_PERCENTILE = "approx_percentile"
-    LAST_K = "last_k"
     COUNT_DISTINCT = "count_distinct"
+    BOUNDED_COUNT_DISTINCT = "bounded_count_distinct"
+    HISTOGRAM = "histogram"
+    TOP_FREQUENT = "top_frequent"
+
+    @property
+    def op(self) -> Operation:
+        return OPERATIONS[self]
 
     @property
     def empty_is_zero(self) -> bool:
-        """An empty window gives 0 for these and null for every other aggregation."""
-        return self in (AggKind.COUNT, AggKind.SUM, AggKind.APPROX_COUNT_DISTINCT, AggKind.COUNT_DISTINCT)
+        """An empty window gives 0 for these (docs/semantics.md, Empty windows)."""
+        return self.op.empty is Empty.ZERO
 
 
-_NUMERIC_ONLY = {AggKind.SUM, AggKind.AVG, AggKind.STDDEV, AggKind.APPROX_PERCENTILE}
-_ORDERABLE = {AggKind.MIN, AggKind.MAX}
-_SCALAR_INPUTS = {DType.INT64, DType.FLOAT64, DType.STRING, DType.BOOL}
+class Empty(Enum):
+    """The value of a window with no (non-null) value."""
+
+    ZERO = "0"
+    NULL = "null"
+    EMPTY_MAP = "{}"
+
+    def make(self) -> Any:
+        """The value itself: 0, None, or a new empty dict."""
+        return {Empty.ZERO: 0, Empty.NULL: None, Empty.EMPTY_MAP: {}}[self]
+
+
+class Expect(Enum):
+    """What a feature's output satisfies by definition; the quality layer turns each into a check."""
+
+    INTEGER = "integer"  # an integer type
+    NOT_NULL = "not_null"
+    NON_NEGATIVE = "non_negative"
+    FINITE = "finite"
+    AT_MOST_K = "at_most_k"  # bounded by the aggregation's k
+    WITHIN_MIN_MAX = "within_min_max"  # between a min and a max of the same values, when the group has them
+    WITHIN_MIN_MAX_ESTIMATE = "within_min_max_estimate"  # the same, up to an estimate's accuracy
+
+
+SCALARS = frozenset({DType.INT64, DType.FLOAT64, DType.STRING, DType.BOOL})
+NUMBERS = frozenset({DType.INT64, DType.FLOAT64})
+ORDERED = frozenset({DType.INT64, DType.FLOAT64, DType.STRING})
+DISCRETE = frozenset({DType.INT64, DType.STRING})  # histogram keys: exact values, no floats
+
+_COUNTS = (Expect.INTEGER, Expect.NOT_NULL, Expect.NON_NEGATIVE)
+
+
+def _int(_: DType | None) -> DType:
+    return DType.INT64
+
+
+def _float(_: DType | None) -> DType:
+    return DType.FLOAT64
+
+
+def _same(dtype: DType | None) -> DType:
+    assert dtype is not None  # every aggregation with this rule reads a column (checked at construction)
+    return dtype
+
+
+def _list(dtype: DType | None) -> DType:
+    return _same(dtype).list_of()
+
+
+def _sum(dtype: DType | None) -> DType:
+    return DType.INT64 if dtype is DType.INT64 else DType.FLOAT64
+
+
+def _counts(_: DType | None) -> DType:
+    return DType.COUNT_MAP
+
+
+@dataclass(frozen=True)
+class Operation:
+    """Everything about one aggregation kind that does not depend on an engine."""
+
+    summary: str  # what it returns, one line (the README's table)
+    output: Callable[[DType | None], DType]  # the value's type, from the input column's
+    empty: Empty = Empty.NULL
+    column: bool = True  # reads a column (count() does not)
+    inputs: frozenset[DType] = SCALARS
+    k_max: int | None = None  # takes k, 1..k_max
+    quantile: bool = False  # takes q, 0..1
+    cast: str = "raw"  # the kernel's input: "raw" (as the source has it), "double", or "text" unless int/string
+    expect: tuple[Expect, ...] = ()
+    sql: str = ""  # a Spark SQL aggregate over the window's rows, {col} the column: the benches' naive baseline
+    cost: str = "O(1) per pane"  # what a pane keeps (the README's table)
+    exact: bool = True
+
+
+OPERATIONS: dict[AggKind, Operation] = {
+    AggKind.COUNT: Operation(
+        "number of rows", _int, Empty.ZERO, column=False, expect=_COUNTS, sql="count(*)", cost="a count"
+    ),
+    AggKind.SUM: Operation(
+        "sum (integers stay exact int64)",
+        _sum,
+        Empty.ZERO,
+        inputs=NUMBERS,
+        expect=(Expect.NOT_NULL, Expect.FINITE),
+        sql="sum({col})",
+        cost="a count and a sum",
+    ),
+    AggKind.AVG: Operation(
+        "mean",
+        _float,
+        inputs=NUMBERS,
+        cast="double",
+        expect=(Expect.FINITE, Expect.WITHIN_MIN_MAX),
+        sql="avg({col})",
+        cost="a count and a sum",
+    ),
+    AggKind.MIN: Operation("smallest value", _same, inputs=ORDERED, sql="min({col})", cost="one value"),
+    AggKind.MAX: Operation("largest value", _same, inputs=ORDERED, sql="max({col})", cost="one value"),
+    AggKind.STDDEV: Operation(
+        "sample standard deviation (n - 1); null below 2 values",
+        _float,
+        inputs=NUMBERS,
+        cast="double",
+        expect=(Expect.FINITE, Expect.NON_NEGATIVE),
+        sql="stddev_samp({col})",
+        cost="count, mean, M2",
+    ),
+    AggKind.VARIANCE: Operation(
+        "sample variance (n - 1); null below 2 values",
+        _float,
+        inputs=NUMBERS,
+        cast="double",
+        expect=(Expect.FINITE, Expect.NON_NEGATIVE),
+        sql="var_samp({col})",
+        cost="count, mean, M2",
+    ),
+    AggKind.SKEW: Operation(
+        "bias-corrected sample skewness (as pandas); null below 3 values, 0 when all are equal",
+        _float,
+        inputs=NUMBERS,
+        cast="double",
+        expect=(Expect.FINITE,),
+        sql="skewness({col})",
+        cost="count, mean, M2, M3, min, max",
+    ),
+    AggKind.KURTOSIS: Operation(
+        "bias-corrected sample excess kurtosis (as pandas); null below 4 values, 0 when all are equal",
+        _float,
+        inputs=NUMBERS,
+        cast="double",
+        expect=(Expect.FINITE,),
+        sql="kurtosis({col})",
+        cost="count, mean, M2, M3, M4, min, max",
+    ),
+    AggKind.FIRST: Operation(
+        "value of the earliest event (timestamp ties: the smallest value)",
+        _same,
+        sql="min_by({col}, struct(ts, {col}))",
+        cost="one event",
+    ),
+    AggKind.LAST: Operation(
+        "value of the latest event (timestamp ties: the largest value)",
+        _same,
+        sql="max_by({col}, struct(ts, {col}))",
+        cost="one event",
+    ),
+    AggKind.FIRST_K: Operation(
+        "the k earliest values, oldest first",
+        _list,
+        k_max=1000,
+        sql="slice(transform(array_sort(collect_list(struct(ts, {col}))), x -> x[1]), 1, {k})",
+        cost="k events",
+    ),
+    AggKind.LAST_K: Operation(
+        "the k latest values, newest first",
+        _list,
+        k_max=1000,
+        sql="slice(transform(reverse(array_sort(collect_list(struct(ts, {col})))), x -> x[1]), 1, {k})",
+        cost="k events",
+    ),
+    AggKind.TOP_K: Operation(
+        "the k largest values, largest first (duplicates kept)",
+        _list,
+        inputs=ORDERED,
+        k_max=1000,
+        sql="slice(reverse(array_sort(collect_list({col}))), 1, {k})",
+        cost="k values",
+    ),
+    AggKind.BOTTOM_K: Operation(
+        "the k smallest values, smallest first (duplicates kept)",
+        _list,
+        inputs=ORDERED,
+        k_max=1000,
+        sql="slice(array_sort(collect_list({col})), 1, {k})",
+        cost="k values",
+    ),
+    AggKind.APPROX_COUNT_DISTINCT: Operation(
+        "distinct values, counted as distinct 64-bit hashes",
+        _int,
+        Empty.ZERO,
+        cast="text",
+        expect=_COUNTS,
+        sql="approx_count_distinct({col})",
+        cost="8 bytes per distinct value",
+        exact=False,
+    ),
+    AggKind.APPROX_PERCENTILE: Operation(
+        "the q quantile, within 1% relative",
+        _float,
+        inputs=NUMBERS,
+        quantile=True,
+        cast="double",
+        expect=(Expect.FINITE, Expect.WITHIN_MIN_MAX_ESTIMATE),
+        sql="percentile_approx({col}, {q})",
+        cost="a count per logarithmic bucket",
+        exact=False,
+    ),
+    AggKind.COUNT_DISTINCT: Operation(
+        "exact number of distinct values",
+        _int,
+        Empty.ZERO,
+        expect=_COUNTS,
+        sql="count(DISTINCT {col})",
+        cost="each distinct value",
+    ),
+    AggKind.BOUNDED_COUNT_DISTINCT: Operation(
+        "min(k, number of distinct values), exact",
+        _int,
+        Empty.ZERO,
+        k_max=1_000_000,
+        expect=(*_COUNTS, Expect.AT_MOST_K),
+        sql="least({k}, count(DISTINCT {col}))",
+        cost="each distinct value",
+    ),
+    AggKind.HISTOGRAM: Operation(
+        "map from each distinct value (as text) to its count",
+        _counts,
+        Empty.EMPTY_MAP,
+        inputs=DISCRETE,
+        expect=(Expect.NOT_NULL,),
+        sql="map_from_entries(transform(array_distinct(collect_list({col})), ...))",
+        cost="each distinct value and its count",
+    ),
+    AggKind.TOP_FREQUENT: Operation(
+        "map of the k most frequent values (as text) to their counts; count ties: the smaller value",
+        _counts,
+        Empty.EMPTY_MAP,
+        inputs=DISCRETE,
+        k_max=1000,
+        expect=(Expect.NOT_NULL,),
+        sql="",
+        cost="each distinct value and its count",
+    ),
+}
+
+
+_TYPE_FIX = {
+    NUMBERS: "aggregate a numeric column (integer or float)",
+    ORDERED: "aggregate a number or string column",
+    DISCRETE: "aggregate an integer or string column (floats have no exact values to count; bucket them first)",
+    SCALARS: "aggregate a number, string or boolean column",
+}
 
 
 @dataclass(frozen=True)
@@ -44,55 +305,48 @@ class Aggregation:
     k: int | None = None
 
     def __post_init__(self) -> None:
-        name = f"agg.{self.kind.value}"
-        if self.kind is AggKind.COUNT:
+        name, op = f"agg.{self.kind.value}", self.kind.op
+        if not op.column:
             if self.column is not None:
                 raise DefinitionError(
                     f"{name}.column",
-                    "count() counts rows and takes no column",
-                    "write agg.count() and filter rows with Feature(where=...)",
+                    f"{self.kind.value}() counts rows and takes no column",
+                    f"write agg.{self.kind.value}() and filter rows with Feature(where=...)",
                 )
             return
         if not isinstance(self.column, str) or not self.column.strip():
             raise DefinitionError(
                 f"{name}.column", "the column name is empty", f'name a source column, e.g. {name}("amount")'
             )
-        if self.kind is AggKind.APPROX_PERCENTILE:
+        if op.quantile:
             q = self.quantile
             if not isinstance(q, int | float) or isinstance(q, bool) or not 0.0 <= q <= 1.0:
                 raise DefinitionError(f"{name}.q", f"{q!r} is not a quantile", "use a number from 0 to 1, e.g. 0.95")
-        if self.kind is AggKind.LAST_K:
+        if op.k_max is not None:
             k = self.k
-            if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 1000:
-                raise DefinitionError(f"{name}.k", f"{k!r} is not a list length", "use a whole number from 1 to 1000")
+            if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= op.k_max:
+                raise DefinitionError(
+                    f"{name}.k", f"{k!r} is not a valid k", f"use a whole number from 1 to {op.k_max}"
+                )
 
     def check_input(self, dtype: DType, feature: str) -> None:
         """Raise if this aggregation cannot consume a column of `dtype`."""
-        ok = dtype in _SCALAR_INPUTS
-        if self.kind in _NUMERIC_ONLY:
-            ok = dtype.is_numeric
-        elif self.kind in _ORDERABLE:
-            ok = dtype in (DType.INT64, DType.FLOAT64, DType.STRING)
-        if not ok:
+        inputs = self.kind.op.inputs
+        if dtype not in inputs:
             raise DefinitionError(
                 f"Feature({feature!r}).aggregation",
                 f"{self.kind.value} cannot aggregate column {self.column!r} of type {dtype.value}",
-                "aggregate a numeric column, or pick an aggregation that accepts this type",
+                f"{_TYPE_FIX[inputs]}, or pick an aggregation that accepts {dtype.value}",
             )
 
     def output_type(self, input_type: DType | None) -> DType:
         """The logical type of the feature value, given the input column type."""
-        kind = self.kind
-        if kind in (AggKind.COUNT, AggKind.APPROX_COUNT_DISTINCT, AggKind.COUNT_DISTINCT):
-            return DType.INT64
-        if kind in (AggKind.AVG, AggKind.STDDEV, AggKind.APPROX_PERCENTILE):
-            return DType.FLOAT64
-        assert input_type is not None  # every other kind has a column, checked at construction
-        if kind is AggKind.SUM:
-            return DType.INT64 if input_type is DType.INT64 else DType.FLOAT64
-        if kind is AggKind.LAST_K:
-            return input_type.list_of()
-        return input_type
+        return self.kind.op.output(input_type)
+
+    @property
+    def empty_value(self) -> Any:
+        """The value of a window with nothing to aggregate: 0, None or {} (a fresh dict each time)."""
+        return self.kind.op.empty.make()
 
     def describe(self) -> str:
         args = [] if self.column is None else [repr(self.column)]
@@ -104,7 +358,7 @@ class Aggregation:
 
 
 class agg:  # noqa: N801 - used as a namespace: agg.count(), agg.sum("amount")
-    """Constructors for every aggregation."""
+    """Constructors for every aggregation (docs/definitions.md has the table of what each returns)."""
 
     @staticmethod
     def count() -> Aggregation:
@@ -133,6 +387,21 @@ class agg:  # noqa: N801 - used as a namespace: agg.count(), agg.sum("amount")
         return Aggregation(AggKind.STDDEV, column)
 
     @staticmethod
+    def variance(column: str) -> Aggregation:
+        """Sample variance, denominator n - 1 (null for fewer than two values)."""
+        return Aggregation(AggKind.VARIANCE, column)
+
+    @staticmethod
+    def skew(column: str) -> Aggregation:
+        """Bias-corrected sample skewness as pandas' `Series.skew()` (null below 3 values, 0 if all are equal)."""
+        return Aggregation(AggKind.SKEW, column)
+
+    @staticmethod
+    def kurtosis(column: str) -> Aggregation:
+        """Bias-corrected excess kurtosis as pandas' `Series.kurt()` (null below 4 values, 0 if all are equal)."""
+        return Aggregation(AggKind.KURTOSIS, column)
+
+    @staticmethod
     def first(column: str) -> Aggregation:
         """Value of the earliest event; ties on the timestamp go to the smallest value."""
         return Aggregation(AggKind.FIRST, column)
@@ -141,6 +410,26 @@ class agg:  # noqa: N801 - used as a namespace: agg.count(), agg.sum("amount")
     def last(column: str) -> Aggregation:
         """Value of the latest event; ties on the timestamp go to the largest value."""
         return Aggregation(AggKind.LAST, column)
+
+    @staticmethod
+    def first_k(column: str, k: int) -> Aggregation:
+        """The `k` earliest values, oldest first (ties on the timestamp: smaller value first)."""
+        return Aggregation(AggKind.FIRST_K, column, k=k)
+
+    @staticmethod
+    def last_k(column: str, k: int) -> Aggregation:
+        """The `k` latest values, newest first (ties on the timestamp: larger value first)."""
+        return Aggregation(AggKind.LAST_K, column, k=k)
+
+    @staticmethod
+    def top_k(column: str, k: int) -> Aggregation:
+        """The `k` largest values, largest first, duplicates kept."""
+        return Aggregation(AggKind.TOP_K, column, k=k)
+
+    @staticmethod
+    def bottom_k(column: str, k: int) -> Aggregation:
+        """The `k` smallest values, smallest first, duplicates kept."""
+        return Aggregation(AggKind.BOTTOM_K, column, k=k)
 
     @staticmethod
     def approx_count_distinct(column: str) -> Aggregation:
@@ -154,12 +443,23 @@ class agg:  # noqa: N801 - used as a namespace: agg.count(), agg.sum("amount")
         return Aggregation(AggKind.COUNT_DISTINCT, column)
 
     @staticmethod
+    def bounded_count_distinct(column: str, k: int) -> Aggregation:
+        """min(k, the exact number of distinct non-null values)."""
+        return Aggregation(AggKind.BOUNDED_COUNT_DISTINCT, column, k=k)
+
+    @staticmethod
     def approx_percentile(column: str, q: float) -> Aggregation:
         """The `q` quantile (the value of rank ceil(q n)), estimated within 1% relative from counts per
         logarithmic bucket (a DDSketch-style mergeable sketch)."""
         return Aggregation(AggKind.APPROX_PERCENTILE, column, quantile=q)
 
     @staticmethod
-    def last_k(column: str, k: int) -> Aggregation:
-        """The `k` latest values, newest first (ties on the timestamp: larger value first)."""
-        return Aggregation(AggKind.LAST_K, column, k=k)
+    def histogram(column: str) -> Aggregation:
+        """A map from each distinct value (as text) to how many times it occurs; an empty window gives {}."""
+        return Aggregation(AggKind.HISTOGRAM, column)
+
+    @staticmethod
+    def top_frequent(column: str, k: int) -> Aggregation:
+        """The `k` most frequent values (as text) with their counts, as a map; count ties go to the smaller
+        value."""
+        return Aggregation(AggKind.TOP_FREQUENT, column, k=k)

@@ -15,6 +15,7 @@ class DType(Enum):
     FLOAT64_LIST = "float64_list"
     STRING_LIST = "string_list"
     BOOL_LIST = "bool_list"
+    COUNT_MAP = "count_map"  # histogram / top_frequent: each value's text -> its count (Feast's Map type)
 
     @property
     def is_numeric(self) -> bool:
