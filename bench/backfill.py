@@ -3,6 +3,7 @@
     python bench/backfill.py [--events 2000000] [--users 10000] [--days 2]
     python bench/backfill.py --scale [--sizes 1000000,4000000,16000000]
     python bench/backfill.py --mixed    (the demo's mixed groups and each aggregation alone: bench/mixed.py)
+    python bench/backfill.py --alone    (each aggregation alone only)
 
 Measured in one run on the same data and session, so only the ratios mean anything:
   * naive 24h/5m  vs  two-phase 24h/5m   (required: two-phase >= 30x faster)
@@ -330,6 +331,7 @@ def main() -> int:
     parser.add_argument("--sizes", default="1000000,4000000,16000000", help="event counts for --scale")
     parser.add_argument("--repeats", type=int, default=3, help="runs per size for --scale")
     parser.add_argument("--mixed", action="store_true", help="the demo's mixed groups and each aggregation alone")
+    parser.add_argument("--alone", action="store_true", help="--mixed without the groups: each aggregation alone")
     parser.add_argument(
         "--sample",
         type=float,
@@ -340,11 +342,15 @@ def main() -> int:
     args = parser.parse_args()
 
     spark = get_spark("bench-backfill")
-    if args.mixed:
+    if args.mixed or args.alone:
         from mixed import mixed
 
-        lines, ok = mixed(spark, args.events, args.users, 3.0, min(args.runs, 3), args.sample)
-        title = "Mixed groups (bench/backfill.py --mixed)"
+        lines, ok = mixed(spark, args.events, args.users, 3.0, min(args.runs, 3), args.sample, args.alone)
+        title = (
+            "Each aggregation alone (bench/backfill.py --alone)"
+            if args.alone
+            else "Mixed groups (bench/backfill.py --mixed)"
+        )
     elif args.scale:
         lines = scale(spark, [int(n) for n in args.sizes.split(",")], args.days, args.repeats)
         ok, title = True, "Backfill scale (bench/backfill.py --scale)"

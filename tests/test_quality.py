@@ -94,6 +94,31 @@ def test_suite_is_derived_from_the_definitions() -> None:
     assert all(e.description for e in checks.values())
 
 
+def test_the_newer_aggregations_derive_their_checks_from_their_operation() -> None:
+    hop = Hop("1h", every="5m")
+    group = FeatureGroup(
+        "newer_checks",
+        USER,
+        SOURCE,
+        [
+            Feature("var_1h", agg.variance("amount"), hop),
+            Feature("skew_1h", agg.skew("amount"), hop),
+            Feature("kurt_1h", agg.kurtosis("amount"), hop),
+            Feature("merchants_max5", agg.bounded_count_distinct("merchant_id", 5), hop),
+            Feature("status_hist", agg.histogram("status"), hop),
+            Feature("top2", agg.top_frequent("status", 2), hop),
+            Feature("last_amounts", agg.top_k("amount", 3), hop),
+        ],
+    )
+    checks = checks_of(group)
+    assert checks["finite(var_1h)"].min_value == 0  # a variance is never negative
+    assert checks["finite(skew_1h)"].min_value < -1e300 and checks["finite(kurt_1h)"].min_value < -1e300
+    assert checks["integer(merchants_max5)"].type_list and checks["non_negative(merchants_max5)"].min_value == 0
+    assert checks["at_most_k(merchants_max5)"].max_value == 5
+    assert "not_null(status_hist)" in checks and "not_null(top2)" in checks  # an empty window is {}, not null
+    assert not any("last_amounts" in name for name in checks)  # a list is null for an empty window
+
+
 def test_companions_need_the_same_column_window_and_filter() -> None:
     group = FeatureGroup(
         "g",

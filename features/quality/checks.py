@@ -7,8 +7,9 @@ The derived suite:
 - `window_end` lies on the grid of some feature's `every` (epoch-aligned), or is the start of the range the
   batch was computed for (the engine's snapshot row there); in a whole table, such a row off the grid must
   repeat the key's previous values (or be its first row);
-- counts and approx_count_distinct are integer columns, never null, never negative;
-- sums (never null), averages and standard deviations are finite, standard deviations are not negative;
+- counts and distinct counts are integer columns, never null, never negative (a bounded one at most its k);
+- sums (never null), averages, standard deviations, variances, skews and kurtoses are finite, standard deviations
+  and variances are not negative; histograms and top_frequent maps are never null;
 - an average lies between the min and the max of the same column, window and filter (when the group has
   them), up to float rounding; an approx_percentile lies between them exactly.
 
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from features.errors import DefinitionError
 from features.kernel.quantiles import ALPHA
 from features.spec import WINDOW_END, AggKind, Feature, FeatureGroup
+from features.spec.aggregations import Empty, Expect
 
 if TYPE_CHECKING:
     from great_expectations.core import ExpectationSuite
@@ -219,38 +221,45 @@ def derived_checks(
     )
     checks.append(_alignment(group, range_start, table))
     for feat in group.features:
-        column, kind = feat.name, feat.aggregation.kind
-        if kind in (AggKind.COUNT, AggKind.APPROX_COUNT_DISTINCT, AggKind.COUNT_DISTINCT):
-            what = "count" if kind is AggKind.COUNT else "distinct count"
-            name = f"integer({column})"
-            checks.append(
-                DerivedCheck(
-                    name,
-                    _spec(
-                        "ExpectColumnValuesToBeInTypeList",
-                        column=column,
-                        type_list=list(INTEGER_TYPES),
-                        description=f"{column} is an integer {what}",
-                        meta=_meta(group, name),
-                    ),
-                    column_types=(column, INTEGER_TYPES),
-                )
-            )
-            checks.append(_not_null(group, column, f"{column} is never null (an empty window counts 0)"))
-            checks.append(_between(group, f"non_negative({column})", column, 0, None, f"{column} is not negative"))
-        elif kind is AggKind.SUM:
-            checks.append(_not_null(group, column, f"{column} is never null (an empty window sums to 0)"))
-            checks.append(_between(group, f"finite({column})", column, -FINITE, FINITE, f"{column} is finite"))
-        elif kind is AggKind.AVG:
-            checks.append(_between(group, f"finite({column})", column, -FINITE, FINITE, f"{column} is finite"))
-            checks.extend(_average_bounds(group, feat))
-        elif kind is AggKind.STDDEV:
-            checks.append(
-                _between(group, f"finite({column})", column, 0, FINITE, f"{column} is finite and not negative")
-            )
-        elif kind is AggKind.APPROX_PERCENTILE:
-            checks.append(_between(group, f"finite({column})", column, -FINITE, FINITE, f"{column} is finite"))
-            checks.extend(_percentile_bounds(group, feat))
+        checks.extend(_output_checks(group, feat))
+    return checks
+
+
+_EMPTY_WORDS = {Empty.ZERO: "an empty window gives 0", Empty.EMPTY_MAP: "an empty window gives an empty map"}
+
+
+def _output_checks(group: FeatureGroup, feat: Feature) -> list[DerivedCheck]:
+    """The checks of one feature's column: what its aggregation's `Operation.expect` says its values satisfy."""
+    column, kind = feat.name, feat.aggregation.kind
+    expect, checks = kind.op.expect, []
+    if Expect.INTEGER in expect:
+        what = "count" if kind is AggKind.COUNT else "distinct count"
+        name = f"integer({column})"
+        spec = _spec(
+            "ExpectColumnValuesToBeInTypeList",
+            column=column,
+            type_list=list(INTEGER_TYPES),
+            description=f"{column} is an integer {what}",
+            meta=_meta(group, name),
+        )
+        checks.append(DerivedCheck(name, spec, column_types=(column, INTEGER_TYPES)))
+    if Expect.NOT_NULL in expect:
+        checks.append(_not_null(group, column, f"{column} is never null ({_EMPTY_WORDS[kind.op.empty]})"))
+    low = 0 if Expect.NON_NEGATIVE in expect else None
+    if Expect.FINITE in expect:
+        words = "is finite and not negative" if low == 0 else "is finite"
+        checks.append(
+            _between(group, f"finite({column})", column, -FINITE if low is None else 0, FINITE, f"{column} {words}")
+        )
+    elif low == 0:
+        checks.append(_between(group, f"non_negative({column})", column, 0, None, f"{column} is not negative"))
+    if Expect.AT_MOST_K in expect:
+        k = feat.aggregation.k
+        checks.append(_between(group, f"at_most_k({column})", column, None, k, f"{column} is at most k = {k}"))
+    if Expect.WITHIN_MIN_MAX in expect:
+        checks.extend(_average_bounds(group, feat))
+    if Expect.WITHIN_MIN_MAX_ESTIMATE in expect:
+        checks.extend(_percentile_bounds(group, feat))
     return checks
 
 
