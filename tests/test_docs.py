@@ -254,3 +254,18 @@ def test_nothing_cites_a_design_file_the_repository_does_not_have():
         if p.stat().st_size < 5_000_000 and missing.encode() in p.read_bytes()
     ]
     assert not citing, f"these files cite {missing}, which is not in the repository; cite docs/ instead: {citing}"
+
+
+def test_every_aggregation_is_in_the_readme_table_and_the_semantics_with_its_empty_value():
+    from features.spec import AggKind
+    from features.spec.aggregations import Empty
+
+    readme = (ROOT / "README.md").read_text()
+    semantics = (ROOT / "docs" / "semantics.md").read_text()
+    shown = {"0": Empty.ZERO, "null": Empty.NULL, "{}": Empty.EMPTY_MAP}
+    for kind in AggKind:
+        rows = [line for line in readme.splitlines() if re.search(rf"`{kind.value}\(", line) and line.count("|") > 4]
+        assert len(rows) == 1, f"README's aggregation table has {len(rows)} rows for {kind.value}"
+        empty = rows[0].split("|")[3].strip()
+        assert shown[empty] is kind.op.empty, f"README says {kind.value} of an empty window is {empty}"
+        assert f"`{kind.value}(" in semantics, f"docs/semantics.md does not define {kind.value}"
