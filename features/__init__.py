@@ -16,7 +16,18 @@ from typing import TYPE_CHECKING
 
 from features import compat
 from features.errors import ConfigError, DataError, DefinitionError, FeaturesError, SchemaError, ValidationFailed
-from features.spec import Entity, EventSource, Feature, FeatureGroup, Hop, KafkaTopic, Lifetime, Tumble, agg
+from features.spec import (
+    Entity,
+    EventSource,
+    Feature,
+    FeatureGroup,
+    Hop,
+    KafkaTopic,
+    Lifetime,
+    Session,
+    Tumble,
+    agg,
+)
 
 compat.install()  # module paths of earlier versions still import (features.compat)
 
@@ -39,6 +50,7 @@ __all__ = [
     "KafkaTopic",
     "Lifetime",
     "SchemaError",
+    "Session",
     "Tumble",
     "ValidationFailed",
     "agg",

@@ -5,7 +5,9 @@ Written straight from the definition, slow and obvious, with no Spark and no `fe
     value(k, t) = AGG over rows r with key k, where(r) true, event_ts(r) in [E - size, E)
     E = floor(t / every) * every        (integer microseconds since the epoch, UTC)
 
-Lifetime windows read (-inf, E). Nulls (None, NaN, NaT) in the value column are ignored; count() counts
+Lifetime windows read (-inf, E). A Session window reads the key's session open at E: its rows before E (after
+`where`) in time order, split wherever two consecutive ones are `gap` or more apart; the last run, if its last
+row is less than `gap` before E. Nulls (None, NaN, NaT) in the value column are ignored; count() counts
 rows. (A float NaN is a null here, as it is once pandas writes it to Parquet or Spark reads it from pandas.)
 An empty window gives 0 for count, sum and the distinct counts, {} for histogram and top_frequent, and None for
 everything else.
@@ -355,7 +357,21 @@ def _window_rows(prepared: _FeatureRows, key: object, t: pd.Timestamp | str) -> 
         return pd.DataFrame(columns=["_ts_us"])
     lo, hi = window_bounds_us(prepared.feature, t)
     inside = [(lo is None or lo <= ts) and ts < hi for ts in rows["_ts_us"]]
+    if prepared.feature.window.gap_s is not None:
+        return _open_session(rows[inside], hi, prepared.feature.window.gap_s * MICROS)
     return rows[inside]
+
+
+def _open_session(rows: pd.DataFrame, end: int, gap: int) -> pd.DataFrame:
+    """The rows (all before `end`) of the session open at `end`: the last run of rows in time order whose
+    consecutive times are less than `gap` apart, if its last time is less than `gap` before `end`; else none."""
+    times = sorted(rows["_ts_us"])
+    if not times or end - times[-1] >= gap:
+        return rows.iloc[:0]
+    first = len(times) - 1
+    while first > 0 and times[first] - times[first - 1] < gap:
+        first -= 1
+    return rows[[ts >= times[first] for ts in rows["_ts_us"]]]
 
 
 def _pairs(rows: pd.DataFrame, column: str) -> list[tuple[int, object]]:
@@ -370,6 +386,11 @@ def _aggregate(prepared: _FeatureRows, rows: pd.DataFrame) -> object:
     kind = aggregation.kind
     if kind is AggKind.COUNT:
         return len(rows)
+    if kind in (AggKind.SESSION_START, AggKind.SESSION_DURATION):
+        if len(rows) == 0:
+            return None
+        first, last = min(rows["_ts_us"]), max(rows["_ts_us"])
+        return (last - first) / MICROS if kind is AggKind.SESSION_DURATION else pd.Timestamp(first, unit="us", tz="UTC")
     assert aggregation.column is not None
     pairs = _pairs(rows, aggregation.column)
     values = [v for _, v in pairs]

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from reference import percentile_ok, reference_frame, to_micros
 
-from features import Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, Tumble, agg
+from features import Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, Session, Tumble, agg
 from features.engine.batch import change_points
 from features.spec import WINDOW_END, AggKind
 from features.spec.aggregations import Empty
@@ -116,6 +116,41 @@ GROUP_NEWER = FeatureGroup(
         Feature("status_top1", agg.top_frequent("status", 1), window=LIFETIME),
         Feature("merchants_max5", agg.bounded_count_distinct("merchant_id", 5), window=AGGS_WINDOW),
         Feature("statuses_max2", agg.bounded_count_distinct("status", 2), window=LIFETIME, where="ok"),
+    ],
+)
+
+SHORT, LONG = Session("10m", every="5m"), Session("30m", every="10m")
+# Sessions: every aggregation over them, two gaps, a `where` (its own sessions), beside a hop.
+GROUP_SESSIONS = FeatureGroup(
+    "sessions",
+    USER,
+    SOURCE,
+    [
+        Feature("n", agg.count(), window=SHORT),
+        Feature("n_long", agg.count(), window=LONG),
+        Feature("n_failed", agg.count(), window=SHORT, where="status = 'FAILED'"),
+        Feature("duration", agg.session_duration(), window=SHORT),
+        Feature("started", agg.session_start(), window=LONG),
+        Feature("failed_duration", agg.session_duration(), window=LONG, where="status = 'FAILED'"),
+        Feature("qty_sum", agg.sum("qty"), window=SHORT),
+        Feature("amount_sum", agg.sum("amount"), window=LONG),
+        Feature("amount_avg", agg.avg("amount"), window=SHORT),
+        Feature("amount_min", agg.min("amount"), window=LONG),
+        Feature("status_max", agg.max("status"), window=SHORT),
+        Feature("amount_sd", agg.stddev("amount"), window=LONG),
+        Feature("amount_skew", agg.skew("amount"), window=LONG),
+        Feature("status_first", agg.first("status"), window=SHORT),
+        Feature("amount_last", agg.last("amount"), window=LONG),
+        Feature("amount_last2", agg.last_k("amount", 2), window=SHORT),
+        Feature("status_first2", agg.first_k("status", 2), window=LONG),
+        Feature("qty_top2", agg.top_k("qty", 2), window=LONG),
+        Feature("merchants", agg.count_distinct("merchant_id"), window=LONG),
+        Feature("merchants_approx", agg.approx_count_distinct("merchant_id"), window=SHORT),
+        Feature("merchants_max3", agg.bounded_count_distinct("merchant_id", 3), window=LONG),
+        Feature("status_hist", agg.histogram("status"), window=SHORT),
+        Feature("status_top1", agg.top_frequent("status", 1), window=LONG),
+        Feature("amount_p50", agg.approx_percentile("amount", 0.5), window=LONG),
+        Feature("n_1h", agg.count(), window=Hop("1h", every="5m")),
     ],
 )
 
@@ -239,6 +274,8 @@ def make_events(seed: int = 7) -> pd.DataFrame:
         _rows(rng, "u_null", _random_times(rng, 40, BASE + 4 * H, 20 * H), all_null=True),  # all-null windows
         _rows(rng, "u_sparse", [BASE + 70 * M, BASE + 95 * M, BASE + 95 * M + US]),  # then expires everywhere
         _rows(rng, "u_late", _random_times(rng, 25, BASE + 20 * H, 10 * H)),  # nothing before the mid start
+        # Sessions split exactly at their gaps (10m, 30m) and one microsecond inside them.
+        _rows(rng, "u_gap", [BASE + 2 * H + d for d in (0 * M, 10 * M, 20 * M - US, 50 * M - US, 80 * M - US, 81 * M)]),
     ]
     events = pd.concat(parts, ignore_index=True)
     events.loc[rng.choice(events.index[events["user_id"] == "u1"], 3, replace=False), "merchant_id"] = 99
@@ -383,6 +420,10 @@ def compare_value(feature: Feature, found: bool, got: Any, want: Any) -> str | N
     elif not isinstance(got, dict) and _is_null(got):
         got = None
     got, want = _native(got), _native(want)
+    if isinstance(want, pd.Timestamp) and isinstance(got, int):  # session_start from the kernel: µs
+        got = pd.Timestamp(got, unit="us", tz="UTC")
+    if isinstance(want, pd.Timestamp) and isinstance(got, pd.Timestamp) and got.tzinfo is None:
+        got = got.tz_localize("UTC")  # Spark's toPandas gives UTC times without their zone
     if want is None:
         return None if got is None else f"got {got!r}, want null"
     if got is None:
@@ -468,6 +509,16 @@ def test_list_map_and_moment_aggregations_match_reference(computed, range_name: 
         assert looked_up["merchants_max5"].max() == 5 and looked_up["statuses_max2"].max() == 2
         assert looked_up["status_hist"].map(len).max() == 3 and (looked_up["status_hist"].map(len) == 0).any()
         assert looked_up["amount_top3"].map(lambda v: v is not None and len(v) == 3).any()
+
+
+@pytest.mark.parametrize("range_name", ["full", "odd"])
+def test_every_aggregation_over_sessions_matches_reference(computed, range_name: str) -> None:
+    rows = computed(GROUP_SESSIONS, range_name)
+    start, end = RANGES[range_name]
+    looked_up = check_against_reference(EVENTS, GROUP_SESSIONS, rows, start, end, all_keys(GROUP_SESSIONS), seed=6)
+    open_ = looked_up["started"].notna()
+    assert open_.any() and (~open_ & looked_up["_found"]).any()  # open and closed sessions were looked up
+    assert looked_up["duration"].max() > 600  # sessions that outlast their gap
 
 
 @pytest.mark.parametrize("range_name", ["full", "odd"])

@@ -15,6 +15,7 @@ from test_batch_reference import (
     GROUP_COMPOSITE,
     GROUP_MIXED,
     GROUP_NEWER,
+    GROUP_SESSIONS,
     H,
     compare_value,
     make_events,
@@ -125,7 +126,9 @@ def check_rows_sample(
             assert problem is None, f"{feat.name} {key} at {end}: {problem}"
 
 
-@pytest.mark.parametrize("group", [GROUP_AGGS, GROUP_MIXED, GROUP_COMPOSITE, GROUP_NEWER], ids=lambda g: g.name)
+@pytest.mark.parametrize(
+    "group", [GROUP_AGGS, GROUP_MIXED, GROUP_COMPOSITE, GROUP_NEWER, GROUP_SESSIONS], ids=lambda g: g.name
+)
 def test_stream_steps_match_the_reference(group: FeatureGroup) -> None:
     rows, late, _ = run_stream(group, EVENTS, batches=7, lateness=H, seed=1)
     assert late.empty  # every event arrived within the watermark

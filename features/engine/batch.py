@@ -38,6 +38,7 @@ ARROW_TYPES = {
     DType.STRING_LIST: pa.list_(pa.string()),
     DType.BOOL_LIST: pa.list_(pa.bool_()),
     DType.COUNT_MAP: pa.map_(pa.string(), pa.int64()),
+    DType.TIMESTAMP: pa.timestamp("us", tz="UTC"),
 }
 
 

@@ -21,6 +21,7 @@ SPARK_TYPES = {
     DType.STRING_LIST: "array<string>",
     DType.BOOL_LIST: "array<boolean>",
     DType.COUNT_MAP: "map<string,bigint>",
+    DType.TIMESTAMP: "timestamp",
 }
 
 

@@ -422,6 +422,18 @@ class CountDistinct(Kind):
         """The feature's value from the number of distinct values at each window end."""
         return counts
 
+    def window(self, calc, cols, starts, ends, key_of_row):
+        """Over ranges of rows that may overlap (sessions): the distinct values gathered range by range. Hop and
+        Lifetime windows, which overlap from one end to the next, are read by `coverage` instead."""
+        lists = large_lists(cols["vals"])
+        offsets = lists.offsets.to_numpy()
+        which, row = range_groups(starts, ends)
+        of_item, item = range_groups(offsets[row], offsets[row + 1])
+        values = pd.factorize(pc.list_flatten(lists).to_numpy(zero_copy_only=False))[0]
+        width = int(values.max(initial=0)) + 1
+        pairs = pd.unique(which[of_item].astype(np.int64) * width + values[item])
+        return self.counted(calc, np.bincount(pairs // width, minlength=len(starts)).astype(np.int64))
+
     def finalize(self, calc, cols):
         raise NotImplementedError("count_distinct is evaluated by `coverage`, never from a merged partial")
 

@@ -16,6 +16,7 @@ from features.kernel.aggregations import (
 )
 from features.kernel.moments import Moments
 from features.kernel.ranked import Counts, TimeK, ValueK
+from features.kernel.sessions import SessionBounds
 from features.spec import AggKind
 
 KINDS: dict[AggKind, Kind] = {
@@ -40,4 +41,6 @@ KINDS: dict[AggKind, Kind] = {
     AggKind.BOUNDED_COUNT_DISTINCT: BoundedDistinct(),
     AggKind.HISTOGRAM: Counts(top=False),
     AggKind.TOP_FREQUENT: Counts(top=True),
+    AggKind.SESSION_DURATION: SessionBounds(duration=True),
+    AggKind.SESSION_START: SessionBounds(duration=False),
 }

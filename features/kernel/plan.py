@@ -26,10 +26,16 @@ class Calc:
     value: str | None  # input column (already cast by Spark where the batch engine casts)
     value_type: DType | None
     output_type: DType
-    size_us: int | None  # None: Lifetime
+    size_us: int | None  # None: Lifetime or Session
     every_us: int
     k: int = 1
     quantile: float = 0.5
+    gap_us: int | None = None  # a Session's gap
+
+    @property
+    def bounded(self) -> bool:
+        """Reads a bounded stretch of panes (a Hop or a Session), not everything since the beginning."""
+        return self.size_us is not None or self.gap_us is not None
 
     def col(self, part: str) -> str:
         return f"{self.name}.{part}"
@@ -66,6 +72,7 @@ class Plan:
                     every_us=feat.window.every_s * MICROS,
                     k=agg.k or 1,
                     quantile=agg.quantile if agg.quantile is not None else 0.5,
+                    gap_us=None if feat.window.gap_s is None else feat.window.gap_s * MICROS,
                 )
             )
         return cls(tuple(group.join_keys), tuple(conds), tuple(calcs), pane_length_us(f.window for f in group.features))

@@ -22,6 +22,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from features.kernel import sessions
 from features.kernel.aggregations import CountDistinct, bincount, ranges_add
 from features.kernel.kinds import KINDS
 from features.kernel.plan import BASE, KEY, PANE, TS, Calc, Plan
@@ -34,8 +35,13 @@ def pane_columns(plan: Plan) -> list[str]:
     """A pane table's columns."""
     cols = [*plan.keys, PANE, *(f"fx_n{i}" for i in range(len(plan.conditions)))]
     for calc in plan.calcs:
-        cols.extend(calc.col(p) for p in KINDS[calc.kind].parts)
+        cols.extend(calc.col(p) for p in parts_of(calc))
     return cols
+
+
+def parts_of(calc: Calc) -> tuple[str, ...]:
+    """A feature's partial columns: its aggregation's, and a session's bounds (features.kernel.sessions)."""
+    return KINDS[calc.kind].parts + (sessions.PARTS if calc.gap_us is not None else ())
 
 
 def phase1(plan: Plan, events: pd.DataFrame) -> pd.DataFrame:
@@ -67,6 +73,8 @@ def phase1_sorted(plan: Plan, events: pd.DataFrame) -> Sorted:
         out[f"fx_n{i}"] = bincount(codes[mask], groups).astype(np.int64)
     for calc in plan.calcs:
         parts = KINDS[calc.kind].phase1(calc, codes, groups, masks[calc.condition], events)
+        if calc.gap_us is not None:
+            parts.update(sessions.phase1_parts(calc, codes, groups, masks[calc.condition], events))
         out.update({calc.col(p): v for p, v in parts.items()})
     return Sorted(_frame({c: out[c] for c in pane_columns(plan)}), key_of_group, position, origin, span)
 
@@ -179,7 +187,7 @@ class Sorted:
         return np.searchsorted(self.position, key_code * self.span, side="left")
 
     def columns(self, calc: Calc) -> dict[str, Any]:
-        return {p: _values(self.table[calc.col(p)]) for p in KINDS[calc.kind].parts}
+        return {p: _values(self.table[calc.col(p)]) for p in parts_of(calc)}
 
 
 def _positions(plan: Plan, table: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, int, int]:
@@ -275,29 +283,36 @@ def _merged_partials(plan: Plan, s: Sorted, starts: np.ndarray, ends: np.ndarray
     for i in range(len(plan.conditions)):
         out[f"fx_n{i}"] = ranges_add(s.table[f"fx_n{i}"].to_numpy(dtype=np.int64), starts, ends)
     for calc in plan.calcs:
-        merged = KINDS[calc.kind].merge(calc, s.columns(calc), starts, ends, s.key_code, same_pane=True)
+        columns = s.columns(calc)
+        merged = KINDS[calc.kind].merge(calc, columns, starts, ends, s.key_code, same_pane=True)
+        if calc.gap_us is not None:
+            merged.update(sessions.merge_parts(columns, starts, ends))
         out.update({calc.col(p): v for p, v in merged.items()})
     return out
 
 
 def change_ends(
-    plan: Plan, table: pd.DataFrame, after_us: int | None, upto_us: int | None, clamp_us: int | None = None
+    plan: Plan, s: Sorted, after_us: int | None, upto_us: int | None, clamp_us: int | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """(row indexes, Es) for every window end in (after, upto] where some feature's value may change: where a
-    pane holding rows for it enters or leaves its window (features.kernel.panes).
+    pane holding rows for it enters or leaves its window (features.kernel.panes), or where a session closes.
 
     `clamp_us` (a backfill's range start): ends before it are moved to it, so that each key's first row of the
     range carries the value the range starts with, without a row for every earlier end."""
-    pane = table[PANE].to_numpy(dtype=np.int64)
+    pane = s.table[PANE].to_numpy(dtype=np.int64)
     rows, ends = [], []
-    for condition, every_us, size_us in dict.fromkeys((c.condition, c.every_us, c.size_us) for c in plan.calcs):
-        has = (table[f"fx_n{condition}"].to_numpy(dtype=np.int64) > 0) & (pane != BASE)
+    shapes = dict.fromkeys((c.condition, c.every_us, c.size_us, c.gap_us) for c in plan.calcs)
+    for condition, every_us, size_us, gap_us in shapes:
+        has = (s.table[f"fx_n{condition}"].to_numpy(dtype=np.int64) > 0) & (pane != BASE)
         idx = np.flatnonzero(has)
         coarse = pane[idx] - pane[idx] % every_us
-        moves = [coarse + every_us]
+        moves = [(idx, coarse + every_us)]
         if size_us is not None:
-            moves.append(coarse + size_us + every_us)
-        for e in moves:
+            moves.append((idx, coarse + size_us + every_us))
+        if gap_us is not None:
+            calc = next(c for c in plan.calcs if (c.condition, c.every_us, c.gap_us) == (condition, every_us, gap_us))
+            moves.append(_runs(s, calc).closes(s.key_code, every_us, gap_us))
+        for at, e in moves:
             if clamp_us is not None:
                 e = np.maximum(e, clamp_us)
             keep = np.ones(len(e), dtype=bool)
@@ -305,9 +320,18 @@ def change_ends(
                 keep &= e > after_us
             if upto_us is not None:
                 keep &= e <= upto_us
-            rows.append(idx[keep])
+            rows.append(at[keep])
             ends.append(e[keep])
     return np.concatenate(rows), np.concatenate(ends)
+
+
+def _runs(s: Sorted, calc: Calc) -> sessions.Runs:
+    """The sessions of `s` for a session feature's `where` and gap (shared by the features that have both)."""
+    memo = ("runs", calc.condition, calc.gap_us)
+    if memo not in s.memo:
+        columns = {p: _values(s.table[calc.col(p)]) for p in sessions.PARTS}
+        s.memo[memo] = sessions.Runs.of(columns, s.key_code, calc.gap_us)  # type: ignore[arg-type]
+    return s.memo[memo]
 
 
 def values_at(plan: Plan, s: Sorted, key_code: np.ndarray, ends: np.ndarray) -> dict[str, np.ndarray]:
@@ -327,7 +351,7 @@ def values_at(plan: Plan, s: Sorted, key_code: np.ndarray, ends: np.ndarray) -> 
 
     for calc in plan.calcs:
         kind = KINDS[calc.kind]
-        if isinstance(kind, CountDistinct):  # and approx_count_distinct
+        if isinstance(kind, CountDistinct) and calc.gap_us is None:  # and approx_count_distinct
             cover = s.memo.get(calc.name)
             if cover is None or not cover.asked[key_code].all():
                 asked = np.zeros(int(max(s.key_code.max(initial=0), key_code.max(initial=0))) + 1, dtype=bool)
@@ -339,7 +363,11 @@ def values_at(plan: Plan, s: Sorted, key_code: np.ndarray, ends: np.ndarray) -> 
             counts = cover.count(key_code, (ends - ends % calc.every_us - s.origin) // plan.pane_us + 1)
             out[calc.name] = kind.counted(calc, counts)
             continue
-        lo, hi = first_row(calc.every_us, calc.size_us), first_row(calc.every_us, 0)
+        hi = first_row(calc.every_us, 0)
+        if calc.gap_us is not None:
+            lo = _runs(s, calc).ranges(first_row(calc.every_us, None), hi, ends - ends % calc.every_us, calc.gap_us)
+        else:
+            lo = first_row(calc.every_us, calc.size_us)
         out[calc.name] = kind.window(calc, s.columns(calc), lo, hi, s.key_code)
     return out
 
@@ -356,7 +384,7 @@ def emit(
     and window end (see `change_ends` for `clamp_us`). `changes`: `change_ends` of the table from `after` on,
     when the caller has them."""
     s = table if isinstance(table, Sorted) else Sorted.of(plan, table)
-    row, end = change_ends(plan, s.table, after_us, upto_us, clamp_us) if changes is None else _upto(changes, upto_us)
+    row, end = change_ends(plan, s, after_us, upto_us, clamp_us) if changes is None else _upto(changes, upto_us)
     if len(row) == 0:
         return pd.DataFrame({c: [] for c in (*plan.keys, "window_end", *(c.name for c in plan.calcs))})
     key = s.key_code[row]
@@ -412,6 +440,7 @@ def prune(plan: Plan, table: pd.DataFrame, upto_us: int, align_us: int | None = 
     cut = min(
         (upto_us - upto_us % c.every_us) - (c.size_us if c.size_us is not None else c.every_us) for c in plan.calcs
     )
+    cut = min(cut, _session_cut(plan, table, upto_us))
     if align_us:
         cut -= cut % align_us
     pane = table[PANE].to_numpy(dtype=np.int64)
@@ -419,15 +448,15 @@ def prune(plan: Plan, table: pd.DataFrame, upto_us: int, align_us: int | None = 
     if not old.any():
         return table
     keep = table[~old]
-    if all(c.size_us is not None for c in plan.calcs):
+    if all(c.bounded for c in plan.calcs):
         return _renumbered(keep)
     folded = table[old].copy()
     folded[PANE] = BASE
     base = combine(plan, [folded])
     for i in range(len(plan.conditions)):  # the base row never makes a change point
         base[f"fx_n{i}"] = 0
-    for calc in plan.calcs:  # nor carries a Hop feature's data
-        if calc.size_us is not None:
+    for calc in plan.calcs:  # nor carries a Hop's or a Session's data
+        if calc.bounded:
             base = _clear(calc, base)
     return pd.concat([base, keep], ignore_index=True)
 
@@ -435,7 +464,27 @@ def prune(plan: Plan, table: pd.DataFrame, upto_us: int, align_us: int | None = 
 def _clear(calc: Calc, table: pd.DataFrame) -> pd.DataFrame:
     for part, values in KINDS[calc.kind].empty(calc, len(table)).items():
         table[calc.col(part)] = values
+    for part in sessions.PARTS if calc.gap_us is not None else ():
+        table[calc.col(part)] = np.zeros(len(table), dtype=np.int64)
     return table
+
+
+def _session_cut(plan: Plan, table: pd.DataFrame, upto_us: int) -> int:
+    """The earliest pane a session feature still reads after `upto`: the start of the earliest session that may
+    still be open then (one that a later event can extend), else one gap and one `every` back."""
+    cut = np.iinfo(np.int64).max
+    calcs = [c for c in plan.calcs if c.gap_us is not None]
+    if not calcs:
+        return cut
+    s = Sorted.of(plan, table)
+    pane = s.table[PANE].to_numpy(dtype=np.int64)
+    for calc in calcs:
+        gap = calc.gap_us
+        cut = min(cut, upto_us - upto_us % calc.every_us - gap - calc.every_us)  # type: ignore[operator]
+        live = _runs(s, calc).live_from(upto_us - upto_us % calc.every_us - calc.every_us, gap)  # type: ignore[arg-type]
+        if live is not None:
+            cut = min(cut, int(pane[live]))
+    return cut
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -524,7 +573,7 @@ def step(
     merged = combine_sorted(plan, [*tables, phase1(plan, fresh)])
     # Every end after `after` where a value may change, found once for the rows, the eager values and the timer
     # (the panes `prune` drops make no change after `upto`).
-    row, end = change_ends(plan, merged.table, after, None)
+    row, end = change_ends(plan, merged, after, None)
     if eager_at is not None and plan.keys == (KEY,):
         # The keys whose values the rows and the eager values read (key codes here: the stream's), so that what
         # they share is built once (`values_at`).

@@ -3,7 +3,7 @@
 from features.spec.aggregations import AggKind, Aggregation, agg
 from features.spec.definitions import WINDOW_END, Entity, EventSource, Feature, FeatureGroup, KafkaTopic
 from features.spec.types import DType
-from features.spec.windows import Hop, Lifetime, Tumble, Window
+from features.spec.windows import Hop, Lifetime, Session, Tumble, Window
 
 __all__ = [
     "WINDOW_END",
@@ -17,6 +17,7 @@ __all__ = [
     "Hop",
     "KafkaTopic",
     "Lifetime",
+    "Session",
     "Tumble",
     "Window",
     "agg",

@@ -39,6 +39,8 @@ class AggKind(Enum):
     BOUNDED_COUNT_DISTINCT = "bounded_count_distinct"
     HISTOGRAM = "histogram"
     TOP_FREQUENT = "top_frequent"
+    SESSION_DURATION = "session_duration"
+    SESSION_START = "session_start"
 
     @property
     def op(self) -> Operation:
@@ -107,6 +109,10 @@ def _counts(_: DType | None) -> DType:
     return DType.COUNT_MAP
 
 
+def _timestamp(_: DType | None) -> DType:
+    return DType.TIMESTAMP
+
+
 @dataclass(frozen=True)
 class Operation:
     """Everything about one aggregation kind that does not depend on an engine."""
@@ -126,6 +132,7 @@ class Operation:
     sql: str = ""
     cost: str = "O(1) per pane"  # what a pane keeps (the README's table)
     exact: bool = True
+    session_only: bool = False  # describes the session itself: only over a Session window
 
 
 OPERATIONS: dict[AggKind, Operation] = {
@@ -288,6 +295,21 @@ OPERATIONS: dict[AggKind, Operation] = {
         expect=(Expect.NOT_NULL,),
         cost="each distinct value and its count",
     ),
+    AggKind.SESSION_DURATION: Operation(
+        "seconds from the open session's first event to its last; null when none is open",
+        _float,
+        column=False,
+        expect=(Expect.FINITE, Expect.NON_NEGATIVE),
+        cost="its first and last event time",
+        session_only=True,
+    ),
+    AggKind.SESSION_START: Operation(
+        "the open session's first event time; null when none is open",
+        _timestamp,
+        column=False,
+        cost="its first event time",
+        session_only=True,
+    ),
 }
 
 
@@ -314,7 +336,7 @@ class Aggregation:
             if self.column is not None:
                 raise DefinitionError(
                     f"{name}.column",
-                    f"{self.kind.value}() counts rows and takes no column",
+                    f"{self.kind.value}() reads the rows' times, not a column",
                     f"write agg.{self.kind.value}() and filter rows with Feature(where=...)",
                 )
             return
@@ -456,6 +478,16 @@ class agg:  # noqa: N801 - used as a namespace: agg.count(), agg.sum("amount")
         """The `q` quantile (the value of rank ceil(q n)), estimated within 1% relative from counts per
         logarithmic bucket (a DDSketch-style mergeable sketch)."""
         return Aggregation(AggKind.APPROX_PERCENTILE, column, quantile=q)
+
+    @staticmethod
+    def session_duration() -> Aggregation:
+        """Over a `Session` window: seconds from the open session's first event to its last (null if none)."""
+        return Aggregation(AggKind.SESSION_DURATION)
+
+    @staticmethod
+    def session_start() -> Aggregation:
+        """Over a `Session` window: the open session's first event time (null if none is open)."""
+        return Aggregation(AggKind.SESSION_START)
 
     @staticmethod
     def histogram(column: str) -> Aggregation:

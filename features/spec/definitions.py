@@ -347,7 +347,13 @@ class Feature:
             raise DefinitionError(
                 f"Feature({self.name!r}).window",
                 f"expected a window, got {type(self.window).__name__}",
-                'use Hop("24h", every="5m"), Tumble("1h") or Lifetime(every="1h")',
+                'use Hop("24h", every="5m"), Tumble("1h"), Lifetime(every="1h") or Session("30m", every="1m")',
+            )
+        if self.aggregation.kind.op.session_only and not self.window.is_session:
+            raise DefinitionError(
+                f"Feature({self.name!r}).window",
+                f"{self.aggregation.kind.value}() describes a session, and {self.window.describe()} has none",
+                'aggregate over a session window, e.g. window=Session("30m", every="1m")',
             )
         if self.where is not None and (not isinstance(self.where, str) or not self.where.strip()):
             raise DefinitionError(

@@ -15,13 +15,16 @@ from features.spec.definitions import Feature, FeatureGroup
 
 def describe_feature(feature: Feature) -> dict[str, Any]:
     agg = feature.aggregation
+    window: dict[str, Any] = {"size_s": feature.window.size_s, "every_s": feature.window.every_s}
+    if feature.window.gap_s is not None:  # only sessions have one: other windows keep the hashes they had
+        window["gap_s"] = feature.window.gap_s
     return {
         "name": feature.name,
         "aggregation": agg.kind.value,
         "column": agg.column,
         "quantile": agg.quantile,
         "k": agg.k,
-        "window": {"size_s": feature.window.size_s, "every_s": feature.window.every_s},
+        "window": window,
         "where": feature.where,
     }
 

@@ -1,4 +1,5 @@
-"""Window definitions: `Hop`, `Tumble` and `Lifetime` (inert; arithmetic lives in `features.kernel.panes`)."""
+"""Window definitions: `Hop`, `Tumble`, `Lifetime` and `Session` (inert; arithmetic lives in
+`features.kernel.panes`)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,20 @@ from features.spec.durations import Duration, format_duration, parse_duration
 
 @dataclass(frozen=True, init=False)
 class Window:
-    """A window ending at every multiple of `every`; `size` is None for Lifetime (unbounded)."""
+    """A window ending at every multiple of `every`; `size` is None for Lifetime and Session (unbounded), `gap`
+    set only for Session."""
 
     size_s: int | None
     every_s: int
+    gap_s: int | None = None
 
     @property
     def is_lifetime(self) -> bool:
-        return self.size_s is None
+        return self.size_s is None and self.gap_s is None
+
+    @property
+    def is_session(self) -> bool:
+        return self.gap_s is not None
 
     @property
     def panes(self) -> int | None:
@@ -25,6 +32,8 @@ class Window:
         return None if self.size_s is None else self.size_s // self.every_s
 
     def describe(self) -> str:
+        if self.gap_s is not None:
+            return f"Session({format_duration(self.gap_s)!r}, every={format_duration(self.every_s)!r})"
         if self.size_s is None:
             return f"Lifetime(every={format_duration(self.every_s)!r})"
         return f"Hop({format_duration(self.size_s)!r}, every={format_duration(self.every_s)!r})"
@@ -70,6 +79,34 @@ class Lifetime(Window):
     def __init__(self, every: Duration) -> None:
         object.__setattr__(self, "size_s", None)
         object.__setattr__(self, "every_s", parse_duration(every, "Lifetime.every"))
+
+    def __repr__(self) -> str:
+        return self.describe()
+
+
+@dataclass(frozen=True, init=False)
+class Session(Window):
+    """The key's current session: its events (after `where`) split wherever two consecutive ones are `gap` or
+    more apart; the value at each multiple of `every` aggregates the last run if it is still open there (its
+    last event less than `gap` before), else the empty value (docs/semantics.md, Sessions)."""
+
+    size_s: None = field()
+    every_s: int = field()
+    gap_s: int = field()
+
+    def __init__(self, gap: Duration, every: Duration = "1m") -> None:
+        gap_s = parse_duration(gap, "Session.gap")
+        every_s = parse_duration(every, "Session.every")
+        if gap_s % every_s:
+            raise DefinitionError(
+                "Session.gap",
+                f"{format_duration(gap_s)} is not a whole multiple of every={format_duration(every_s)}",
+                f'choose a gap that is a multiple of {format_duration(every_s)}, e.g. Session("'
+                f'{format_duration(every_s * max(1, gap_s // every_s))}", every="{format_duration(every_s)}")',
+            )
+        object.__setattr__(self, "size_s", None)
+        object.__setattr__(self, "every_s", every_s)
+        object.__setattr__(self, "gap_s", gap_s)
 
     def __repr__(self) -> str:
         return self.describe()
