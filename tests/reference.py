@@ -390,7 +390,9 @@ def _aggregate(prepared: _FeatureRows, rows: pd.DataFrame) -> object:
         if len(rows) == 0:
             return None
         first, last = min(rows["_ts_us"]), max(rows["_ts_us"])
-        return (last - first) / MICROS if kind is AggKind.SESSION_DURATION else pd.Timestamp(first, unit="us", tz="UTC")
+        if kind is AggKind.SESSION_DURATION:
+            return (last - first) / MICROS
+        return pd.Timestamp(first - first % MICROS, unit="us", tz="UTC")  # to the whole second, as Feast keeps it
     assert aggregation.column is not None
     pairs = _pairs(rows, aggregation.column)
     values = [v for _, v in pairs]

@@ -3,8 +3,9 @@
 For each label row (keys, t) and each requested group, the group's change point with the latest
 `window_end <= t` for those keys: the very row Feast's `get_historical_features` picks (Feast 0.67 joins on
 equal keys and `window_end <= t`, the equality included, then keeps the latest `window_end` per entity row; the
-FeatureViews' ttl is 0, so there is no lower bound). A key without such a row reads as empty windows, filled
-as the pandas path fills them (`features.stores.feature_refs.empty_value`). Null keys match nothing, in Feast as here.
+FeatureViews' ttl is 0, so there is no lower bound). A key without such a row reads as empty windows (0, {} or
+null), filled as the pandas path fills them (`features.stores.feature_refs.empty_value`). Null keys match nothing,
+in Feast as here.
 Two change points of one key never share a `window_end` (the offline table guarantees it), so there are no
 ties to break.
 
@@ -41,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql.types import DateType, StringType, TimestampNTZType, TimestampType
 
+from features.engine.inputs import SPARK_TYPES
 from features.engine.session import apply_required_conf, is_connect
 from features.errors import ConfigError
 from features.spec import WINDOW_END, DType
@@ -354,5 +356,7 @@ def _filled(value: Column, ref: FeatureRef, group: _Group, fn: Any) -> Column:
     empty = empty_value(column)
     if empty is None:
         return value.alias(column.name)
+    if isinstance(empty, dict):  # an empty map, of the column's own type (a literal {} has no key and value types)
+        return fn.coalesce(value, fn.create_map().cast(SPARK_TYPES[column.dtype])).alias(column.name)
     typed = "bigint" if column.dtype is DType.INT64 else "double"
     return fn.coalesce(value, fn.lit(empty)).cast(typed).alias(column.name)

@@ -92,7 +92,8 @@ class Runs:
 
 
 class SessionBounds(Kind):
-    """session_start / session_duration: read from the session parts every session feature has."""
+    """session_start (the first event's time, to the whole second) / session_duration (seconds from the first
+    event to the last): read from the session parts every session feature has."""
 
     parts = ()
 
@@ -110,7 +111,8 @@ class SessionBounds(Kind):
         present = bounds["sn"] > 0
         if self.duration:
             return nullable((bounds["s1"] - bounds["s0"]) / 1e6, present)
-        return nullable(bounds["s0"], present)
+        # whole seconds: Feast's online store keeps times to the second, and every store holds the same value
+        return nullable(bounds["s0"] - bounds["s0"] % 1_000_000, present)
 
     def finalize(self, calc, cols):
         raise NotImplementedError("a session's bounds are read over its rows by `window`")

@@ -7,8 +7,9 @@
 Given rows of entity keys (and any request-time columns the model reads, `input_columns`), `predict` reads
 each key's current values from the online store (FeatureStore.get_online_features, through
 features.stores.serving), gives keys without an online row the empty-window values (0 for counts, sums and
-approx_count_distinct, null otherwise: features.stores.feature_refs.fill_empty, the same as in training sets), and
-returns the wrapped model's probability of the positive class, one per row, as a Series named `probability`.
+distinct counts, {} for maps, null otherwise: features.stores.feature_refs.fill_empty, the same as in training
+sets), and returns the wrapped model's probability of the positive class, one per row, as a Series named
+`probability`.
 
 The wrapped model is anything with `predict_proba` (scikit-learn style) fitted on the columns
 `input_columns + feature columns` of a training set.
@@ -57,6 +58,7 @@ from features.cache import user_cache
 from features.errors import ConfigError
 from features.repo import ONLINE_STORE_TYPES
 from features.spec import DType
+from features.spec.aggregations import Empty
 from features.stores.feature_refs import FeatureColumn, fill_empty, join_keys, resolve_features
 
 if TYPE_CHECKING:
@@ -107,7 +109,8 @@ class FeatureModel(mlflow.pyfunc.PythonModel):
         repo: str,
     ) -> None:
         self.model = model
-        self.features = [dict(f) for f in features]  # {"ref", "group", "feature", "column", "dtype", "empty_is_zero"}
+        # {"ref", "group", "feature", "column", "dtype", "empty"}; models logged before maps have "empty_is_zero"
+        self.features = [dict(f) for f in features]
         self.input_columns = list(input_columns)
         self.keys = list(keys)
         self.repo = repo
@@ -190,7 +193,9 @@ class FeatureModel(mlflow.pyfunc.PythonModel):
 
 
 def _column(spec: dict[str, Any]) -> FeatureColumn:
-    return FeatureColumn(spec["column"], DType(spec["dtype"]), bool(spec["empty_is_zero"]))
+    if "empty" not in spec:  # a model logged by an earlier version: a bool, from when an empty window gave 0 or null
+        return FeatureColumn(spec["column"], DType(spec["dtype"]), Empty.ZERO if spec["empty_is_zero"] else Empty.NULL)
+    return FeatureColumn(spec["column"], DType(spec["dtype"]), Empty[spec["empty"]])
 
 
 def feature_model(
@@ -214,7 +219,7 @@ def feature_model(
             "feature": r.feature.name,
             "column": r.column(full_feature_names),
             "dtype": r.dtype.value,
-            "empty_is_zero": r.feature.aggregation.kind.empty_is_zero,
+            "empty": r.feature.aggregation.kind.op.empty.name,
         }
         for r in refs
     ]

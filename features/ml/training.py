@@ -19,6 +19,7 @@ and its lineage (features.ml.lineage) records the versions it read.
 
 from __future__ import annotations
 
+import json
 import warnings
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
@@ -31,7 +32,7 @@ import pandas as pd
 from features.errors import ConfigError
 from features.ml.lineage import lineage_from, lineage_of
 from features.repo import Repo
-from features.spec import FeatureGroup
+from features.spec import DType, FeatureGroup
 from features.stores.feature_refs import ROW_ID, FeatureRef, fill_empty, join_keys, offline_dates, resolve_features
 
 if TYPE_CHECKING:
@@ -218,7 +219,8 @@ def training_set(
         tracking.log_training_lineage(lineage)
     if not spark:
         return out
-    return _to_spark(out, _given(spark))
+    maps = [r.column(full_feature_names) for r in refs if r.dtype is DType.COUNT_MAP]
+    return _to_spark(out, _given(spark), maps)
 
 
 def _given(spark: bool | SparkSession | None) -> SparkSession | None:
@@ -353,7 +355,9 @@ def _utc(values: pd.Series, column: str) -> pd.Series:
     return times.astype("datetime64[us, UTC]")
 
 
-def _to_spark(frame: pd.DataFrame, session: SparkSession | None) -> SparkDataFrame:
+def _to_spark(frame: pd.DataFrame, session: SparkSession | None, maps: Sequence[str] = ()) -> SparkDataFrame:
+    """The frame in Spark; `maps`: its COUNT_MAP columns (dicts), which keep their map type."""
+    from features.engine.inputs import SPARK_TYPES
     from features.engine.session import get_spark
 
     spark = session or get_spark()
@@ -363,4 +367,14 @@ def _to_spark(frame: pd.DataFrame, session: SparkSession | None) -> SparkDataFra
             converted[column].dtype, pd.DatetimeTZDtype
         ):
             converted[column] = converted[column].astype(object).where(converted[column].notna(), None)
-    return spark.createDataFrame(converted)
+    if not maps:
+        return spark.createDataFrame(converted)
+    # Spark infers a struct (one field per key) from a column of dicts: the maps cross as JSON text and are parsed
+    # back with their type. SQL expressions, not pyspark.sql.functions: the session may be classic or Connect.
+    for column in maps:
+        converted[column] = [None if v is None else json.dumps(v) for v in converted[column]]
+    typed = SPARK_TYPES[DType.COUNT_MAP]
+    quoted = {c: "`" + str(c).replace("`", "``") + "`" for c in converted.columns}
+    return spark.createDataFrame(converted).selectExpr(
+        *[f"from_json({quoted[c]}, '{typed}') AS {quoted[c]}" if c in maps else quoted[c] for c in converted.columns]
+    )

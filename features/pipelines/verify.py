@@ -15,7 +15,7 @@ Per feature: match, mismatch, missing (a value the store lacks) and extra (a val
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +24,7 @@ import pandas as pd
 
 from features.errors import ConfigError
 from features.spec import WINDOW_END, FeatureGroup
+from features.stores.feature_refs import as_dict
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -87,8 +88,11 @@ class GroupReport:
 
 
 def same(a: Any, b: Any) -> bool:
-    """Equal feature values: nulls alike, lists item by item, floats within 1e-9 relative (a float sum's last
-    bits depend on the order a stream added a pane's micro-batches)."""
+    """Equal feature values: nulls alike, lists item by item, maps key by key (as dicts or (key, value) pairs),
+    floats within 1e-9 relative (a float sum's last bits depend on the order a stream added a pane's
+    micro-batches)."""
+    if isinstance(a, Mapping) or isinstance(b, Mapping):
+        return _null(a) == _null(b) if _null(a) or _null(b) else as_dict(a) == as_dict(b)
     if isinstance(a, list | np.ndarray) or isinstance(b, list | np.ndarray):
         return _null(a) == _null(b) if _null(a) or _null(b) else [*a] == [*b]
     if _null(a) or _null(b):
@@ -105,8 +109,8 @@ def _null(value: Any) -> bool:
 
 
 def _empty_value(group: FeatureGroup, feature: str) -> Any:
-    """What a window with no rows gives (a lookup before a key's first change point)."""
-    return 0 if group.feature(feature).aggregation.kind.empty_is_zero else None
+    """What a window with no rows gives (a lookup before a key's first change point): 0, {} or None."""
+    return group.feature(feature).aggregation.empty_value
 
 
 class Series:

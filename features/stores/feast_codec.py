@@ -449,6 +449,7 @@ def proto_converter(dtype: DType, what: str, nullable: bool = True) -> Callable[
         DType.FLOAT64: ("double_val", float),
         DType.STRING: ("string_val", str),
         DType.BOOL: ("bool_val", bool),
+        DType.TIMESTAMP: ("unix_timestamp_val", _epoch_seconds),
     }
     lists: dict[DType, tuple[str, Any, Callable[[Any], Any]]] = {
         DType.INT64_LIST: ("int64_list_val", Int64List, int),
@@ -470,6 +471,9 @@ def proto_converter(dtype: DType, what: str, nullable: bool = True) -> Callable[
 
         return scalar
 
+    if dtype is DType.COUNT_MAP:
+        return _map_converter(what, null)
+
     field, list_type, cast = lists[dtype]
 
     def sequence(value: Any) -> ValueProto:
@@ -481,3 +485,57 @@ def proto_converter(dtype: DType, what: str, nullable: bool = True) -> Callable[
         return ValueProto(**{field: list_type(val=[cast(item) for item in items])})
 
     return sequence
+
+
+def _epoch_seconds(value: Any) -> int:
+    """A time as Feast's `unix_timestamp_val`: whole seconds since the epoch (a time without a zone is UTC)."""
+    ts = pd.Timestamp(value)
+    return (ts if ts.tzinfo is None else ts.tz_convert("UTC").tz_localize(None)).value // 1_000_000_000
+
+
+def _map_converter(what: str, null: Callable[[Any], ValueProto]) -> Callable[[Any], ValueProto]:
+    """value -> ValueProto(map_val=...) for a COUNT_MAP: Feast's Map of string -> Value, each count an int64 Value
+    (Feast reads it back as a dict of ints). A value may be a dict, or the (key, count) pairs pyarrow's `to_pandas`
+    and Spark's Arrow batches give for a map column; null (None, NaN) is a missing value, {} an empty window."""
+    from feast.protos.feast.types.Value_pb2 import Map
+    from feast.protos.feast.types.Value_pb2 import Value as ValueProto
+
+    def mapping(value: Any) -> ValueProto:
+        pairs = map_items(value, what)
+        if pairs is None:
+            return null(value)
+        entries = {}
+        for key, count in pairs:
+            # Spark maps may hold null values; Feast's empty Value reads back as None, as for a null scalar.
+            entries[str(key)] = ValueProto() if _is_null(count) else ValueProto(int64_val=_count(count, what))
+        return ValueProto(map_val=Map(val=entries))
+
+    return mapping
+
+
+def map_items(value: Any, what: str = "map value") -> list[tuple[Any, Any]] | None:
+    """A map value's (key, value) pairs, whether it comes as a dict or as pairs (pyarrow's and Spark's form of a
+    map column in pandas); None for a null."""
+    if isinstance(value, Mapping):
+        return list(value.items())
+    if isinstance(value, list | tuple | np.ndarray):
+        pairs = list(value)  # an array of pairs may be 2-D (n, 2): its rows are the pairs
+        if not all(isinstance(p, tuple | list | np.ndarray) and len(p) == 2 for p in pairs):
+            raise DataError(f"{what}: expected a dict or (key, value) pairs for a map, got {_sample(value)}")
+        return [(p[0], p[1]) for p in pairs]
+    if _is_null(value):
+        return None
+    raise DataError(f"{what}: expected a dict or (key, value) pairs for a map, got {_sample(value)}")
+
+
+def _count(value: Any, what: str) -> int:
+    integer = isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
+    # A whole float is taken: pandas turns integers into floats where a column also holds nulls.
+    if not integer and not (isinstance(value, float | np.floating) and float(value).is_integer()):
+        raise DataError(f"{what}: a map holds {value!r} where a count (an integer) belongs")
+    return int(value)
+
+
+def _sample(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."

@@ -67,7 +67,7 @@ def schema_of_arrow(schema: pa.Schema) -> dict[str, DType]:
 
 def feast_type(dtype: DType) -> FeastType:
     """The Feast schema type (`feast.types`) of a logical type."""
-    from feast.types import Array, Bool, Float64, Int64, String, UnixTimestamp
+    from feast.types import Array, Bool, Float64, Int64, Map, String, UnixTimestamp
 
     scalars = {
         DType.INT64: Int64,
@@ -75,6 +75,8 @@ def feast_type(dtype: DType) -> FeastType:
         DType.STRING: String,
         DType.BOOL: Bool,
         DType.TIMESTAMP: UnixTimestamp,
+        # Feast's Map is string -> any Value: the counts are stored as int64 Values (features.stores.feast_codec).
+        DType.COUNT_MAP: Map,
     }
     lists = {
         DType.INT64_LIST: Int64,
@@ -101,6 +103,7 @@ def feast_value_type(dtype: DType) -> ValueType:
         DType.FLOAT64_LIST: ValueType.DOUBLE_LIST,
         DType.STRING_LIST: ValueType.STRING_LIST,
         DType.BOOL_LIST: ValueType.BOOL_LIST,
+        DType.COUNT_MAP: ValueType.MAP,
     }[dtype]
 
 

@@ -2,8 +2,9 @@
 
 A request names features as `group:feature`, a group (all its features) or a FeatureGroup; `resolve_features`
 turns it into FeatureRefs. Where a store has no row for a key at or before a lookup time, every window was
-empty: `fill_empty` gives those rows the empty-window values (docs/semantics.md) and one type per feature, for
-training sets read from either store and for the online values a logged model serves (features.ml.model).
+empty: `fill_empty` gives those rows the empty-window values (docs/semantics.md: 0, null, or {} for a map) and
+one type per feature, for training sets read from either store and for the online values a logged model serves
+(features.ml.model).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import pandas as pd
 from features.errors import ConfigError
 from features.repo import Repo
 from features.spec import DType, Feature, FeatureGroup
+from features.spec.aggregations import Empty
+from features.stores.feast_codec import map_items
 
 ROW_ID = "__features_row"  # keeps the caller's row order through Feast's join
 
@@ -40,16 +43,17 @@ class FeatureRef:
         return f"{self.group.name}__{self.feature.name}" if full_feature_names else self.feature.name
 
     def as_column(self, full_feature_names: bool = False) -> FeatureColumn:
-        return FeatureColumn(self.column(full_feature_names), self.dtype, self.feature.aggregation.kind.empty_is_zero)
+        return FeatureColumn(self.column(full_feature_names), self.dtype, self.feature.aggregation.kind.op.empty)
 
 
 @dataclass(frozen=True)
 class FeatureColumn:
-    """What `fill_empty` needs to know of a feature column (plain values: a logged model keeps them)."""
+    """What `fill_empty` needs to know of a feature column (plain values: a logged model keeps them, the
+    Empty by its name)."""
 
     name: str
     dtype: DType
-    empty_is_zero: bool  # count, sum, approx_count_distinct: 0 for an empty window, not null
+    empty: Empty  # the value of an empty window: 0 (counts, sums), {} (histograms), else null
 
 
 def resolve_features(repo: Repo, features: Sequence[str | FeatureGroup]) -> list[FeatureRef]:
@@ -97,12 +101,12 @@ def join_keys(refs: Sequence[FeatureRef]) -> list[str]:
     return keys
 
 
-def empty_value(column: FeatureColumn) -> int | float | None:
-    """A feature's value over an empty window (docs/semantics.md#empty-windows): 0 for count, sum, approx_count_distinct
-    and count_distinct (an integer 0 for integer features), None (null) for every other aggregation."""
-    if not column.empty_is_zero:
-        return None
-    return 0 if column.dtype is DType.INT64 else 0.0
+def empty_value(column: FeatureColumn) -> Any:
+    """A feature's value over an empty window (docs/semantics.md#empty-windows): 0 for the counts and sums (an
+    integer 0 for integer features), a new {} for the maps (histogram, top_frequent), None (null) for the rest."""
+    if column.empty is Empty.ZERO:
+        return 0 if column.dtype is DType.INT64 else 0.0
+    return column.empty.make()
 
 
 def fill_empty(
@@ -111,16 +115,18 @@ def fill_empty(
     """The frame with the empty-window values (docs/semantics.md) where a store had no row, and one type per feature.
 
     Where Feast found no row for a key at or before the lookup time, every window was empty: counts, sums and
-    approx_count_distinct become 0, the rest stay null. Types: integers int64 when never null (counts) and
+    distinct counts become 0, maps {}, the rest stay null. Types: integers int64 when never null (counts) and
     pandas' nullable Int64 otherwise, floats float64 (NaN for null), booleans pandas' boolean, strings object,
-    lists Python lists (None for null)."""
+    lists Python lists (None for null), maps Python dicts (Feast and pyarrow give (key, value) pairs)."""
     out = frame.copy()
     for spec in features:
         ref = spec.as_column(full_feature_names) if isinstance(spec, FeatureRef) else spec
         column = ref.name
         values = out[column]
         empty = empty_value(ref)
-        if empty is not None:
+        if ref.dtype is DType.COUNT_MAP:
+            out[column] = pd.Series([as_dict(v, ref.empty) for v in values], index=out.index, dtype=object)
+        elif empty is not None:
             out[column] = pd.to_numeric(values).fillna(empty).astype(type(empty))
         elif ref.dtype is DType.INT64:
             out[column] = pd.array(pd.to_numeric(values), dtype="Int64")
@@ -137,6 +143,15 @@ def fill_empty(
 
 def _missing(value: Any) -> bool:
     return value is None or (np.isscalar(value) and bool(pd.isna(value)))
+
+
+def as_dict(value: Any, empty: Empty = Empty.NULL) -> dict[str, Any] | None:
+    """A map value as a dict of plain Python values, from a dict or from the (key, value) pairs pyarrow, ibis
+    (Feast's offline reads) and Spark give; a null becomes `empty`'s value."""
+    pairs = map_items(value)
+    if pairs is None:
+        return empty.make()
+    return {k: v.item() if isinstance(v, np.generic) else v for k, v in pairs}
 
 
 def _as_list(value: Any) -> list[Any] | None:

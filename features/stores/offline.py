@@ -130,10 +130,11 @@ def _loaded(table: str, version: int | None) -> DeltaTable:
 
 
 def read_pandas(table: str, with_date: bool = False) -> pd.DataFrame:
-    """The table's current rows as pandas (read without Spark), with the `date` partition column if asked."""
+    """The table's current rows as pandas (read without Spark), with the `date` partition column if asked; a map
+    column's values as dicts (pyarrow's default is a list of (key, value) pairs)."""
     from deltalake import DeltaTable
 
-    frame = DeltaTable(table).to_pandas()
+    frame = DeltaTable(table).to_pyarrow_table().to_pandas(maps_as_pydicts="strict")
     return frame if with_date else frame.drop(columns=[DATE])
 
 

@@ -62,7 +62,8 @@ class OnlineWriter(ABC):
     """Writes change-point rows of one FeatureView into an online store.
 
     Input rows: a pandas DataFrame with the join-key columns, `window_end` (UTC datetime64; naive values are
-    taken as UTC) and one column per feature (scalars, None/NaN for null, lists or arrays for list features).
+    taken as UTC) and one column per feature (scalars, None/NaN for null, lists or arrays for list features,
+    dicts or (key, count) pairs for map features).
     """
 
     # Whether many processes may write at once; engines funnel the writes of a serial store into one task.

@@ -329,7 +329,8 @@ def online_features(
     A key that has no row online gets nulls (also for counts: nothing was written for it yet).
     `with_window_end=True` adds a `window_end` column: the event time Feast stores with the values, i.e. the
     end of the window they describe (NaT where the key has no row). Integer features come back as pandas'
-    nullable Int64, booleans as boolean, floats as float64 (NaN for null), lists as Python lists.
+    nullable Int64, booleans as boolean, floats as float64 (NaN for null), lists as Python lists, maps (histogram,
+    top_frequent) as dicts of ints (Feast's Map values; the HTTP server answers them as JSON objects).
     """
     store = feature_store(repo_or_store)
     name = group_or_view if isinstance(group_or_view, str) else group_or_view.name
