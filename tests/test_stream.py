@@ -21,7 +21,7 @@ import pytest
 from reference import percentile_ok, reference_frame
 from test_batch_reference import BASE, H, collect_change_points, compare_value, make_events
 
-from features import Entity, EventSource, Feature, FeatureGroup, Hop, KafkaTopic, Lifetime, Tumble, agg
+from features import Entity, EventSource, Feature, FeatureGroup, Hop, KafkaTopic, Lifetime, Session, Tumble, agg
 from features.cli import main
 from features.demo import write_events
 from features.errors import ConfigError
@@ -53,6 +53,16 @@ USER_GROUP = FeatureGroup(
         Feature("statuses_lifetime", agg.count_distinct("status"), window=Lifetime(every="1h")),
         Feature("amount_p50_4h", agg.approx_percentile("amount", 0.5), window=Hop("4h", every="1h")),
         Feature("n_lifetime", agg.count(), window=Lifetime(every="1h")),
+        Feature("amount_var_4h", agg.variance("amount"), window=Hop("4h", every="20m")),
+        Feature("amount_top2_1h", agg.top_k("amount", 2), window=Hop("1h", every="5m")),
+        Feature("status_hist_4h", agg.histogram("status"), window=Hop("4h", every="1h")),
+        Feature("merchants_max3_4h", agg.bounded_count_distinct("merchant_id", 3), window=Hop("4h", every="1h")),
+        Feature("n_session", agg.count(), window=Session("20m", every="5m")),
+        Feature("session_started", agg.session_start(), window=Session("20m", every="5m")),
+        Feature("status_top1_session", agg.top_frequent("status", 1), window=Session("20m", every="5m")),
+        Feature(
+            "failed_session_s", agg.session_duration(), window=Session("30m", every="5m"), where="status = 'FAILED'"
+        ),
     ],
 )
 PAIR_GROUP = FeatureGroup(
@@ -65,7 +75,7 @@ PAIR_GROUP = FeatureGroup(
     ],
 )
 GROUPS = [USER_GROUP, PAIR_GROUP]
-FLOAT_SUMS = {AggKind.SUM, AggKind.AVG, AggKind.STDDEV}
+FLOAT_SUMS = {AggKind.SUM, AggKind.AVG, AggKind.STDDEV, AggKind.VARIANCE}
 
 FILES = 6
 
@@ -88,7 +98,7 @@ def offline_rows(spark, repo: Repo, group: FeatureGroup) -> pd.DataFrame:
 
 
 def is_null(x: object) -> bool:
-    return x is None or x is pd.NA or (isinstance(x, float) and math.isnan(x))
+    return x is None or x is pd.NA or x is pd.NaT or (isinstance(x, float) and math.isnan(x))
 
 
 def same_value(a: object, b: object, exact: bool = False) -> bool:

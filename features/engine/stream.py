@@ -400,8 +400,9 @@ class PaneProcessor(StatefulProcessor):
             arrow_type = self.output.get(c)
             if arrow_type is None:
                 out[c] = rows[c].to_numpy()
-            elif pa.types.is_nested(arrow_type):  # PySpark converts nested values one by one, from Python lists
-                out[c] = pd.Series(pt.to_arrow(rows[c], arrow_type).to_pylist(), dtype=object).to_numpy()
+            elif pa.types.is_nested(arrow_type):  # PySpark converts nested values one by one, from lists and dicts
+                values = pt.to_arrow(rows[c], arrow_type).to_pylist(maps_as_pydicts="strict")
+                out[c] = pd.Series(values, dtype=object).to_numpy()
             else:
                 out[c] = pt.to_arrow(rows[c], arrow_type)
         out[LATEST] = pt.key_lasts([codes])  # rows come sorted by key, then window end

@@ -242,9 +242,9 @@ def _check_not_connect(spark: SparkSession) -> None:
 
 
 def _arrow_types(schema: str) -> dict[str, Any]:
-    """Each column of a DDL schema and its Arrow type."""
+    """Each column of a DDL schema and its Arrow type (times in UTC, as the kernel returns them)."""
 
-    return {f.name: to_arrow_type(f.dataType) for f in StructType.fromDDL(schema).fields}
+    return {f.name: to_arrow_type(f.dataType, timezone="UTC") for f in StructType.fromDDL(schema).fields}
 
 
 @contextmanager

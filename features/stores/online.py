@@ -73,11 +73,11 @@ class OnlineWriter(ABC):
         self.view = view
         self.join_keys = dict(join_keys)
         self.features = dict(features)
-        for name, dtype in {**self.join_keys, **self.features}.items():
+        for name, dtype in self.join_keys.items():
             if dtype is DType.TIMESTAMP:
                 raise ConfigError(
-                    f"FeatureGroup({view!r}): column {name!r} is a timestamp, which the online writer does not "
-                    "store; use a string, number or boolean key/feature"
+                    f"FeatureGroup({view!r}): join key {name!r} is a timestamp, which the online writer does not "
+                    "store as a key; use a string, number or boolean key"
                 )
 
     @abstractmethod
