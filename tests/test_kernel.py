@@ -21,6 +21,7 @@ from test_batch_reference import (
     make_events,
 )
 
+from features import Feature, Session, agg
 from features import kernel as pt
 from features.spec import DType, FeatureGroup
 
@@ -281,3 +282,40 @@ def test_the_batch_kernel_call_copies_each_keys_newest_row_for_the_online_store(
     pd.testing.assert_frame_equal(copies.sort_values(keys).reset_index(drop=True), want)
     # Each copy is the key's value as of the range end, what the online store serves then.
     check_rows_sample(group, copies.rename(columns={END_US: "window_end"}), EVENTS, at=hi)
+
+
+def test_an_out_of_order_event_within_the_watermark_merges_two_sessions() -> None:
+    """Two sessions 25 minutes apart (gap 20m), each still behind the watermark's emitted rows only in part; an
+    event that lands later, between them and within the watermark, joins them as if it had come in order."""
+    group = FeatureGroup(
+        "merge",
+        GROUP_SESSIONS.entity,
+        GROUP_SESSIONS.source,
+        [
+            Feature("n", agg.count(), window=Session("20m", every="5m")),
+            Feature("started", agg.session_start(), window=Session("20m", every="5m")),
+            Feature("amount_sum", agg.sum("amount"), window=Session("20m", every="5m")),
+        ],
+    )
+    plan = pt.Plan.of(group, TYPES)
+    t0 = pd.Timestamp("2026-03-02 10:00", tz="UTC")
+    minutes = [0, 4, 29, 33]  # sessions [10:00, 10:04] and [10:29, 10:33]: 25 minutes apart
+    first = pd.DataFrame(
+        {"user_id": "u", "event_ts": [t0 + m * pd.Timedelta(minutes=1) for m in minutes], "amount": 1.0}
+    ).astype({"event_ts": "datetime64[us, UTC]"})
+    watermark = to_micros(t0 + pd.Timedelta(minutes=15))  # rows up to 10:15 are final; the first session is open
+    out = pt.step(plan, pt.empty_table(plan), processor_input(plan, group, first), None, watermark)
+    assert list(out.rows["n"]) == [2]  # at 10:05, the first session's pane; it would close at 10:25
+    bridge = first.iloc[:1].assign(
+        event_ts=t0 + pd.Timedelta(minutes=17), amount=5.0
+    )  # 13m after 10:04, 12m before 10:29
+    late = pt.step(plan, out.table, processor_input(plan, group, bridge), watermark, 10**18)
+    assert late.late.empty  # after the last closed end: used, not set aside
+    everything = pd.concat([first, bridge], ignore_index=True)
+    rows = pd.concat([out.rows, late.rows], ignore_index=True)
+    check_rows_sample(group, rows, everything, n=len(rows))
+    at = {pd.Timestamp(int(e), unit="us", tz="UTC"): n for e, n in zip(rows["window_end"], rows["n"], strict=True)}
+    assert at[t0 + pd.Timedelta(minutes=35)] == 5  # one session of all five events
+    assert at[t0 + pd.Timedelta(minutes=55)] == 0  # closed 20 minutes after its last event (10:33 -> 10:55)
+    started = rows.loc[rows["window_end"] == to_micros(t0 + pd.Timedelta(minutes=35)), "started"].iloc[0]
+    assert started == to_micros(t0)
