@@ -39,7 +39,8 @@ from features.kernel.panes import (
     window_end,
     window_interval,
 )
-from features.spec import AggKind, Aggregation, DType
+from features.spec import AggKind, Aggregation, DType, Session
+from features.spec.fingerprint import definition_hash
 
 MINUTE = 60 * MICROS
 HOUR = 60 * MINUTE
@@ -411,6 +412,28 @@ def test_wrong_input_type(aggregation, column_type, fix):
 )
 def test_invalid_parameters_of_the_newer_aggregations(build, field, fix):
     expect_error(build, field, fix)
+
+
+def test_session_windows_and_their_errors():
+    window = Session("30m", every="5m")
+    assert (window.gap_s, window.every_s, window.size_s) == (1800, 300, None)
+    assert window.is_session and not window.is_lifetime and repr(window) == "Session('30m', every='5m')"
+    assert Session("2m").every_s == 60  # every defaults to one minute
+    expect_error(lambda: Session("7m", every="5m"), "Session.gap", 'Session("5m", every="5m")')
+    expect_error(lambda: Session("0m"), "Session.gap", "")
+    expect_error(
+        lambda: Feature("d", agg.session_duration(), window=Hop("1h", every="5m")),
+        "Feature('d').window",
+        'window=Session("30m", every="1m")',
+    )
+    expect_error(lambda: Aggregation(AggKind.SESSION_START, "event_ts"), "agg.session_start.column", "where=")
+    group = group_of(Feature("s", agg.session_start(), window=window), Feature("n", agg.count(), window=window))
+    assert group.output_types(SCHEMA)["s"] is DType.TIMESTAMP
+    # A session's gap decides its values: a changed gap is a changed definition.
+    other = group_of(
+        Feature("s", agg.session_start(), window=Session("20m", every="5m")), Feature("n", agg.count(), window=window)
+    )
+    assert definition_hash(group) != definition_hash(other)
 
 
 def test_output_types_of_the_newer_aggregations():
