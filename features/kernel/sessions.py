@@ -51,10 +51,12 @@ class Runs:
         n = len(key_code)
         present = np.flatnonzero(cols["sn"] > 0)
         s0, s1 = cols["s0"], cols["s1"]
-        new_key = np.r_[True, key_code[present[1:]] != key_code[present[:-1]]] if len(present) else present > 0
-        breaks = new_key | np.r_[True, s0[present[1:]] - s1[present[:-1]] >= gap_us] if len(present) else new_key
+        # A session starts at a key's first row with events, and wherever a row's first event is a gap or more
+        # after the previous row's last.
+        starts = np.ones(len(present), dtype=bool)
+        starts[1:] = (key_code[present[1:]] != key_code[present[:-1]]) | (s0[present[1:]] - s1[present[:-1]] >= gap_us)
         start = np.full(n, -1, dtype=np.int64)
-        start[present] = present[np.maximum.accumulate(np.where(breaks, np.arange(len(present)), 0))]
+        start[present] = present[np.maximum.accumulate(np.where(starts, np.arange(len(present)), 0))]
         mark = np.full(n, -1, dtype=np.int64)
         mark[present] = present
         last_present = np.maximum.accumulate(mark) if n else mark
