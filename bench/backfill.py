@@ -345,7 +345,9 @@ def main() -> int:
     if args.mixed or args.alone:
         from mixed import mixed
 
-        lines, ok = mixed(spark, args.events, args.users, 3.0, min(args.runs, 3), args.sample, args.alone)
+        lines, ok = mixed(
+            spark, args.events, args.users, 3.0, min(args.runs, 3), args.sample, args.alone, args.skip_naive
+        )
         title = (
             "Each aggregation alone (bench/backfill.py --alone)"
             if args.alone

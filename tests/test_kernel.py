@@ -23,7 +23,7 @@ from test_batch_reference import (
 
 from features import Feature, Session, agg
 from features import kernel as pt
-from features.spec import DType, FeatureGroup
+from features.spec import AggKind, DType, FeatureGroup
 
 EVENTS = make_events()
 TYPES = {
@@ -319,3 +319,14 @@ def test_an_out_of_order_event_within_the_watermark_merges_two_sessions() -> Non
     assert at[t0 + pd.Timedelta(minutes=55)] == 0  # closed 20 minutes after its last event (10:33 -> 10:55)
     started = rows.loc[rows["window_end"] == to_micros(t0 + pd.Timedelta(minutes=35)), "started"].iloc[0]
     assert started == to_micros(t0)
+
+
+def test_every_aggregation_has_one_entry_everywhere_and_the_reference_checks_it() -> None:
+    """An aggregation is an Operation (spec), a Kind (kernel) and a reference fold: the three registries hold the
+    same kinds, and the groups the engines are checked on use every one of them."""
+    from features.kernel.kinds import KINDS
+    from features.spec.aggregations import OPERATIONS
+
+    assert set(KINDS) == set(OPERATIONS) == set(AggKind)
+    checked = {f.aggregation.kind for g in (GROUP_AGGS, GROUP_NEWER, GROUP_SESSIONS) for f in g.features}
+    assert checked == set(AggKind), f"no engine test uses {set(AggKind) - checked}"
