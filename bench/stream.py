@@ -333,7 +333,10 @@ def main() -> int:
             )
         print("\n".join(lines), flush=True)
         if not args.no_save:
-            update_section("Streaming (bench/stream.py)", "\n".join(lines))
+            default = args.configs == parser.get_default("configs")
+            update_section(
+                f"Streaming (bench/stream.py{'' if default else ' --configs ' + args.configs})", "\n".join(lines)
+            )
 
     configurations = [
         (name, folder, group)
