@@ -86,6 +86,11 @@ class Plan:
     def condition_column(self, i: int) -> str | None:
         return None if self.conditions[i] is None else f"fx_c{i}"
 
+    @property
+    def session_conditions(self) -> tuple[int, ...]:
+        """The `where`s that make some session feature's sessions: their panes keep first and last event times."""
+        return tuple(sorted({c.condition for c in self.calcs if c.gap_us is not None}))
+
 
 def value_column(kind: AggKind, column: str) -> str:
     """The kernel's input column for a source column, named by how Spark casts it for this kind."""

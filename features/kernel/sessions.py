@@ -4,8 +4,9 @@ window end, where its value changes, and how far back a stream must keep panes f
 Events of one pane are less than the pane length apart, and a session's `gap` is a whole multiple of it, so a
 session never splits inside a pane: sessions are runs of a key's panes (those holding events that pass the
 feature's `where`) in which each pane's first event is less than `gap` after the previous pane's last. So a
-session feature's pane partial is its aggregation's plus `sn` (how many events), `s0` and `s1` (the first and
-last event time), and a session is a range of pane rows that any aggregation reads as it reads a window's."""
+session `where`'s panes keep the first and last time of its events (beside the event count every `where` has),
+which all its session features share, and a session is a range of pane rows that any aggregation reads as it
+reads a window's."""
 
 from __future__ import annotations
 
@@ -15,22 +16,29 @@ from typing import Any
 import numpy as np
 
 from features.kernel.aggregations import Kind, bincount, nullable, ranges_add, ranges_extreme
-from features.kernel.plan import TS, Calc
+from features.kernel.plan import TS
 
 PARTS = ("sn", "s0", "s1")
 
 
-def phase1_parts(calc: Calc, codes: np.ndarray, groups: int, mask: np.ndarray, events: Any) -> dict[str, np.ndarray]:
-    """Per pane: the number of events passing the feature's `where`, and the first and last of their times."""
+def columns(condition: int) -> dict[str, str]:
+    """A session `where`'s pane-table columns by part: its event count (the `fx_n` every `where` has) and the
+    first and last event times, which the session features of that `where` share."""
+    return {"sn": f"fx_n{condition}", "s0": f"fx_first{condition}", "s1": f"fx_last{condition}"}
+
+
+def phase1_bounds(codes: np.ndarray, groups: int, mask: np.ndarray, events: Any) -> dict[str, np.ndarray]:
+    """Per pane: the first and last time of the events passing a `where`."""
     c, t = codes[mask], events[TS].to_numpy(dtype=np.int64)[mask]
     first, last = np.full(groups, np.iinfo(np.int64).max), np.full(groups, np.iinfo(np.int64).min)
     np.minimum.at(first, c, t)
     np.maximum.at(last, c, t)
-    n = bincount(c, groups).astype(np.int64)
-    return {"sn": n, "s0": np.where(n > 0, first, 0), "s1": np.where(n > 0, last, 0)}
+    present = bincount(c, groups) > 0
+    return {"s0": np.where(present, first, 0), "s1": np.where(present, last, 0)}
 
 
-def merge_parts(cols: dict[str, Any], starts: np.ndarray, ends: np.ndarray) -> dict[str, np.ndarray]:
+def merged_parts(cols: dict[str, Any], starts: np.ndarray, ends: np.ndarray) -> dict[str, np.ndarray]:
+    """The event count and the first and last event times over rows [start, end)."""
     present = cols["sn"] > 0
     first, any_ = ranges_extreme(cols["s0"], present, starts, ends, smallest=True)
     last = ranges_extreme(cols["s1"], present, starts, ends, smallest=False)[0]
@@ -109,7 +117,7 @@ class SessionBounds(Kind):
         return {}
 
     def window(self, calc, cols, starts, ends, key_of_row):
-        bounds = merge_parts(cols, starts, ends)
+        bounds = merged_parts(cols, starts, ends)
         present = bounds["sn"] > 0
         if self.duration:
             return nullable((bounds["s1"] - bounds["s0"]) / 1e6, present)

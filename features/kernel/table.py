@@ -34,14 +34,10 @@ from features.kernel.plan import BASE, KEY, PANE, TS, Calc, Plan
 def pane_columns(plan: Plan) -> list[str]:
     """A pane table's columns."""
     cols = [*plan.keys, PANE, *(f"fx_n{i}" for i in range(len(plan.conditions)))]
+    cols.extend(column for i in plan.session_conditions for column in sessions.columns(i).values())
     for calc in plan.calcs:
-        cols.extend(calc.col(p) for p in parts_of(calc))
+        cols.extend(calc.col(p) for p in KINDS[calc.kind].parts)
     return cols
-
-
-def parts_of(calc: Calc) -> tuple[str, ...]:
-    """A feature's partial columns: its aggregation's, and a session's bounds (features.kernel.sessions)."""
-    return KINDS[calc.kind].parts + (sessions.PARTS if calc.gap_us is not None else ())
 
 
 def phase1(plan: Plan, events: pd.DataFrame) -> pd.DataFrame:
@@ -71,10 +67,11 @@ def phase1_sorted(plan: Plan, events: pd.DataFrame) -> Sorted:
         mask = np.ones(len(events), dtype=bool) if column is None else events[column].fillna(False).to_numpy(bool)
         masks.append(mask)
         out[f"fx_n{i}"] = bincount(codes[mask], groups).astype(np.int64)
+    for i in plan.session_conditions:
+        bounds = sessions.phase1_bounds(codes, groups, masks[i], events)
+        out.update({sessions.columns(i)[p]: v for p, v in bounds.items()})
     for calc in plan.calcs:
         parts = KINDS[calc.kind].phase1(calc, codes, groups, masks[calc.condition], events)
-        if calc.gap_us is not None:
-            parts.update(sessions.phase1_parts(calc, codes, groups, masks[calc.condition], events))
         out.update({calc.col(p): v for p, v in parts.items()})
     return Sorted(_frame({c: out[c] for c in pane_columns(plan)}), key_of_group, position, origin, span)
 
@@ -147,8 +144,10 @@ class KeyDictionary:
 
 
 def empty_table(plan: Plan) -> pd.DataFrame:
+    integers = [PANE, *(f"fx_n{i}" for i in range(len(plan.conditions)))]
+    integers += [c for i in plan.session_conditions for c in sessions.columns(i).values()]
     return pd.DataFrame({c: pd.Series(dtype=object) for c in pane_columns(plan)}).astype(
-        {**{PANE: np.int64}, **{f"fx_n{i}": np.int64 for i in range(len(plan.conditions))}}
+        dict.fromkeys(integers, np.int64)
     )
 
 
@@ -187,7 +186,15 @@ class Sorted:
         return np.searchsorted(self.position, key_code * self.span, side="left")
 
     def columns(self, calc: Calc) -> dict[str, Any]:
-        return {p: _values(self.table[calc.col(p)]) for p in parts_of(calc)}
+        """A feature's partial columns by part, and for a session feature its `where`'s bounds (`sessions.PARTS`)."""
+        out = {p: _values(self.table[calc.col(p)]) for p in KINDS[calc.kind].parts}
+        if calc.gap_us is not None:
+            out.update(self.bounds(calc.condition))
+        return out
+
+    def bounds(self, condition: int) -> dict[str, Any]:
+        """The first and last event times of a session `where`'s panes, and their counts (`sessions.PARTS`)."""
+        return {p: _values(self.table[c]) for p, c in sessions.columns(condition).items()}
 
 
 def _positions(plan: Plan, table: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, int, int]:
@@ -282,11 +289,11 @@ def _merged_partials(plan: Plan, s: Sorted, starts: np.ndarray, ends: np.ndarray
     out = {}
     for i in range(len(plan.conditions)):
         out[f"fx_n{i}"] = ranges_add(s.table[f"fx_n{i}"].to_numpy(dtype=np.int64), starts, ends)
+    for i in plan.session_conditions:
+        merged = sessions.merged_parts(s.bounds(i), starts, ends)
+        out.update({sessions.columns(i)[p]: merged[p] for p in ("s0", "s1")})  # the count is fx_n's, above
     for calc in plan.calcs:
-        columns = s.columns(calc)
-        merged = KINDS[calc.kind].merge(calc, columns, starts, ends, s.key_code, same_pane=True)
-        if calc.gap_us is not None:
-            merged.update(sessions.merge_parts(columns, starts, ends))
+        merged = KINDS[calc.kind].merge(calc, s.columns(calc), starts, ends, s.key_code, same_pane=True)
         out.update({calc.col(p): v for p, v in merged.items()})
     return out
 
@@ -329,8 +336,7 @@ def _runs(s: Sorted, calc: Calc) -> sessions.Runs:
     """The sessions of `s` for a session feature's `where` and gap (shared by the features that have both)."""
     memo = ("runs", calc.condition, calc.gap_us)
     if memo not in s.memo:
-        columns = {p: _values(s.table[calc.col(p)]) for p in sessions.PARTS}
-        s.memo[memo] = sessions.Runs.of(columns, s.key_code, calc.gap_us)  # type: ignore[arg-type]
+        s.memo[memo] = sessions.Runs.of(s.bounds(calc.condition), s.key_code, calc.gap_us)  # type: ignore[arg-type]
     return s.memo[memo]
 
 
@@ -453,7 +459,7 @@ def prune(plan: Plan, table: pd.DataFrame, upto_us: int, align_us: int | None = 
     folded = table[old].copy()
     folded[PANE] = BASE
     base = combine(plan, [folded])
-    for i in range(len(plan.conditions)):  # the base row never makes a change point
+    for i in range(len(plan.conditions)):  # the base row never makes a change point, nor is part of a session
         base[f"fx_n{i}"] = 0
     for calc in plan.calcs:  # nor carries a Hop's or a Session's data
         if calc.bounded:
@@ -464,8 +470,6 @@ def prune(plan: Plan, table: pd.DataFrame, upto_us: int, align_us: int | None = 
 def _clear(calc: Calc, table: pd.DataFrame) -> pd.DataFrame:
     for part, values in KINDS[calc.kind].empty(calc, len(table)).items():
         table[calc.col(part)] = values
-    for part in sessions.PARTS if calc.gap_us is not None else ():
-        table[calc.col(part)] = np.zeros(len(table), dtype=np.int64)
     return table
 
 
