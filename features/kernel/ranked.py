@@ -209,6 +209,9 @@ class Counts(Kind):
         return self._counted(calc, range_of_row[parent[take]], values[take], counts[take], len(starts))
 
     def window(self, calc, cols, starts, ends, key_of_row):
+        """Each range's counts, for the values it holds only: a value's rows fall in a run of consecutive ranges
+        of its key (ranges of a key start and end in order, as the windows and sessions of successive ends do),
+        so the (range, value) pairs to count are found without trying every value of the key in every range."""
         parent, values = flatten(large_lists(cols["v"]))
         counts = flatten(large_lists(cols["c"]))[1]
         rows = len(cols["v"])
@@ -219,24 +222,22 @@ class Counts(Kind):
         pairs = np.asarray(pairs, dtype=np.int64)
         position = pair_of.astype(np.int64) * (rows + 1) + parent
         order = np.argsort(position, kind="stable")
-        position = position[order]
+        position, entry_row, entry_pair = position[order], parent[order], pair_of[order].astype(np.int64)
         running = np.zeros(len(order) + 1, dtype=np.int64)
         np.cumsum(counts[order], out=running[1:])
-        # every (range, pair of the range's key)
-        lengths = ends - starts
-        key = np.full(len(starts), -1, dtype=np.int64)  # no key: no pair
-        key[lengths > 0] = key_of_row[starts[lengths > 0]]
-        pair_key = pairs // width
-        first, last = np.searchsorted(pair_key, key), np.searchsorted(pair_key, key, side="right")
-        which, pair = range_groups(first, last)
+        which, pair = _ranges_holding(entry_row, entry_pair, key_of_row, starts, ends, rows)
         base = pair * (rows + 1)
         count = running[np.searchsorted(position, base + ends[which])]
         count -= running[np.searchsorted(position, base + starts[which])]
         keep = count > 0
         which, pair, count = which[keep], pair[keep], count[keep]
-        if self.top:  # by count descending, then value ascending (pairs are in value order within a key)
+        # by range, then value ascending (pairs are in value order within a key); top_frequent: by count first
+        if self.top:
             order = np.lexsort((pair, -count, which))
-            which, pair, count = which[order], pair[order], count[order]
+        else:
+            order = np.argsort(which * (int(pair.max(initial=0)) + 1) + pair, kind="stable")
+        which, pair, count = which[order], pair[order], count[order]
+        if self.top:
             kept = _firsts_per_group(which, calc.k)
             which, pair, count = which[kept], pair[kept], count[kept]
         text = _texts(_pair_values(values, code, pairs[pair] % width))
@@ -247,6 +248,34 @@ class Counts(Kind):
 
     def finalize(self, calc, cols):
         raise NotImplementedError("histogram and top_frequent are evaluated over a window's rows by `window`")
+
+
+def _ranges_holding(
+    row: np.ndarray, pair: np.ndarray, key_of_row: np.ndarray, starts: np.ndarray, ends: np.ndarray, rows: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(range, pair) for every range [start, end) that holds a row of the pair, in no order; the entries (row,
+    pair) are sorted by pair, then row. The ranges of one key, taken in order of their ends, must
+    start in order too: then the ranges holding a row are consecutive, and so are those holding any of a pair's
+    rows that are closer than the ranges are long."""
+    nonempty = ends > starts
+    range_key = np.full(len(starts), -1, dtype=np.int64)
+    range_key[nonempty] = key_of_row[starts[nonempty]]
+    by_end = np.lexsort((starts, ends, range_key))  # the ranges in (key, end) order
+    key_s, start_s, end_s = range_key[by_end], starts[by_end], ends[by_end]
+    span = rows + 1
+    if np.any((key_s[1:] == key_s[:-1]) & (start_s[1:] < start_s[:-1]) & (key_s[1:] >= 0)):
+        raise RuntimeError("ranges of a key whose starts and ends are not in the same order")
+    at = key_of_row[row].astype(np.int64) * span + row
+    lo = np.searchsorted(key_s * span + end_s, at, side="right")  # the first range ending after the row
+    hi = np.searchsorted(key_s * span + start_s, at, side="right")  # past the last range starting at or before it
+    hi = np.maximum(hi, lo)
+    # runs of a pair's rows whose ranges overlap or touch: one stretch of ranges each
+    run = np.ones(len(row), dtype=bool)
+    run[1:] = (pair[1:] != pair[:-1]) | (lo[1:] > hi[:-1])
+    first = np.flatnonzero(run)
+    last = np.r_[first[1:], len(row)] - 1
+    run_of, position = range_groups(lo[first], hi[last])
+    return by_end[position], pair[first][run_of]
 
 
 def _pair_values(values: np.ndarray, code: np.ndarray, wanted: np.ndarray) -> np.ndarray:
