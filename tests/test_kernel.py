@@ -72,7 +72,8 @@ def run_stream(group: FeatureGroup, events: pd.DataFrame, batches: int, lateness
         watermark = None if max_seen is None else max_seen - int(lateness / pd.Timedelta(microseconds=1))
         upto = watermark if watermark is not None else np.iinfo(np.int64).min + 1
         out = pt.step(plan, table, batch, after, upto)
-        table, after = out.table, upto if watermark is not None else None
+        # through the state store's bytes, as the stream keeps its tables between batches
+        table, after = pt.from_bytes(plan, pt.to_bytes(out.table)), upto if watermark is not None else None
         emitted.append(out.rows)
         late.append(out.late)
         seen = int(batch[pt.TS].max())
@@ -319,6 +320,13 @@ def test_an_out_of_order_event_within_the_watermark_merges_two_sessions() -> Non
     assert at[t0 + pd.Timedelta(minutes=55)] == 0  # closed 20 minutes after its last event (10:33 -> 10:55)
     started = rows.loc[rows["window_end"] == to_micros(t0 + pd.Timedelta(minutes=35)), "started"].iloc[0]
     assert started == to_micros(t0)
+
+
+@pytest.mark.parametrize("group", [GROUP_AGGS, GROUP_NEWER, GROUP_SESSIONS], ids=lambda g: g.name)
+def test_a_pane_table_has_each_column_once(group: FeatureGroup) -> None:
+    columns = pt.pane_columns(pt.Plan.of(group, TYPES))
+    assert len(columns) == len(set(columns))
+    assert list(pt.empty_table(pt.Plan.of(group, TYPES)).columns) == columns
 
 
 def test_every_aggregation_has_one_entry_everywhere_and_the_reference_checks_it() -> None:

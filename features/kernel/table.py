@@ -34,7 +34,7 @@ from features.kernel.plan import BASE, KEY, PANE, TS, Calc, Plan
 def pane_columns(plan: Plan) -> list[str]:
     """A pane table's columns."""
     cols = [*plan.keys, PANE, *(f"fx_n{i}" for i in range(len(plan.conditions)))]
-    cols.extend(column for i in plan.session_conditions for column in sessions.columns(i).values())
+    cols.extend(sessions.columns(i)[part] for i in plan.session_conditions for part in ("s0", "s1"))
     for calc in plan.calcs:
         cols.extend(calc.col(p) for p in KINDS[calc.kind].parts)
     return cols
@@ -145,7 +145,7 @@ class KeyDictionary:
 
 def empty_table(plan: Plan) -> pd.DataFrame:
     integers = [PANE, *(f"fx_n{i}" for i in range(len(plan.conditions)))]
-    integers += [c for i in plan.session_conditions for c in sessions.columns(i).values()]
+    integers += [sessions.columns(i)[part] for i in plan.session_conditions for part in ("s0", "s1")]
     return pd.DataFrame({c: pd.Series(dtype=object) for c in pane_columns(plan)}).astype(
         dict.fromkeys(integers, np.int64)
     )
