@@ -21,7 +21,7 @@ from test_batch_reference import (
     make_events,
 )
 
-from features import Feature, Session, agg
+from features import Feature, Hop, Session, agg
 from features import kernel as pt
 from features.spec import AggKind, DType, FeatureGroup
 
@@ -338,3 +338,24 @@ def test_every_aggregation_has_one_entry_everywhere_and_the_reference_checks_it(
     assert set(KINDS) == set(OPERATIONS) == set(AggKind)
     checked = {f.aggregation.kind for g in (GROUP_AGGS, GROUP_NEWER, GROUP_SESSIONS) for f in g.features}
     assert checked == set(AggKind), f"no engine test uses {set(AggKind) - checked}"
+
+
+def test_maps_and_lists_of_windows_without_a_value() -> None:
+    """Keys whose rows hold no value for a feature (all null, or filtered out): empty maps and null lists."""
+    group = FeatureGroup(
+        "no_values",
+        GROUP_NEWER.entity,
+        GROUP_NEWER.source,
+        [
+            Feature("hist", agg.histogram("status"), window=Hop("1h", every="5m"), where="amount > 1e9"),
+            Feature("top", agg.top_frequent("qty", 2), window=Session("10m", every="5m"), where="amount > 1e9"),
+            Feature("best", agg.top_k("amount", 2), window=Hop("1h", every="5m"), where="amount > 1e9"),
+            Feature("n", agg.count(), window=Hop("1h", every="5m")),
+        ],
+    )
+    plan = pt.Plan.of(group, TYPES)
+    events = EVENTS[EVENTS["user_id"].isin(["u1", "u_null"])]
+    rows = pt.emit(plan, pt.phase1_sorted(plan, processor_input(plan, group, events)), None, 10**18)
+    assert len(rows) and all(len(m) == 0 for m in rows["hist"]) and all(len(m) == 0 for m in rows["top"])
+    assert rows["best"].isna().all()
+    check_rows_sample(group, rows, events)

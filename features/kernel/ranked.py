@@ -269,6 +269,8 @@ def _ranges_holding(
     lo = np.searchsorted(key_s * span + end_s, at, side="right")  # the first range ending after the row
     hi = np.searchsorted(key_s * span + start_s, at, side="right")  # past the last range starting at or before it
     hi = np.maximum(hi, lo)
+    if len(row) == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     # runs of a pair's rows whose ranges overlap or touch: one stretch of ranges each
     run = np.ones(len(row), dtype=bool)
     run[1:] = (pair[1:] != pair[:-1]) | (lo[1:] > hi[:-1])
