@@ -39,6 +39,18 @@ class Window:
         return f"Hop({format_duration(self.size_s)!r}, every={format_duration(self.every_s)!r})"
 
 
+def _multiple_of_every(value_s: int, every_s: int, window: str, field: str) -> int:
+    """`value_s`, which must be a whole multiple of `every_s` (a Hop's size, a Session's gap)."""
+    if value_s % every_s:
+        every, near = format_duration(every_s), format_duration(every_s * max(1, value_s // every_s))
+        raise DefinitionError(
+            f"{window}.{field}",
+            f"{format_duration(value_s)} is not a whole multiple of every={every}",
+            f'choose a {field} that is a multiple of {every}, e.g. {window}("{near}", every="{every}")',
+        )
+    return value_s
+
+
 @dataclass(frozen=True, init=False)
 class Hop(Window):
     """Windows of length `size` ending at every multiple of `every` (epoch-aligned, UTC)."""
@@ -49,14 +61,7 @@ class Hop(Window):
     def __init__(self, size: Duration, every: Duration) -> None:
         size_s = parse_duration(size, "Hop.size")
         every_s = parse_duration(every, "Hop.every")
-        if size_s % every_s:
-            raise DefinitionError(
-                "Hop.size",
-                f"{format_duration(size_s)} is not a whole multiple of every={format_duration(every_s)}",
-                f"choose a size that is a multiple of {format_duration(every_s)}, "
-                f'e.g. Hop("{format_duration(every_s * max(1, size_s // every_s))}", '
-                f'every="{format_duration(every_s)}")',
-            )
+        size_s = _multiple_of_every(size_s, every_s, "Hop", "size")
         object.__setattr__(self, "size_s", size_s)
         object.__setattr__(self, "every_s", every_s)
 
@@ -97,13 +102,7 @@ class Session(Window):
     def __init__(self, gap: Duration, every: Duration = "1m") -> None:
         gap_s = parse_duration(gap, "Session.gap")
         every_s = parse_duration(every, "Session.every")
-        if gap_s % every_s:
-            raise DefinitionError(
-                "Session.gap",
-                f"{format_duration(gap_s)} is not a whole multiple of every={format_duration(every_s)}",
-                f'choose a gap that is a multiple of {format_duration(every_s)}, e.g. Session("'
-                f'{format_duration(every_s * max(1, gap_s // every_s))}", every="{format_duration(every_s)}")',
-            )
+        gap_s = _multiple_of_every(gap_s, every_s, "Session", "gap")
         object.__setattr__(self, "size_s", None)
         object.__setattr__(self, "every_s", every_s)
         object.__setattr__(self, "gap_s", gap_s)
