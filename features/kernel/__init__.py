@@ -1,28 +1,26 @@
 """The phase-2 kernel (docs/internals.md, Two phases), shared by the batch and streaming engines: pure numpy/pandas, no
 Spark. `plan` says what a group computes, `frames` how the engines' Arrow input becomes pandas with every integer
-exact, `aggregations` how each aggregation is reduced, `table` the pane tables and their change points."""
+exact, `aggregations` how each aggregation is reduced, `table` the pane tables and their change points, `state` how
+the stream stores them."""
 
 from features.kernel.frames import events_frame
 from features.kernel.plan import BASE, KEY, PANE, TS, Calc, Plan, text_cast, value_column
+from features.kernel.state import chunk_of, from_bytes, read_frame, to_bytes
 from features.kernel.table import (
     KeyDictionary,
     Sorted,
     Step,
-    chunk_of,
     combine,
     combine_sorted,
     emit,
     empty_table,
-    from_bytes,
     key_lasts,
     pane_columns,
     phase1,
     phase1_sorted,
     prune,
-    read_frame,
     step,
     to_arrow,
-    to_bytes,
     values_of,
 )
 

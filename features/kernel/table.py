@@ -12,7 +12,6 @@ window and pane arithmetic is `features.kernel.panes`.
 
 from __future__ import annotations
 
-import pickle
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,10 +72,10 @@ def phase1_sorted(plan: Plan, events: pd.DataFrame) -> Sorted:
     for calc in plan.calcs:
         parts = KINDS[calc.kind].phase1(calc, codes, groups, masks[calc.condition], events)
         out.update({calc.col(p): v for p, v in parts.items()})
-    return Sorted(_frame({c: out[c] for c in pane_columns(plan)}), key_of_group, position, origin, span)
+    return Sorted(frame_of({c: out[c] for c in pane_columns(plan)}), key_of_group, position, origin, span)
 
 
-def _frame(columns: dict[str, Any]) -> pd.DataFrame:
+def frame_of(columns: dict[str, Any]) -> pd.DataFrame:
     """A frame of these columns, not copied: pandas would otherwise stack the columns of each dtype into one
     block (a copy of every column, a fifth of an emit)."""
     return pd.DataFrame(columns, copy=False)
@@ -187,14 +186,14 @@ class Sorted:
 
     def columns(self, calc: Calc) -> dict[str, Any]:
         """A feature's partial columns by part, and for a session feature its `where`'s bounds (`sessions.PARTS`)."""
-        out = {p: _values(self.table[calc.col(p)]) for p in KINDS[calc.kind].parts}
+        out = {p: column_array(self.table[calc.col(p)]) for p in KINDS[calc.kind].parts}
         if calc.gap_us is not None:
             out.update(self.bounds(calc.condition))
         return out
 
     def bounds(self, condition: int) -> dict[str, Any]:
         """The first and last event times of a session `where`'s panes, and their counts (`sessions.PARTS`)."""
-        return {p: _values(self.table[c]) for p, c in sessions.columns(condition).items()}
+        return {p: column_array(self.table[c]) for p, c in sessions.columns(condition).items()}
 
 
 def _positions(plan: Plan, table: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, int, int]:
@@ -217,7 +216,7 @@ def to_arrow(column: pd.Series, arrow_type: pa.DataType) -> pa.Array:
     return pa.array(column.to_numpy(), arrow_type, from_pandas=True)
 
 
-def _values(column: pd.Series) -> Any:
+def column_array(column: pd.Series) -> Any:
     """A column's values: numpy, or Arrow for the lists of variable-length partials."""
     return column.array if isinstance(column.dtype, pd.ArrowDtype) else column.to_numpy()
 
@@ -267,7 +266,7 @@ def combine_sorted(plan: Plan, tables: Sequence[pd.DataFrame]) -> Sorted:
     keep = order[starts]
     columns = {}
     for column in table.columns:
-        values = _values(table[column])
+        values = column_array(table[column])
         if isinstance(values, pd.arrays.ArrowExtensionArray):  # immutable lists: one take from rows + merged
             pick = keep.copy()
             merged = pa.array(values)  # in chunks, as concatenated
@@ -281,7 +280,7 @@ def combine_sorted(plan: Plan, tables: Sequence[pd.DataFrame]) -> Sorted:
         columns[column] = values[keep]
         if column in partials:
             columns[column][several] = partials[column]
-    return Sorted(_frame(columns), codes[keep], position[starts], origin, span)
+    return Sorted(frame_of(columns), codes[keep], position[starts], origin, span)
 
 
 def _merged_partials(plan: Plan, s: Sorted, starts: np.ndarray, ends: np.ndarray) -> dict[str, np.ndarray]:
@@ -402,7 +401,7 @@ def emit(
     out = _keys_at(plan, s, row)
     out["window_end"] = end
     out.update(values_at(plan, s, key, end))
-    return _frame(out)
+    return frame_of(out)
 
 
 def key_lasts(columns: Sequence[Any]) -> np.ndarray:
@@ -491,54 +490,6 @@ def _session_cut(plan: Plan, table: pd.DataFrame, upto_us: int) -> int:
     return cut
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Serialization of pane tables for the state store
-
-
-def to_bytes(table: pd.DataFrame) -> bytes:
-    """A pane table as bytes for the state store: its columns pickled as numpy arrays (far cheaper than a
-    conversion to Arrow for the many small chunks a batch writes), integer columns as offsets from their
-    smallest value in the narrowest type that holds them (key codes, panes of one hour and counts need a few
-    bytes, not eight)."""
-    return pickle.dumps({c: _narrow(_values(table[c])) for c in table.columns}, protocol=5)
-
-
-def from_bytes(plan: Plan, blob: bytes) -> pd.DataFrame:
-    return read_frame(blob)[pane_columns(plan)]
-
-
-def read_frame(blob: bytes) -> pd.DataFrame:
-    """A frame written by `to_bytes`."""
-    return _frame({c: _widen(v) for c, v in pickle.loads(blob).items()})
-
-
-def _narrow(values: Any) -> Any:
-    if isinstance(values, pd.arrays.ArrowExtensionArray):
-        return pa.array(values)  # lists of variable-length partials pickle as Arrow
-    if values.dtype != np.int64 or len(values) == 0:
-        return values
-    low, high = int(values.min()), int(values.max())
-    for dtype in (np.uint8, np.uint16, np.uint32):
-        if high - low <= np.iinfo(dtype).max:
-            return (low, (values - low).astype(dtype))
-    return values
-
-
-def _widen(stored: Any) -> np.ndarray:
-    if isinstance(stored, tuple):
-        low, offsets = stored
-        return offsets.astype(np.int64) + low
-    if isinstance(stored, pa.Array):
-        return pd.arrays.ArrowExtensionArray(stored)
-    return stored
-
-
-def chunk_of(table: pd.DataFrame, chunk_us: int) -> np.ndarray:
-    """Each row's chunk: its pane's time rounded down to `chunk_us` (BASE rows form their own chunk)."""
-    pane = table[PANE].to_numpy(dtype=np.int64)
-    return np.where(pane == BASE, BASE, pane - pane % chunk_us)
-
-
 @dataclass(frozen=True)
 class Step:
     table: pd.DataFrame  # the pane table after the step
@@ -612,4 +563,4 @@ def values_of(plan: Plan, s: Sorted, keys: pd.DataFrame, at_us: int) -> pd.DataF
     out = _keys_at(plan, s, rows)
     out["window_end"] = ends
     out.update(values_at(plan, s, s.key_code[rows], ends))
-    return _frame(out)
+    return frame_of(out)

@@ -1,0 +1,57 @@
+"""Pane tables as the stream's state store keeps them: serialized to bytes, and split into chunks of time."""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from features.kernel.plan import BASE, PANE, Plan
+from features.kernel.table import column_array, frame_of, pane_columns
+
+
+def to_bytes(table: pd.DataFrame) -> bytes:
+    """A pane table as bytes for the state store: its columns pickled as numpy arrays (far cheaper than a
+    conversion to Arrow for the many small chunks a batch writes), integer columns as offsets from their
+    smallest value in the narrowest type that holds them (key codes, panes of one hour and counts need a few
+    bytes, not eight)."""
+    return pickle.dumps({c: _narrow(column_array(table[c])) for c in table.columns}, protocol=5)
+
+
+def from_bytes(plan: Plan, blob: bytes) -> pd.DataFrame:
+    return read_frame(blob)[pane_columns(plan)]
+
+
+def read_frame(blob: bytes) -> pd.DataFrame:
+    """A frame written by `to_bytes`."""
+    return frame_of({c: _widen(v) for c, v in pickle.loads(blob).items()})
+
+
+def _narrow(values: Any) -> Any:
+    if isinstance(values, pd.arrays.ArrowExtensionArray):
+        return pa.array(values)  # lists of variable-length partials pickle as Arrow
+    if values.dtype != np.int64 or len(values) == 0:
+        return values
+    low, high = int(values.min()), int(values.max())
+    for dtype in (np.uint8, np.uint16, np.uint32):
+        if high - low <= np.iinfo(dtype).max:
+            return (low, (values - low).astype(dtype))
+    return values
+
+
+def _widen(stored: Any) -> np.ndarray:
+    if isinstance(stored, tuple):
+        low, offsets = stored
+        return offsets.astype(np.int64) + low
+    if isinstance(stored, pa.Array):
+        return pd.arrays.ArrowExtensionArray(stored)
+    return stored
+
+
+def chunk_of(table: pd.DataFrame, chunk_us: int) -> np.ndarray:
+    """Each row's chunk: its pane's time rounded down to `chunk_us` (BASE rows form their own chunk)."""
+    pane = table[PANE].to_numpy(dtype=np.int64)
+    return np.where(pane == BASE, BASE, pane - pane % chunk_us)
