@@ -359,3 +359,38 @@ def test_maps_and_lists_of_windows_without_a_value() -> None:
     assert len(rows) and all(len(m) == 0 for m in rows["hist"]) and all(len(m) == 0 for m in rows["top"])
     assert rows["best"].isna().all()
     check_rows_sample(group, rows, events)
+
+
+def test_a_stream_keeps_every_open_session_whichever_key_it_belongs_to() -> None:
+    """Two keys in session: the first key's session started late, the second's hours earlier. Pruning after
+    the first batch must keep the second key's panes since its session started (it is still open)."""
+    session = Session("20m", every="5m")
+    group = FeatureGroup(
+        "open_sessions",
+        GROUP_SESSIONS.entity,
+        GROUP_SESSIONS.source,
+        [
+            Feature("n", agg.count(), window=session),
+            Feature("since", agg.session_start(), window=session),
+            Feature("n_1h", agg.count(), window=Hop("1h", every="5m")),
+        ],
+    )
+    plan = pt.Plan.of(group, TYPES)
+    day = pd.Timestamp("2026-03-02", tz="UTC")
+    times = {
+        "late_start": pd.date_range(day + 10 * H, day + 14 * H, freq="5min", inclusive="left"),
+        "early_start": pd.date_range(day + 6 * H, day + 14 * H, freq="5min", inclusive="left"),
+    }
+    events = pd.concat(
+        [pd.DataFrame({"user_id": user, "event_ts": ts, "amount": 1.0}) for user, ts in times.items()],
+        ignore_index=True,
+    ).astype({"event_ts": "datetime64[us, UTC]"})
+    first = events[events["event_ts"] < day + 12 * H]
+    out = pt.step(plan, pt.empty_table(plan), processor_input(plan, group, first), None, to_micros(day + 12 * H))
+    table = pt.from_bytes(plan, pt.to_bytes(out.table))
+    rest = events[events["event_ts"] >= day + 12 * H]
+    end = pt.step(plan, table, processor_input(plan, group, rest), to_micros(day + 12 * H), 10**18)
+    rows = pd.concat([out.rows, end.rows], ignore_index=True)
+    check_rows_sample(group, rows, events, n=len(rows))
+    early = rows[(rows["user_id"] == "early_start") & (rows["window_end"] == to_micros(day + 14 * H))]
+    assert early["n"].iloc[0] == 96  # one session of 8 hours of events every 5 minutes

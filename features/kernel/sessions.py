@@ -91,14 +91,11 @@ class Runs:
         reach = self.s1[rows] + gap_us
         return rows, reach + (-reach) % every_us
 
-    def live_from(self, upto_us: int, gap_us: int) -> int | None:
-        """The earliest pane row a session still open after `upto` starts at (None if none is): what a stream
-        keeps, as a row index (`prune` turns it into a time)."""
+    def live_starts(self, upto_us: int, gap_us: int) -> np.ndarray:
+        """The first rows of the sessions still open after `upto` (that a later event can extend): what a stream
+        keeps (`prune` takes the earliest of their panes)."""
         present = np.flatnonzero(self.start >= 0)
-        if len(present) == 0:
-            return None
-        live = present[self.s1[present] + gap_us > upto_us]
-        return int(self.start[live].min()) if len(live) else None
+        return np.unique(self.start[present[self.s1[present] + gap_us > upto_us]])
 
 
 class SessionBounds(Kind):

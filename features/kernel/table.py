@@ -484,9 +484,9 @@ def _session_cut(plan: Plan, table: pd.DataFrame, upto_us: int) -> int:
     for calc in calcs:
         gap = calc.gap_us
         cut = min(cut, upto_us - upto_us % calc.every_us - gap - calc.every_us)  # type: ignore[operator]
-        live = _runs(s, calc).live_from(upto_us - upto_us % calc.every_us - calc.every_us, gap)  # type: ignore[arg-type]
-        if live is not None:
-            cut = min(cut, int(pane[live]))
+        live = _runs(s, calc).live_starts(upto_us - upto_us % calc.every_us - calc.every_us, gap)  # type: ignore[arg-type]
+        if len(live):
+            cut = min(cut, int(pane[live].min()))
     return cut
 
 
