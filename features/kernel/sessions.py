@@ -18,8 +18,6 @@ import numpy as np
 from features.kernel.aggregations import Kind, bincount, nullable, ranges_add, ranges_extreme
 from features.kernel.plan import TS
 
-PARTS = ("sn", "s0", "s1")
-
 
 def columns(condition: int) -> dict[str, str]:
     """A session `where`'s pane-table columns by part: its event count (the `fx_n` every `where` has) and the
@@ -81,7 +79,7 @@ class Runs:
         open_ = (last >= 0) & (ends - self.s1[np.maximum(last, 0)] < gap_us)
         return np.where(open_, self.start[np.maximum(last, 0)], hi)
 
-    def closes(self, key_code: np.ndarray, every_us: int, gap_us: int) -> tuple[np.ndarray, np.ndarray]:
+    def closes(self, every_us: int, gap_us: int) -> tuple[np.ndarray, np.ndarray]:
         """(row, E) where each session closes: the first window end at least `gap` after its last event."""
         present = np.flatnonzero(self.start >= 0)
         if len(present) == 0:

@@ -185,14 +185,14 @@ class Sorted:
         return np.searchsorted(self.position, key_code * self.span, side="left")
 
     def columns(self, calc: Calc) -> dict[str, Any]:
-        """A feature's partial columns by part, and for a session feature its `where`'s bounds (`sessions.PARTS`)."""
+        """A feature's partial columns by part, and for a session feature its `where`'s bounds (`bounds`)."""
         out = {p: column_array(self.table[calc.col(p)]) for p in KINDS[calc.kind].parts}
         if calc.gap_us is not None:
             out.update(self.bounds(calc.condition))
         return out
 
     def bounds(self, condition: int) -> dict[str, Any]:
-        """The first and last event times of a session `where`'s panes, and their counts (`sessions.PARTS`)."""
+        """A session `where`'s event count `sn` and first and last event times `s0`, `s1` per row."""
         return {p: column_array(self.table[c]) for p, c in sessions.columns(condition).items()}
 
 
@@ -317,7 +317,7 @@ def change_ends(
             moves.append((idx, coarse + size_us + every_us))
         if gap_us is not None:
             calc = next(c for c in plan.calcs if (c.condition, c.every_us, c.gap_us) == (condition, every_us, gap_us))
-            moves.append(_runs(s, calc).closes(s.key_code, every_us, gap_us))
+            moves.append(_runs(s, calc).closes(every_us, gap_us))
         for at, e in moves:
             if clamp_us is not None:
                 e = np.maximum(e, clamp_us)
