@@ -503,7 +503,7 @@ def test_every_aggregation_matches_reference(computed, range_name: str) -> None:
         assert (~looked_up["_found"]).sum() > 5  # lookups before a key's first change point
 
 
-@pytest.mark.parametrize("range_name", ["full", "mid"])
+@pytest.mark.parametrize("range_name", ["full"])  # the range starts are the older aggregations' tests' subject
 def test_list_map_and_moment_aggregations_match_reference(computed, range_name: str) -> None:
     rows = computed(GROUP_NEWER, range_name)
     start, end = RANGES[range_name]
@@ -514,7 +514,9 @@ def test_list_map_and_moment_aggregations_match_reference(computed, range_name: 
         assert looked_up["amount_top3"].map(lambda v: v is not None and len(v) == 3).any()
 
 
-@pytest.mark.parametrize("range_name", ["full", "odd"])
+# A range starting inside sessions (the value it starts with); the splits exactly at a gap (u_gap, before this
+# range) are checked in the kernel's stream test, on the same kernel.
+@pytest.mark.parametrize("range_name", ["odd"])
 def test_every_aggregation_over_sessions_matches_reference(computed, range_name: str) -> None:
     rows = computed(GROUP_SESSIONS, range_name)
     start, end = RANGES[range_name]
