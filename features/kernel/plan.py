@@ -65,7 +65,7 @@ class Plan:
                     name=feat.name,
                     kind=agg.kind,
                     condition=conds.index(feat.where),
-                    value=None if column is None else value_column(feat.aggregation.kind, column),
+                    value=None if column is None else value_column(agg.kind, column, input_types[column]),
                     value_type=None if column is None else input_type(agg.kind, input_types[column]),
                     output_type=agg.output_type(None if column is None else input_types[column]),
                     size_us=None if feat.window.size_s is None else feat.window.size_s * MICROS,
@@ -92,9 +92,11 @@ class Plan:
         return tuple(sorted({c.condition for c in self.calcs if c.gap_us is not None}))
 
 
-def value_column(kind: AggKind, column: str) -> str:
-    """The kernel's input column for a source column, named by how Spark casts it for this kind."""
-    return f"fx_v_{kind.op.cast}_{column}"
+def value_column(kind: AggKind, column: str, source_type: DType) -> str:
+    """The kernel's input column for a source column, named by how Spark casts it for this kind: aggregations
+    that receive the same values share one column."""
+    cast = "text" if text_cast(kind, source_type) else "double" if kind.op.cast == "double" else "raw"
+    return f"fx_v_{cast}_{column}"
 
 
 def input_type(kind: AggKind, source_type: DType) -> DType:
