@@ -305,12 +305,24 @@ def _drain_process(repo: Path) -> None:
 
 def _aside(repo: Path) -> dict[str, int]:
     """Files set aside: late events and quarantined records or batches, per group."""
-    out = {}
+    return {group: len(_aside_files(repo, group)) for group in GROUPS}
+
+
+def _aside_files(repo: Path, group: str) -> list[Path]:
+    data = repo / "data"
+    return sorted([*(data / "late" / group).rglob("*.parquet"), *(data / "quarantine" / group).rglob("*.parquet")])
+
+
+def aside_detail(repo: Path) -> str:
+    """What was set aside, file by file with its first rows: why a soak that should set nothing aside did."""
+    lines = []
     for group in GROUPS:
-        late = len(list((repo / "data" / "late" / group).rglob("*.parquet")))
-        quarantined = len(list((repo / "data" / "quarantine" / group).rglob("*.parquet")))
-        out[group] = late + quarantined
-    return out
+        for path in _aside_files(repo, group):
+            frame = pd.read_parquet(path)
+            lines.append(f"{path.relative_to(repo)}: {len(frame)} rows\n{frame.head(3).to_string()}")
+        for result in (repo / "data" / "quarantine" / group).rglob("result.json"):  # a failed validation's
+            lines.append(f"{result.relative_to(repo)}: {result.read_text()[:2000]}")
+    return "\n".join(lines)
 
 
 def backfill_twin(repo: Path, work: Path, spark) -> tuple[object, dict[str, tuple[int, int]]]:  # type: ignore[no-untyped-def]
