@@ -245,7 +245,7 @@ def soak(
     loader = threading.Thread(target=feeder.run, args=(stop, began), daemon=True)
     loader.start()
     samples: list[Sample] = []
-    killed = False
+    killed_at = None
     offline = [repo / "data" / "offline" / g for g in GROUPS]
     while time.time() - began < total_s:
         time.sleep(5)
@@ -262,9 +262,9 @@ def soak(
                 workers,
             )
         )
-        if not killed and time.time() - began >= total_s / 2:
+        if killed_at is None and time.time() - began >= total_s / 2:
             stream.kill()
-            killed = True
+            killed_at = time.time()
             stream.start()
             stream.wait_ready()
     stop.set()
@@ -282,6 +282,7 @@ def soak(
         "events": len(events),
         "files_landed": len(feeder.landed),
         "batches": len(stream.durations),
+        "batches_before_kill": sum(t < (killed_at or np.inf) for t, _ in stream.durations),
         "samples": samples,
         "max_files_per_partition": max(s.files_per_partition for s in samples),
         "checkpoint_mb": [round(s.checkpoint_bytes / 1e6, 1) for s in samples[:: max(1, len(samples) // 8)]],

@@ -53,7 +53,8 @@ def test_a_stream_soaked_through_event_time_and_a_kill(spark, tmp_path) -> None:
     result = soak.soak(
         work, catch_up_min=0.25, live_min=0.05, days=1.0, events_per_file=50, drain=drain_here, apply=apply_here
     )
-    assert result["batches"] >= 5  # micro-batches with events, before and after the kill
+    # Micro-batches with events before the kill and after the restart (how many depends on the machine's speed).
+    assert 0 < result["batches_before_kill"] < result["batches"]
     # Every event good and in order: nothing set aside.
     assert result["aside"] == {g: 0 for g in soak.GROUPS}, soak.aside_detail(result["repo"])
     assert result["max_files_per_partition"] <= soak.FILES_BOUND
