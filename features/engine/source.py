@@ -88,9 +88,10 @@ class SourceRead:
     @property
     def events(self) -> DataFrame:
         """The good records: the source's columns."""
-        return self._good(self.marked)
+        return self.good_of(self.marked)
 
-    def _good(self, marked: DataFrame) -> DataFrame:
+    def good_of(self, marked: DataFrame) -> DataFrame:
+        """The good records among `marked` (a part of `marked`): the source's columns."""
         from pyspark.sql import functions as F
 
         return marked.where(F.col(MARK).isNull()).select(*self.good).drop(META)
@@ -127,7 +128,7 @@ class SourceRead:
         observation = Observation()
         read = self.marked.where(timeless | self._in_range(lower_us, end_us))
         read = read.observe(observation, F.count_if(F.col(MARK).isNotNull()).alias("rejected"))
-        return self._good(read), observation
+        return self.good_of(read), observation
 
 
 def observed_count(observation: Observation, name: str) -> int | None:

@@ -67,7 +67,9 @@ from features.engine.source import (
     reason_of,
     stream_reads_nanoseconds,
 )
+from features.engine.upgrade import PendingUpgrade
 from features.errors import ConfigError, DefinitionError
+from features.kernel.migrate import carry
 from features.spec import WINDOW_END, DType, FeatureGroup
 
 if TYPE_CHECKING:
@@ -93,6 +95,8 @@ CHUNK_US = 3600 * 1_000_000  # pane tables are stored in chunks of one hour of p
 STATE_FORMAT = 4  # the layout of a bucket's state, saved with the checkpoint (3: no token; 2: DataSketches; 1: by key)
 RESIDENT_BUCKETS = 4  # buckets whose state a Python worker keeps between batches (_Resident)
 COMPACT_SLACK = 1024  # codes of departed keys a bucket's key dictionary may hold beyond twice its live keys
+# The chunk under which a bucket's state names its layout (features.kernel.migrate.Layout.id); no pane is this late.
+LAYOUT_CHUNK = np.iinfo(np.int64).max
 STATE_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
 
@@ -237,8 +241,18 @@ class PaneProcessor(StatefulProcessor):
     """One hash bucket of keys: its key dictionary, its pane table (keyed by key code) in chunks, the watermark
     it emitted up to, one timer."""
 
-    def __init__(self, plan: pt.Plan, group_name: str, output: dict[str, Any], eager: bool = True) -> None:
+    def __init__(
+        self,
+        plan: pt.Plan,
+        group_name: str,
+        output: dict[str, Any],
+        eager: bool = True,
+        layout: str = "",
+        upgrade: PendingUpgrade | None = None,
+    ) -> None:
         self.plan = plan
+        self.layout = layout  # the current definition's Layout.id
+        self.upgrade = upgrade  # a definition change some buckets may not have applied yet
         self.eager = eager
         self.coded = replace(plan, keys=(pt.KEY,))  # what the pane table functions see
         self.group_name = group_name
@@ -285,12 +299,19 @@ class PaneProcessor(StatefulProcessor):
         meta = self.meta.get() if self.meta.exists() else None
         after = None if meta is None else meta[0]
         resident = _RESIDENT.pop((self.group_name, bucket), None)  # taken: put back only once the step is stored
-        if resident is not None and meta is not None and resident.token == meta[2]:
+        layout, mark = self.layout, False
+        if resident is not None and meta is not None and (resident.token, resident.layout) == (meta[2], self.layout):
             tables, stored, keys = [resident.table], resident.sizes, resident.keys
         else:
             blobs = {int(k[0]): v[0] for k, v in self.chunks.iterator()}
-            tables = [pt.from_bytes(plan, blob) for blob in blobs.values()]
+            marker = blobs.pop(LAYOUT_CHUNK, None)
+            layout = self._layout_of(marker, meta)
+            mark = marker != self.layout.encode()  # every stored state names its layout, from its first step on
             stored, keys = {c: len(b) for c, b in blobs.items()}, self._dictionary()
+            if layout == self.layout:
+                tables = [pt.from_bytes(plan, blob) for blob in blobs.values()]
+            else:
+                tables = [self._carried(bucket, layout, blobs, keys)]
         if events is None:
             coded = pd.DataFrame({pt.KEY: np.zeros(0, np.int64), pt.TS: np.zeros(0, np.int64)})
         else:
@@ -327,14 +348,46 @@ class PaneProcessor(StatefulProcessor):
             record = late.to_json(orient="records", lines=True).splitlines()
             yield self._side(LATE, np.full(len(late), "late", dtype=object), np.array(record, dtype=object))
         touched = set(_chunk_ids(ts - ts % plan.pane_us))
+        if layout != self.layout:  # carried over a definition change: every chunk is rewritten
+            touched.update(stored)
+        if mark:
+            self.chunks.updateValue((LAYOUT_CHUNK,), (self.layout.encode(),))
         table = self._compact(step.table, keys, stored, touched)
         sizes = self._store(table, stored, touched)
         token = secrets.randbits(63)
         self.meta.update((upto, newest, token))
-        _keep_resident((self.group_name, bucket), _Resident(token, table, sizes, keys))
+        _keep_resident((self.group_name, bucket), _Resident(token, self.layout, table, sizes, keys))
         if step.next_change is not None:
             self.handle.registerTimer(step.next_change // 1000)
         yield self._stat(bucket, len(table), sum(sizes.values()), upto, n, landed)
+
+    def _layout_of(self, marker: bytes | None, meta: Any) -> str:
+        """The layout of the bucket's stored state: the one its marker names; unmarked, the one before the pending
+        change (state written before it), or the current one (no change pending, or a bucket with no state yet)."""
+        if marker is not None:
+            return marker.decode()
+        if meta is None or self.upgrade is None:
+            return self.layout
+        return self.upgrade.change.before.id
+
+    def _carried(self, bucket: int, layout: str, blobs: dict[int, bytes], keys: pt.KeyDictionary) -> pd.DataFrame:
+        """The bucket's stored pane table (of an earlier definition) carried over to the current one
+        (features.kernel.migrate), with the new features' pane rows built from the source."""
+        upgrade = self.upgrade
+        if upgrade is None or layout != upgrade.change.before.id:
+            raise ConfigError(
+                f"{self.group_name}: bucket {bucket}'s saved state was built for a definition this stream no longer "
+                "knows how to carry over (two changes applied before the first had reached every bucket). Start "
+                "over with `features stream --reset`"
+            )
+        frames = [pt.read_frame(blob) for blob in blobs.values()]
+        old = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0] if frames else None
+        built = upgrade.built(bucket, self.plan.keys, [c for c, _ in upgrade.change.after.columns])
+        codes, fresh = keys.encode(built[list(self.plan.keys)])
+        if len(fresh):
+            self.keys.updateValue((len(keys) - len(fresh),), (pt.to_bytes(fresh),))
+        built = built.drop(columns=list(self.plan.keys)).assign(**{pt.KEY: codes})
+        return carry(self.coded, upgrade.change, old, built)
 
     def _dictionary(self) -> pt.KeyDictionary:
         segments = sorted((int(k[0]), v[0]) for k, v in self.keys.iterator())
@@ -430,6 +483,7 @@ class _Resident:
     state store holds another (a failed or replayed batch, a step on another worker) reads the store."""
 
     token: int
+    layout: str  # the definition's Layout.id the table has
     table: pd.DataFrame
     sizes: dict[int, int]  # serialized bytes of each stored chunk
     keys: pt.KeyDictionary

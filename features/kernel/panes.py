@@ -72,6 +72,21 @@ def pane_length_us(windows: Iterable[Window]) -> int:
     return reduce(gcd, (w.every_s for w in windows)) * MICROS
 
 
+def lookback_start(windows: Iterable[Window], watermark_us: int | None) -> int | None:
+    """The earliest event time the windows ending after `watermark_us` read: a Hop's size and one `every` before
+    the last end of its grid the watermark passed. None (every event) for a Lifetime's totals, a Session's start,
+    or no watermark yet."""
+    if watermark_us is None:
+        return None
+    earliest = []
+    for window in windows:
+        if window.size_s is None or window.gap_s is not None:
+            return None
+        every = window.every_s * MICROS
+        earliest.append(watermark_us - watermark_us % every - window.size_s * MICROS - every)
+    return min(earliest, default=None)
+
+
 def lookback_us(group: FeatureGroup) -> int | None:
     """How far before a range start events still matter (the longest window); None if any is Lifetime."""
     sizes = [f.window.size_s for f in group.features]

@@ -16,6 +16,7 @@ the group's quarantine folder, both with the batch id.
 from __future__ import annotations
 
 import shutil
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -33,8 +34,10 @@ from features.engine import kafka
 from features.engine import stream as engine
 from features.engine.inputs import bucket_labels
 from features.engine.session import get_spark, is_connect
+from features.engine.upgrade import PendingUpgrade
 from features.errors import ConfigError, EnvironmentProblem, ValidationFailed
 from features.ml import tracking as mlflow_tracking
+from features.pipelines import stream_upgrade
 from features.pipelines.backfill import ready_writer
 from features.pipelines.retention import DEFAULT_KEEP
 from features.pipelines.rollup import MetricRollup
@@ -64,6 +67,7 @@ class StreamRun:
     _tracking: Any = None  # its context manager, ended when the queries end
     rollups: list[MetricRollup] = field(default_factory=list)  # the batches' metrics not logged yet, per group
     archives: dict[str, StreamingQuery] = field(default_factory=dict)  # per Kafka source archived: its query
+    carried: dict[str, stream_upgrade.Carried] = field(default_factory=dict)  # groups whose definition changed
 
     def _finish(self, error: BaseException | None) -> None:
         """End the MLflow run once, after the metrics of the last batches: FINISHED, or FAILED with the error."""
@@ -170,13 +174,20 @@ def stream(
         for group in selected:
             checkpoint = Path(repo.checkpoint_path(group, checkpoint_root))
             path = repo.source_path(group)
-            labels, partitions, nanoseconds, stream_id = _check_checkpoint(
-                repo, group, checkpoint, buckets, reset, spark
-            )
-            events = engine.read_stream(spark, group, path, max_files_per_trigger, nanoseconds)
+            resumed = _check_checkpoint(repo, group, checkpoint, buckets, reset, spark)
+            if resumed.carried is not None:
+                print(resumed.carried.line(), file=sys.stderr, flush=True)
+                run.carried[group.name] = resumed.carried
+            labels = resumed.labels
+            events = engine.read_stream(spark, group, path, max_files_per_trigger, resumed.nanoseconds)
             projected, projection = engine.project(group, events, labels)
             processor = engine.PaneProcessor(
-                projection.plan, group.name, _arrow_types(projection.output_schema), eager=group.online == "eager"
+                projection.plan,
+                group.name,
+                _arrow_types(projection.output_schema),
+                eager=group.online == "eager",
+                layout=stream_upgrade.layout(group).id,
+                upgrade=resumed.upgrade,
             )
             out = projected.groupBy(engine.BUCKET).transformWithStateInPandas(
                 processor, projection.output_schema, "append", "EventTime"
@@ -184,15 +195,17 @@ def stream(
             writer_of = writers.get(group.name)
             rollup = MetricRollup(partial(_log_metrics, run.tracker), metrics_s)
             run.rollups.append(rollup)
-            aside = SetAside(repo, group, spark, projection.record_schema, rollup, keep_s, nanoseconds)
+            aside = SetAside(repo, group, spark, projection.record_schema, rollup, keep_s, resumed.nanoseconds)
             sink = BatchSink(repo, group, writer_of, validate, run, show, spark, aside, rollup)
-            sink.stream_id = stream_id
+            sink.stream_id = resumed.stream_id
+            if resumed.upgrade is not None:
+                sink.finish_upgrade = stream_upgrade.Finish(checkpoint, len(labels))
             writer = out.writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint / "query"))
             writer = writer.queryName(f"features_{group.name}")
             writer = writer.trigger(**trigger_of)
             # Until its first batch reports, a run stands at the watermark its checkpoint's last batch emitted up to.
             run.latest[group.name] = StreamProgress(group.name, watermark=emitted_watermark(checkpoint / "query"))
-            with _shuffle_partitions(spark, partitions):
+            with _shuffle_partitions(spark, resumed.partitions):
                 run.queries[group.name] = writer.start()
             sink.query = run.queries[group.name]
             source = group.source
@@ -266,13 +279,26 @@ def _cores(spark: SparkSession) -> int:
         return int(spark.conf.get("spark.sql.shuffle.partitions") or 1)
 
 
+@dataclass(frozen=True)
+class Resumed:
+    """What a stream continues from its checkpoint with."""
+
+    labels: list[int]  # the bucket labels the state was built with
+    partitions: int  # the stateful operator's partitions
+    # Whether the stream reads nanosecond Parquet files (features.engine.stream.reads_nanoseconds: decided when the
+    # checkpoint starts, as that decides how many sources its query has, which Spark keeps).
+    nanoseconds: bool
+    stream_id: str
+    upgrade: PendingUpgrade | None = None  # a definition change its buckets apply as they step
+    carried: stream_upgrade.Carried | None = None  # that change, when this start made it
+
+
 def _check_checkpoint(
     repo: Repo, group: FeatureGroup, checkpoint: Path, buckets: int | None, reset: bool, spark: SparkSession
-) -> tuple[list[int], int, bool, str]:
-    """The bucket labels the state was built with, the stateful operator's partitions (new ones for a new
-    checkpoint), and whether the stream reads nanosecond Parquet files (features.engine.stream.reads_nanoseconds:
-    decided when the checkpoint starts, as that decides how many sources its query has, which Spark keeps), and
-    the stream's id. Stops when the saved state was built for another definition; `reset` starts over from the source.
+) -> Resumed:
+    """How the stream continues from its checkpoint (new labels and partitions for a new checkpoint). A changed
+    definition carries the state over (features.pipelines.stream_upgrade); other changes to the saved state stop,
+    and `reset` starts over from the source.
 
     A new checkpoint gets one shuffle partition per core and, by default, one bucket per partition: one task
     and one Python call per core and batch, which costs the least per batch. Both are fixed when a checkpoint
@@ -287,18 +313,9 @@ def _check_checkpoint(
         saved = None
     if saved is not None and buckets is None:
         buckets = saved["buckets"]
-    if saved is not None and (saved["definition_hash"], saved["buckets"]) != (definition_hash(group), buckets):
-        before = {f["name"] for f in saved["definition"]["features"]}
-        now = {f.name for f in group.features}
-        changes = []
-        if now - before:
-            changes.append(f"added {', '.join(sorted(now - before))}")
-        if before - now:
-            changes.append(f"removed {', '.join(sorted(before - now))}")
-        if saved["buckets"] != buckets:
-            changes.append(f"--buckets {saved['buckets']} -> {buckets}")
-        what = "; ".join(changes) or "changed a feature's aggregation, window or filter"
-        raise _cannot_continue(repo, group, checkpoint, f"was built for another definition ({what})")
+    if saved is not None and saved["buckets"] != buckets:
+        what = f"--buckets {saved['buckets']} -> {buckets}"
+        raise _cannot_continue(repo, group, checkpoint, f"was built for another number of buckets ({what})")
     if saved is not None and saved.get("state_format") != engine.STATE_FORMAT:
         raise _cannot_continue(
             repo,
@@ -306,6 +323,11 @@ def _check_checkpoint(
             checkpoint,
             "was written by an older version of features, in a layout this version does not read",
         )
+    upgrade, carried = None, None
+    if saved is not None and saved["definition_hash"] != definition_hash(group):
+        upgrade, carried = stream_upgrade.carry_over(spark, repo, group, checkpoint, saved, saved["labels"])
+    elif saved is not None and saved.get("upgrade"):
+        upgrade = PendingUpgrade.from_json(saved["upgrade"])
     if saved is not None:
         # A checkpoint from before the choice always read nanosecond files (a second source).
         labels, partitions, nanoseconds = saved["labels"], saved["partitions"], saved.get("nanoseconds", True)
@@ -321,11 +343,13 @@ def _check_checkpoint(
         "nanoseconds": nanoseconds,
         "state_format": engine.STATE_FORMAT,
         "definition": describe(group),
+        "layout": stream_upgrade.layout(group).to_json(),
+        "upgrade": None if upgrade is None else upgrade.to_json(),
         # Recorded in its offline commits, so that a restart finds its last batch; a new checkpoint, a new id.
         "stream_id": (saved or {}).get("stream_id") or uuid.uuid4().hex,
     }
     engine.save_definition(checkpoint, current)
-    return labels, partitions, nanoseconds, current["stream_id"]
+    return Resumed(labels, partitions, nanoseconds, current["stream_id"], upgrade, carried)
 
 
 def _remove_stream_rows(spark: SparkSession, repo: Repo, group: FeatureGroup) -> None:

@@ -65,6 +65,7 @@ class BatchSink:
         self.compaction: StreamCompaction | None = None
         self.aside, self.rollup = aside, rollup
         self.quarantined = 0  # batches that failed validation
+        self.finish_upgrade: Any = None  # a stream_upgrade.Finish while a definition change is pending
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         try:
@@ -163,6 +164,8 @@ class BatchSink:
         events = 0
         watermark = None
         landed = [r["landed"] for r in stats if r["landed"] is not None]
+        if self.finish_upgrade is not None:
+            self.finish_upgrade.observe(batch_id, len(stats))
         for r in stats:
             self.state[r["bucket"]] = (r["state_rows"], r["state_bytes"])
             events += r["events"]

@@ -1,0 +1,159 @@
+"""The Spark side of a definition change to a running stream (docs/streaming.md, "Changing a running group"):
+which source files the stream's committed micro-batches read, how far its event time got, and the batch job that
+computes the pane rows of the new features from those files alone.
+
+Spark's file source keeps the files of each micro-batch in its checkpoint (`sources/<n>/<batch>`, JSON lines
+after a version line, folded into `<batch>.compact` every few batches); the commit log says which batches
+finished. The files of committed batches are exactly the events the state holds; files of a batch that did not
+commit are read again by that batch when the stream continues, under the new definition.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyspark.sql import functions as F
+
+from features import kernel
+from features.engine.inputs import bucket_of, kernel_inputs
+from features.engine.schema import schema_of
+from features.engine.source import META, read_source
+from features.kernel.migrate import Change, Layout
+from features.spec import FeatureGroup
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+BUCKET, PART, BLOB = "fx_bucket", "fx_part", "fx_blob"
+PART_ROWS = 500_000  # pane rows per stored blob of the built panes
+
+
+@dataclass(frozen=True)
+class Position:
+    """How far a stream's checkpoint got: its last committed batch, the watermark that batch emitted up to (µs),
+    and the source files its committed batches read (as Spark spells their URIs)."""
+
+    batch: int | None
+    watermark_us: int | None
+    files: frozenset[str]
+
+
+def committed_position(query_checkpoint: Path) -> Position:
+    commits = [int(p.name) for p in (query_checkpoint / "commits").glob("[0-9]*") if p.name.isdigit()]
+    if not commits:
+        return Position(None, None, frozenset())
+    last = max(commits)
+    lines = (query_checkpoint / "offsets" / str(last)).read_text().splitlines()
+    ms = json.loads(lines[1]).get("batchWatermarkMs") if len(lines) > 1 else None
+    files: set[str] = set()
+    for log in (query_checkpoint / "sources").glob("*/*"):
+        if not log.name.split(".")[0].isdigit():
+            continue
+        for line in log.read_text().splitlines()[1:]:
+            entry = json.loads(line)
+            if entry["batchId"] <= last:
+                files.add(entry["path"])
+    return Position(last, ms * 1000 if ms else None, frozenset(files))
+
+
+@dataclass(frozen=True)
+class Built:
+    events: int  # events read
+    since_us: int | None  # the earliest event time read (None: all)
+
+
+def build_panes(
+    spark: SparkSession,
+    group: FeatureGroup,
+    path: str,
+    files: frozenset[str],
+    labels: list[int],
+    since_us: int | None,
+    upto_us: int | None,
+    folder: Path,
+) -> Built:
+    """The pane rows of every feature of `group` (keys as themselves, not codes), from the good events of `files`
+    stamped at or after `since_us`, per stream bucket, stored in `folder` as Parquet (bucket, part, blob):
+    each blob a pane table as `features.kernel.state` serializes one. Panes that only Lifetime windows ending
+    after `upto_us` (the watermark the state emitted up to) read are folded into each key's base row, as the
+    stream keeps them."""
+    read = read_source(spark, group, path)
+    marked = read.marked.where(F.col(read.timestamp).isNotNull())
+    spellings = sorted({s for f in files for s in _spellings(f)})
+    wanted = spark.createDataFrame([(s,) for s in spellings], "fx_file string")
+    good = read.good_of(marked.join(F.broadcast(wanted), marked[META]["file_path"] == wanted["fx_file"], "left_semi"))
+    if since_us is not None:
+        good = good.where(F.col(group.source.timestamp).cast("timestamp") >= F.timestamp_micros(F.lit(since_us)))
+    present = F.lit(True)
+    for key in group.join_keys:
+        present = present & F.col(key).isNotNull()
+    types = schema_of(good.schema)
+    plan = kernel.Plan.of(group, types)
+    projected = good.where(present).select(bucket_of(group, labels).alias(BUCKET), *kernel_inputs(group, types, plan))
+    counted = spark.sparkContext.accumulator(0)
+
+    def compute(table: pa.Table) -> pa.Table:  # no hints: PySpark infers the UDF type from them
+        counted.add(table.num_rows)
+        return _panes(plan, table, upto_us)
+
+    out = projected.groupBy(BUCKET).applyInArrow(compute, f"{BUCKET} bigint, {PART} int, {BLOB} binary")
+    out.write.mode("overwrite").parquet(str(folder))
+    return Built(int(counted.value), since_us)
+
+
+def _panes(plan: kernel.Plan, table: pa.Table, upto_us: int | None) -> pa.Table:
+    bucket = int(table[BUCKET][0].as_py())
+    panes = kernel.phase1(plan, kernel.events_frame(table.drop_columns([BUCKET])))
+    if upto_us is not None and not all(c.bounded for c in plan.calcs):
+        panes = kernel.prune(plan, panes, upto_us)
+    blobs = [kernel.to_bytes(panes.iloc[i : i + PART_ROWS]) for i in range(0, max(len(panes), 1), PART_ROWS)]
+    n = len(blobs)
+    return pa.table(
+        {
+            BUCKET: pa.array([bucket] * n, pa.int64()),
+            PART: pa.array(range(n), pa.int32()),
+            BLOB: pa.array(blobs, pa.binary()),
+        }
+    )
+
+
+def _spellings(uri: str) -> list[str]:
+    """A file's URI as the source log has it (`file:///p`) and as `_metadata.file_path` gives it (`file:/p`)."""
+    return [uri, "file:/" + uri.removeprefix("file:///")] if uri.startswith("file:///") else [uri]
+
+
+@dataclass(frozen=True)
+class PendingUpgrade:
+    """A definition change the stream's buckets apply to their state as each first steps under it: the change,
+    and the folder of the built panes (None when nothing is built: only dropped or renamed columns)."""
+
+    change: Change
+    folder: str | None
+
+    def built(self, bucket: int, keys: tuple[str, ...], columns: list[str]) -> pd.DataFrame:
+        """The bucket's built pane rows (keys as themselves), or no rows."""
+        frames = []
+        if self.folder is not None and Path(self.folder).exists():
+            table = pq.read_table(self.folder, filters=[(BUCKET, "=", bucket)], columns=[PART, BLOB])
+            for blob in table.sort_by(PART)[BLOB].to_pylist():
+                frames.append(kernel.read_frame(blob))
+        if frames:
+            return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+        return pd.DataFrame({c: np.zeros(0, dtype=np.int64) for c in [*keys, kernel.PANE, *columns]}).astype(
+            dict.fromkeys(keys, object)
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {"before": self.change.before.to_json(), "after": self.change.after.to_json(), "folder": self.folder}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> PendingUpgrade:
+        before, after = Layout.from_json(data["before"]), Layout.from_json(data["after"])
+        return cls(Change(before, after), data["folder"])

@@ -1,0 +1,168 @@
+"""A running group's definition changed: its stream carries the state over instead of replaying the source
+(docs/streaming.md, "Changing a running group").
+
+When `features stream` starts on a checkpoint whose saved definition differs from the group's, the state's columns
+are compared by what they hold (features.kernel.migrate): unchanged features keep their pane partials, removed ones
+are dropped, and the added or changed ones are built by one batch job over the files the stream's committed
+micro-batches had read, from as far back as their windows need (all of them for a Lifetime or Session feature).
+Each bucket applies the change to its state the first time it steps under the new definition; once a committed
+micro-batch has stepped every bucket, the built panes are deleted and the change is done.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from features.engine import stream as engine
+from features.engine.upgrade import PendingUpgrade, build_panes, committed_position
+from features.errors import ConfigError
+from features.kernel.migrate import Change, Layout, layout_of
+from features.kernel.panes import MICROS, lookback_start
+from features.repo import Repo
+from features.spec import FeatureGroup
+from features.spec.fingerprint import describe
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+FOLDER = "upgrade"  # beside the query's checkpoint: the built panes of a pending change
+
+
+@dataclass(frozen=True)
+class Carried:
+    """What carrying a stream's state over a definition change did."""
+
+    group: str
+    kept: list[str]
+    built: list[str]
+    dropped: list[str]
+    events: int
+    since: datetime | None  # the earliest event time read for the built features (None: all of it)
+    upto: datetime | None  # the watermark the state had emitted up to
+    files: int
+    seconds: float
+
+    def line(self) -> str:
+        text = f"{self.group}: definition changed, state carried over without a replay: kept {_names(self.kept)}"
+        if self.built:
+            since = "the beginning" if self.since is None else f"{self.since:%Y-%m-%d %H:%M}"
+            text += (
+                f"; built {_names(self.built)} from {self.events:,} events of {self.files:,} files read so far "
+                f"(event time from {since}) in {self.seconds:.1f}s"
+            )
+        if self.dropped:
+            text += f"; dropped {_names(self.dropped)}"
+        return text
+
+
+def _names(names: list[str]) -> str:
+    return ", ".join(names) if names else "nothing"
+
+
+def layout(group: FeatureGroup) -> Layout:
+    return layout_of(describe(group))
+
+
+def saved_layout(saved: dict[str, Any]) -> Layout:
+    """The layout of a checkpoint's state (checkpoints from before layouts were saved: from their definition)."""
+    return Layout.from_json(saved["layout"]) if "layout" in saved else layout_of(saved["definition"])
+
+
+def carry_over(
+    spark: SparkSession,
+    repo: Repo,
+    group: FeatureGroup,
+    checkpoint: Path,
+    saved: dict[str, Any],
+    labels: list[int],
+) -> tuple[PendingUpgrade | None, Carried | None]:
+    """The change the stream's buckets will apply to their state (None when the checkpoint holds no committed
+    batch: nothing to carry), with the new features' panes built. Raises where the state cannot be carried."""
+    _check_carriable(repo, group, checkpoint, saved)
+    position = committed_position(checkpoint / "query")
+    if position.batch is None:
+        return None, None
+    change = Change(saved_layout(saved), layout(group))
+    built = change.features(change.built)
+    features = {f["name"] for f in saved["definition"]["features"]}
+    kept = [f.name for f in group.features if f.name not in built]
+    dropped = sorted(features - set(kept) - set(built))
+    began = time.perf_counter()
+    folder, events, since = None, 0, None
+    if built:
+        since = lookback_start([f.window for f in group.features if f.name in built], position.watermark_us)
+        folder = checkpoint / FOLDER / change.after.id
+        shutil.rmtree(folder, ignore_errors=True)
+        events = build_panes(
+            spark, group, repo.source_path(group), position.files, labels, since, position.watermark_us, folder
+        ).events
+    carried = Carried(
+        group.name,
+        kept,
+        built,
+        dropped,
+        events,
+        None if since is None else datetime.fromtimestamp(since / MICROS, UTC),
+        None if position.watermark_us is None else datetime.fromtimestamp(position.watermark_us / MICROS, UTC),
+        len(position.files),
+        time.perf_counter() - began,
+    )
+    return PendingUpgrade(change, None if folder is None else str(folder)), carried
+
+
+def _check_carriable(repo: Repo, group: FeatureGroup, checkpoint: Path, saved: dict[str, Any]) -> None:
+    before = saved["definition"]
+    why = None
+    if list(before["entity"]["join_keys"]) != list(group.join_keys):
+        why = (
+            f"keys its state by {', '.join(before['entity']['join_keys'])}, and the group is now keyed by "
+            f"{', '.join(group.join_keys)}: every key is new, so a replay of the source is the least it takes"
+        )
+    elif before["source"]["timestamp"] != group.source.timestamp:
+        why = "was built on another timestamp column: every event's time changed, so the source must be replayed"
+    elif group.source.kafka is not None:
+        why = (
+            "reads a Kafka topic, whose past a change would have to be built from, and the stream keeps no record of "
+            "which archived events its state holds"
+        )
+    elif saved.get("upgrade"):
+        why = (
+            "is still applying the previous definition change (no micro-batch with events has run since): run the "
+            "stream on the previous definition until one has, then apply the new one"
+        )
+    if why is not None:
+        raise ConfigError(
+            f"{group.name}: the stream's saved state in {checkpoint} {why}. Start over with `features stream --repo "
+            f"{repo.root} --group {group.name} --reset`, which deletes that state and rebuilds it from the source"
+        )
+
+
+@dataclass
+class Finish:
+    """Ends a pending change once every bucket has applied it: after a micro-batch that stepped every bucket has
+    committed (the next batch runs only then), its built panes go and the saved definition forgets it."""
+
+    checkpoint: Path
+    buckets: int
+    stepped_in: int | None = None
+    done: bool = False
+
+    def observe(self, batch_id: int, stepped: int) -> None:
+        if self.done:
+            return
+        if self.stepped_in is not None and batch_id > self.stepped_in:
+            saved = engine.saved_definition(self.checkpoint)
+            if saved is not None and saved.get("upgrade"):
+                folder = saved["upgrade"].get("folder")
+                saved["upgrade"] = None
+                engine.save_definition(self.checkpoint, saved)
+                if folder:
+                    shutil.rmtree(folder, ignore_errors=True)
+            self.done = True
+        elif self.stepped_in is None and stepped >= self.buckets:
+            self.stepped_in = batch_id

@@ -1,0 +1,110 @@
+"""A running stream whose group changes (features added, removed, widened) continues from its checkpoint without a
+replay: after the change, its offline rows equal the batch engine's over all events, and the new features' online
+values are the reference's (docs/streaming.md, "Changing a running group")."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from conftest import build_feast_repo
+from reference import reference_frame
+from test_batch_reference import BASE, H, make_events
+from test_stream import (
+    SOURCE,
+    arrival_order,
+    assert_batch_engine_rows,
+    check_sample,
+    land,
+    offline_rows,
+    same_value,
+)
+
+from features import Entity, Feature, FeatureGroup, Hop, Lifetime, agg
+from features.engine.upgrade import committed_position
+from features.errors import ConfigError
+from features.pipelines.stream import stream
+from features.repo import Repo
+from features.spec import WINDOW_END
+from features.stores.serving import online_features
+
+pytestmark = pytest.mark.spark
+
+USER = Entity("user", join_keys=["user_id"])
+BEFORE = FeatureGroup(
+    "user_changing",
+    USER,
+    SOURCE,
+    [
+        Feature("failed_4h", agg.count(), window=Hop("4h", every="20m"), where="status = 'FAILED'"),
+        Feature("amount_sum_1h", agg.sum("amount"), window=Hop("1h", every="5m")),
+        Feature("amount_max_4h", agg.max("amount"), window=Hop("4h", every="20m")),
+        Feature("status_last", agg.last("status"), window=Lifetime(every="5m")),
+    ],
+)
+AFTER = FeatureGroup(
+    "user_changing",
+    USER,
+    SOURCE,
+    [
+        Feature("failed_4h", agg.count(), window=Hop("6h", every="20m"), where="status = 'FAILED'"),  # widened
+        Feature("amount_sum_1h", agg.sum("amount"), window=Hop("1h", every="5m")),
+        Feature("status_last", agg.last("status"), window=Lifetime(every="5m")),
+        Feature("qty_sum_2h", agg.sum("qty"), window=Hop("2h", every="10m"), where="ok"),  # added, a new `where`
+        Feature("n_lifetime", agg.count(), window=Lifetime(every="1h")),  # added: all of history
+    ],
+)
+
+
+def _define(root: Path, group: FeatureGroup) -> Repo:
+    for old in root.glob("test_definitions_*.py"):
+        old.unlink()
+    build_feast_repo(root, [group])
+    return Repo.load(root)
+
+
+def _stream(repo: Repo) -> None:
+    stream(repo, available_now=True, max_files_per_trigger=1, progress=False, tracking=False).await_termination()
+
+
+def test_a_changed_group_continues_from_its_checkpoint_and_a_new_key_does_not(spark, tmp_path, capsys) -> None:
+    events = make_events()
+    cut = BASE + 16 * H
+    first, rest = events[events["event_ts"] < cut], events[events["event_ts"] >= cut]
+    root = tmp_path / "repo"
+    land(root, arrival_order(first, pd.Timedelta(minutes=20), seed=1), 3)
+    _stream(_define(root, BEFORE))
+    checkpoint = Path(Repo.load(root).checkpoint_path(BEFORE, None))
+    changed_at = pd.Timestamp(committed_position(checkpoint / "query").watermark_us, unit="us", tz="UTC")
+
+    repo = _define(root, AFTER)
+    land(root, arrival_order(rest, pd.Timedelta(minutes=20), seed=2), 3, start_index=3)
+    capsys.readouterr()
+    _stream(repo)
+    line = capsys.readouterr().err
+    assert "state carried over without a replay" in line
+    assert "kept amount_sum_1h, status_last" in line and "built failed_4h, qty_sum_2h, n_lifetime" in line
+    assert "dropped amount_max_4h" in line
+
+    rows = offline_rows(spark, repo, AFTER)
+    after = rows[rows[WINDOW_END] > changed_at].reset_index(drop=True)
+    assert_batch_engine_rows(spark, AFTER, after, events, rows[WINDOW_END].max(), since=changed_at)
+    check_sample(AFTER, after, events)
+    saved = json.loads((checkpoint / "features-definition.json").read_text())
+    assert saved["upgrade"] is None  # every bucket stepped under the new definition: the change is done
+    assert not any((checkpoint / "upgrade").glob("*"))
+
+    users = sorted(after["user_id"].unique())
+    online = online_features(repo, AFTER, users, with_window_end=True)
+    want = reference_frame(
+        events, AFTER, [((u,), t) for u, t in zip(online["user_id"], online[WINDOW_END], strict=True)]
+    )
+    for name in ("failed_4h", "qty_sum_2h", "n_lifetime"):
+        assert all(same_value(a, b) for a, b in zip(online[name], want[name], strict=True)), name
+
+    # Keyed otherwise, every key is new: the least it takes is a replay, and the stream says so.
+    rekeyed = FeatureGroup("user_changing", Entity("card", join_keys=["card_id"]), SOURCE, AFTER.features)
+    with pytest.raises(ConfigError, match=r"every key is new.*--group user_changing --reset"):
+        stream(_define(root, rekeyed), available_now=True, progress=False, tracking=False)
