@@ -14,6 +14,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
@@ -45,7 +46,7 @@ from features.repo import Repo
 from features.spec import WINDOW_END
 from features.spec.fingerprint import definition_hash, feature_hashes
 from features.stores.manifest import read_manifest, update
-from features.stores.offline import read_pandas, rows_by_date
+from features.stores.offline import current_version, read_pandas, rows_by_date
 
 ROOT = Path(__file__).resolve().parents[1]
 D1, D2, D3, D4, D5 = (date(2026, 3, d) for d in range(1, 6))
@@ -638,23 +639,47 @@ def test_late_events_heal_to_a_backfill_of_the_full_source(spark, tmp_path: Path
     assert plan(healed, request(since_last=True), now=NOW).partitions == 0  # each batch is read once
 
 
+LIFETIME_COUNT = Feature("txn_count_lifetime", agg.count(), window=Lifetime(every="1h"))
+MAX_2H = Feature("amount_max_2h", agg.max("amount"), window=Hop("2h", every="10m"))
+GROWN_V1 = FeatureGroup("grown", USER, SOURCE, [COUNT_1H, LIFETIME_COUNT, MAX_2H])
+GROWN_V2 = FeatureGroup(  # one feature added, one widened
+    "grown", USER, SOURCE, [COUNT_1H, LIFETIME_COUNT, SUM_1H, replace(MAX_2H, window=Hop("3h", every="10m"))]
+)
+GROWN_V3 = FeatureGroup("grown", USER, SOURCE, [COUNT_1H, LIFETIME_COUNT, SUM_1H])  # one removed
+
+
 @pytest.mark.spark
-def test_an_added_feature_recomputes_every_partition(spark, tmp_path: Path) -> None:
-    repo = make_repo(tmp_path / "repo", [HOP_V1], events_for(days=2, n=600))
+def test_added_and_changed_features_are_computed_alone_beside_the_others(spark, tmp_path: Path) -> None:
+    events = events_for(days=2, n=600)
+    repo = make_repo(tmp_path / "repo", [GROWN_V1], events)
     opts = {"spark": spark, "now": NOW, "progress": False, "track": False, "online": False}
     execute(repo, plan(repo, request(since_last=True, days_per_run=3), now=NOW, spark=spark), **opts)
-    assert read_manifest(repo.offline_path(HOP), "hop").completed() == [D1, D2, D3]
+    assert read_manifest(repo.offline_path(GROWN_V1), "grown").completed() == [D1, D2, D3]
 
-    redefine(repo.root, [HOP])
+    redefine(repo.root, [GROWN_V2])
     repo = Repo.load(repo.root)
     the_plan = plan(repo, request(since_last=True, days_per_run=3), now=NOW)
-    assert the_plan.groups[0].todo == dict.fromkeys([D1, D2, D3], "definition changed: added feature 'amount_sum_1h'")
+    [run] = the_plan.runs
+    assert run.features == ("amount_sum_1h", "amount_max_2h") and run.days == (D1, D2, D3)
+    assert "computing only amount_sum_1h, amount_max_2h" in the_plan.describe()
     execute(repo, the_plan, **opts)
-    manifest = read_manifest(repo.offline_path(HOP), "hop")
-    assert {e.definition_hash for e in manifest.partitions.values()} == {definition_hash(HOP)}
-    rows = read_pandas(repo.offline_path(HOP))
-    assert rows.loc[rows[WINDOW_END] < at(D3), "amount_sum_1h"].notna().all()
+
+    reference = make_repo(tmp_path / "reference", [GROWN_V2], events)
+    execute(reference, plan(reference, request(start="2026-03-01", end="2026-03-04"), now=NOW), **opts)
+    columns = ["user_id", WINDOW_END, *(f.name for f in GROWN_V2.features)]
+    got, want = offline(repo, GROWN_V2)[columns], offline(reference, GROWN_V2)[columns]
+    pd.testing.assert_frame_equal(got, want, check_exact=False, rtol=1e-9)
+    manifest = read_manifest(repo.offline_path(GROWN_V2), "grown")
+    assert {e.definition_hash for e in manifest.partitions.values()} == {definition_hash(GROWN_V2)}
+
+    redefine(repo.root, [GROWN_V3])
+    repo = Repo.load(repo.root)
+    the_plan = plan(repo, request(since_last=True), now=NOW)
+    assert [run.features for run in the_plan.runs] == [()]
+    version = current_version(repo.offline_path(GROWN_V3))
+    assert execute(repo, the_plan, **opts) == []  # nothing computed: the days are recorded as they are
     assert plan(repo, request(since_last=True), now=NOW).partitions == 0
+    assert current_version(repo.offline_path(GROWN_V3)) == version
 
 
 def since_last_days(first: date, before: datetime, after: datetime) -> list[list[date]]:

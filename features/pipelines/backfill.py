@@ -6,9 +6,9 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,18 +17,19 @@ from pyspark.sql import DataFrame, SparkSession
 
 from features.engine.batch import change_points, read_lower_bound
 from features.engine.files import SetAsideFile, file_days
+from features.engine.merge import with_table_rows
 from features.engine.online_rows import write_online
-from features.engine.schema import FILE_REASONS
+from features.engine.schema import FILE_REASONS, schema_of
 from features.engine.session import cancel_all, get_spark, is_stopped
 from features.engine.source import observed_count, quarantine_counts, read_source
 from features.errors import ConfigError
 from features.progress import spark_progress
 from features.repo import Repo
-from features.spec import FeatureGroup
+from features.spec import WINDOW_END, FeatureGroup
 from features.spec.fingerprint import definition_hash, feature_hashes
 from features.stores.manifest import read_manifest
 from features.stores.manifest import update as update_manifest
-from features.stores.offline import Staged
+from features.stores.offline import Staged, read_table
 
 if TYPE_CHECKING:
     from features.quality import ValidationReport
@@ -156,13 +157,15 @@ def backfill(
     now: datetime | None = None,
     track: bool = True,
     on_swapped: Callable[[FeatureGroup, date], None] | None = None,
+    features: Sequence[str] | None = None,
 ) -> list[BackfillResult]:
     """Backfill the named groups (all by default) over [start, end).
 
     `on_invalid` overrides each group's policy for change points that fail validation ("fail", the default,
     or "quarantine"); `now` is the current time for the source's `max_future` check (default: the clock).
     `track`: record the run in MLflow (features.ml.tracking: definitions, range, counts, validation).
-    `on_swapped(group, day)`: called as each date partition of a group is swapped into its table."""
+    `on_swapped(group, day)`: called as each date partition of a group is swapped into its table.
+    `features`: of one group, compute only these (see `backfill_group`)."""
     start_t, end_t = parse_time(start, "--start"), parse_time(end, "--end")
     check_range(start_t, end_t)
     selected = repo.select(groups)
@@ -191,6 +194,7 @@ def backfill(
                 now=now,
                 writer=writers.get(g.name),
                 on_swapped=None if on_swapped is None else functools.partial(on_swapped, g),
+                features=features,
             )
             result.timings.update(shared)
             shared = dict.fromkeys(shared, 0.0)  # paid once per run
@@ -281,11 +285,15 @@ def backfill_group(
     validate: bool = True,
     writer: OnlineWriter | None = None,
     on_swapped: Callable[[date], None] | None = None,
+    features: Sequence[str] | None = None,
 ) -> BackfillResult:
     """Backfill one group. Bad source records go to the group's quarantine folder; the change points are
     validated (features.quality) before either store is written, and a failure does what the policy says:
     raise ValidationFailed ("fail", writing nothing) or set the batch aside ("quarantine", writing nothing of
-    it). `validate=False` skips the validation (benchmarks measure its cost that way)."""
+    it). `validate=False` skips the validation (benchmarks measure its cost that way).
+
+    `features`: compute only these; the other features' values come from the table's rows (features.engine.merge),
+    which must hold them over the range, as computed with the current definition."""
     from features import quality
 
     began = time.perf_counter()
@@ -294,7 +302,9 @@ def backfill_group(
     if online and writer is None:
         writer = ready_writer(repo, group)
     records = quality.quarantine_root(repo.root, group.name) / "records" / quality.new_run_id()
-    lower = read_lower_bound(group, micros(start))
+    table = repo.offline_path(group)
+    computing, table_rows = _computed_part(spark, table, group, features)
+    lower = read_lower_bound(computing, micros(start))
     rejected = source.rejected_for(lower, micros(end))
     # The pass that computes the change points also counts the bad records: only when it finds some (or files
     # that cannot be read), a second pass sets them aside.
@@ -318,12 +328,14 @@ def backfill_group(
             lap("online")
 
     swapped: list[date] = []
-    table = repo.offline_path(group)
     try:
         with spark_progress(spark, f"backfill {group.name}", progress):
-            computed = change_points(group, events, micros(start), micros(end), observe=True)
+            computed = change_points(computing, events, micros(start), micros(end), observe=True)
+            rows = computed.with_latest
+            if table_rows is not None:
+                rows = _beside_table(group, computing, computed.rows, table_rows, start, end)
             # stage -> validate -> publish (the online store beside the offline commit), or quarantine
-            with Staged(computed.with_latest, table, start, end) as staged:
+            with Staged(rows, table, start, end) as staged:
                 lap("compute")
                 if validate:
                     report = quality.validate_batch(group, staged.rows, range_start=start)
@@ -373,6 +385,36 @@ def backfill_group(
         timings=timings,
         files_set_aside=source.set_aside,
     )
+
+
+def _computed_part(
+    spark: SparkSession, table: str, group: FeatureGroup, names: Sequence[str] | None
+) -> tuple[FeatureGroup, DataFrame | None]:
+    """The group of the features to compute, and the table whose rows hold the others' values: `names` alone when
+    the table has the others' columns, else all of them (and no table)."""
+    if names is None or set(names) >= {f.name for f in group.features}:
+        return group, None
+    rows = read_table(spark, table)
+    others = [f.name for f in group.features if f.name not in names]
+    if rows is None or not set(others) <= set(rows.columns):
+        return group, None
+    return replace(group, features=[f for f in group.features if f.name in names]), rows
+
+
+def _beside_table(
+    group: FeatureGroup, computing: FeatureGroup, rebuilt: DataFrame, rows: DataFrame, start: datetime, end: datetime
+) -> DataFrame:
+    """The group's change points (with LATEST copies) from the rebuilt features' rows and the table's rows of the
+    others, read from far enough back to hold each key's last row before `start`."""
+    from pyspark.sql import functions as F
+
+    names = [f.name for f in computing.features]
+    kept = replace(group, features=[f for f in group.features if f.name not in names])
+    lower = read_lower_bound(kept, micros(start))
+    if lower is not None:
+        rows = rows.where(F.col(WINDOW_END) >= F.timestamp_micros(F.lit(lower)))
+    types = group.output_types(schema_of(rebuilt.schema) | schema_of(rows.schema))
+    return with_table_rows(group, rebuilt, rows, names, start, end, types)
 
 
 def record_set_aside(

@@ -208,6 +208,9 @@ class Run:
     end: datetime
     days: tuple[date, ...]
     record: tuple[date, ...]
+    # Only these features are computed (the others' values are the table's): days computed before with the current
+    # definition of the other features. None: all of them.
+    features: tuple[str, ...] | None = None
 
 
 @dataclass
@@ -233,6 +236,12 @@ class GroupPlan:
             reasons = "; ".join(f"{spans(days)} ({why})" for why, days in by_reason.items())
             runs = f" in {_plural(len(self.runs), 'run')}" if len(self.runs) > 1 else ""
             out.append(f"{name}: {_plural(self.partitions, 'partition')} to compute{runs}: {reasons}")
+        for run in self.runs:
+            if run.features:
+                out.append(
+                    f"{name}: {spans(run.days)}: computing only {', '.join(run.features)}; the other features' "
+                    "values are kept from the table"
+                )
         for day, entry in sorted(self.skipped.items()):
             out.append(
                 f"{name}: {day.isoformat()} was completed at {entry.completed_at:%Y-%m-%d %H:%M} UTC with the "
@@ -314,6 +323,7 @@ def plan(
             _plan_date(gp, req, manifest, stale)
         else:
             _plan_since_last(gp, repo, req, manifest, stale, now, spark)
+        _compute_only_changes(gp, manifest)
         plans.append(gp)
     return Plan(req, plans, now)
 
@@ -337,12 +347,34 @@ def _stale(group: FeatureGroup, manifest: Manifest, new_late: dict[str, LateBatc
         reasons = []
         if entry.definition_hash != current:
             reasons.append(definition_change(entry.feature_hashes, hashes))
-        late = set(entry.stale.late_batches) if entry.stale is not None else set()
-        late |= {b.batch for b in new_late.values() if day in b.days}
+        late = _late(entry, day, new_late)
         if late:
             reasons.append("late events in " + ", ".join(f"batch={b}" for b in sorted(late, key=batch_order)))
         if reasons:
             out[day] = "; ".join(reasons)
+    return out
+
+
+def _late(entry: PartitionRecord, day: date, new_late: dict[str, LateBatch]) -> set[str]:
+    late = set(entry.stale.late_batches) if entry.stale is not None else set()
+    return late | {b.batch for b in new_late.values() if day in b.days}
+
+
+def changed_features(
+    group: FeatureGroup, manifest: Manifest, new_late: dict[str, LateBatch], days: Iterable[date]
+) -> dict[date, tuple[str, ...] | None]:
+    """Per day, the features a recompute needs: the added and changed ones, when the day was completed with the
+    current definition of the others and no late event changed it (() when features were only removed: nothing to
+    compute); None (all of them) otherwise."""
+    hashes = feature_hashes(group)
+    out: dict[date, tuple[str, ...] | None] = {}
+    for day in days:
+        entry = manifest.partitions.get(day)
+        if entry is None or _late(entry, day, new_late):
+            out[day] = None
+            continue
+        names = tuple(n for n, h in hashes.items() if entry.feature_hashes.get(n) != h)
+        out[day] = None if len(names) == len(hashes) else names
     return out
 
 
@@ -364,6 +396,30 @@ def _plan_range(gp: GroupPlan, req: Request, stale: dict[date, str], now: dateti
     outside = sorted(d for d in stale if d not in whole)
     if outside:
         gp.notes.append(f"{spans(outside)} stay stale ({stale[outside[0]]}); --since-last recomputes them")
+
+
+def _compute_only_changes(gp: GroupPlan, manifest: Manifest) -> None:
+    """Split the runs so that days needing only some features (`changed_features`) compute those alone."""
+    changed = changed_features(gp.group, manifest, gp.new_late, gp.todo)
+    for day, why in gp.todo.items():
+        if why == FORCED or why.startswith(FORCED + ";"):
+            changed[day] = None
+    runs = []
+    for run in gp.runs:
+        whole = (
+            run.record == run.days and run.start == midnight(run.days[0]) and run.end == midnight(run.days[-1] + DAY)
+        )
+        if not whole or all(changed.get(d) is None for d in run.days):
+            runs.append(run)
+            continue
+        current: list[date] = []
+        for day in run.days:
+            if current and changed.get(day) != changed.get(current[-1]):
+                runs.append(_run(gp.group.name, current, changed.get(current[-1])))
+                current = []
+            current.append(day)
+        runs.append(_run(gp.group.name, current, changed.get(current[-1])))
+    gp.runs = runs
 
 
 def _plan_date(gp: GroupPlan, req: Request, manifest: Manifest, stale: dict[date, str]) -> None:
@@ -422,8 +478,8 @@ def chunk_runs(group: str, days: list[date], days_per_run: int) -> list[Run]:
     return runs
 
 
-def _run(group: str, days: list[date]) -> Run:
-    return Run(group, midnight(days[0]), midnight(days[-1] + DAY), tuple(days), tuple(days))
+def _run(group: str, days: list[date], features: tuple[str, ...] | None = None) -> Run:
+    return Run(group, midnight(days[0]), midnight(days[-1] + DAY), tuple(days), tuple(days), features)
 
 
 def source_first_day(repo: Repo, group: FeatureGroup, spark: SparkSession | None, now: datetime) -> date | None:
@@ -477,6 +533,12 @@ def execute(
             while todo:
                 run = todo.pop(0)
                 recorder = _Recorder(repo, gp.group, run.record)
+                if run.features == ():  # features only removed: the days' rows stay as they are
+                    for day in run.days:
+                        recorder(gp.group, day)
+                    write(f"{run.group}: {spans(run.days)}: features only removed; nothing to compute, recorded")
+                    bar.advance(len(run.days), 0)
+                    continue
                 try:
                     [result] = backfill(
                         repo,
@@ -490,11 +552,12 @@ def execute(
                         now=now,
                         track=track,
                         on_swapped=recorder,
+                        features=run.features,
                     )
                 except ValidationFailed:
                     if len(run.days) > 1 and run.record == run.days:  # whole days: the same range, day by day
                         write(f"{run.group}: {spans(run.days)} failed validation; computing these days one at a time")
-                        todo[:0] = [_run(run.group, [day]) for day in run.days]
+                        todo[:0] = [_run(run.group, [day], run.features) for day in run.days]
                         continue
                     _stopped(write, run, bar.partitions)
                     raise

@@ -1,0 +1,190 @@
+"""Upgrade: a running stream's group gains a feature; carried over against `--reset`, whole processes.
+
+    python bench/upgrade.py [--days 60] [--events-per-day 50000] [--users 20000] [--rounds 2]
+
+The demo repo's `user_transactions` (5 features, 4 window shapes) is streamed over `--days` of landed files (one
+per day; set-up, not timed). Then, in each round, from a copy of that repo and its state, one feature is added
+("amount_max_6h": max amount over 6 hours, sliding every 5 minutes), the next day's file lands, and the time is
+taken from `features apply` to `features stream --available-now` having processed that day, both as processes of
+their own, as a scheduler runs them:
+  * upgrade: `features stream` continues from the checkpoint (the state carried over, the new feature built)
+  * reset: `features stream --reset` replays every landed file, as it had to before
+Rounds alternate upgrade and reset; the medians are compared (required: the upgrade >= 5x faster), and the events
+the upgrade read are checked against the new feature's lookback plus the new day.
+
+The same for backfills: the `--days` backfilled by `features backfill --since-last` (set-up), the feature added,
+then `features backfill --since-last` (computes the added feature alone, beside the table's values of the others)
+against a full recompute of the group (the same command on a copy without the offline table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results import load, update_section
+
+from features.demo import generate_transactions, write_events
+
+ROOT = Path(__file__).resolve().parents[1]
+WORK = Path(__file__).resolve().parent / "work-upgrade"
+GROUP = "user_transactions"
+# The last landed day is today, so that the days before it are complete for `--since-last`.
+TODAY = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+ADDED = '        Feature("amount_max_6h", agg.max("amount"), window=Hop("6h", every="5m")),\n'
+ANCHOR = '        Feature("txn_count_lifetime", agg.count(), window=Lifetime(every="1h")),\n'
+CARRIED = re.compile(r"built .* from ([\d,]+) events")
+BATCH = re.compile(r"^\S+ batch \d+: ([\d,]+) events")
+
+
+def _features(*args: str) -> list[str]:
+    return [sys.executable, "-m", "features.cli", *args]
+
+
+def _run(*args: str) -> str:
+    done = subprocess.run(_features(*args), capture_output=True, text=True, cwd=ROOT)
+    if done.returncode != 0:
+        raise RuntimeError(f"features {' '.join(args)} failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
+    return done.stdout + done.stderr
+
+
+def _day(day: int, days: int, per_day: int, users: int):  # type: ignore[no-untyped-def]
+    start = TODAY - timedelta(days=days - day)
+    return generate_transactions(per_day, users, start, 1.0, seed=day, late_fraction=0.0)
+
+
+def set_up(days: int, per_day: int, users: int) -> Path:
+    """The demo repo with `days` of files landed and streamed (its state, offline table and online store)."""
+    shutil.rmtree(WORK, ignore_errors=True)
+    base = WORK / "base"
+    shutil.copytree(ROOT / "feature_repo", base, ignore=shutil.ignore_patterns("data", "__pycache__"))
+    source = base / "data" / "transactions"
+    for day in range(days):
+        write_events(_day(day, days, per_day, users), source, n_files=1, start_index=day)
+    _run("apply", "--repo", str(base))
+    _run("stream", "--repo", str(base), "--group", GROUP, "--available-now", "--no-tracking")
+    return base
+
+
+def one_round(base: Path, name: str, days: int, per_day: int, users: int, reset: bool) -> tuple[float, int, int]:
+    """Seconds from apply to the next day streamed; events the stream's batches read; events the upgrade built
+    the new feature from (0 for a reset)."""
+    repo = WORK / name
+    shutil.rmtree(repo, ignore_errors=True)
+    shutil.copytree(base, repo)
+    definitions = repo / "fraud.py"
+    definitions.write_text(definitions.read_text().replace(ANCHOR, ANCHOR + ADDED))
+    write_events(_day(days, days, per_day, users), repo / "data" / "transactions", n_files=1, start_index=days)
+    began = time.perf_counter()
+    _run("apply", "--repo", str(repo))
+    command = ["stream", "--repo", str(repo), "--group", GROUP, "--available-now"]
+    output = _run(*command, *(["--reset"] if reset else []))
+    seconds = time.perf_counter() - began
+    streamed = sum(int(m.group(1).replace(",", "")) for m in map(BATCH.match, output.splitlines()) if m)
+    built = CARRIED.search(output)
+    if not reset and built is None:
+        raise RuntimeError(f"the upgrade did not carry the state over:\n{output[-3000:]}")
+    return seconds, streamed, 0 if built is None else int(built.group(1).replace(",", ""))
+
+
+def _copy_with_feature(base: Path, name: str, table: bool) -> Path:
+    repo = WORK / name
+    shutil.rmtree(repo, ignore_errors=True)
+    shutil.copytree(base, repo, ignore=None if table else shutil.ignore_patterns("offline", "checkpoints"))
+    definitions = repo / "fraud.py"
+    definitions.write_text(definitions.read_text().replace(ANCHOR, ANCHOR + ADDED))
+    return repo
+
+
+def backfill_rounds(base: Path, rounds: int) -> dict[str, list[float]]:
+    """`features apply` + `features backfill --since-last` after the feature was added: with the table (the
+    added feature alone) and without it (the whole group), alternating."""
+    _run("backfill", "--repo", str(base), "--group", GROUP, "--since-last", "--no-tracking")
+    times: dict[str, list[float]] = {"added feature alone": [], "full recompute": []}
+    for i in range(rounds):
+        for kind in times:
+            repo = _copy_with_feature(base, f"backfill-{i}", table=kind == "added feature alone")
+            began = time.perf_counter()
+            _run("apply", "--repo", str(repo))
+            output = _run("backfill", "--repo", str(repo), "--group", GROUP, "--since-last")
+            times[kind].append(time.perf_counter() - began)
+            if (kind == "added feature alone") != ("computing only amount_max_6h" in output):
+                raise RuntimeError(f"the backfill did not compute what it should have:\n{output[-3000:]}")
+    return times
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--days", type=int, default=60)
+    parser.add_argument("--events-per-day", type=int, default=50_000)
+    parser.add_argument("--users", type=int, default=20_000)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--no-save", action="store_true", help="do not update bench/RESULTS.md")
+    args = parser.parse_args()
+    load_before = load()
+    began = time.perf_counter()
+    base = set_up(args.days, args.events_per_day, args.users)
+    setup_s = time.perf_counter() - began
+    runs: dict[str, list[tuple[float, int, int]]] = {"upgrade": [], "reset": []}
+    for i in range(args.rounds):
+        for kind in ("upgrade", "reset"):
+            runs[kind].append(
+                one_round(base, f"{kind}{i}", args.days, args.events_per_day, args.users, kind == "reset")
+            )
+    upgrade = float(np.median([r[0] for r in runs["upgrade"]]))
+    reset = float(np.median([r[0] for r in runs["reset"]]))
+    built = runs["upgrade"][0][2]
+    # What the upgrade may read: the new feature's lookback (6h and one `every`, plus the 10m watermark) of a day's
+    # events, and the new day.
+    allowed = int(args.events_per_day * (6 * 60 + 5 + 10) / (24 * 60)) + args.events_per_day
+    read = built + runs["upgrade"][0][1]
+    total = args.days * args.events_per_day
+    lines = [
+        f"{load_before} at the start, {load()} at the end.",
+        "",
+        f"`python bench/upgrade.py --days {args.days} --events-per-day {args.events_per_day} --users {args.users} "
+        f"--rounds {args.rounds}`: `{GROUP}` streamed over {args.days} days ({total:,} events; set-up "
+        f"{setup_s:.0f}s), then one feature added (max amount over 6h every 5m) and the next day landed. Each run "
+        "is `features apply` then `features stream --available-now` (MLflow on), whole processes, from a copy of "
+        "the same state; rounds alternate.",
+        "",
+        "| run | seconds (each round) | median |",
+        "|---|---|---|",
+        f"| upgrade (state carried over) | {', '.join(f'{r[0]:.1f}' for r in runs['upgrade'])} | {upgrade:.1f} |",
+        f"| reset (replay of every file) | {', '.join(f'{r[0]:.1f}' for r in runs['reset'])} | {reset:.1f} |",
+        "",
+        f"- reset / upgrade: **{reset / upgrade:.1f}x** (required >= 5x)",
+        f"- events the upgrade read: {built:,} to build the new feature + {runs['upgrade'][0][1]:,} streamed = "
+        f"{read:,}, against its lookback plus the new day, {allowed:,} (required: no more); the reset streamed "
+        f"{runs['reset'][0][1]:,}",
+    ]
+    backfills = backfill_rounds(base, args.rounds)
+    alone, full = (float(np.median(v)) for v in backfills.values())
+    lines += [
+        "",
+        f"Backfill of the {args.days} days after the feature was added (`features apply` + `features backfill "
+        "--since-last`, whole processes):",
+        "",
+        "| run | seconds (each round) | median |",
+        "|---|---|---|",
+        *[f"| {k} | {', '.join(f'{t:.1f}' for t in v)} | {float(np.median(v)):.1f} |" for k, v in backfills.items()],
+        "",
+        f"- full recompute / added feature alone: **{full / alone:.2f}x**",
+    ]
+    print("\n".join(lines))
+    if not args.no_save:
+        update_section("Definition upgrade (bench/upgrade.py)", "\n".join(lines))
+    return 0 if reset / upgrade >= 5 and read <= allowed else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
