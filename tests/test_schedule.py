@@ -662,7 +662,8 @@ def test_added_and_changed_features_are_computed_alone_beside_the_others(spark, 
     [run] = the_plan.runs
     assert run.features == ("amount_sum_1h", "amount_max_2h") and run.days == (D1, D2, D3)
     assert "computing only amount_sum_1h, amount_max_2h" in the_plan.describe()
-    execute(repo, the_plan, **opts)
+    [result] = execute(repo, the_plan, **opts)
+    assert result.only == ("amount_sum_1h", "amount_max_2h")
 
     reference = make_repo(tmp_path / "reference", [GROWN_V2], events)
     execute(reference, plan(reference, request(start="2026-03-01", end="2026-03-04"), now=NOW), **opts)

@@ -11,14 +11,14 @@ row's window end (the empty value before its first). Rows of both sides at the s
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from features.engine.inputs import SPARK_TYPES
-from features.spec import WINDOW_END, Feature, FeatureGroup
+from features.spec import WINDOW_END, DType, Feature, FeatureGroup
 from features.spec.aggregations import Empty
 from features.stores.offline import LATEST
 
@@ -33,7 +33,7 @@ def with_table_rows(
     names: Sequence[str],
     start: datetime,
     end: datetime,
-    types: dict[str, object],
+    types: Mapping[str, DType],
 ) -> DataFrame:
     """The group's change points for window ends in [start, end], and a copy of each key's newest one flagged
     `LATEST` (as `change_points(...).with_latest` gives them), from `rebuilt` (the change points of the features
@@ -62,15 +62,15 @@ def with_table_rows(
     return rows.withColumn(LATEST, F.lit(False)).unionByName(last.withColumn(LATEST, F.lit(True)))
 
 
-def _as_of(feature: Feature, side: int, frame: object, dtype: object) -> Column:
+def _as_of(feature: Feature, side: int, frame: object, dtype: DType) -> Column:
     """The feature's last value on its own side at or before each row (its empty value before the first)."""
     mine = F.when(F.col(SIDE) == side, F.struct(F.col(feature.name).alias("v")))
     held = F.last(mine, ignorenulls=True).over(frame)  # type: ignore[arg-type]
     return F.when(held.isNull(), _empty(feature, dtype)).otherwise(held["v"]).alias(feature.name)
 
 
-def _empty(feature: Feature, dtype: object) -> Column:
-    spark_type = SPARK_TYPES[dtype]  # type: ignore[index]
+def _empty(feature: Feature, dtype: DType) -> Column:
+    spark_type = SPARK_TYPES[dtype]
     empty = feature.aggregation.kind.op.empty
     if empty is Empty.EMPTY_MAP:
         return F.create_map().cast(spark_type)

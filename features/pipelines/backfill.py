@@ -25,7 +25,7 @@ from features.engine.source import observed_count, quarantine_counts, read_sourc
 from features.errors import ConfigError
 from features.progress import spark_progress
 from features.repo import Repo
-from features.spec import WINDOW_END, FeatureGroup
+from features.spec import WINDOW_END, DType, FeatureGroup
 from features.spec.fingerprint import definition_hash, feature_hashes
 from features.stores.manifest import read_manifest
 from features.stores.manifest import update as update_manifest
@@ -59,6 +59,8 @@ class BackfillResult:
     # The source files set aside whole (unreadable, or not conforming to the source's schema): a record each
     # among `quarantined`, and the events they hold.
     files_set_aside: tuple[SetAsideFile, ...] = ()
+    # The features computed, when only some were (the others' values were kept from the table); () when all were.
+    only: tuple[str, ...] = ()
 
     @property
     def records_quarantined(self) -> int:
@@ -82,6 +84,9 @@ class BackfillResult:
                 f"{self.group}: {self.rows_in:,} events in, {self.rows_out:,} change points out for {span}, "
                 f"{self.online_rows:,} keys online, {self.seconds:.1f}s"
             )
+            if self.only:
+                text += f" (computed {', '.join(self.only)}; the others kept from the table)"
+
         return text + self._set_aside_text()
 
     def _set_aside_text(self) -> str:
@@ -333,7 +338,8 @@ def backfill_group(
             computed = change_points(computing, events, micros(start), micros(end), observe=True)
             rows = computed.with_latest
             if table_rows is not None:
-                rows = _beside_table(group, computing, computed.rows, table_rows, start, end)
+                types = group.output_types(schema_of(events.schema))
+                rows = _beside_table(group, computing, computed.rows, table_rows, start, end, types)
             # stage -> validate -> publish (the online store beside the offline commit), or quarantine
             with Staged(rows, table, start, end) as staged:
                 lap("compute")
@@ -384,6 +390,7 @@ def backfill_group(
         batch_quarantined=batch_quarantined,
         timings=timings,
         files_set_aside=source.set_aside,
+        only=() if table_rows is None else tuple(f.name for f in computing.features),
     )
 
 
@@ -402,7 +409,13 @@ def _computed_part(
 
 
 def _beside_table(
-    group: FeatureGroup, computing: FeatureGroup, rebuilt: DataFrame, rows: DataFrame, start: datetime, end: datetime
+    group: FeatureGroup,
+    computing: FeatureGroup,
+    rebuilt: DataFrame,
+    rows: DataFrame,
+    start: datetime,
+    end: datetime,
+    types: Mapping[str, DType],
 ) -> DataFrame:
     """The group's change points (with LATEST copies) from the rebuilt features' rows and the table's rows of the
     others, read from far enough back to hold each key's last row before `start`."""
@@ -413,7 +426,6 @@ def _beside_table(
     lower = read_lower_bound(kept, micros(start))
     if lower is not None:
         rows = rows.where(F.col(WINDOW_END) >= F.timestamp_micros(F.lit(lower)))
-    types = group.output_types(schema_of(rebuilt.schema) | schema_of(rows.schema))
     return with_table_rows(group, rebuilt, rows, names, start, end, types)
 
 
