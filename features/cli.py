@@ -88,6 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="at most this many consecutive days per Spark pass over the source, a memory cap (default 31); "
         "each day is still recorded as completed on its own",
     )
+    backfill.add_argument(
+        "--only-changed",
+        action="store_true",
+        help="after features were added or changed, compute only those and keep the others' values from the table "
+        "(faster when the others are costly and their change points few; see docs/operations.md)",
+    )
     backfill.add_argument("--dry-run", action="store_true", help="print what would be computed, and stop")
     backfill.add_argument("--group", action="append", default=[], help="only this group (repeatable)")
     backfill.add_argument("--no-online", action="store_true", help="write the offline table only")
@@ -263,6 +269,7 @@ def _run(args: argparse.Namespace) -> int:
             since_last=args.since_last,
             force=args.force,
             days_per_run=args.days_per_run,
+            only_changed=args.only_changed,
             dry_run=args.dry_run,
             groups=args.group,
             online=not args.no_online,
@@ -374,6 +381,7 @@ def _backfill_json(args: argparse.Namespace) -> int:
         since_last=args.since_last,
         force=args.force,
         days_per_run=args.days_per_run,
+        only_changed=args.only_changed,
     )
     print(the_plan.describe(), file=sys.stderr, flush=True)
     if args.dry_run:

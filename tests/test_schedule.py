@@ -658,7 +658,8 @@ def test_added_and_changed_features_are_computed_alone_beside_the_others(spark, 
 
     redefine(repo.root, [GROWN_V2])
     repo = Repo.load(repo.root)
-    the_plan = plan(repo, request(since_last=True, days_per_run=3), now=NOW)
+    assert [r.features for r in plan(repo, request(since_last=True), now=NOW).runs] == [None]  # by default: all
+    the_plan = plan(repo, request(since_last=True, days_per_run=3, only_changed=True), now=NOW)
     [run] = the_plan.runs
     assert run.features == ("amount_sum_1h", "amount_max_2h") and run.days == (D1, D2, D3)
     assert "computing only amount_sum_1h, amount_max_2h" in the_plan.describe()

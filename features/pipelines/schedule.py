@@ -77,6 +77,7 @@ class Request:
     since_last: bool = False
     force: bool = False
     days_per_run: int = DAYS_PER_RUN
+    only_changed: bool = False  # compute only added or changed features beside the table's values of the others
 
     @property
     def mode(self) -> str:
@@ -98,6 +99,7 @@ def request(
     since_last: bool = False,
     force: bool = False,
     days_per_run: int | str | None = None,
+    only_changed: bool = False,
 ) -> Request:
     """Check a combination of `features backfill` options; a ConfigError names the wrong one and the fix."""
     from features.pipelines.backfill import check_range, parse_time
@@ -130,10 +132,10 @@ def request(
     if start is not None and end is not None:
         start_t, end_t = parse_time(start, "--start"), parse_time(end, "--end")
         check_range(start_t, end_t)
-        return Request(start=start_t, end=end_t, days_per_run=runs)
+        return Request(start=start_t, end=end_t, days_per_run=runs, only_changed=only_changed)
     if day is not None:
-        return Request(day=_parse_day(day), force=force, days_per_run=runs)
-    return Request(since_last=True, days_per_run=runs)
+        return Request(day=_parse_day(day), force=force, days_per_run=runs, only_changed=only_changed)
+    return Request(since_last=True, days_per_run=runs, only_changed=only_changed)
 
 
 def _parse_day(value: str | date) -> date:
@@ -323,7 +325,7 @@ def plan(
             _plan_date(gp, req, manifest, stale)
         else:
             _plan_since_last(gp, repo, req, manifest, stale, now, spark)
-        _compute_only_changes(gp, manifest)
+        _compute_only_changes(gp, manifest, req.only_changed)
         plans.append(gp)
     return Plan(req, plans, now)
 
@@ -398,11 +400,12 @@ def _plan_range(gp: GroupPlan, req: Request, stale: dict[date, str], now: dateti
         gp.notes.append(f"{spans(outside)} stay stale ({stale[outside[0]]}); --since-last recomputes them")
 
 
-def _compute_only_changes(gp: GroupPlan, manifest: Manifest) -> None:
-    """Split the runs so that days needing only some features (`changed_features`) compute those alone."""
+def _compute_only_changes(gp: GroupPlan, manifest: Manifest, only_changed: bool) -> None:
+    """Split the runs so that days whose features were only removed are recorded without a recompute, and with
+    `only_changed`, days needing only some features (`changed_features`) compute those alone."""
     changed = changed_features(gp.group, manifest, gp.new_late, gp.todo)
     for day, why in gp.todo.items():
-        if why == FORCED or why.startswith(FORCED + ";"):
+        if why == FORCED or why.startswith(FORCED + ";") or (changed[day] and not only_changed):
             changed[day] = None
     runs = []
     for run in gp.runs:
@@ -639,6 +642,7 @@ def backfill_command(
     since_last: bool = False,
     force: bool = False,
     days_per_run: str | int | None = None,
+    only_changed: bool = False,
     dry_run: bool = False,
     groups: Sequence[str] = (),
     online: bool = True,
@@ -649,7 +653,14 @@ def backfill_command(
 ) -> int:
     """`features backfill`: check the options, print the plan, do it; the exit status (errors raise). Spark
     starts only once the repo, the groups and the stores checked out, so that a mistake prints one line."""
-    options = {"start": start, "end": end, "day": day, "since_last": since_last, "force": force}
+    options = {
+        "start": start,
+        "end": end,
+        "day": day,
+        "since_last": since_last,
+        "force": force,
+        "only_changed": only_changed,
+    }
     repo, the_plan = command_plan(repo_path, groups, now=now, spark=spark, days_per_run=days_per_run, **options)
     print(the_plan.describe(), flush=True)
     if dry_run:
