@@ -29,17 +29,8 @@ from features import Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, 
 from features.cli import build_parser, main
 from features.demo import generate_transactions, write_events
 from features.errors import ConfigError, ValidationFailed
-from features.pipelines.schedule import (
-    FORCED,
-    NEW,
-    chunk_runs,
-    days_from,
-    execute,
-    last_complete_day,
-    plan,
-    request,
-    spans,
-)
+from features.pipelines.days import days_from, last_complete_day, spans
+from features.pipelines.schedule import FORCED, NEW, chunk_runs, execute, plan, request
 from features.pipelines.stale import late_event_micros, stale_days
 from features.progress import PartitionProgress
 from features.repo import Repo

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -300,11 +299,20 @@ def test_late_events_are_kept_aside_and_the_next_backfill_heals_the_table(spark,
     assert want["failed_4h"].tolist() == healed["failed_4h"].tolist()
 
 
-def test_a_new_bucket_count_stops_with_the_reset_command(spark, streamed, capsys) -> None:
+def test_a_new_definition_and_bucket_count_at_once_stop_with_the_reset_command(spark, streamed) -> None:
     repo, _, _ = streamed
-    assert main(["stream", "--repo", str(repo.root), "--buckets", "3", "--available-now"]) == 2
-    err = capsys.readouterr().err
-    assert re.search(r"--buckets \d+ -> 3", err) and "--reset" in err
+    changed = FeatureGroup(
+        USER_GROUP.name,
+        USER_GROUP.entity,
+        SOURCE,
+        [*USER_GROUP.features, Feature("n_1h", agg.count(), Hop("1h", "5m"))],
+    )
+    repo.groups[USER_GROUP.name] = changed
+    try:
+        with pytest.raises(ConfigError, match=r"--buckets \d+ -> 3: .* one at a time.*--group user_stream --reset"):
+            stream(repo, [USER_GROUP.name], available_now=True, progress=False, online=False, buckets=3)
+    finally:
+        repo.groups[USER_GROUP.name] = USER_GROUP
 
 
 def test_state_of_an_older_layout_stops_with_the_reset_command(spark, streamed) -> None:

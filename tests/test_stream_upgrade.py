@@ -108,3 +108,29 @@ def test_a_changed_group_continues_from_its_checkpoint_and_a_new_key_does_not(sp
     rekeyed = FeatureGroup("user_changing", Entity("card", join_keys=["card_id"]), SOURCE, AFTER.features)
     with pytest.raises(ConfigError, match=r"every key is new.*--group user_changing --reset"):
         stream(_define(root, rekeyed), available_now=True, progress=False, tracking=False)
+
+
+def test_a_stream_rescaled_moves_its_state_and_replays_nothing(spark, tmp_path, capsys) -> None:
+    """--buckets doubled, then brought down to one: each time the keys' state moves to their new buckets (read
+    from the checkpoint, not the source), and the rows after the change equal the batch engine's."""
+    events = make_events()
+    parts = [events[events["event_ts"] < BASE + 10 * H], events[(events["event_ts"] >= BASE + 10 * H)]]
+    parts = [parts[0], parts[1][parts[1]["event_ts"] < BASE + 20 * H], parts[1][parts[1]["event_ts"] >= BASE + 20 * H]]
+    root = tmp_path / "repo"
+    land(root, arrival_order(parts[0], pd.Timedelta(minutes=20), seed=1), 2)
+    repo = _define(root, AFTER)
+    stream(repo, available_now=True, progress=False, tracking=False).await_termination()
+    checkpoint = Path(repo.checkpoint_path(AFTER, None))
+    before = json.loads((checkpoint / "features-definition.json").read_text())["buckets"]
+    for i, buckets in enumerate((2 * before, 1)):
+        changed_at = pd.Timestamp(committed_position(checkpoint / "query").watermark_us, unit="us", tz="UTC")
+        land(root, arrival_order(parts[i + 1], pd.Timedelta(minutes=20), seed=2), 2, start_index=2 * (i + 1))
+        capsys.readouterr()
+        stream(repo, available_now=True, buckets=buckets, progress=False, tracking=False).await_termination()
+        assert "moved to their new buckets without a replay" in capsys.readouterr().err
+        saved = json.loads((checkpoint / "features-definition.json").read_text())
+        assert saved["buckets"] == buckets and len(saved["labels"]) == buckets
+        rows = offline_rows(spark, repo, AFTER)
+        after = rows[rows[WINDOW_END] > changed_at].reset_index(drop=True)
+        seen = events[events["event_ts"] < (BASE + 20 * H if i == 0 else BASE + 40 * H)]
+        assert_batch_engine_rows(spark, AFTER, after, seen, rows[WINDOW_END].max(), since=changed_at)

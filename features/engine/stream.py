@@ -69,7 +69,7 @@ from features.engine.source import (
 )
 from features.engine.upgrade import PendingUpgrade
 from features.errors import ConfigError, DefinitionError
-from features.kernel.migrate import carry
+from features.kernel.state import LAYOUT_CHUNK
 from features.spec import WINDOW_END, DType, FeatureGroup
 
 if TYPE_CHECKING:
@@ -95,8 +95,6 @@ CHUNK_US = 3600 * 1_000_000  # pane tables are stored in chunks of one hour of p
 STATE_FORMAT = 4  # the layout of a bucket's state, saved with the checkpoint (3: no token; 2: DataSketches; 1: by key)
 RESIDENT_BUCKETS = 4  # buckets whose state a Python worker keeps between batches (_Resident)
 COMPACT_SLACK = 1024  # codes of departed keys a bucket's key dictionary may hold beyond twice its live keys
-# The chunk under which a bucket's state names its layout (features.kernel.migrate.Layout.id); no pane is this late.
-LAYOUT_CHUNK = np.iinfo(np.int64).max
 STATE_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
 
@@ -249,10 +247,12 @@ class PaneProcessor(StatefulProcessor):
         eager: bool = True,
         layout: str = "",
         upgrade: PendingUpgrade | None = None,
+        labels: tuple[int, ...] = (),
     ) -> None:
         self.plan = plan
         self.layout = layout  # the current definition's Layout.id
         self.upgrade = upgrade  # a definition change some buckets may not have applied yet
+        self.labels = frozenset(labels)  # the buckets in use (a rescale leaves state under others: dropped)
         self.eager = eager
         self.coded = replace(plan, keys=(pt.KEY,))  # what the pane table functions see
         self.group_name = group_name
@@ -279,6 +279,11 @@ class PaneProcessor(StatefulProcessor):
         yield from self._advance(key[0], events, timerValues, n, landed, stream_newest)
 
     def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Iterator[pd.DataFrame]:  # noqa: N802, N803
+        if self.labels and key[0] not in self.labels:  # a bucket a rescale emptied: its keys live elsewhere now
+            self.meta.clear()
+            self.chunks.clear()
+            self.keys.clear()
+            return
         upto = timerValues.getCurrentWatermarkInMs() * 1000
         meta = self.meta.get() if self.meta.exists() else None
         if meta is not None and meta[0] is not None and meta[0] >= upto:
@@ -297,7 +302,6 @@ class PaneProcessor(StatefulProcessor):
         plan = self.coded
         upto = timer_values.getCurrentWatermarkInMs() * 1000
         meta = self.meta.get() if self.meta.exists() else None
-        after = None if meta is None else meta[0]
         resident = _RESIDENT.pop((self.group_name, bucket), None)  # taken: put back only once the step is stored
         layout, mark = self.layout, False
         if resident is not None and meta is not None and (resident.token, resident.layout) == (meta[2], self.layout):
@@ -305,13 +309,23 @@ class PaneProcessor(StatefulProcessor):
         else:
             blobs = {int(k[0]): v[0] for k, v in self.chunks.iterator()}
             marker = blobs.pop(LAYOUT_CHUNK, None)
-            layout = self._layout_of(marker, meta)
+            layout = self.layout
+            if marker is not None or self.upgrade is not None:
+                layout = marker.decode() if marker is not None else self.upgrade.unmarked(meta is not None)  # type: ignore[union-attr]
             mark = marker != self.layout.encode()  # every stored state names its layout, from its first step on
             stored, keys = {c: len(b) for c, b in blobs.items()}, self._dictionary()
             if layout == self.layout:
                 tables = [pt.from_bytes(plan, blob) for blob in blobs.values()]
             else:
-                tables = [self._carried(bucket, layout, blobs, keys)]
+                if self.upgrade is None or layout != self.upgrade.change.before.id:
+                    raise ConfigError(
+                        f"{self.group_name}: bucket {bucket}'s saved state was built for a definition this stream "
+                        "no longer knows how to carry over (two changes applied before the first had reached every "
+                        "bucket). Start over with `features stream --reset`"
+                    )
+                table, keys, moved = self.upgrade.apply(self.coded, self.plan.keys, bucket, blobs, keys, self.keys)
+                tables, meta = [table], moved or meta
+        after = None if meta is None else meta[0]
         if events is None:
             coded = pd.DataFrame({pt.KEY: np.zeros(0, np.int64), pt.TS: np.zeros(0, np.int64)})
         else:
@@ -360,34 +374,6 @@ class PaneProcessor(StatefulProcessor):
         if step.next_change is not None:
             self.handle.registerTimer(step.next_change // 1000)
         yield self._stat(bucket, len(table), sum(sizes.values()), upto, n, landed)
-
-    def _layout_of(self, marker: bytes | None, meta: Any) -> str:
-        """The layout of the bucket's stored state: the one its marker names; unmarked, the one before the pending
-        change (state written before it), or the current one (no change pending, or a bucket with no state yet)."""
-        if marker is not None:
-            return marker.decode()
-        if meta is None or self.upgrade is None:
-            return self.layout
-        return self.upgrade.change.before.id
-
-    def _carried(self, bucket: int, layout: str, blobs: dict[int, bytes], keys: pt.KeyDictionary) -> pd.DataFrame:
-        """The bucket's stored pane table (of an earlier definition) carried over to the current one
-        (features.kernel.migrate), with the new features' pane rows built from the source."""
-        upgrade = self.upgrade
-        if upgrade is None or layout != upgrade.change.before.id:
-            raise ConfigError(
-                f"{self.group_name}: bucket {bucket}'s saved state was built for a definition this stream no longer "
-                "knows how to carry over (two changes applied before the first had reached every bucket). Start "
-                "over with `features stream --reset`"
-            )
-        frames = [pt.read_frame(blob) for blob in blobs.values()]
-        old = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0] if frames else None
-        built = upgrade.built(bucket, self.plan.keys, [c for c, _ in upgrade.change.after.columns])
-        codes, fresh = keys.encode(built[list(self.plan.keys)])
-        if len(fresh):
-            self.keys.updateValue((len(keys) - len(fresh),), (pt.to_bytes(fresh),))
-        built = built.drop(columns=list(self.plan.keys)).assign(**{pt.KEY: codes})
-        return carry(self.coded, upgrade.change, old, built)
 
     def _dictionary(self) -> pt.KeyDictionary:
         segments = sorted((int(k[0]), v[0]) for k, v in self.keys.iterator())

@@ -25,8 +25,9 @@ from features import kernel
 from features.engine.inputs import bucket_of, kernel_inputs
 from features.engine.schema import schema_of
 from features.engine.source import META, read_source
-from features.kernel.migrate import Change, Layout
-from features.spec import FeatureGroup
+from features.kernel.migrate import Change, Layout, carry
+from features.kernel.state import LAYOUT_CHUNK
+from features.spec import DType, FeatureGroup
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -136,6 +137,11 @@ class PendingUpgrade:
 
     change: Change
     folder: str | None
+    # A rescale: each bucket's state is replaced by the built panes (its keys' pane rows, moved from the buckets
+    # that held them), which were emitted up to `emitted_upto_us` and had seen events up to `newest_us`.
+    replace_state: bool = False
+    emitted_upto_us: int | None = None
+    newest_us: int | None = None
 
     def built(self, bucket: int, keys: tuple[str, ...], columns: list[str]) -> pd.DataFrame:
         """The bucket's built pane rows (keys as themselves), or no rows."""
@@ -150,10 +156,151 @@ class PendingUpgrade:
             dict.fromkeys(keys, object)
         )
 
+    def unmarked(self, has_state: bool) -> str:
+        """The layout of a bucket's state that names none: written before this change (the previous layout); a
+        bucket without state is on the current one, unless a rescale moves keys into it."""
+        return self.change.before.id if has_state or self.replace_state else self.change.after.id
+
+    def apply(
+        self,
+        coded: kernel.Plan,
+        keys_of: tuple[str, ...],
+        bucket: int,
+        blobs: dict[int, bytes],
+        keys: kernel.KeyDictionary,
+        key_state: Any,
+    ) -> tuple[pd.DataFrame, kernel.KeyDictionary, tuple[int | None, int | None, int] | None]:
+        """A bucket's stored state (of the previous layout: `blobs` and `keys`; `key_state`, its stored key
+        dictionary) brought to the current one: carried over a definition change (features.kernel.migrate), or
+        replaced by the rows of the keys a rescale moved into it. Returns its pane table (keys as codes), its key
+        dictionary, and after a rescale the watermark and newest event time it stands at."""
+        built = self.built(bucket, keys_of, [c for c, _ in self.change.after.columns])
+        if self.replace_state:
+            key_state.clear()
+            keys = kernel.KeyDictionary(keys_of)
+        codes, fresh = keys.encode(built[list(keys_of)])
+        if len(fresh):
+            key_state.updateValue((len(keys) - len(fresh),), (kernel.to_bytes(fresh),))
+        built = built.drop(columns=list(keys_of)).assign(**{kernel.KEY: codes})
+        if self.replace_state:
+            return built[kernel.pane_columns(coded)], keys, (self.emitted_upto_us, self.newest_us, 0)
+        frames = [kernel.read_frame(blob) for blob in blobs.values()]
+        old = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0] if frames else None
+        return carry(coded, self.change, old, built), keys, None
+
     def to_json(self) -> dict[str, Any]:
-        return {"before": self.change.before.to_json(), "after": self.change.after.to_json(), "folder": self.folder}
+        return {
+            "before": self.change.before.to_json(),
+            "after": self.change.after.to_json(),
+            "folder": self.folder,
+            "replace_state": self.replace_state,
+            "emitted_upto_us": self.emitted_upto_us,
+            "newest_us": self.newest_us,
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> PendingUpgrade:
         before, after = Layout.from_json(data["before"]), Layout.from_json(data["after"])
-        return cls(Change(before, after), data["folder"])
+        state = (bool(data.get("replace_state")), data.get("emitted_upto_us"), data.get("newest_us"))
+        return cls(Change(before, after), data["folder"], *state)
+
+
+@dataclass(frozen=True)
+class Rebucketed:
+    keys: int  # keys whose state moved
+    emitted_upto_us: int | None  # the watermark the buckets had emitted up to (the least of them)
+    newest_us: int | None  # the newest event time they had seen
+
+
+def rebucket_state(
+    spark: SparkSession,
+    query_checkpoint: Path,
+    group: FeatureGroup,
+    key_types: dict[str, DType],
+    labels: list[int],
+    folder: Path,
+) -> Rebucketed:
+    """Every key's pane rows in a stopped stream's state (read with Spark's state data source, at its last
+    committed batch), regrouped by the bucket that `labels` give the key, stored in `folder` as the built panes
+    are (keys as themselves). Nothing of the source is read."""
+    from features.engine.inputs import ddl
+
+    spark.streams.active  # noqa: B018  # the state reader needs the session's state store coordinator, made with this
+    path = str(query_checkpoint)
+    read = spark.read.format("statestore")
+    chunks = (
+        read.option("stateVarName", "chunks")
+        .load(path)
+        .select(
+            F.col("key.fx_bucket").alias(BUCKET),
+            F.col("user_map_key.chunk").alias("fx_chunk"),
+            F.col("user_map_value.blob").alias(BLOB),
+        )
+    )
+    segments = (
+        read.option("stateVarName", "keys")
+        .load(path)
+        .select(
+            F.col("key.fx_bucket").alias(BUCKET),
+            F.col("user_map_key.first_code").alias("fx_first"),
+            F.col("user_map_value.blob").alias(BLOB),
+        )
+    )
+    meta = (
+        read.option("stateVarName", "meta")
+        .load(path)
+        .agg(F.min("value.emitted_upto").alias("upto"), F.max("value.newest").alias("newest"))
+        .first()
+    )
+    dictionary = segments.groupBy(BUCKET).applyInPandas(
+        _decoded_keys, f"{BUCKET} bigint, fx_code bigint, {ddl(key_types)}"
+    )
+    mapped = dictionary.withColumn("fx_new", bucket_of(group, labels))
+    packed = mapped.groupBy(BUCKET).applyInPandas(_packed_keys, f"{BUCKET} bigint, {BLOB} binary")
+    out = (
+        chunks.groupBy(BUCKET)
+        .cogroup(packed.groupBy(BUCKET))
+        .applyInPandas(_regrouped, f"{BUCKET} bigint, {PART} int, {BLOB} binary")
+    )
+    out.write.mode("overwrite").parquet(str(folder))
+    return Rebucketed(dictionary.count(), meta["upto"] if meta else None, meta["newest"] if meta else None)
+
+
+def _decoded_keys(frame: pd.DataFrame) -> pd.DataFrame:
+    """One old bucket's key dictionary as rows: its bucket, each key's code, the key."""
+    parts = [kernel.read_frame(b) for _, b in sorted(zip(frame["fx_first"], frame[BLOB], strict=True))]
+    keys = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+    out = keys.copy()
+    out.insert(0, "fx_code", np.arange(len(keys), dtype=np.int64))
+    out.insert(0, BUCKET, np.full(len(keys), int(frame[BUCKET].iloc[0]), dtype=np.int64))
+    return out
+
+
+def _packed_keys(frame: pd.DataFrame) -> pd.DataFrame:
+    """One old bucket's key dictionary with each key's new bucket, as one blob."""
+    bucket = int(frame[BUCKET].iloc[0])
+    table = frame.drop(columns=[BUCKET]).sort_values("fx_code", ignore_index=True)
+    return pd.DataFrame({BUCKET: [bucket], BLOB: [kernel.to_bytes(table)]})
+
+
+def _regrouped(chunks: pd.DataFrame, packed: pd.DataFrame) -> pd.DataFrame:
+    """One old bucket's pane rows, keys decoded, split by the keys' new buckets."""
+    if chunks.empty or packed.empty:
+        return pd.DataFrame({BUCKET: np.zeros(0, np.int64), PART: np.zeros(0, np.int32), BLOB: np.zeros(0, object)})
+    old = int(chunks[BUCKET].iloc[0])
+    frames = [kernel.read_frame(b) for c, b in zip(chunks["fx_chunk"], chunks[BLOB], strict=True) if c != LAYOUT_CHUNK]
+    table = pd.concat(frames, ignore_index=True)
+    keys = kernel.read_frame(packed[BLOB].iloc[0])
+    codes = table.pop(kernel.KEY).to_numpy(dtype=np.int64)
+    key_columns = [c for c in keys.columns if c not in ("fx_code", "fx_new")]
+    for i, column in enumerate(key_columns):
+        table.insert(i, column, keys[column].to_numpy()[codes])
+    new = keys["fx_new"].to_numpy(dtype=np.int64)[codes]
+    rows = {BUCKET: [], PART: [], BLOB: []}
+    for bucket in np.unique(new):
+        part = table[new == bucket].reset_index(drop=True)
+        for i in range(0, len(part), PART_ROWS):
+            rows[BUCKET].append(int(bucket))
+            rows[PART].append(old * 1000 + i // PART_ROWS)
+            rows[BLOB].append(kernel.to_bytes(part.iloc[i : i + PART_ROWS]))
+    return pd.DataFrame(rows)

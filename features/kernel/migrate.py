@@ -44,21 +44,24 @@ class Layout:
 
     pane_us: int
     columns: tuple[tuple[str, str], ...]  # (column, identity), in pane-table order
+    buckets: int = 0  # how many buckets the stream's keys are spread over (0: not said)
 
     @property
     def id(self) -> str:
-        return _digest([self.pane_us, list(self.columns)])
+        return _digest([self.pane_us, list(self.columns), self.buckets])
 
     def to_json(self) -> dict[str, Any]:
-        return {"pane_us": self.pane_us, "columns": [list(c) for c in self.columns]}
+        return {"pane_us": self.pane_us, "columns": [list(c) for c in self.columns], "buckets": self.buckets}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Layout:
-        return cls(int(data["pane_us"]), tuple((str(c), str(i)) for c, i in data["columns"]))
+        columns = tuple((str(c), str(i)) for c, i in data["columns"])
+        return cls(int(data["pane_us"]), columns, int(data.get("buckets", 0)))
 
 
-def layout_of(description: dict[str, Any]) -> Layout:
-    """The layout of a group as `features.spec.fingerprint.describe` gives it (saved with a stream's state)."""
+def layout_of(description: dict[str, Any], buckets: int = 0) -> Layout:
+    """The layout of a group as `features.spec.fingerprint.describe` gives it (saved with a stream's state), its
+    keys spread over `buckets`."""
     features = description["features"]
     wheres: list[str | None] = []
     for feature in features:
@@ -74,7 +77,7 @@ def layout_of(description: dict[str, Any]) -> Layout:
         for part in KINDS[AggKind(feature["aggregation"])].parts:
             columns.append((f"{feature['name']}.{part}", _digest([FEATURE, part, what])))
     pane_us = reduce(gcd, (int(f["window"]["every_s"]) for f in features)) * MICROS
-    return Layout(pane_us, tuple(columns))
+    return Layout(pane_us, tuple(columns), buckets)
 
 
 @dataclass(frozen=True)

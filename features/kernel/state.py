@@ -12,6 +12,10 @@ import pyarrow as pa
 from features.kernel.plan import BASE, PANE, Plan
 from features.kernel.table import column_array, frame_of, pane_columns
 
+# The chunk under which a bucket's stored state names its layout (features.kernel.migrate.Layout.id): no pane's
+# chunk is this late.
+LAYOUT_CHUNK = np.iinfo(np.int64).max
+
 
 def to_bytes(table: pd.DataFrame) -> bytes:
     """A pane table as bytes for the state store: its columns pickled as numpy arrays (far cheaper than a

@@ -73,7 +73,7 @@ class ApplyPlan:
         return not (self.groups or self.stale or self.feast)
 
     def lines(self) -> list[str]:
-        from features.pipelines.schedule import spans
+        from features.pipelines.days import spans
 
         out = []
         for g in self.groups:

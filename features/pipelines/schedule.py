@@ -30,13 +30,14 @@ the bad one are completed and the error names the bad date.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime, time, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from features.errors import ConfigError
-from features.pipelines.stale import DAY_US, EPOCH, definition_change, new_late_batches
+from features.pipelines.days import DAY, days_from, last_complete_day, midnight, spans
+from features.pipelines.stale import DAY_US, EPOCH, changed_features, new_late_batches, stale_partitions
 from features.repo import Repo
 from features.spec import FeatureGroup
 from features.spec.fingerprint import definition_hash, feature_hashes
@@ -44,7 +45,6 @@ from features.stores.manifest import (
     LateBatch,
     Manifest,
     PartitionRecord,
-    batch_order,
     now_utc,
     read_manifest,
     update,
@@ -55,7 +55,6 @@ if TYPE_CHECKING:
 
     from features.pipelines.backfill import BackfillResult
 
-DAY = timedelta(days=1)
 NEW = "not computed yet"
 FORCED = "--force"
 RANGE = "the requested range"
@@ -162,37 +161,6 @@ def _days_per_run(value: int | str) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Days and times
-
-
-def midnight(day: date) -> datetime:
-    return datetime.combine(day, time(), UTC)
-
-
-def days_from(first: date, last: date) -> list[date]:
-    return [first + timedelta(days=i) for i in range((last - first).days + 1)]
-
-
-def last_complete_day(group: FeatureGroup, now: datetime) -> date:
-    """The last day that ended at least one watermark ago: the stream accepts no more events for it."""
-    return (now.astimezone(UTC) - timedelta(seconds=group.source.watermark_s)).date() - DAY
-
-
-def spans(days: Iterable[date]) -> str:
-    """Days as compact ranges: 2026-01-01..2026-01-03, 2026-01-07."""
-    ordered = sorted(set(days))
-    parts: list[str] = []
-    i = 0
-    while i < len(ordered):
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1] - ordered[j] == DAY:
-            j += 1
-        first, last = ordered[i].isoformat(), ordered[j].isoformat()
-        parts.append(first if i == j else f"{first}..{last}")
-        i = j + 1
-    return ", ".join(parts)
-
-
 def _plural(n: int, word: str) -> str:
     return f"{n:,} {word}" + ("" if n == 1 else "s")
 
@@ -318,7 +286,7 @@ def plan(
     for group in selected:
         manifest = read_manifest(repo.offline_path(group), group.name)
         gp = GroupPlan(group, new_late=new_late_batches(repo, group, manifest, now))
-        stale = _stale(group, manifest, gp.new_late)
+        stale = stale_partitions(group, manifest, gp.new_late)
         if req.mode == "range":
             _plan_range(gp, req, stale, now)
         elif req.mode == "date":
@@ -339,45 +307,6 @@ def _check_complete(groups: Sequence[FeatureGroup], day: date, now: datetime) ->
                 f"{done_at:%Y-%m-%d %H:%M} UTC, one source watermark after it ends); pick an earlier day, or "
                 "compute the part so far with --start/--end"
             )
-
-
-def _stale(group: FeatureGroup, manifest: Manifest, new_late: dict[str, LateBatch]) -> dict[date, str]:
-    """Completed days to recompute, with why: another definition, or late events (known or new)."""
-    current, hashes = definition_hash(group), feature_hashes(group)
-    out = {}
-    for day, entry in manifest.partitions.items():
-        reasons = []
-        if entry.definition_hash != current:
-            reasons.append(definition_change(entry.feature_hashes, hashes))
-        late = _late(entry, day, new_late)
-        if late:
-            reasons.append("late events in " + ", ".join(f"batch={b}" for b in sorted(late, key=batch_order)))
-        if reasons:
-            out[day] = "; ".join(reasons)
-    return out
-
-
-def _late(entry: PartitionRecord, day: date, new_late: dict[str, LateBatch]) -> set[str]:
-    late = set(entry.stale.late_batches) if entry.stale is not None else set()
-    return late | {b.batch for b in new_late.values() if day in b.days}
-
-
-def changed_features(
-    group: FeatureGroup, manifest: Manifest, new_late: dict[str, LateBatch], days: Iterable[date]
-) -> dict[date, tuple[str, ...] | None]:
-    """Per day, the features a recompute needs: the added and changed ones, when the day was completed with the
-    current definition of the others and no late event changed it (() when features were only removed: nothing to
-    compute); None (all of them) otherwise."""
-    hashes = feature_hashes(group)
-    out: dict[date, tuple[str, ...] | None] = {}
-    for day in days:
-        entry = manifest.partitions.get(day)
-        if entry is None or _late(entry, day, new_late):
-            out[day] = None
-            continue
-        names = tuple(n for n, h in hashes.items() if entry.feature_hashes.get(n) != h)
-        out[day] = None if len(names) == len(hashes) else names
-    return out
 
 
 def _plan_range(gp: GroupPlan, req: Request, stale: dict[date, str], now: datetime) -> None:

@@ -20,7 +20,8 @@ import numpy as np
 from features.kernel.panes import MICROS, WindowShape
 from features.repo import Repo
 from features.spec import FeatureGroup
-from features.stores.manifest import LateBatch, Manifest, batch_order
+from features.spec.fingerprint import definition_hash, feature_hashes
+from features.stores.manifest import LateBatch, Manifest, PartitionRecord, batch_order
 
 DAY_US = 86_400 * MICROS
 EPOCH = date(1970, 1, 1)
@@ -137,4 +138,43 @@ def new_late_batches(repo: Repo, group: FeatureGroup, manifest: Manifest, now: d
             continue
         events = late_event_micros(folder, group.source.timestamp)
         out[batch] = LateBatch(batch, now, len(events), tuple(stale_days(group, events, completed)), signature)
+    return out
+
+
+def stale_partitions(group: FeatureGroup, manifest: Manifest, new_late: dict[str, LateBatch]) -> dict[date, str]:
+    """Completed days to recompute, with why: another definition, or late events (known or new)."""
+    current, hashes = definition_hash(group), feature_hashes(group)
+    out = {}
+    for day, entry in manifest.partitions.items():
+        reasons = []
+        if entry.definition_hash != current:
+            reasons.append(definition_change(entry.feature_hashes, hashes))
+        late = late_batches(entry, day, new_late)
+        if late:
+            reasons.append("late events in " + ", ".join(f"batch={b}" for b in sorted(late, key=batch_order)))
+        if reasons:
+            out[day] = "; ".join(reasons)
+    return out
+
+
+def late_batches(entry: PartitionRecord, day: date, new_late: dict[str, LateBatch]) -> set[str]:
+    late = set(entry.stale.late_batches) if entry.stale is not None else set()
+    return late | {b.batch for b in new_late.values() if day in b.days}
+
+
+def changed_features(
+    group: FeatureGroup, manifest: Manifest, new_late: dict[str, LateBatch], days: Iterable[date]
+) -> dict[date, tuple[str, ...] | None]:
+    """Per day, the features a recompute needs: the added and changed ones, when the day was completed with the
+    current definition of the others and no late event changed it (() when features were only removed: nothing to
+    compute); None (all of them) otherwise."""
+    hashes = feature_hashes(group)
+    out: dict[date, tuple[str, ...] | None] = {}
+    for day in days:
+        entry = manifest.partitions.get(day)
+        if entry is None or late_batches(entry, day, new_late):
+            out[day] = None
+            continue
+        names = tuple(n for n, h in hashes.items() if entry.feature_hashes.get(n) != h)
+        out[day] = None if len(names) == len(hashes) else names
     return out

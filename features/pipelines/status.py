@@ -116,7 +116,8 @@ def status(
 
 
 def _group_status(repo: Repo, group: FeatureGroup, now: datetime) -> GroupStatus:
-    from features.pipelines.schedule import NEW, Request, last_complete_day, plan
+    from features.pipelines.days import last_complete_day
+    from features.pipelines.schedule import NEW, Request, plan
 
     table = repo.offline_path(group)
     completed = read_manifest(table, group.name).completed()
@@ -258,7 +259,7 @@ def _missing(value: Any) -> bool:
 
 def status_lines(report: Status) -> list[str]:
     """A compact table per group: one line of days, then stream and runs when there are any."""
-    from features.pipelines.schedule import days_from, spans
+    from features.pipelines.days import days_from, spans
 
     lines = []
     for g in report.groups:

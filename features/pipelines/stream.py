@@ -186,8 +186,9 @@ def stream(
                 group.name,
                 _arrow_types(projection.output_schema),
                 eager=group.online == "eager",
-                layout=stream_upgrade.layout(group).id,
+                layout=stream_upgrade.layout(group, len(labels)).id,
                 upgrade=resumed.upgrade,
+                labels=tuple(labels),
             )
             out = projected.groupBy(engine.BUCKET).transformWithStateInPandas(
                 processor, projection.output_schema, "append", "EventTime"
@@ -313,9 +314,6 @@ def _check_checkpoint(
         saved = None
     if saved is not None and buckets is None:
         buckets = saved["buckets"]
-    if saved is not None and saved["buckets"] != buckets:
-        what = f"--buckets {saved['buckets']} -> {buckets}"
-        raise _cannot_continue(repo, group, checkpoint, f"was built for another number of buckets ({what})")
     if saved is not None and saved.get("state_format") != engine.STATE_FORMAT:
         raise _cannot_continue(
             repo,
@@ -324,13 +322,16 @@ def _check_checkpoint(
             "was written by an older version of features, in a layout this version does not read",
         )
     upgrade, carried = None, None
-    if saved is not None and saved["definition_hash"] != definition_hash(group):
-        upgrade, carried = stream_upgrade.carry_over(spark, repo, group, checkpoint, saved, saved["labels"])
-    elif saved is not None and saved.get("upgrade"):
-        upgrade = PendingUpgrade.from_json(saved["upgrade"])
     if saved is not None:
         # A checkpoint from before the choice always read nanosecond files (a second source).
         labels, partitions, nanoseconds = saved["labels"], saved["partitions"], saved.get("nanoseconds", True)
+        if saved["buckets"] != buckets:
+            labels = bucket_labels(int(buckets), partitions)
+            upgrade, carried = stream_upgrade.rescale(spark, repo, group, checkpoint, saved, labels)
+        elif saved["definition_hash"] != definition_hash(group):
+            upgrade, carried = stream_upgrade.carry_over(spark, repo, group, checkpoint, saved, labels)
+        elif saved.get("upgrade"):
+            upgrade = PendingUpgrade.from_json(saved["upgrade"])
     else:
         partitions = _cores(spark)
         labels = bucket_labels(buckets or partitions, partitions)
@@ -343,7 +344,7 @@ def _check_checkpoint(
         "nanoseconds": nanoseconds,
         "state_format": engine.STATE_FORMAT,
         "definition": describe(group),
-        "layout": stream_upgrade.layout(group).to_json(),
+        "layout": stream_upgrade.layout(group, len(labels)).to_json(),
         "upgrade": None if upgrade is None else upgrade.to_json(),
         # Recorded in its offline commits, so that a restart finds its last batch; a new checkpoint, a new id.
         "stream_id": (saved or {}).get("stream_id") or uuid.uuid4().hex,

@@ -19,13 +19,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from features.engine import stream as engine
-from features.engine.upgrade import PendingUpgrade, build_panes, committed_position
+from features.engine.schema import schema_of
+from features.engine.upgrade import PendingUpgrade, build_panes, committed_position, rebucket_state
 from features.errors import ConfigError
 from features.kernel.migrate import Change, Layout, layout_of
 from features.kernel.panes import MICROS, lookback_start
 from features.repo import Repo
 from features.spec import FeatureGroup
-from features.spec.fingerprint import describe
+from features.spec.fingerprint import definition_hash, describe
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -46,8 +47,15 @@ class Carried:
     upto: datetime | None  # the watermark the state had emitted up to
     files: int
     seconds: float
+    rescaled: tuple[int, int, int] | None = None  # buckets before, after, and the keys moved
 
     def line(self) -> str:
+        if self.rescaled is not None:
+            before, after, keys = self.rescaled
+            return (
+                f"{self.group}: --buckets {before} -> {after}: the state of {keys:,} keys moved to their new buckets "
+                f"without a replay in {self.seconds:.1f}s"
+            )
         text = f"{self.group}: definition changed, state carried over without a replay: kept {_names(self.kept)}"
         if self.built:
             since = "the beginning" if self.since is None else f"{self.since:%Y-%m-%d %H:%M}"
@@ -64,8 +72,8 @@ def _names(names: list[str]) -> str:
     return ", ".join(names) if names else "nothing"
 
 
-def layout(group: FeatureGroup) -> Layout:
-    return layout_of(describe(group))
+def layout(group: FeatureGroup, buckets: int) -> Layout:
+    return layout_of(describe(group), buckets)
 
 
 def saved_layout(saved: dict[str, Any]) -> Layout:
@@ -87,7 +95,7 @@ def carry_over(
     position = committed_position(checkpoint / "query")
     if position.batch is None:
         return None, None
-    change = Change(saved_layout(saved), layout(group))
+    change = Change(saved_layout(saved), layout(group, len(labels)))
     built = change.features(change.built)
     features = {f["name"] for f in saved["definition"]["features"]}
     kept = [f.name for f in group.features if f.name not in built]
@@ -113,6 +121,52 @@ def carry_over(
         time.perf_counter() - began,
     )
     return PendingUpgrade(change, None if folder is None else str(folder)), carried
+
+
+def rescale(
+    spark: SparkSession,
+    repo: Repo,
+    group: FeatureGroup,
+    checkpoint: Path,
+    saved: dict[str, Any],
+    labels: list[int],
+) -> tuple[PendingUpgrade | None, Carried | None]:
+    """The keys' state moved from the saved buckets to `labels` (read from the checkpoint with Spark's state data
+    source, regrouped, applied by each bucket as it first steps): no event is read again."""
+    why = None
+    if saved["definition_hash"] != definition_hash(group):
+        why = "was built for another definition too: change the definition and the number of buckets one at a time"
+    elif saved.get("upgrade"):
+        why = "is still applying a previous change (no micro-batch with events has run since)"
+    if why is not None:
+        raise ConfigError(
+            f"{group.name}: --buckets {saved['buckets']} -> {len(labels)}: the stream's saved state in {checkpoint} "
+            f"{why}. Or start over with `features stream --repo {repo.root} --group {group.name} --reset`"
+        )
+    position = committed_position(checkpoint / "query")
+    if position.batch is None:
+        return None, None
+    began = time.perf_counter()
+    before, after = saved_layout(saved), layout(group, len(labels))
+    folder = checkpoint / FOLDER / after.id
+    shutil.rmtree(folder, ignore_errors=True)
+    key_types = group.output_types(schema_of(engine.source_schema(spark, group, repo.source_path(group))))
+    moved = rebucket_state(
+        spark, checkpoint / "query", group, {k: key_types[k] for k in group.join_keys}, labels, folder
+    )
+    upgrade = PendingUpgrade(
+        Change(before, after),
+        str(folder),
+        replace_state=True,
+        emitted_upto_us=moved.emitted_upto_us,
+        newest_us=moved.newest_us,
+    )
+    names = [f.name for f in group.features]
+    seconds = time.perf_counter() - began
+    carried = Carried(
+        group.name, names, [], [], 0, None, None, 0, seconds, rescaled=(saved["buckets"], len(labels), moved.keys)
+    )
+    return upgrade, carried
 
 
 def _check_carriable(repo: Repo, group: FeatureGroup, checkpoint: Path, saved: dict[str, Any]) -> None:
