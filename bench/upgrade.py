@@ -20,6 +20,7 @@ of the others) against a full recompute of the group (`--since-last` on a copy w
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import shutil
 import subprocess
@@ -80,14 +81,28 @@ def set_up(days: int, per_day: int, users: int) -> Path:
     return WORK / "snapshot"
 
 
-def _restored(snapshot: Path, table: bool = True) -> Path:
+def _restored(snapshot: Path, table: bool = True, add: bool = True) -> Path:
     """The snapshot in the runs' folder, the feature added (without the offline table: for a full recompute)."""
     repo = WORK / "repo"
     shutil.rmtree(repo, ignore_errors=True)
     shutil.copytree(snapshot, repo, ignore=None if table else shutil.ignore_patterns("offline"))
-    definitions = repo / "fraud.py"
-    definitions.write_text(definitions.read_text().replace(ANCHOR, ANCHOR + ADDED))
+    if add:
+        definitions = repo / "fraud.py"
+        definitions.write_text(definitions.read_text().replace(ANCHOR, ANCHOR + ADDED))
     return repo
+
+
+def rescale_round(snapshot: Path, days: int, per_day: int, users: int, buckets: int, reset: bool) -> float:
+    """Seconds of `features stream --buckets N --available-now` over the next day, from the snapshot's state
+    (moved to N buckets) or with `--reset` (replayed into N buckets)."""
+    repo = _restored(snapshot, add=False)
+    write_events(_day(days, days, per_day, users), repo / "data" / "transactions", n_files=1, start_index=days)
+    began = time.perf_counter()
+    command = ["stream", "--repo", str(repo), "--group", GROUP, "--available-now", "--buckets", str(buckets)]
+    output = _run(*command, *(["--reset"] if reset else []))
+    if not reset and "moved to their new buckets" not in output:
+        raise RuntimeError(f"the rescale did not move the state:\n{output[-3000:]}")
+    return time.perf_counter() - began
 
 
 def stream_round(snapshot: Path, days: int, per_day: int, users: int, reset: bool) -> tuple[float, int, int]:
@@ -137,6 +152,7 @@ def main() -> int:
     parser.add_argument("--events-per-day", type=int, default=50_000)
     parser.add_argument("--users", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--skip-backfill", action="store_true", help="measure the stream's changes only")
     parser.add_argument("--no-save", action="store_true", help="do not update bench/RESULTS.md")
     args = parser.parse_args()
     load_before = load()
@@ -172,10 +188,33 @@ def main() -> int:
         f"{read:,}; the new feature's lookback and the new day hold {allowed:,} (required: no more); the reset "
         f"streamed {runs['reset'][0][1]:,}",
     ]
-    backfills: dict[str, list[float]] = {"added feature alone": [], "full recompute": []}
+    saved = json.loads((snapshot / "data" / "checkpoints" / GROUP / "features-definition.json").read_text())
+    buckets = 2 * int(saved["buckets"])
+    rescales: dict[str, list[float]] = {"rescale": [], "reset": []}
     for _ in range(args.rounds):
+        for kind in rescales:
+            rescales[kind].append(
+                rescale_round(snapshot, args.days, args.events_per_day, args.users, buckets, kind == "reset")
+            )
+    moved, replayed = (float(np.median(v)) for v in rescales.values())
+    lines += [
+        "",
+        f"Rescale: `features stream --buckets {buckets} --available-now` over the next day, from the state of "
+        f"{saved['buckets']} buckets (moved) or with `--reset` (replayed):",
+        "",
+        "| run | seconds (each round) | median |",
+        "|---|---|---|",
+        *[f"| {k} | {', '.join(f'{t:.1f}' for t in v)} | {float(np.median(v)):.1f} |" for k, v in rescales.items()],
+        "",
+        f"- reset / rescale: **{replayed / moved:.1f}x** (required >= 5x)",
+    ]
+    backfills: dict[str, list[float]] = {"added feature alone": [], "full recompute": []}
+    for _ in range(0 if args.skip_backfill else args.rounds):
         for kind in backfills:
             backfills[kind].append(backfill_round(snapshot, alone=kind == "added feature alone"))
+    if args.skip_backfill:
+        print("\n".join(lines))
+        return 0
     alone, full = (float(np.median(v)) for v in backfills.values())
     lines += [
         "",
