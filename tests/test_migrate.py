@@ -5,6 +5,7 @@ change equals those of a stream that ran the new definition from the start. No S
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -155,3 +156,35 @@ def test_a_layout_names_every_column_of_the_pane_table(group: FeatureGroup) -> N
     layout = layout_of(describe(group))
     assert [c for c, _ in layout.columns] == pt.pane_columns(plan)[len(plan.keys) + 1 :]
     assert layout.pane_us == plan.pane_us
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ("keys", r"keys its state by user_id, and the group is now keyed by card_id.*every key is new"),
+        ("timestamp", r"another timestamp column: every event's time changed"),
+        ("kafka", r"reads a Kafka topic"),
+        ("pending", r"still applying the previous definition change"),
+    ],
+)
+def test_a_change_the_state_cannot_be_carried_over_says_why_and_how_to_start_over(change: str, message: str) -> None:
+    from types import SimpleNamespace
+
+    from features import Entity, EventSource, KafkaTopic
+    from features.errors import ConfigError
+    from features.pipelines.stream_upgrade import check_carriable
+
+    group = GROUP_AGGS
+    saved = {"definition": describe(group), "upgrade": {"before": {}} if change == "pending" else None}
+    if change == "keys":
+        group = replace(group, entity=Entity("card", join_keys=["card_id"]))
+    elif change == "timestamp":
+        group = replace(group, source=EventSource("transactions", path="data/transactions", timestamp="created_at"))
+    elif change == "kafka":
+        topic = KafkaTopic("transactions", bootstrap_servers="localhost:9092")
+        schema = {"user_id": "string", "event_ts": "timestamp"}
+        source = EventSource("transactions", path="data/t", timestamp="event_ts", schema=schema, kafka=topic)
+        group = replace(group, source=source)
+    repo = SimpleNamespace(root="repo")
+    with pytest.raises(ConfigError, match=f"{message}.*--group {group.name} --reset"):
+        check_carriable(repo, group, Path("checkpoints/aggs"), saved)

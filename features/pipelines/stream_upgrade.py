@@ -91,7 +91,7 @@ def carry_over(
 ) -> tuple[PendingUpgrade | None, Carried | None]:
     """The change the stream's buckets will apply to their state (None when the checkpoint holds no committed
     batch: nothing to carry), with the new features' panes built. Raises where the state cannot be carried."""
-    _check_carriable(repo, group, checkpoint, saved)
+    check_carriable(repo, group, checkpoint, saved)
     position = committed_position(checkpoint / "query")
     if position.batch is None:
         return None, None
@@ -169,7 +169,7 @@ def rescale(
     return upgrade, carried
 
 
-def _check_carriable(repo: Repo, group: FeatureGroup, checkpoint: Path, saved: dict[str, Any]) -> None:
+def check_carriable(repo: Repo, group: FeatureGroup, checkpoint: Path, saved: dict[str, Any]) -> None:
     before = saved["definition"]
     why = None
     if list(before["entity"]["join_keys"]) != list(group.join_keys):
