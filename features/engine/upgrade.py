@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from features import kernel
@@ -228,24 +229,8 @@ def rebucket_state(
     spark.streams.active  # noqa: B018  # the state reader needs the session's state store coordinator, made with this
     path = str(query_checkpoint)
     read = spark.read.format("statestore")
-    chunks = (
-        read.option("stateVarName", "chunks")
-        .load(path)
-        .select(
-            F.col("key.fx_bucket").alias(BUCKET),
-            F.col("user_map_key.chunk").alias("fx_chunk"),
-            F.col("user_map_value.blob").alias(BLOB),
-        )
-    )
-    segments = (
-        read.option("stateVarName", "keys")
-        .load(path)
-        .select(
-            F.col("key.fx_bucket").alias(BUCKET),
-            F.col("user_map_key.first_code").alias("fx_first"),
-            F.col("user_map_value.blob").alias(BLOB),
-        )
-    )
+    chunks = _map_state(read, path, "chunks", "chunk", "fx_chunk")
+    segments = _map_state(read, path, "keys", "first_code", "fx_first")
     meta = (
         read.option("stateVarName", "meta")
         .load(path)
@@ -264,6 +249,16 @@ def rebucket_state(
     )
     out.write.mode("overwrite").parquet(str(folder))
     return Rebucketed(dictionary.count(), meta["upto"] if meta else None, meta["newest"] if meta else None)
+
+
+def _map_state(read: Any, path: str, name: str, key: str, alias: str) -> DataFrame:
+    """One map state variable of the checkpoint: each bucket's entries as (bucket, `alias`, blob)."""
+    entries = read.option("stateVarName", name).load(path)
+    return entries.select(
+        F.col("key.fx_bucket").alias(BUCKET),
+        F.col(f"user_map_key.{key}").alias(alias),
+        F.col("user_map_value.blob").alias(BLOB),
+    )
 
 
 def _decoded_keys(frame: pd.DataFrame) -> pd.DataFrame:
