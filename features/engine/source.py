@@ -191,7 +191,7 @@ def read_source(spark: SparkSession, group: FeatureGroup, path: str, *, now: dat
     if bad_files:
         # Spark reads some files that do not conform (a missing column reads as nulls): none of a file set aside
         # is used. A filter on the file's path alone also spares Spark opening those files.
-        spellings = [spelling for _, file in bad_files for spelling in _uri_spellings(file)]
+        spellings = [spelling for _, file in bad_files for spelling in uri_spellings(file)]
         raw = raw.where(~F.col(META)["file_path"].isin(spellings))
     marked = raw.withColumn(MARK, reason_of(group, raw, now))
     good = [*cleaned_columns(raw), F.col(META)]
@@ -206,7 +206,7 @@ def read_source(spark: SparkSession, group: FeatureGroup, path: str, *, now: dat
     return SourceRead(rejected, now, group.source.timestamp, marked, good, future_us, len(bad_files), set_aside)
 
 
-def _uri_spellings(uri: str) -> list[str]:
+def uri_spellings(uri: str) -> list[str]:
     """A file's URI as Spark lists it (`file:///p`) and as its records' `_metadata.file_path` gives it
     (`file:/p`), both percent-encoded alike."""
     return [uri, "file:/" + uri.removeprefix("file:///")] if uri.startswith("file:///") else [uri]

@@ -25,7 +25,7 @@ from pyspark.sql import functions as F
 from features import kernel
 from features.engine.inputs import bucket_of, kernel_inputs
 from features.engine.schema import schema_of
-from features.engine.source import META, read_source
+from features.engine.source import META, read_source, uri_spellings
 from features.kernel.migrate import Change, Layout, carry
 from features.kernel.state import LAYOUT_CHUNK
 from features.spec import DType, FeatureGroup
@@ -47,13 +47,22 @@ class Position:
     files: frozenset[str]
 
 
-def committed_position(query_checkpoint: Path) -> Position:
+def last_commit(query_checkpoint: Path) -> tuple[int | None, int | None]:
+    """The query's last committed micro-batch and the watermark it emitted up to (its offsets' batchWatermarkMs,
+    in µs); (None, None) for a new checkpoint."""
     commits = [int(p.name) for p in (query_checkpoint / "commits").glob("[0-9]*") if p.name.isdigit()]
     if not commits:
-        return Position(None, None, frozenset())
+        return None, None
     last = max(commits)
     lines = (query_checkpoint / "offsets" / str(last)).read_text().splitlines()
     ms = json.loads(lines[1]).get("batchWatermarkMs") if len(lines) > 1 else None
+    return last, ms * 1000 if ms else None
+
+
+def committed_position(query_checkpoint: Path) -> Position:
+    last, watermark_us = last_commit(query_checkpoint)
+    if last is None:
+        return Position(None, None, frozenset())
     files: set[str] = set()
     for log in (query_checkpoint / "sources").glob("*/*"):
         if not log.name.split(".")[0].isdigit():
@@ -62,7 +71,7 @@ def committed_position(query_checkpoint: Path) -> Position:
             entry = json.loads(line)
             if entry["batchId"] <= last:
                 files.add(entry["path"])
-    return Position(last, ms * 1000 if ms else None, frozenset(files))
+    return Position(last, watermark_us, frozenset(files))
 
 
 @dataclass(frozen=True)
@@ -88,7 +97,7 @@ def build_panes(
     stream keeps them."""
     read = read_source(spark, group, path)
     marked = read.marked.where(F.col(read.timestamp).isNotNull())
-    spellings = sorted({s for f in files for s in _spellings(f)})
+    spellings = sorted({s for f in files for s in uri_spellings(f)})
     wanted = spark.createDataFrame([(s,) for s in spellings], "fx_file string")
     good = read.good_of(marked.join(F.broadcast(wanted), marked[META]["file_path"] == wanted["fx_file"], "left_semi"))
     if since_us is not None:
@@ -124,11 +133,6 @@ def _panes(plan: kernel.Plan, table: pa.Table, upto_us: int | None) -> pa.Table:
             BLOB: pa.array(blobs, pa.binary()),
         }
     )
-
-
-def _spellings(uri: str) -> list[str]:
-    """A file's URI as the source log has it (`file:///p`) and as `_metadata.file_path` gives it (`file:/p`)."""
-    return [uri, "file:/" + uri.removeprefix("file:///")] if uri.startswith("file:///") else [uri]
 
 
 @dataclass(frozen=True)

@@ -3,12 +3,12 @@ last committed batch emitted up to (read from Spark's checkpoint files, without 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+from features.engine.upgrade import last_commit
 from features.pipelines.rollup import MetricRollup
 
 
@@ -61,11 +61,7 @@ class StreamProgress:
 
 
 def emitted_watermark(query_checkpoint: Path) -> datetime | None:
-    """The watermark the query's last committed micro-batch emitted up to (its offsets' batchWatermarkMs), or None
-    for a new checkpoint: every offline row up to it is final."""
-    commits = [int(p.name) for p in (query_checkpoint / "commits").glob("[0-9]*") if p.name.isdigit()]
-    if not commits:
-        return None
-    lines = (query_checkpoint / "offsets" / str(max(commits))).read_text().splitlines()
-    ms = json.loads(lines[1]).get("batchWatermarkMs") if len(lines) > 1 else None
-    return datetime.fromtimestamp(ms / 1000, UTC) if ms else None
+    """The watermark the query's last committed micro-batch emitted up to, or None for a new checkpoint: every
+    offline row up to it is final."""
+    _, watermark_us = last_commit(query_checkpoint)
+    return datetime.fromtimestamp(watermark_us / 1e6, UTC) if watermark_us else None
