@@ -439,3 +439,23 @@ def test_a_file_landing_after_the_stream_started_is_left_out_as_it_lands(spark, 
     [progress] = run.progress()
     want = _expected(spark, group, GOOD_B, pd.Timestamp(progress.watermark).isoformat())
     pd.testing.assert_frame_equal(_offline(repo, group)[want.columns], want, check_dtype=False)
+
+
+@pytest.mark.spark
+def test_a_read_stopped_midway_says_nothing_about_the_file(spark, tmp_path: Path):
+    """A stream being stopped interrupts the file check it is running: that error must not set a good file aside
+    as unreadable (it did, once, in the soak). A cancelled job is a stop; a file that is not Parquet is not."""
+    import threading
+
+    from features.engine.schema import interrupted
+
+    slow = spark.range(0, 2, 1, 2).selectExpr("reflect('java.lang.Thread', 'sleep', cast(20000 as bigint)) AS s")
+    threading.Timer(1.5, spark.sparkContext.cancelAllJobs).start()
+    with pytest.raises(Exception) as stopped:
+        slow.collect()
+    assert interrupted(stopped.value), stopped.value
+    notes = tmp_path / "notes.parquet"
+    notes.write_text("not parquet")
+    with pytest.raises(Exception) as broken:
+        spark.read.parquet(str(notes)).collect()
+    assert not interrupted(broken.value), broken.value

@@ -29,6 +29,7 @@ from features.engine.schema import (
     UNREADABLE_FILE,
     expected_columns,
     in_microseconds,
+    interrupted,
     quiet_spark_errors,
     read_types,
     source_columns,
@@ -360,5 +361,7 @@ def _why_unreadable(
                 spark.read.schema(ddl).parquet(file).limit(1).select(*decoded).collect()
             return None
         except Exception as exc:  # the reason is kept: classic PySpark raises py4j's error, no PySparkException
+            if interrupted(exc):  # a stop (the query's, the session's) while reading: the file is not at fault
+                raise
             reasons.append(spark_reason(exc))
     return reasons[0]

@@ -229,6 +229,25 @@ def quiet_spark_errors() -> Iterator[None]:
             logger.disabled = disabled
 
 
+# What a Spark job raises when it was stopped rather than failed: a query being stopped interrupts its thread, and
+# a session stopping or a cancel ends its jobs. Such an error says nothing about the data the job read.
+_STOPPED = (
+    "InterruptedException",
+    "ClosedByInterruptException",
+    "InterruptedIOException",
+    "cancelled",
+    "SparkContext was shut down",
+    "SparkContext has been shutdown",
+)
+
+
+def interrupted(exc: BaseException) -> bool:
+    """Whether a Spark error means the job was stopped (interrupted, cancelled, the session shut down), not
+    that what it read is bad: callers deciding about the data re-raise it."""
+    text = str(exc)
+    return isinstance(exc, KeyboardInterrupt) or any(marker in text for marker in _STOPPED)
+
+
 def spark_reason(exc: BaseException) -> str:
     """Spark's reason for an error in one line: the innermost `Caused by:` of a Java trace (the real reason
     a file failed, e.g. "... is not a Parquet file"), else the first line of the message."""
