@@ -673,6 +673,11 @@ def test_added_and_changed_features_are_computed_alone_beside_the_others(spark, 
     assert execute(repo, the_plan, **opts) == []  # nothing computed: the days are recorded as they are
     assert plan(repo, request(since_last=True), now=NOW).partitions == 0
     assert current_version(repo.offline_path(GROWN_V3)) == version
+    # A range asked for again, nothing changed since: every feature is computed (the source may have changed).
+    again = plan(repo, request(start="2026-03-01", end="2026-03-02"), now=NOW)
+    assert [run.features for run in again.runs] == [None]
+    [result] = execute(repo, again, **opts)
+    assert result.only == () and result.rows_out > 0
 
 
 def since_last_days(first: date, before: datetime, after: datetime) -> list[list[date]]:

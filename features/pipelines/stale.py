@@ -176,5 +176,8 @@ def changed_features(
             out[day] = None
             continue
         names = tuple(n for n, h in hashes.items() if entry.feature_hashes.get(n) != h)
-        out[day] = None if len(names) == len(hashes) else names
+        removed = set(entry.feature_hashes) - set(hashes)
+        # Nothing added, changed or removed: the day is recomputed for another reason (a range asked for, a
+        # change of the group's own settings), which needs every feature.
+        out[day] = None if len(names) == len(hashes) or not (names or removed) else names
     return out
