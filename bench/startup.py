@@ -126,14 +126,22 @@ def reset(root: Path) -> None:
 
 def timed_process(*args: str, cwd: Path = WORK) -> tuple[float, str]:
     """Wall seconds of a fresh `python ...` process, and its output; stops the benchmark if it fails."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "PYSPARK_"))}
-    env[jvm_archive.ENV] = str(WORK / "jvm")  # this installation's JVM class archive, made by its first run
     began = time.perf_counter()
-    done = subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [sys.executable, *args], cwd=cwd, env=bench_env(), capture_output=True, text=True, check=False
+    )
     wall = time.perf_counter() - began
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(args)} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
     return wall, done.stdout
+
+
+def bench_env() -> dict[str, str]:
+    """The environment of a benchmark's process: no MLflow or PySpark settings of the caller's, and this
+    installation's JVM class archive (made by its first run)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "PYSPARK_"))}
+    env[jvm_archive.ENV] = str(WORK / "jvm")
+    return env
 
 
 def backfill_cli(root: Path, *options: str) -> tuple[float, str]:

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import uuid
@@ -29,6 +30,11 @@ if str(TESTS) not in sys.path:
 from features import FeatureGroup  # noqa: E402 - after the sys.path setup above
 
 SHUFFLE_PARTITIONS = 2
+# Every JVM the tests start (this process's session, and those of the commands, notebooks and jobs they run)
+# compiles with Java's first compiler only: tiny data in cold processes, where the second compiler's work
+# competes for the two cores and is never paid back (docs/operations.md, local sessions). A value set outside
+# the tests stands.
+os.environ.setdefault("FEATURES_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1")
 
 
 @pytest.fixture(scope="session")

@@ -71,6 +71,7 @@ def test_a_session_starts_with_the_archive_made_beforehand(tmp_path: Path) -> No
         "spark = get_spark()\n"
         "args = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments()\n"
         "print(spark.range(1000).count(), [str(a) for a in args if 'Archive' in str(a)])\n"
+        "print([str(a) for a in args if 'Tiered' in str(a)])\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "SPARK_REMOTE"}
     if env.get(ENV, "").strip().lower() in ("off", "0", "false", "no"):
@@ -78,8 +79,11 @@ def test_a_session_starts_with_the_archive_made_beforehand(tmp_path: Path) -> No
     made = subprocess.run([sys.executable, "-c", make], env=env, capture_output=True, text=True)
     assert made.returncode == 0, made.stderr
     assert made.stdout.split()[1:] == ["False"] and made.stdout.split()[0] in ("True", "False"), made.stdout
+    # Options of the user's own come after the archive's (docs/operations.md, local sessions).
+    env["FEATURES_JAVA_OPTIONS"] = "-XX:TieredStopAtLevel=1"
     second = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
     assert second.returncode == 0, second.stderr
+    assert ast.literal_eval(second.stdout.split("\n")[1]) == ["-XX:TieredStopAtLevel=1"], second.stdout
     count, options = second.stdout.split("\n")[0].split(" ", 1)
     assert count == "1000"
     [option] = ast.literal_eval(options)  # the JVM's one archive option: mapping the archive, not making one

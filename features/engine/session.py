@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -228,8 +229,12 @@ def _local_defaults(
     options = [f"-Dlog4j2.configurationFile={LOG4J2_CONFIG.as_uri()}"] if LOG4J2_CONFIG.is_file() else []
     archive = java_options(java_description() or "", packages)
     options += archive
+    extra = shlex.split(os.environ.get("FEATURES_JAVA_OPTIONS", ""))  # docs/operations.md: local sessions
+    options += extra
     if options:
         builder = builder.config("spark.driver.extraJavaOptions", " ".join(_quoted(o) for o in options))
+    if extra:  # the executors of a local-cluster master are JVMs of their own
+        builder = builder.config("spark.executor.extraJavaOptions", " ".join(_quoted(o) for o in extra))
     return builder, making(archive)
 
 
