@@ -444,7 +444,8 @@ def test_a_file_landing_after_the_stream_started_is_left_out_as_it_lands(spark, 
 @pytest.mark.spark
 def test_a_read_stopped_midway_says_nothing_about_the_file(spark, tmp_path: Path):
     """A stream being stopped interrupts the file check it is running: that error must not set a good file aside
-    as unreadable (it did, once, in the soak). A cancelled job is a stop; a file that is not Parquet is not."""
+    as unreadable (it did, once, in the soak). A cancelled job is a stop; a file that is not Parquet is not, even
+    one whose name says "cancelled"."""
     import threading
 
     from features.engine.schema import interrupted
@@ -454,7 +455,7 @@ def test_a_read_stopped_midway_says_nothing_about_the_file(spark, tmp_path: Path
     with pytest.raises(Exception) as stopped:
         slow.collect()
     assert interrupted(stopped.value), stopped.value
-    notes = tmp_path / "notes.parquet"
+    notes = tmp_path / "cancelled_orders.parquet"
     notes.write_text("not parquet")
     with pytest.raises(Exception) as broken:
         spark.read.parquet(str(notes)).collect()

@@ -230,22 +230,18 @@ def quiet_spark_errors() -> Iterator[None]:
 
 
 # What a Spark job raises when it was stopped rather than failed: a query being stopped interrupts its thread, and
-# a session stopping or a cancel ends its jobs. Such an error says nothing about the data the job read.
-_STOPPED = (
-    "InterruptedException",
-    "ClosedByInterruptException",
-    "InterruptedIOException",
-    "cancelled",
-    "SparkContext was shut down",
-    "SparkContext has been shutdown",
+# a session stopping or a cancel ends its jobs. Such an error says nothing about the data the job read. (Java's
+# class names and Spark's own wording, so that a file whose name holds "cancelled" is not taken for one.)
+_STOPPED = re.compile(
+    r"java\.lang\.InterruptedException|java\.nio\.channels\.ClosedByInterruptException"
+    r"|java\.io\.InterruptedIOException|\b(Job|Stage) \d+ cancelled\b|SparkContext (was|has been) shut ?down"
 )
 
 
 def interrupted(exc: BaseException) -> bool:
     """Whether a Spark error means the job was stopped (interrupted, cancelled, the session shut down), not
     that what it read is bad: callers deciding about the data re-raise it."""
-    text = str(exc)
-    return isinstance(exc, KeyboardInterrupt) or any(marker in text for marker in _STOPPED)
+    return isinstance(exc, KeyboardInterrupt) or _STOPPED.search(str(exc)) is not None
 
 
 def spark_reason(exc: BaseException) -> str:
