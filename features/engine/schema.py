@@ -241,7 +241,7 @@ _STOPPED = re.compile(
 def interrupted(exc: BaseException) -> bool:
     """Whether a Spark error means the job was stopped (interrupted, cancelled, the session shut down), not
     that what it read is bad: callers deciding about the data re-raise it."""
-    return isinstance(exc, KeyboardInterrupt) or _STOPPED.search(str(exc)) is not None
+    return _STOPPED.search(str(exc)) is not None
 
 
 def spark_reason(exc: BaseException) -> str:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from features.engine import stream as engine
 from features.engine.schema import schema_of
-from features.engine.upgrade import PendingUpgrade, build_panes, committed_position, rebucket_state
+from features.engine.upgrade import PendingUpgrade, build_panes, committed_position, last_commit, rebucket_state
 from features.errors import ConfigError
 from features.kernel.migrate import Change, Layout, layout_of
 from features.kernel.panes import MICROS, lookback_start
@@ -143,8 +143,7 @@ def rescale(
             f"{group.name}: --buckets {saved['buckets']} -> {len(labels)}: the stream's saved state in {checkpoint} "
             f"{why}. Or start over with `features stream --repo {repo.root} --group {group.name} --reset`"
         )
-    position = committed_position(checkpoint / "query")
-    if position.batch is None:
+    if last_commit(checkpoint / "query")[0] is None:  # no committed batch: no state to move
         return None, None
     began = time.perf_counter()
     before, after = saved_layout(saved), layout(group, len(labels))
