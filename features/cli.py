@@ -1,5 +1,5 @@
-"""The `features` command line: apply, plan, backfill, stream, status, validate, verify, compact, migrate, demo,
-serve."""
+"""The `features` command line: apply, plan, backfill, stream, savepoint, status, validate, verify, compact, migrate,
+demo, serve."""
 
 from __future__ import annotations
 
@@ -119,6 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     stream.add_argument(
         "--reset", action="store_true", help="delete the saved state and rebuild it by replaying the source"
     )
+    stream.add_argument(
+        "--from-savepoint", metavar="PATH", help="start the --group in a new checkpoint from a `features savepoint`"
+    )
     stream.add_argument("--max-files-per-trigger", type=int, help="at most this many new files per micro-batch")
     stream.add_argument(
         "--buckets",
@@ -161,6 +164,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _repo_arg(migrate)
     migrate.add_argument("--group", action="append", default=[], help="only this group (repeatable)")
+
+    savepoint = sub.add_parser(
+        "savepoint", help="write a group's stream state to a folder that `features stream --from-savepoint` starts from"
+    )
+    _repo_arg(savepoint)
+    savepoint.add_argument("--group", required=True, help="the group whose stream state is saved")
+    savepoint.add_argument("--to", help="the savepoint's folder (default: <repo>/data/savepoints/<group>/<UTC time>)")
+    savepoint.add_argument(
+        "--checkpoint-dir", help="root of the stream's checkpoints (default: <repo>/data/checkpoints)"
+    )
 
     compact = sub.add_parser(
         "compact", help="rewrite the offline tables' small files as one per date, and delete files no version needs"
@@ -284,10 +297,10 @@ def _run(args: argparse.Namespace) -> int:
         return _validate(args.repo, args.group, as_json=args.json)
     if args.command == "verify":
         return _verify(args)
-    if args.command == "compact":
-        return _compact(args.repo, args.group, args.retention)
-    if args.command == "migrate":
-        return _migrate(args.repo, args.group)
+    if args.command in ("compact", "migrate", "savepoint"):
+        from features import cli_maintenance
+
+        return cli_maintenance.run(args)
     if args.command == "demo":
         if args.kafka:
             from features.demo.kafka import run_kafka_demo
@@ -416,6 +429,7 @@ def _stream(args: argparse.Namespace) -> int:
         available_now=args.available_now,
         checkpoint_root=args.checkpoint_dir,
         reset=args.reset,
+        from_savepoint=args.from_savepoint,
         online=not args.no_online,
         buckets=args.buckets,
         max_files_per_trigger=args.max_files_per_trigger,
@@ -496,51 +510,6 @@ def _tally(tally: object) -> dict[str, object]:
     from features.pipelines.status import jsonable
 
     return jsonable(tally)
-
-
-def _migrate(repo_path: str, groups: list[str]) -> int:
-    """`features migrate`: each group's offline table of an earlier version converted into a Delta table."""
-    from features.repo import Repo
-    from features.stores import offline
-
-    repo = Repo.load(repo_path)
-    for group in repo.select(groups):
-        table = repo.offline_path(group)
-        if not offline.needs_migration(table):
-            print(f"{group.name}: {table} needs no conversion (a Delta table, or no table yet)")
-            continue
-        from features.engine.session import get_spark
-
-        files = offline.migrate(get_spark("features-migrate"), table)
-        print(f"{group.name}: converted {table} into a Delta table ({files} Parquet files rewritten)")
-    return 0
-
-
-def _compact(repo_path: str, groups: list[str], retention: str | None) -> int:
-    """`features compact`: each group's offline table compacted (dates with several files) and vacuumed."""
-    from datetime import timedelta
-
-    from features.engine.session import get_spark
-    from features.repo import Repo
-    from features.spec.durations import parse_duration
-    from features.stores.compaction import compact, vacuum
-    from features.stores.offline import exists
-
-    repo = Repo.load(repo_path)
-    keep = timedelta(seconds=parse_duration(retention, "--retention")) if retention is not None else None
-    spark = None
-    for group in repo.select(groups):
-        table = repo.offline_path(group)
-        if not exists(table):
-            print(f"{group.name}: no offline table yet")
-            continue
-        spark = spark or get_spark("features-compact")
-        compacted = compact(spark, table)
-        vacuum(spark, table, keep)
-        files = sum(compacted.values())
-        done = f"{len(compacted)} dates compacted ({files} files into {len(compacted)})" if compacted else "compact"
-        print(f"{group.name}: {done}; files no version within the retention needs removed")
-    return 0
 
 
 def _validate(repo_path: str, groups: list[str], *, as_json: bool = False) -> int:

@@ -394,3 +394,21 @@ def test_a_stream_keeps_every_open_session_whichever_key_it_belongs_to() -> None
     check_rows_sample(group, rows, events, n=len(rows))
     early = rows[(rows["user_id"] == "early_start") & (rows["window_end"] == to_micros(day + 14 * H))]
     assert early["n"].iloc[0] == 96  # one session of 8 hours of events every 5 minutes
+
+
+@pytest.mark.parametrize("group", [GROUP_AGGS, GROUP_NEWER, GROUP_SESSIONS], ids=lambda g: g.name)
+def test_pane_tables_written_as_parquet_rows_come_back_as_they_were(group: FeatureGroup, tmp_path) -> None:
+    """A savepoint's rows (features.kernel.state.panes_to_arrow, through a Parquet file) give back the pane table
+    and every change point it gives, for every aggregation's partials."""
+    import pyarrow.parquet as pq
+
+    from features.kernel.state import panes_from_arrow, panes_to_arrow
+
+    plan = pt.Plan.of(group, TYPES)
+    panes = pt.phase1(plan, processor_input(plan, group, EVENTS))
+    pq.write_table(panes_to_arrow(panes), tmp_path / "panes.parquet")
+    back = panes_from_arrow(pq.read_table(tmp_path / "panes.parquet"))
+    assert list(back.columns) == list(panes.columns) and len(back) == len(panes)
+    end = int(panes[pt.PANE].max()) + 48 * 3600 * 1_000_000
+    want, got = (pt.emit(plan, t, None, end) for t in (panes, back))
+    pd.testing.assert_frame_equal(got, want)

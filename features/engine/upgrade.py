@@ -54,15 +54,23 @@ def last_commit(query_checkpoint: Path) -> tuple[int | None, int | None]:
     if not commits:
         return None, None
     last = max(commits)
-    lines = (query_checkpoint / "offsets" / str(last)).read_text().splitlines()
+    return last, watermark_at(query_checkpoint, last)
+
+
+def watermark_at(query_checkpoint: Path, batch: int) -> int | None:
+    """The watermark (µs) micro-batch `batch` emitted up to: its offsets' batchWatermarkMs."""
+    lines = (query_checkpoint / "offsets" / str(batch)).read_text().splitlines()
     ms = json.loads(lines[1]).get("batchWatermarkMs") if len(lines) > 1 else None
-    return last, ms * 1000 if ms else None
+    return ms * 1000 if ms else None
 
 
-def committed_position(query_checkpoint: Path) -> Position:
+def committed_position(query_checkpoint: Path, batch: int | None = None) -> Position:
+    """The position after committed micro-batch `batch` (default: the last one)."""
     last, watermark_us = last_commit(query_checkpoint)
     if last is None:
         return Position(None, None, frozenset())
+    if batch is not None:
+        last, watermark_us = batch, watermark_at(query_checkpoint, batch)
     files: set[str] = set()
     for log in (query_checkpoint / "sources").glob("*/*"):
         if not log.name.split(".")[0].isdigit():
@@ -138,21 +146,27 @@ def _panes(plan: kernel.Plan, table: pa.Table, upto_us: int | None) -> pa.Table:
 @dataclass(frozen=True)
 class PendingUpgrade:
     """A definition change the stream's buckets apply to their state as each first steps under it: the change,
-    and the folder of the built panes (None when nothing is built: only dropped or renamed columns)."""
+    the folder of the built panes of its new columns (None when nothing is built: only dropped or renamed
+    columns), and for a rescale or a restored savepoint the folder of the pane rows that replace every bucket's
+    state (`state`, of the change's previous layout), which were emitted up to `emitted_upto_us` and had seen
+    events up to `newest_us`. Both folders hold rows per bucket, keys as themselves."""
 
     change: Change
     folder: str | None
-    # A rescale: each bucket's state is replaced by the built panes (its keys' pane rows, moved from the buckets
-    # that held them), which were emitted up to `emitted_upto_us` and had seen events up to `newest_us`.
-    replace_state: bool = False
+    state: str | None = None
     emitted_upto_us: int | None = None
     newest_us: int | None = None
 
-    def built(self, bucket: int, keys: tuple[str, ...], columns: list[str]) -> pd.DataFrame:
-        """The bucket's built pane rows (keys as themselves), or no rows."""
+    @property
+    def replace_state(self) -> bool:
+        return self.state is not None
+
+    def built(self, bucket: int, keys: tuple[str, ...], columns: list[str], folder: str | None = None) -> pd.DataFrame:
+        """The bucket's built pane rows (keys as themselves), or no rows; from `folder` instead when given."""
+        folder = self.folder if folder is None else folder
         frames = []
-        if self.folder is not None and Path(self.folder).exists():
-            table = pq.read_table(self.folder, filters=[(BUCKET, "=", bucket)], columns=[PART, BLOB])
+        if folder is not None and Path(folder).exists():
+            table = pq.read_table(folder, filters=[(BUCKET, "=", bucket)], columns=[PART, BLOB])
             for blob in table.sort_by(PART)[BLOB].to_pylist():
                 frames.append(kernel.read_frame(blob))
         if frames:
@@ -163,7 +177,7 @@ class PendingUpgrade:
 
     def unmarked(self, has_state: bool) -> str:
         """The layout of a bucket's state that names none: written before this change (the previous layout); a
-        bucket without state is on the current one, unless a rescale moves keys into it."""
+        bucket without state is on the current one, unless its state is replaced."""
         return self.change.before.id if has_state or self.replace_state else self.change.after.id
 
     def apply(
@@ -176,29 +190,40 @@ class PendingUpgrade:
         key_state: Any,
     ) -> tuple[pd.DataFrame, kernel.KeyDictionary, tuple[int | None, int | None, int] | None]:
         """A bucket's stored state (of the previous layout: `blobs` and `keys`; `key_state`, its stored key
-        dictionary) brought to the current one: carried over a definition change (features.kernel.migrate), or
-        replaced by the rows of the keys a rescale moved into it. Returns its pane table (keys as codes), its key
-        dictionary, and after a rescale the watermark and newest event time it stands at."""
-        built = self.built(bucket, keys_of, [c for c, _ in self.change.after.columns])
-        if self.replace_state:
+        dictionary) brought to the current one (features.kernel.migrate), or first replaced by the rows of the
+        keys a rescale or a savepoint put in it. Returns its pane table (keys as codes), its key dictionary, and
+        after a replacement the watermark and newest event time it stands at."""
+
+        def coded_rows(rows: pd.DataFrame) -> pd.DataFrame:
+            codes, fresh = keys.encode(rows[list(keys_of)])
+            if len(fresh):
+                key_state.updateValue((len(keys) - len(fresh),), (kernel.to_bytes(fresh),))
+            return rows.drop(columns=list(keys_of)).assign(**{kernel.KEY: codes})
+
+        old = None
+        if self.state is not None:
             key_state.clear()
             keys = kernel.KeyDictionary(keys_of)
-        codes, fresh = keys.encode(built[list(keys_of)])
-        if len(fresh):
-            key_state.updateValue((len(keys) - len(fresh),), (kernel.to_bytes(fresh),))
-        built = built.drop(columns=list(keys_of)).assign(**{kernel.KEY: codes})
-        if self.replace_state:
-            return built[kernel.pane_columns(coded)], keys, (self.emitted_upto_us, self.newest_us, 0)
-        frames = [kernel.read_frame(blob) for blob in blobs.values()]
-        old = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0] if frames else None
-        return carry(coded, self.change, old, built), keys, None
+            before = [c for c, _ in self.change.before.columns]
+            old = coded_rows(self.built(bucket, keys_of, before, self.state))
+        elif blobs:
+            frames = [kernel.read_frame(blob) for blob in blobs.values()]
+            old = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+        change = self.change
+        if old is not None and not change.built and not change.dropped and change.kept == _same(change.after):
+            table = old[kernel.pane_columns(coded)]  # nothing to carry: only the keys moved
+        else:
+            built = coded_rows(self.built(bucket, keys_of, [c for c, _ in change.after.columns]))
+            table = carry(coded, change, old, built)
+        moved = (self.emitted_upto_us, self.newest_us, 0) if self.replace_state else None
+        return table, keys, moved
 
     def to_json(self) -> dict[str, Any]:
         return {
             "before": self.change.before.to_json(),
             "after": self.change.after.to_json(),
             "folder": self.folder,
-            "replace_state": self.replace_state,
+            "state": self.state,
             "emitted_upto_us": self.emitted_upto_us,
             "newest_us": self.newest_us,
         }
@@ -206,8 +231,14 @@ class PendingUpgrade:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> PendingUpgrade:
         before, after = Layout.from_json(data["before"]), Layout.from_json(data["after"])
-        state = (bool(data.get("replace_state")), data.get("emitted_upto_us"), data.get("newest_us"))
-        return cls(Change(before, after), data["folder"], *state)
+        folder, state = data["folder"], data.get("state")
+        if data.get("replace_state") and "state" not in data:  # saved before savepoints: the folder was the state
+            folder, state = None, folder
+        return cls(Change(before, after), folder, state, data.get("emitted_upto_us"), data.get("newest_us"))
+
+
+def _same(layout: Layout) -> dict[str, str]:
+    return {column: column for column, _ in layout.columns}
 
 
 @dataclass(frozen=True)
@@ -224,15 +255,18 @@ def rebucket_state(
     key_types: dict[str, DType],
     labels: list[int],
     folder: Path,
+    batch: int | None = None,
 ) -> Rebucketed:
-    """Every key's pane rows in a stopped stream's state (read with Spark's state data source, at its last
-    committed batch), regrouped by the bucket that `labels` give the key, stored in `folder` as the built panes
-    are (keys as themselves). Nothing of the source is read."""
+    """Every key's pane rows in a stream's state (read with Spark's state data source, after committed batch
+    `batch`, by default the last), regrouped by the bucket that `labels` give the key, stored in `folder` as the
+    built panes are (keys as themselves). Nothing of the source is read."""
     from features.engine.inputs import ddl
 
     spark.streams.active  # noqa: B018  # the state reader needs the session's state store coordinator, made with this
     path = str(query_checkpoint)
     read = spark.read.format("statestore")
+    if batch is not None:
+        read = read.option("batchId", batch)
     chunks = _map_state(read, path, "chunks", "chunk", "fx_chunk")
     segments = _map_state(read, path, "keys", "first_code", "fx_first")
     meta = (

@@ -59,3 +59,21 @@ def chunk_of(table: pd.DataFrame, chunk_us: int) -> np.ndarray:
     """Each row's chunk: its pane's time rounded down to `chunk_us` (BASE rows form their own chunk)."""
     pane = table[PANE].to_numpy(dtype=np.int64)
     return np.where(pane == BASE, BASE, pane - pane % chunk_us)
+
+
+def panes_to_arrow(table: pd.DataFrame) -> pa.Table:
+    """A pane table as an Arrow table (a savepoint's Parquet rows): each column as it is, numpy or Arrow."""
+    return pa.table({c: pa.array(column_array(table[c])) for c in table.columns})
+
+
+def panes_from_arrow(table: pa.Table) -> pd.DataFrame:
+    """A pane table read back from `panes_to_arrow`'s rows: lists of variable-length partials stay Arrow, as the kernel
+    keeps them; every other column becomes numpy (strings and bytes as objects)."""
+    columns: dict[str, Any] = {}
+    for name, column in zip(table.column_names, table.columns, strict=True):
+        values = column.combine_chunks()
+        if pa.types.is_list(values.type) or pa.types.is_large_list(values.type) or pa.types.is_struct(values.type):
+            columns[name] = pd.arrays.ArrowExtensionArray(values)
+        else:
+            columns[name] = values.to_numpy(zero_copy_only=False)
+    return frame_of(columns)

@@ -18,26 +18,22 @@ from __future__ import annotations
 import shutil
 import sys
 import time
-import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.pandas.types import to_arrow_type
-from pyspark.sql.types import StructType
 
 from features.engine import kafka
 from features.engine import stream as engine
 from features.engine.inputs import bucket_labels
 from features.engine.session import get_spark, is_connect
+from features.engine.stream_query import cores, shuffle_partitions, stateful_query
 from features.engine.upgrade import PendingUpgrade
 from features.errors import ConfigError, EnvironmentProblem, ValidationFailed
 from features.ml import tracking as mlflow_tracking
-from features.pipelines import stream_upgrade
+from features.pipelines import savepoint, stream_upgrade
 from features.pipelines.backfill import ready_writer
 from features.pipelines.retention import DEFAULT_KEEP
 from features.pipelines.rollup import MetricRollup
@@ -48,7 +44,7 @@ from features.progress import shown_by_default
 from features.repo import Repo
 from features.spec import FeatureGroup
 from features.spec.durations import parse_duration
-from features.spec.fingerprint import definition_hash, describe
+from features.spec.fingerprint import definition_hash
 from features.stores import offline
 
 if TYPE_CHECKING:
@@ -148,11 +144,14 @@ def stream(
     tracking: bool = True,
     metrics_every: str = "1m",
     retention: str | None = DEFAULT_KEEP,
+    from_savepoint: str | None = None,
 ) -> StreamRun:
     """Start one streaming query per group (all by default) and return without waiting. The run is one MLflow
     run (features.ml.tracking) with the micro-batches' counts as metrics, one point per `metrics_every` of wall
     time (features.pipelines.rollup); `tracking=False` records nothing. Late events and quarantined data are kept for
-    `retention` (None: for ever), swept when the stream starts and hourly (features.pipelines.retention)."""
+    `retention` (None: for ever), swept when the stream starts and hourly (features.pipelines.retention).
+    `from_savepoint`: start the one selected group from a savepoint (features.pipelines.savepoint), in a new
+    checkpoint."""
 
     if buckets is not None and buckets < 1:
         raise ConfigError(f"--buckets: {buckets} is not a positive number of hash buckets")
@@ -160,6 +159,10 @@ def stream(
     metrics_s = parse_duration(metrics_every, "--metrics-every")
     keep_s = None if retention is None else parse_duration(retention, "--retention")
     selected = repo.select(groups)
+    if from_savepoint is not None and (len(selected) != 1 or reset):
+        raise ConfigError(
+            "--from-savepoint: a savepoint starts one group in a new checkpoint: name it with --group, without --reset"
+        )
     writers = {g.name: ready_writer(repo, g) for g in selected} if online else {}
     spark = spark or get_spark()
     _check_not_connect(spark)
@@ -174,24 +177,25 @@ def stream(
         for group in selected:
             checkpoint = Path(repo.checkpoint_path(group, checkpoint_root))
             path = repo.source_path(group)
+            if from_savepoint is not None:
+                restored = savepoint.restore(spark, repo, group, checkpoint, from_savepoint, buckets)
+                print(restored.line(), file=sys.stderr, flush=True)
+                run.carried[group.name] = restored
+            savepoint.check_restored(checkpoint, group)
             resumed = _check_checkpoint(repo, group, checkpoint, buckets, reset, spark)
             if resumed.carried is not None:
                 print(resumed.carried.line(), file=sys.stderr, flush=True)
                 run.carried[group.name] = resumed.carried
             labels = resumed.labels
-            events = engine.read_stream(spark, group, path, max_files_per_trigger, resumed.nanoseconds)
-            projected, projection = engine.project(group, events, labels)
-            processor = engine.PaneProcessor(
-                projection.plan,
-                group.name,
-                _arrow_types(projection.output_schema),
-                eager=group.online == "eager",
+            events, projection, out = stateful_query(
+                spark,
+                group,
+                path,
+                labels,
                 layout=stream_upgrade.layout(group, len(labels)).id,
                 upgrade=resumed.upgrade,
-                labels=tuple(labels),
-            )
-            out = projected.groupBy(engine.BUCKET).transformWithStateInPandas(
-                processor, projection.output_schema, "append", "EventTime"
+                nanoseconds=resumed.nanoseconds,
+                max_files_per_trigger=max_files_per_trigger,
             )
             writer_of = writers.get(group.name)
             rollup = MetricRollup(partial(_log_metrics, run.tracker), metrics_s)
@@ -206,7 +210,7 @@ def stream(
             writer = writer.trigger(**trigger_of)
             # Until its first batch reports, a run stands at the watermark its checkpoint's last batch emitted up to.
             run.latest[group.name] = StreamProgress(group.name, watermark=emitted_watermark(checkpoint / "query"))
-            with _shuffle_partitions(spark, resumed.partitions):
+            with shuffle_partitions(spark, resumed.partitions):
                 run.queries[group.name] = writer.start()
             sink.query = run.queries[group.name]
             source = group.source
@@ -255,31 +259,6 @@ def _check_not_connect(spark: SparkSession) -> None:
         raise EnvironmentProblem(CONNECT_UNSUPPORTED)
 
 
-def _arrow_types(schema: str) -> dict[str, Any]:
-    """Each column of a DDL schema and its Arrow type (times in UTC, as the kernel returns them)."""
-
-    return {f.name: to_arrow_type(f.dataType, timezone="UTC") for f in StructType.fromDDL(schema).fields}
-
-
-@contextmanager
-def _shuffle_partitions(spark: SparkSession, partitions: int) -> Iterator[None]:
-    """Start a query with its own shuffle partitions: a streaming query copies the session's settings when it
-    starts (and its stateful operator keeps the count in the checkpoint from then on)."""
-    before = spark.conf.get("spark.sql.shuffle.partitions")
-    spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
-    try:
-        yield
-    finally:
-        spark.conf.set("spark.sql.shuffle.partitions", before)
-
-
-def _cores(spark: SparkSession) -> int:
-    try:
-        return int(spark.sparkContext.defaultParallelism)
-    except (AttributeError, NotImplementedError):  # Spark Connect has no SparkContext: its shuffle partitions
-        return int(spark.conf.get("spark.sql.shuffle.partitions") or 1)
-
-
 @dataclass(frozen=True)
 class Resumed:
     """What a stream continues from its checkpoint with."""
@@ -319,7 +298,9 @@ def _check_checkpoint(
             repo,
             group,
             checkpoint,
-            "was written by an older version of features, in a layout this version does not read",
+            "was written by another version of features, in a layout this version does not read (to keep it: "
+            "`features savepoint` with the version that wrote it, then `features stream --from-savepoint` with this "
+            "one)",
         )
     upgrade, carried = None, None
     if saved is not None:
@@ -333,22 +314,12 @@ def _check_checkpoint(
         elif saved.get("upgrade"):
             upgrade = PendingUpgrade.from_json(saved["upgrade"])
     else:
-        partitions = _cores(spark)
+        partitions = cores(spark)
         labels = bucket_labels(buckets or partitions, partitions)
         nanoseconds = engine.reads_nanoseconds(spark, group, repo.source_path(group))
-    current = {
-        "definition_hash": definition_hash(group),
-        "buckets": len(labels),
-        "labels": labels,
-        "partitions": partitions,
-        "nanoseconds": nanoseconds,
-        "state_format": engine.STATE_FORMAT,
-        "definition": describe(group),
-        "layout": stream_upgrade.layout(group, len(labels)).to_json(),
-        "upgrade": None if upgrade is None else upgrade.to_json(),
-        # Recorded in its offline commits, so that a restart finds its last batch; a new checkpoint, a new id.
-        "stream_id": (saved or {}).get("stream_id") or uuid.uuid4().hex,
-    }
+    current = stream_upgrade.state_record(
+        group, labels, partitions, nanoseconds, upgrade, (saved or {}).get("stream_id")
+    )
     engine.save_definition(checkpoint, current)
     return Resumed(labels, partitions, nanoseconds, current["stream_id"], upgrade, carried)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import shutil
 import time
+import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -48,8 +49,16 @@ class Carried:
     files: int
     seconds: float
     rescaled: tuple[int, int, int] | None = None  # buckets before, after, and the keys moved
+    restored: tuple[str, int, int, int, int] | None = None  # savepoint, its batch, keys, buckets before and after
 
     def line(self) -> str:
+        if self.restored is not None:
+            path, batch, keys, before, after = self.restored
+            text = (
+                f"{self.group}: started from the savepoint {path} (batch {batch}, {keys:,} keys, --buckets {before} "
+                f"-> {after}) in {self.seconds:.1f}s, without a replay: kept {_names(self.kept)}"
+            )
+            return text + self._built_and_dropped()
         if self.rescaled is not None:
             before, after, keys = self.rescaled
             return (
@@ -57,6 +66,10 @@ class Carried:
                 f"without a replay in {self.seconds:.1f}s"
             )
         text = f"{self.group}: definition changed, state carried over without a replay: kept {_names(self.kept)}"
+        return text + self._built_and_dropped()
+
+    def _built_and_dropped(self) -> str:
+        text = ""
         if self.built:
             since = "the beginning" if self.since is None else f"{self.since:%Y-%m-%d %H:%M}"
             text += (
@@ -79,6 +92,31 @@ def layout(group: FeatureGroup, buckets: int) -> Layout:
 def saved_layout(saved: dict[str, Any]) -> Layout:
     """The layout of a checkpoint's state (checkpoints from before layouts were saved: from their definition)."""
     return Layout.from_json(saved["layout"]) if "layout" in saved else layout_of(saved["definition"])
+
+
+def state_record(
+    group: FeatureGroup,
+    labels: list[int],
+    partitions: int,
+    nanoseconds: bool,
+    upgrade: PendingUpgrade | None,
+    stream_id: str | None = None,
+) -> dict[str, Any]:
+    """What a checkpoint saves beside Spark's files (`features-definition.json`): the definition and layout its
+    state holds, its buckets, and a change its buckets have yet to apply."""
+    return {
+        "definition_hash": definition_hash(group),
+        "buckets": len(labels),
+        "labels": labels,
+        "partitions": partitions,
+        "nanoseconds": nanoseconds,
+        "state_format": engine.STATE_FORMAT,
+        "definition": describe(group),
+        "layout": layout(group, len(labels)).to_json(),
+        "upgrade": None if upgrade is None else upgrade.to_json(),
+        # Recorded in its offline commits, so that a restart finds its last batch; a new checkpoint, a new id.
+        "stream_id": stream_id or uuid.uuid4().hex,
+    }
 
 
 def carry_over(
@@ -153,13 +191,7 @@ def rescale(
     moved = rebucket_state(
         spark, checkpoint / "query", group, {k: key_types[k] for k in group.join_keys}, labels, folder
     )
-    upgrade = PendingUpgrade(
-        Change(before, after),
-        str(folder),
-        replace_state=True,
-        emitted_upto_us=moved.emitted_upto_us,
-        newest_us=moved.newest_us,
-    )
+    upgrade = PendingUpgrade(Change(before, after), None, str(folder), moved.emitted_upto_us, moved.newest_us)
     names = [f.name for f in group.features]
     seconds = time.perf_counter() - began
     carried = Carried(
@@ -211,10 +243,10 @@ class Finish:
         if self.stepped_in is not None and batch_id > self.stepped_in:
             saved = engine.saved_definition(self.checkpoint)
             if saved is not None and saved.get("upgrade"):
-                folder = saved["upgrade"].get("folder")
+                folders = [saved["upgrade"].get(k) for k in ("folder", "state")]
                 saved["upgrade"] = None
                 engine.save_definition(self.checkpoint, saved)
-                if folder:
+                for folder in filter(None, folders):
                     shutil.rmtree(folder, ignore_errors=True)
             self.done = True
         elif self.stepped_in is None and stepped >= self.buckets:

@@ -1,0 +1,72 @@
+"""A group's streaming query up to its stateful operator, as `features stream` runs it and as a restored
+savepoint's first (empty) micro-batch makes its checkpoint: both must build the same operator, which Spark checks
+against the checkpoint."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+from pyspark.sql import DataFrame
+from pyspark.sql.pandas.types import to_arrow_type
+from pyspark.sql.types import StructType
+
+from features.engine import stream as engine
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from features.engine.upgrade import PendingUpgrade
+    from features.spec import FeatureGroup
+
+
+def stateful_query(
+    spark: SparkSession,
+    group: FeatureGroup,
+    path: str,
+    labels: list[int],
+    *,
+    layout: str,
+    upgrade: PendingUpgrade | None,
+    nanoseconds: bool,
+    max_files_per_trigger: int | None = None,
+) -> tuple[DataFrame, engine.Projection, DataFrame]:
+    """A group's stream up to its stateful operator: the events read from `path`, their projection, and the
+    operator's output (change points, late events, bad records, bucket stats) for the sink."""
+    events = engine.read_stream(spark, group, path, max_files_per_trigger, nanoseconds)
+    projected, projection = engine.project(group, events, labels)
+    fields = StructType.fromDDL(projection.output_schema).fields
+    output = {f.name: to_arrow_type(f.dataType, timezone="UTC") for f in fields}  # times in UTC, as the kernel's
+    processor = engine.PaneProcessor(
+        projection.plan,
+        group.name,
+        output,
+        eager=group.online == "eager",
+        layout=layout,
+        upgrade=upgrade,
+        labels=tuple(labels),
+    )
+    out = projected.groupBy(engine.BUCKET).transformWithStateInPandas(
+        processor, projection.output_schema, "append", "EventTime"
+    )
+    return events, projection, out
+
+
+@contextmanager
+def shuffle_partitions(spark: SparkSession, partitions: int) -> Iterator[None]:
+    """Start a query with its own shuffle partitions: a streaming query copies the session's settings when it
+    starts (and its stateful operator keeps the count in the checkpoint from then on)."""
+    before = spark.conf.get("spark.sql.shuffle.partitions")
+    spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
+    try:
+        yield
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", before)
+
+
+def cores(spark: SparkSession) -> int:
+    try:
+        return int(spark.sparkContext.defaultParallelism)
+    except (AttributeError, NotImplementedError):  # Spark Connect has no SparkContext: its shuffle partitions
+        return int(spark.conf.get("spark.sql.shuffle.partitions") or 1)

@@ -1,0 +1,295 @@
+"""Savepoints (docs/streaming.md, "Savepoints"): a group's stream state written at a batch boundary as a
+self-describing folder, and a stream started from one into a new checkpoint, on another definition, another
+number of buckets, another machine or a later version of `features`.
+
+`take` reads the state of the last committed micro-batch (pinned, so that a running stream may go on) and writes
+`savepoint.json` and `panes/` beside each other under a temporary name, renamed into place when complete.
+`restore` builds the new checkpoint in place (Spark records a checkpoint's own paths in it), under a marker file
+until it is complete: a first micro-batch over no events makes Spark's own checkpoint (its operator, state store
+and logs), whose source position and watermark are then set to the savepoint's; the pane rows go to the new
+buckets, and the stream's buckets take them as their state the first time they step, as after a rescale; features
+the savepoint's definition lacked are built from the source over their lookback, as after a definition change.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from features.engine import stream as engine
+from features.engine.inputs import bucket_labels
+from features.engine.savepoint import dump_panes, regroup_panes, relative_files, set_position, source_uris
+from features.engine.schema import schema_of
+from features.engine.stream_query import cores, shuffle_partitions, stateful_query
+from features.engine.upgrade import PendingUpgrade, build_panes, committed_position, last_commit
+from features.errors import ConfigError
+from features.kernel.migrate import Change, Layout
+from features.kernel.panes import MICROS, lookback_start
+from features.pipelines import stream_upgrade
+from features.repo import Repo
+from features.spec import FeatureGroup
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+FORMAT = 1  # savepoint.json's "format": this version writes it and reads it and every earlier one
+MANIFEST = "savepoint.json"
+RESTORING = "features-restoring"  # in a checkpoint a restore is building
+
+
+def check_restored(checkpoint: Path, group: FeatureGroup) -> None:
+    """Refuse a checkpoint a restore began and did not finish."""
+    marker = checkpoint / RESTORING
+    if marker.exists():
+        raise ConfigError(
+            f"{group.name}: the checkpoint {checkpoint} was being made from the savepoint {marker.read_text()} "
+            "when that stopped; run the same command again: `features stream --group "
+            f"{group.name} --from-savepoint {marker.read_text()}` (add the --checkpoint-dir it had, if any)"
+        )
+
+
+@dataclass(frozen=True)
+class Taken:
+    group: str
+    path: Path
+    batch: int
+    keys: int
+    rows: int
+    files: int
+    watermark: datetime | None
+    seconds: float
+
+    def line(self) -> str:
+        upto = "no watermark yet" if self.watermark is None else f"watermark {self.watermark:%Y-%m-%d %H:%M}"
+        return (
+            f"{self.group}: savepoint of batch {self.batch} ({self.keys:,} keys, {self.rows:,} pane rows, "
+            f"{self.files:,} source files done, {upto}) written to {self.path} in {self.seconds:.1f}s"
+        )
+
+
+def default_path(repo: Repo, group: FeatureGroup) -> Path:
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    return repo.root / "data" / "savepoints" / group.name / stamp
+
+
+def take(
+    spark: SparkSession, repo: Repo, group: FeatureGroup, to: str | None = None, checkpoint_root: str | None = None
+) -> Taken:
+    """Write the group's stream state after its last committed micro-batch to `to` (default: under the repo's
+    data/savepoints/<group>/)."""
+    began = time.perf_counter()
+    checkpoint = Path(repo.checkpoint_path(group, checkpoint_root))
+    saved = engine.saved_definition(checkpoint)
+    batch = last_commit(checkpoint / "query")[0] if (checkpoint / "query").is_dir() else None
+    if saved is None or batch is None:
+        raise ConfigError(
+            f"{group.name}: no stream state in {checkpoint} to save (no micro-batch has committed there). Run "
+            f"`features stream --repo {repo.root} --group {group.name}` first, or pass the --checkpoint-dir it used"
+        )
+    why = _not_savable(group, saved)
+    if why is not None:
+        raise ConfigError(f"{group.name}: the stream's state in {checkpoint} {why}")
+    target = Path(to).resolve() if to else default_path(repo, group)
+    if target.exists() and any(target.iterdir()):
+        raise ConfigError(f"--to: {target} already holds files; name a new folder for the savepoint")
+    aside = target.with_name(f".{target.name}.writing-{uuid.uuid4().hex[:8]}")
+    source = repo.source_path(group)
+    position = committed_position(checkpoint / "query", batch)
+    key_types = group.output_types(schema_of(engine.source_schema(spark, group, source)))
+    try:
+        dumped = dump_panes(
+            spark, checkpoint / "query", group, {k: key_types[k] for k in group.join_keys}, batch, aside
+        )
+        manifest = {
+            "format": FORMAT,
+            "group": group.name,
+            "written_by": _version(),
+            "created": datetime.now(UTC).isoformat(),
+            "state_format": saved["state_format"],
+            "definition": saved["definition"],
+            "definition_hash": saved["definition_hash"],
+            "layout": stream_upgrade.saved_layout(saved).to_json(),
+            "buckets": saved["buckets"],
+            "batch": batch,
+            "watermark_us": position.watermark_us,
+            "emitted_upto_us": dumped.emitted_upto_us,
+            "newest_us": dumped.newest_us,
+            "keys": dumped.keys,
+            "rows": dumped.rows,
+            "source": {"path": source, "files": relative_files(position.files, source)},
+        }
+        (aside / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if target.exists():
+            target.rmdir()  # empty: checked above
+        os.replace(aside, target)
+    finally:
+        shutil.rmtree(aside, ignore_errors=True)
+    watermark = None if position.watermark_us is None else datetime.fromtimestamp(position.watermark_us / MICROS, UTC)
+    seconds = time.perf_counter() - began
+    return Taken(group.name, target, batch, dumped.keys, dumped.rows, len(position.files), watermark, seconds)
+
+
+def _not_savable(group: FeatureGroup, saved: dict[str, Any]) -> str | None:
+    if saved.get("state_format") != engine.STATE_FORMAT:
+        return (
+            "was written by another version of features, in a layout this version does not read: take the "
+            "savepoint with the version that wrote it, and restore it with this one (`features stream "
+            "--from-savepoint`)"
+        )
+    if saved.get("upgrade"):
+        return (
+            "is still applying a change (no micro-batch with events has run since it was made): let the stream run "
+            "until one has, then take the savepoint"
+        )
+    if group.source.kafka is not None:
+        return "reads a Kafka topic: savepoints keep a landing folder's position (its files read), not Kafka offsets"
+    if list(saved["definition"]["entity"]["join_keys"]) != list(group.join_keys):
+        return (
+            f"is keyed by {', '.join(saved['definition']['entity']['join_keys'])}, and the group now by "
+            f"{', '.join(group.join_keys)}: take savepoints before changing a group's keys"
+        )
+    return None
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("features")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def read_manifest(path: str | Path, group: FeatureGroup) -> dict[str, Any]:
+    """A savepoint's description, checked against the group it is to start."""
+    manifest_path = Path(path) / MANIFEST
+    if not manifest_path.is_file():
+        raise ConfigError(
+            f"--from-savepoint: {path} is not a savepoint (no {MANIFEST} in it); `features savepoint` writes one"
+        )
+    manifest = json.loads(manifest_path.read_text())
+    fmt = manifest.get("format")
+    if not isinstance(fmt, int) or fmt > FORMAT:
+        raise ConfigError(
+            f"--from-savepoint: {path} is in savepoint format {fmt}, written by features {manifest.get('written_by')}; "
+            f"this version reads formats up to {FORMAT}: upgrade features to restore it"
+        )
+    if manifest["group"] != group.name:
+        raise ConfigError(
+            f"--from-savepoint: {path} holds the state of group {manifest['group']!r}, not of {group.name!r}; "
+            f"pass --group {manifest['group']}"
+        )
+    definition = manifest["definition"]
+    why = None
+    if list(definition["entity"]["join_keys"]) != list(group.join_keys):
+        why = f"keyed by {', '.join(definition['entity']['join_keys'])}, and the group by {', '.join(group.join_keys)}"
+    elif definition["source"]["timestamp"] != group.source.timestamp:
+        why = f"timed by {definition['source']['timestamp']!r}, and the group by {group.source.timestamp!r}"
+    elif group.source.kafka is not None:
+        why = "of a landing folder, and the group now reads a Kafka topic"
+    if why is not None:
+        raise ConfigError(
+            f"--from-savepoint: {path} holds a state {why}: every key or event time would be new, so it cannot "
+            f"start the group; a replay (`features stream --group {group.name} --reset`) is the least it takes"
+        )
+    return manifest
+
+
+def restore(
+    spark: SparkSession, repo: Repo, group: FeatureGroup, checkpoint: Path, path: str, buckets: int | None
+) -> stream_upgrade.Carried:
+    """Make `checkpoint` (which must hold no state) a checkpoint that continues from the savepoint at `path`."""
+    began = time.perf_counter()
+    manifest = read_manifest(path, group)
+    marker = checkpoint / RESTORING
+    if marker.exists():
+        shutil.rmtree(checkpoint)  # a restore that did not finish: started again
+    query = checkpoint / "query"
+    if engine.saved_definition(checkpoint) is not None or (query.is_dir() and last_commit(query)[0] is not None):
+        raise ConfigError(
+            f"--from-savepoint: {group.name}'s checkpoint {checkpoint} already holds stream state; a savepoint "
+            "starts a new checkpoint: delete that folder (after taking a savepoint of it, if you want it), or "
+            "pass another --checkpoint-dir"
+        )
+    partitions = cores(spark)
+    labels = bucket_labels(buckets or int(manifest["buckets"]), partitions)
+    source = repo.source_path(group)
+    nanoseconds = engine.reads_nanoseconds(spark, group, source)
+    after = stream_upgrade.layout(group, len(labels))
+    change = Change(Layout.from_json(manifest["layout"]), after)
+    watermark = manifest["watermark_us"]
+    files = source_uris(manifest["source"]["files"], source)
+    # Under a marker that a start refuses and a restore starts again from.
+    shutil.rmtree(checkpoint, ignore_errors=True)  # no state: at most what a failed start left
+    checkpoint.mkdir(parents=True)
+    marker.write_text(str(path))
+    _seed(spark, group, checkpoint, source, labels, partitions, after.id, nanoseconds)
+    set_position(query, files, watermark)
+    state = checkpoint / stream_upgrade.FOLDER / f"{after.id}-state"
+    regroup_panes(spark, group, Path(path), labels, state)
+    built = change.features(change.built)
+    since, events, folder = None, 0, None
+    if built:
+        since = lookback_start([f.window for f in group.features if f.name in built], watermark)
+        folder = checkpoint / stream_upgrade.FOLDER / after.id
+        events = build_panes(spark, group, source, frozenset(files), labels, since, watermark, folder).events
+    upgrade = PendingUpgrade(
+        change, None if folder is None else str(folder), str(state), manifest["emitted_upto_us"], manifest["newest_us"]
+    )
+    engine.save_definition(checkpoint, stream_upgrade.state_record(group, labels, partitions, nanoseconds, upgrade))
+    marker.unlink()
+    kept = [f.name for f in group.features if f.name not in built]
+    old = {f["name"] for f in manifest["definition"]["features"]}
+    return stream_upgrade.Carried(
+        group.name,
+        kept,
+        built,
+        sorted(old - set(kept) - set(built)),
+        events,
+        None if since is None else datetime.fromtimestamp(since / MICROS, UTC),
+        None if watermark is None else datetime.fromtimestamp(watermark / MICROS, UTC),
+        len(files),
+        time.perf_counter() - began,
+        restored=(str(path), int(manifest["batch"]), int(manifest["keys"]), int(manifest["buckets"]), len(labels)),
+    )
+
+
+def _seed(
+    spark: SparkSession,
+    group: FeatureGroup,
+    checkpoint: Path,
+    source: str,
+    labels: list[int],
+    partitions: int,
+    layout: str,
+    nanoseconds: bool,
+) -> None:
+    """Run the group's stream for one micro-batch over an empty file: Spark writes the checkpoint of the very
+    query `features stream` runs (its sources' logs, offsets, commit, and the operator's state store and schema),
+    with a state in which no bucket has stepped."""
+    empty = checkpoint / "seed"
+    if group.source.format == "json":
+        empty.mkdir(parents=True)
+        (empty / "seed.json").write_text("")
+    else:
+        schema = engine.source_schema(spark, group, source)
+        spark.createDataFrame([], schema).coalesce(1).write.parquet(str(empty))
+    _, _, out = stateful_query(spark, group, str(empty), labels, layout=layout, upgrade=None, nanoseconds=nanoseconds)
+    # The batch must run its plan for the state stores to commit: Spark's no-op sink runs it and keeps nothing.
+    writer = out.writeStream.foreachBatch(_run_plan).trigger(availableNow=True)
+    with shuffle_partitions(spark, partitions):
+        query = writer.option("checkpointLocation", str(checkpoint / "query")).start()
+    query.awaitTermination()
+    shutil.rmtree(empty)
+
+
+def _run_plan(frame: DataFrame, batch_id: int) -> None:
+    frame.write.format("noop").mode("overwrite").save()
