@@ -3,8 +3,9 @@ interpreter (nbclient). Any cell error fails the test.
 
 They run in name order in one temporary copy of the checkout's example repository and notebooks (no data,
 no MLflow store): 01 explores, 02 backfills and registers a model, a later notebook (e.g. 04 serving) uses
-what the earlier ones left, as a user working through them would. Each also runs on its own (04 builds the
-model when it finds none). The executed notebooks are kept in the test's temporary folder for inspection;
+what the earlier ones left, as a user working through them would. They share one kernel, each in a fresh
+namespace, as notebooks on one Databricks cluster share its Spark driver. Each also runs on its own, in a
+kernel of its own (04 builds the model when it finds none). The executed notebooks are kept in the test's temporary folder for inspection;
 the checked-in ones are never written here.
 
 The checked-in notebooks carry the outputs of a real run, stored by `notebooks/refresh_outputs.py` (which runs
@@ -15,12 +16,15 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import nbformat
 import pytest
 from IPython.core.inputtransformer2 import TransformerManager
+from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -177,20 +181,30 @@ def test_stored_outputs_show_every_cell_without_machine_paths(name: str) -> None
     assert "application/vnd.jupyter.widget-view+json" not in stored, f"{name}: a widget has no state stored"
 
 
+@pytest.fixture(scope="module")
+def kernel(checkout: Path) -> Iterator[KernelManager]:
+    """One Jupyter kernel for the notebooks, run in order, each in a namespace of its own: as notebooks attached
+    to one Databricks cluster share its Spark driver, the Spark session one starts is the next one's (and a JVM
+    start per notebook is spared). The kernel gets this environment but the repository's own MLflow store and no
+    Databricks."""
+    hidden = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "DATABRICKS_RUNTIME_VERSION")
+    manager = KernelManager(kernel_name="python3")
+    env = {k: v for k, v in os.environ.items() if k not in hidden}
+    manager.start_kernel(cwd=str(checkout / "notebooks"), env=env)
+    yield manager
+    manager.shutdown_kernel(now=True)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", NOTEBOOKS)
-def test_notebook_runs_top_to_bottom(name: str, checkout: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    # The kernel inherits this environment: the repository's own MLflow store, no Databricks.
-    for variable in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "DATABRICKS_RUNTIME_VERSION"):
-        monkeypatch.delenv(variable, raising=False)
+def test_notebook_runs_top_to_bottom(name: str, checkout: Path, kernel: KernelManager, tmp_path: Path):
     folder = checkout / "notebooks"
     notebook = nbformat.read(folder / name, as_version=4)
     for cell in notebook.cells:
         if cell.cell_type == "code":
             cell.outputs = []  # what the test checks comes from this run, not from the stored outputs
-    client = NotebookClient(
-        notebook, timeout=CELL_TIMEOUT_S, kernel_name="python3", resources={"metadata": {"path": str(folder)}}
-    )
+    notebook.cells.insert(0, nbformat.v4.new_code_cell("%reset -f"))  # the previous notebook's names go
+    client = NotebookClient(notebook, km=kernel, timeout=CELL_TIMEOUT_S, resources={"metadata": {"path": str(folder)}})
     try:
         client.execute()  # raises CellExecutionError, with the cell and its traceback, on any cell error
     finally:
