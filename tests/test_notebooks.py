@@ -5,8 +5,8 @@ They run in name order in one temporary copy of the checkout's example repositor
 no MLflow store): 01 explores, 02 backfills and registers a model, a later notebook (e.g. 04 serving) uses
 what the earlier ones left, as a user working through them would. They share one kernel, each in a fresh
 namespace, as notebooks on one Databricks cluster share its Spark driver. Each also runs on its own, in a
-kernel of its own (04 builds the model when it finds none). The executed notebooks are kept in the test's temporary folder for inspection;
-the checked-in ones are never written here.
+kernel of its own (04 builds the model when it finds none). The executed notebooks are kept in the test's
+temporary folder for inspection; the checked-in ones are never written here.
 
 The checked-in notebooks carry the outputs of a real run, stored by `notebooks/refresh_outputs.py` (which runs
 them the same way): every cell that shows something has them, without the machine's paths.
