@@ -12,6 +12,9 @@ their own, as a scheduler runs them:
 Rounds alternate upgrade and reset; the medians are compared (required: the upgrade >= 5x faster), and the events
 the upgrade read are checked against the new feature's lookback plus the new day.
 
+The same for a rescale (`--buckets` doubled) and for a savepoint restored into a new checkpoint folder
+(`features savepoint`, then `features stream --from-savepoint`), each against `--reset` over the same next day.
+
 The same for backfills: the `--days` backfilled by `features backfill --since-last` (set-up), the feature added,
 then `features backfill --since-last --only-changed` (computes the added feature alone, beside the table's values
 of the others) against a full recompute of the group (`--since-last` on a copy without the offline table).
@@ -102,6 +105,23 @@ def rescale_round(snapshot: Path, days: int, per_day: int, users: int, buckets: 
     output = _run(*command, *(["--reset"] if reset else []))
     if not reset and "moved to their new buckets" not in output:
         raise RuntimeError(f"the rescale did not move the state:\n{output[-3000:]}")
+    return time.perf_counter() - began
+
+
+def savepoint_round(snapshot: Path, savepoint: Path, days: int, per_day: int, users: int, reset: bool) -> float:
+    """Seconds of `features stream --available-now` over the next day in a new checkpoint folder started from the
+    savepoint of the snapshot's state (`--from-savepoint`), or with `--reset` (replayed)."""
+    repo = _restored(snapshot, add=False)
+    write_events(_day(days, days, per_day, users), repo / "data" / "transactions", n_files=1, start_index=days)
+    began = time.perf_counter()
+    command = ["stream", "--repo", str(repo), "--group", GROUP, "--available-now"]
+    if reset:
+        output = _run(*command, "--reset")
+    else:
+        restored = ["--from-savepoint", str(savepoint), "--checkpoint-dir", str(repo / "data" / "restored")]
+        output = _run(*command, *restored)
+        if "started from the savepoint" not in output:
+            raise RuntimeError(f"the stream did not start from the savepoint:\n{output[-3000:]}")
     return time.perf_counter() - began
 
 
@@ -207,6 +227,31 @@ def main() -> int:
         *[f"| {k} | {', '.join(f'{t:.1f}' for t in v)} | {float(np.median(v)):.1f} |" for k, v in rescales.items()],
         "",
         f"- reset / rescale: **{replayed / moved:.1f}x** (required >= 5x)",
+    ]
+    _restored(snapshot, add=False)
+    taken = time.perf_counter()
+    savepoint = WORK / "savepoint"
+    shutil.rmtree(savepoint, ignore_errors=True)
+    _run("savepoint", "--repo", str(WORK / "repo"), "--group", GROUP, "--to", str(savepoint))
+    taken = time.perf_counter() - taken
+    restores: dict[str, list[float]] = {"from the savepoint": [], "reset": []}
+    for _ in range(args.rounds):
+        for kind in restores:
+            restores[kind].append(
+                savepoint_round(snapshot, savepoint, args.days, args.events_per_day, args.users, kind == "reset")
+            )
+    restored, replayed = (float(np.median(v)) for v in restores.values())
+    lines += [
+        "",
+        f"Savepoint: `features savepoint` of the {args.days} days' state took {taken:.1f}s (a process of its own); "
+        "then `features stream --available-now` over the next day in a new checkpoint folder, started "
+        "`--from-savepoint` or with `--reset` (replayed):",
+        "",
+        "| run | seconds (each round) | median |",
+        "|---|---|---|",
+        *[f"| {k} | {', '.join(f'{t:.1f}' for t in v)} | {float(np.median(v)):.1f} |" for k, v in restores.items()],
+        "",
+        f"- reset / from the savepoint: **{replayed / restored:.1f}x**",
     ]
     backfills: dict[str, list[float]] = {"added feature alone": [], "full recompute": []}
     for _ in range(0 if args.skip_backfill else args.rounds):

@@ -16,6 +16,7 @@ from test_batch_reference import BASE, H, make_events
 from test_stream import arrival_order, assert_batch_engine_rows, land, offline_rows, same_value
 from test_stream_upgrade import AFTER, BEFORE, _define
 
+from features.cli import main
 from features.engine.upgrade import committed_position
 from features.errors import ConfigError
 from features.pipelines import savepoint
@@ -39,16 +40,23 @@ def test_a_savepoint_starts_a_new_checkpoint_on_a_changed_definition_and_more_bu
     saved = json.loads((checkpoint / "features-definition.json").read_text())
     position = committed_position(checkpoint / "query")
 
-    taken = savepoint.take(spark, repo, BEFORE, str(tmp_path / "sp"))
-    manifest = json.loads((taken.path / "savepoint.json").read_text())
+    sp = tmp_path / "sp"
+    capsys.readouterr()
+    assert main(["savepoint", "--repo", str(root), "--group", BEFORE.name, "--to", str(sp)]) == 0  # this session
+    out = capsys.readouterr().out
+    assert f"{BEFORE.name}: savepoint of batch {position.batch}" in out and f"written to {sp}" in out
+    assert f"features stream --repo {root} --group {BEFORE.name} --from-savepoint {sp}" in out
+    manifest = json.loads((sp / "savepoint.json").read_text())
     assert manifest["format"] == savepoint.FORMAT and manifest["group"] == BEFORE.name
     assert manifest["watermark_us"] == position.watermark_us and manifest["batch"] == position.batch
     assert sorted(manifest["source"]["files"]) == sorted(p.name for p in (root / "data" / "transactions").iterdir())
-    panes = pq.read_table(taken.path / "panes").to_pandas()  # plain Parquet rows: keys, pane, partials
+    panes = pq.read_table(sp / "panes").to_pandas()  # plain Parquet rows: keys, pane, partials
     assert {"user_id", "fx_pane", "amount_max_4h.v"} <= set(panes.columns)
-    assert panes["user_id"].nunique() == manifest["keys"] == first["user_id"].nunique() and len(panes) == taken.rows
+    assert (
+        panes["user_id"].nunique() == manifest["keys"] == first["user_id"].nunique() and len(panes) == manifest["rows"]
+    )
     with pytest.raises(ConfigError, match=r"--to: .* already holds files; name a new folder"):
-        savepoint.take(spark, repo, BEFORE, str(taken.path))
+        savepoint.take(spark, repo, BEFORE, str(sp))
 
     # Restored elsewhere (a new checkpoint root), on the changed definition, with twice the buckets.
     repo = _define(root, AFTER)
@@ -59,14 +67,14 @@ def test_a_savepoint_starts_a_new_checkpoint_on_a_changed_definition_and_more_bu
         repo,
         available_now=True,
         checkpoint_root=other,
-        from_savepoint=str(taken.path),
+        from_savepoint=str(sp),
         buckets=2 * saved["buckets"],
         progress=False,
         tracking=False,
     )
     run.await_termination()
     line = capsys.readouterr().err
-    assert f"started from the savepoint {taken.path} (batch {position.batch}" in line
+    assert f"started from the savepoint {sp} (batch {position.batch}" in line
     assert f"--buckets {saved['buckets']} -> {2 * saved['buckets']}" in line
     assert "kept amount_sum_1h, status_last" in line and "built failed_4h, qty_sum_2h, n_lifetime" in line
     assert "dropped amount_max_4h" in line
@@ -89,7 +97,7 @@ def test_a_savepoint_starts_a_new_checkpoint_on_a_changed_definition_and_more_bu
     assert restored["buckets"] == 2 * saved["buckets"] and restored["upgrade"] is None  # every bucket took its state
 
     with pytest.raises(ConfigError, match=r"already holds stream state; a savepoint starts a new checkpoint"):
-        stream(repo, checkpoint_root=other, from_savepoint=str(taken.path), progress=False, tracking=False)
+        stream(repo, checkpoint_root=other, from_savepoint=str(sp), progress=False, tracking=False)
 
 
 def _savepoint(folder: Path, **changes) -> Path:
