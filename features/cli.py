@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from features.errors import ConfigError, DataError, FeaturesError
+from features.version import package_version
 
 DEFAULT_REPO = "feature_repo"
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -19,19 +20,6 @@ DEMO_BROKER = "127.0.0.1:9092"  # where `features demo --kafka` looks for a brok
 def default_repo() -> str:
     """The current folder when it holds feature_store.yaml (as Feast's own CLI works), else `feature_repo`."""
     return "." if Path("feature_store.yaml").is_file() else DEFAULT_REPO
-
-
-def package_version() -> str:
-    """The installed package's version, or the source's (pyproject.toml) when running from a checkout."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("features")
-    except PackageNotFoundError:
-        import tomllib
-
-        pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
-        return str(tomllib.loads(pyproject.read_text())["project"]["version"])
 
 
 def _repo_arg(parser: argparse.ArgumentParser) -> None:

@@ -101,8 +101,7 @@ def relative_files(files: frozenset[str], source: str) -> list[str]:
     root = Path(source).resolve() if "://" not in source else None
     out = []
     for uri in sorted(files):
-        parsed = urlparse(uri)
-        local = Path(unquote(parsed.path)) if parsed.scheme in ("", "file") else None
+        local = _local(uri)
         if root is not None and local is not None and local.is_relative_to(root):
             out.append(local.relative_to(root).as_posix())
         else:
@@ -141,6 +140,11 @@ def set_position(query_checkpoint: Path, files: list[str], watermark_us: int | N
 
 
 def _mtime_ms(uri: str) -> int:
-    parsed = urlparse(uri)
-    path = Path(unquote(parsed.path)) if parsed.scheme in ("", "file") else None
+    path = _local(uri)
     return int(path.stat().st_mtime * 1000) if path is not None and path.exists() else 0
+
+
+def _local(uri: str) -> Path | None:
+    """A local file's path from its URI (`file:///...`, or a plain path); None for other stores."""
+    parsed = urlparse(uri)
+    return Path(unquote(parsed.path)) if parsed.scheme in ("", "file") else None

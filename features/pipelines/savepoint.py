@@ -35,6 +35,7 @@ from features.kernel.panes import MICROS, lookback_start
 from features.pipelines import stream_upgrade
 from features.repo import Repo
 from features.spec import FeatureGroup
+from features.version import package_version
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -110,7 +111,7 @@ def take(
         manifest = {
             "format": FORMAT,
             "group": group.name,
-            "written_by": _version(),
+            "written_by": package_version(),
             "created": datetime.now(UTC).isoformat(),
             "state_format": saved["state_format"],
             "definition": saved["definition"],
@@ -157,15 +158,6 @@ def _not_savable(group: FeatureGroup, saved: dict[str, Any]) -> str | None:
             f"{', '.join(group.join_keys)}: take savepoints before changing a group's keys"
         )
     return None
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("features")
-    except PackageNotFoundError:
-        return "unknown"
 
 
 def read_manifest(path: str | Path, group: FeatureGroup) -> dict[str, Any]:
