@@ -18,7 +18,7 @@ import os
 import shutil
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,10 +28,10 @@ from features.engine.inputs import bucket_labels
 from features.engine.savepoint import dump_panes, regroup_panes, relative_files, set_position, source_uris
 from features.engine.schema import schema_of
 from features.engine.stream_query import cores, shuffle_partitions, stateful_query
-from features.engine.upgrade import PendingUpgrade, build_panes, committed_position, last_commit
+from features.engine.upgrade import PendingUpgrade, committed_position, last_commit
 from features.errors import ConfigError
 from features.kernel.migrate import Change, Layout
-from features.kernel.panes import MICROS, lookback_start
+from features.kernel.panes import MICROS
 from features.pipelines import stream_upgrade
 from features.repo import Repo
 from features.spec import FeatureGroup
@@ -88,7 +88,7 @@ def take(
     began = time.perf_counter()
     checkpoint = Path(repo.checkpoint_path(group, checkpoint_root))
     saved = engine.saved_definition(checkpoint)
-    batch = last_commit(checkpoint / "query")[0] if (checkpoint / "query").is_dir() else None
+    batch = last_commit(checkpoint / "query")[0]
     if saved is None or batch is None:
         raise ConfigError(
             f"{group.name}: no stream state in {checkpoint} to save (no micro-batch has committed there). Run "
@@ -202,10 +202,9 @@ def restore(
     began = time.perf_counter()
     manifest = read_manifest(path, group)
     marker = checkpoint / RESTORING
-    if marker.exists():
-        shutil.rmtree(checkpoint)  # a restore that did not finish: started again
     query = checkpoint / "query"
-    if engine.saved_definition(checkpoint) is not None or (query.is_dir() and last_commit(query)[0] is not None):
+    # A marked checkpoint is a restore that did not finish: started again.
+    if not marker.exists() and (engine.saved_definition(checkpoint) is not None or last_commit(query)[0] is not None):
         raise ConfigError(
             f"--from-savepoint: {group.name}'s checkpoint {checkpoint} already holds stream state; a savepoint "
             "starts a new checkpoint: delete that folder (after taking a savepoint of it, if you want it), or "
@@ -220,38 +219,28 @@ def restore(
     watermark = manifest["watermark_us"]
     files = source_uris(manifest["source"]["files"], source)
     # Under a marker that a start refuses and a restore starts again from.
-    shutil.rmtree(checkpoint, ignore_errors=True)  # no state: at most what a failed start left
+    shutil.rmtree(checkpoint, ignore_errors=True)  # no state: at most what a failed start or restore left
     checkpoint.mkdir(parents=True)
     marker.write_text(str(path))
     _seed(spark, group, checkpoint, source, labels, partitions, after.id, nanoseconds)
     set_position(query, files, watermark)
     state = checkpoint / stream_upgrade.FOLDER / f"{after.id}-state"
     regroup_panes(spark, group, Path(path), labels, state)
-    built = change.features(change.built)
-    since, events, folder = None, 0, None
-    if built:
-        since = lookback_start([f.window for f in group.features if f.name in built], watermark)
-        folder = checkpoint / stream_upgrade.FOLDER / after.id
-        events = build_panes(spark, group, source, frozenset(files), labels, since, watermark, folder).events
+    folder = checkpoint / stream_upgrade.FOLDER / after.id
+    carried = stream_upgrade.build_added(
+        spark, repo, group, change, manifest["definition"], frozenset(files), watermark, labels, folder
+    )
     upgrade = PendingUpgrade(
-        change, None if folder is None else str(folder), str(state), manifest["emitted_upto_us"], manifest["newest_us"]
+        change,
+        str(folder) if carried.built else None,
+        str(state),
+        manifest["emitted_upto_us"],
+        manifest["newest_us"],
     )
     engine.save_definition(checkpoint, stream_upgrade.state_record(group, labels, partitions, nanoseconds, upgrade))
     marker.unlink()
-    kept = [f.name for f in group.features if f.name not in built]
-    old = {f["name"] for f in manifest["definition"]["features"]}
-    return stream_upgrade.Carried(
-        group.name,
-        kept,
-        built,
-        sorted(old - set(kept) - set(built)),
-        events,
-        None if since is None else datetime.fromtimestamp(since / MICROS, UTC),
-        None if watermark is None else datetime.fromtimestamp(watermark / MICROS, UTC),
-        len(files),
-        time.perf_counter() - began,
-        restored=(str(path), int(manifest["batch"]), int(manifest["keys"]), int(manifest["buckets"]), len(labels)),
-    )
+    restored = (str(path), int(manifest["batch"]), int(manifest["keys"]), int(manifest["buckets"]), len(labels))
+    return replace(carried, seconds=time.perf_counter() - began, restored=restored)
 
 
 def _seed(

@@ -134,31 +134,47 @@ def carry_over(
     if position.batch is None:
         return None, None
     change = Change(saved_layout(saved), layout(group, len(labels)))
-    built = change.features(change.built)
-    features = {f["name"] for f in saved["definition"]["features"]}
-    kept = [f.name for f in group.features if f.name not in built]
-    dropped = sorted(features - set(kept) - set(built))
+    folder = checkpoint / FOLDER / change.after.id
+    carried = build_added(
+        spark, repo, group, change, saved["definition"], position.files, position.watermark_us, labels, folder
+    )
+    return PendingUpgrade(change, str(folder) if carried.built else None), carried
+
+
+def build_added(
+    spark: SparkSession,
+    repo: Repo,
+    group: FeatureGroup,
+    change: Change,
+    before: dict[str, Any],
+    files: frozenset[str],
+    watermark_us: int | None,
+    labels: list[int],
+    folder: Path,
+) -> Carried:
+    """The panes of the features `change` adds (or changes), built from the good events of `files` over their
+    lookback from `watermark_us` into `folder` (nothing when none is added); what the change keeps, builds and
+    drops of `before` (the definition the state was built for)."""
     began = time.perf_counter()
-    folder, events, since = None, 0, None
+    built = change.features(change.built)
+    kept = [f.name for f in group.features if f.name not in built]
+    dropped = sorted({f["name"] for f in before["features"]} - set(kept) - set(built))
+    since, events = None, 0
     if built:
-        since = lookback_start([f.window for f in group.features if f.name in built], position.watermark_us)
-        folder = checkpoint / FOLDER / change.after.id
+        since = lookback_start([f.window for f in group.features if f.name in built], watermark_us)
         shutil.rmtree(folder, ignore_errors=True)
-        events = build_panes(
-            spark, group, repo.source_path(group), position.files, labels, since, position.watermark_us, folder
-        ).events
-    carried = Carried(
+        events = build_panes(spark, group, repo.source_path(group), files, labels, since, watermark_us, folder).events
+    return Carried(
         group.name,
         kept,
         built,
         dropped,
         events,
         None if since is None else datetime.fromtimestamp(since / MICROS, UTC),
-        None if position.watermark_us is None else datetime.fromtimestamp(position.watermark_us / MICROS, UTC),
-        len(position.files),
+        None if watermark_us is None else datetime.fromtimestamp(watermark_us / MICROS, UTC),
+        len(files),
         time.perf_counter() - began,
     )
-    return PendingUpgrade(change, None if folder is None else str(folder)), carried
 
 
 def rescale(
