@@ -208,6 +208,17 @@ def test_a_table_of_an_earlier_version_is_refused_then_converted_in_place(spark,
     assert offline.rows_by_date(table) == {T0.date(): 12}
 
 
+def test_a_first_commit_in_flight_is_a_table_with_nothing_written_yet(tmp_path: Path) -> None:
+    """A first Delta commit writes its data files before its log: a reader then (the soak's sampler, `features
+    verify`) sees no table yet, and is not told to migrate one."""
+    day = tmp_path / "g" / "date=2026-03-01"
+    day.mkdir(parents=True)
+    pd.DataFrame({"v": [1.0]}).to_parquet(day / "part-00000-0b1c7a7e-3f7c-4e55-9f0e-2d1d5c0b8a11.c000.snappy.parquet")
+    table = str(tmp_path / "g")
+    assert not offline.exists(table) and not offline.needs_migration(table)
+    assert offline.files_per_date(table) == {}
+
+
 def cli_group(name: str) -> FeatureGroup:
     """A group whose offline table a CLI test writes by hand (rows as `rows` makes them)."""
     return FeatureGroup(

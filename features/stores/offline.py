@@ -547,6 +547,9 @@ def _filesystem(table: str) -> tuple[Any, str]:
 
 
 def _parquet_files(table: str) -> list[str]:
+    """The files of an earlier version's table: a backfill's `part-0.parquet` and a stream's `stream-b*.parquet` in
+    `date=` folders. By name, because a first Delta commit writes its data files (`part-00000-<uuid>...`) before its
+    log: a reader then sees a table with nothing written yet, not one to migrate."""
     import pyarrow.fs as pafs
 
     try:
@@ -554,7 +557,15 @@ def _parquet_files(table: str) -> list[str]:
         found = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True, recursive=True))
     except (OSError, ValueError):
         return []
-    return sorted(f.path for f in found if f.is_file and f.path.endswith(".parquet") and f"/{DATE}=" in f.path)
+    return sorted(
+        f.path
+        for f in found
+        if f.is_file and f"/{DATE}=" in f.path and (f.base_name == "part-0.parquet" or _streamed(f.base_name))
+    )
+
+
+def _streamed(name: str) -> bool:
+    return name.startswith("stream-b") and name.endswith(".parquet")
 
 
 def _backfill_ranges(table: str, files: list[str]) -> list[tuple[datetime, datetime]]:
@@ -564,7 +575,7 @@ def _backfill_ranges(table: str, files: list[str]) -> list[tuple[datetime, datet
     fs, _ = _filesystem(table)
     out = []
     for path in files:
-        if path.rsplit("/", 1)[-1].startswith("stream-b"):
+        if _streamed(path.rsplit("/", 1)[-1]):
             continue
         with fs.open_input_file(path) as handle:
             meta = pq.ParquetFile(handle).metadata
