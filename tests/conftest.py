@@ -1,8 +1,8 @@
-"""Shared test fixtures: one local SparkSession for the whole run, and temporary Feast repositories.
+"""Shared test fixtures: one local SparkSession per test process, and temporary Feast repositories.
 
-- `spark` (session scope): built once with `features.engine.session.get_spark`, two shuffle partitions (tests
-  use tiny data, and every shuffle partition is a task), stopped when the run ends. Mark tests that use it
-  with `@pytest.mark.spark`.
+- `spark` (session scope): built once per test process (`./dev test` runs two, pytest-xdist) with
+  `features.engine.session.get_spark`, two shuffle partitions (tests use tiny data, and every shuffle partition is
+  a task), stopped when the run ends. Mark tests that use it with `@pytest.mark.spark`.
 - `feast_repo_factory` (session scope) / `feast_repo` (per test): a Feast repo in a temporary folder holding a
   copy of feature_repo/feature_store.yaml and a definitions module generated from the FeatureGroups a test
   passes, with their `to_feast` objects as module-level names, applied like `features apply`.
@@ -43,7 +43,7 @@ os.environ.setdefault(JAVA_OPTIONS, "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCac
 
 @pytest.fixture(scope="session")
 def spark():
-    """The one SparkSession of the test run (local, UTC, few shuffle partitions)."""
+    """The one SparkSession of this test process (local, UTC, few shuffle partitions)."""
     from features.engine.session import get_spark
 
     subprocesses = os.environ.pop(JAVA_OPTIONS) if OURS else None
