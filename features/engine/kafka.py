@@ -58,7 +58,16 @@ def read_kafka(spark: SparkSession, group: FeatureGroup) -> DataFrame:
                 "features has it"
             ) from None
         raise
-    origin = F.format_string("kafka:%s/%d/%d", F.col("topic"), F.col("partition"), F.col("offset"))
+    # Built for every record (a bad one is only known later): concat, not format_string, whose Java Formatter made
+    # the read and decode 1.2x slower (1.92 against 1.58 s for 500,000 JSON records, median of 3 warm reads).
+    origin = F.concat(
+        F.lit("kafka:"),
+        F.col("topic"),
+        F.lit("/"),
+        F.col("partition").cast("string"),
+        F.lit("/"),
+        F.col("offset").cast("string"),
+    )
     decoded, corrupt = _avro(topic) if topic.value_format in AVRO_FORMATS else _json(declared, raw)
     # Decoded once, in a projection of its own: the fields below read the struct (Spark does not inline an
     # expensive expression into each of its uses).
