@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from deltalake import DeltaTable
 
 DATE = "date"
+EARLIER_BACKFILL_FILE = "part-0.parquet"  # the one file per date of a backfill before the table was Delta
 # A staged row's flag (engine.batch sets it): true on a copy of each key's newest row, its value as of the range end
 # for the online store.
 LATEST = "fx_latest"
@@ -68,7 +69,7 @@ def exists(table: str) -> bool:
 
     if DeltaTable.is_deltatable(table):
         return True
-    if _parquet_files(table):
+    if _earlier_files(table):
         raise ConfigError(
             f"the offline table {table} was written by an earlier version of features (Parquet folders, not a Delta "
             "table). Fix: convert it in place with `features migrate` (add --repo <repo> outside the repo folder)"
@@ -515,7 +516,7 @@ def needs_migration(table: str) -> bool:
     """Whether `table` holds Parquet folders an earlier version of features wrote (and no Delta table)."""
     from deltalake import DeltaTable
 
-    return not DeltaTable.is_deltatable(table) and bool(_parquet_files(table))
+    return not DeltaTable.is_deltatable(table) and bool(_earlier_files(table))
 
 
 def migrate(spark: SparkSession, table: str) -> int:
@@ -525,7 +526,7 @@ def migrate(spark: SparkSession, table: str) -> int:
     as deltalake, cannot parse). The commit records the ranges the earlier backfills wrote (their files' first
     and last window ends; the stream's files are named stream-b*), which streams leave to them as they leave a
     backfill's. Interrupted before its commit, it can be run again; after it, the old files are ignored."""
-    files = _parquet_files(table) if needs_migration(table) else []
+    files = _earlier_files(table) if needs_migration(table) else []
     if not files:
         return 0
     ranges = [[lo.isoformat(), hi.isoformat()] for lo, hi in _merged(_backfill_ranges(table, files))]
@@ -546,7 +547,7 @@ def _filesystem(table: str) -> tuple[Any, str]:
     return pafs.LocalFileSystem(), table
 
 
-def _parquet_files(table: str) -> list[str]:
+def _earlier_files(table: str) -> list[str]:
     """The files of an earlier version's table: a backfill's `part-0.parquet` and a stream's `stream-b*.parquet` in
     `date=` folders. By name, because a first Delta commit writes its data files (`part-00000-<uuid>...`) before its
     log: a reader then sees a table with nothing written yet, not one to migrate."""
@@ -560,11 +561,13 @@ def _parquet_files(table: str) -> list[str]:
     return sorted(
         f.path
         for f in found
-        if f.is_file and f"/{DATE}=" in f.path and (f.base_name == "part-0.parquet" or _streamed(f.base_name))
+        if f.is_file
+        and f"/{DATE}=" in f.path
+        and (f.base_name == EARLIER_BACKFILL_FILE or _earlier_stream_file(f.base_name))
     )
 
 
-def _streamed(name: str) -> bool:
+def _earlier_stream_file(name: str) -> bool:
     return name.startswith("stream-b") and name.endswith(".parquet")
 
 
@@ -575,7 +578,7 @@ def _backfill_ranges(table: str, files: list[str]) -> list[tuple[datetime, datet
     fs, _ = _filesystem(table)
     out = []
     for path in files:
-        if _streamed(path.rsplit("/", 1)[-1]):
+        if _earlier_stream_file(path.rsplit("/", 1)[-1]):
             continue
         with fs.open_input_file(path) as handle:
             meta = pq.ParquetFile(handle).metadata
