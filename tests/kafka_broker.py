@@ -204,3 +204,12 @@ def delete_topic(name: str) -> None:
         if error.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
             raise
     _wait_for_metadata(name, present=False)
+
+
+def delete_records(topic: str, partition: int, before: int) -> None:
+    """Delete a partition's records before offset `before`, as the topic's retention would."""
+    from confluent_kafka import TopicPartition
+
+    admin = _admin()
+    [future] = admin.delete_records([TopicPartition(topic, partition, before)]).values()
+    future.result(timeout=TIMEOUT_S)

@@ -163,14 +163,13 @@ def test_a_layout_names_every_column_of_the_pane_table(group: FeatureGroup) -> N
     [
         ("keys", r"keys its state by user_id, and the group is now keyed by card_id.*every key is new"),
         ("timestamp", r"another timestamp column: every event's time changed"),
-        ("kafka", r"reads a Kafka topic"),
         ("pending", r"still applying the previous definition change"),
     ],
 )
 def test_a_change_the_state_cannot_be_carried_over_says_why_and_how_to_start_over(change: str, message: str) -> None:
     from types import SimpleNamespace
 
-    from features import Entity, EventSource, KafkaTopic
+    from features import Entity, EventSource
     from features.errors import ConfigError
     from features.pipelines.stream_upgrade import check_carriable
 
@@ -180,11 +179,6 @@ def test_a_change_the_state_cannot_be_carried_over_says_why_and_how_to_start_ove
         group = replace(group, entity=Entity("card", join_keys=["card_id"]))
     elif change == "timestamp":
         group = replace(group, source=EventSource("transactions", path="data/transactions", timestamp="created_at"))
-    elif change == "kafka":
-        topic = KafkaTopic("transactions", bootstrap_servers="localhost:9092")
-        schema = {"user_id": "string", "event_ts": "timestamp"}
-        source = EventSource("transactions", path="data/t", timestamp="event_ts", schema=schema, kafka=topic)
-        group = replace(group, source=source)
     repo = SimpleNamespace(root="repo")
     with pytest.raises(ConfigError, match=f"{message}.*--group {group.name} --reset"):
         check_carriable(repo, group, Path("checkpoints/aggs"), saved)

@@ -6,6 +6,8 @@ committed batch; what is exactly once here is Spark's (docs/streaming.md, Kafka)
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -34,20 +36,53 @@ FETCH = {
 }
 
 
-def read_kafka(spark: SparkSession, group: FeatureGroup) -> DataFrame:
+EARLIEST = -2  # in Spark's Kafka offsets options: a partition's earliest offset
+
+
+@dataclass(frozen=True)
+class OffsetRange:
+    """A stretch of a topic: per partition, the first offset in it and the offset after its last (a partition
+    missing from `start` is read from its earliest record)."""
+
+    topic: str
+    start: dict[int, int]
+    end: dict[int, int]
+
+    def options(self) -> dict[str, str]:
+        """A batch read of exactly this stretch. Records that retention has deleted are skipped instead of failing
+        the read (`failOnDataLoss`): whoever reads it checks what is missing."""
+        start = {str(p): self.start.get(p, EARLIEST) for p in sorted(self.end)}
+        end = {str(p): self.end[p] for p in sorted(self.end)}
+        return {
+            "startingOffsets": json.dumps({self.topic: start}),
+            "endingOffsets": json.dumps({self.topic: end}),
+            "failOnDataLoss": "false",
+        }
+
+
+def read_kafka(
+    spark: SparkSession, group: FeatureGroup, offsets: OffsetRange | None = None, keep: tuple[str, ...] = ()
+) -> DataFrame:
     """The group's Kafka topic through Spark's connector, with the columns a file read has: each value decoded
     with the source's schema (JSON, or Avro by `KafkaTopic.schema`; a value that does not decode keeps its text,
     or an Avro value its bytes in base64, and is set aside as a bad record), the event time from the value or the
     record (`KafkaTopic.event_time`), and in place of a file's name the record's
-    `kafka:<topic>/<partition>/<offset>`, which a bad record keeps."""
+    `kafka:<topic>/<partition>/<offset>`, which a bad record keeps.
+
+    A stream, or with `offsets` a batch read of that stretch; `keep`: columns of Spark's Kafka rows to keep too
+    (`partition`, `offset`, ...)."""
     source = group.source
     topic = source.kafka
     declared = declared_spark_schema(group)
     if topic is None or declared is None:
         raise AssertionError("EventSource checks that a Kafka source has a topic and a declared schema")
     options = {**FETCH, "kafka.bootstrap.servers": topic.bootstrap_servers, "subscribe": topic.topic, **topic.options}
+    reader = spark.readStream if offsets is None else spark.read
+    if offsets is not None:
+        streaming_only = ("maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay")
+        options = {k: v for k, v in options.items() if k not in streaming_only} | offsets.options()
     try:
-        raw = spark.readStream.format("kafka").options(**options).load()
+        raw = reader.format("kafka").options(**options).load()
     except Exception as exc:
         text = str(exc).lower()
         if "kafka" in text and ("not found" in text or "find data source" in text):
@@ -72,7 +107,9 @@ def read_kafka(spark: SparkSession, group: FeatureGroup) -> DataFrame:
     # Decoded once, in a projection of its own: the fields below read the struct (Spark does not inline an
     # expensive expression into each of its uses).
     try:
-        records = raw.select(decoded.alias("r"), "value", F.col("timestamp").alias("fx_time"), origin.alias(FILE))
+        records = raw.select(
+            decoded.alias("r"), "value", F.col("timestamp").alias("fx_time"), origin.alias(FILE), *keep
+        )
     except Exception as exc:
         if "AVRO_NOT_LOADED" not in str(exc):
             raise
@@ -88,7 +125,7 @@ def read_kafka(spark: SparkSession, group: FeatureGroup) -> DataFrame:
         for f in declared.fields
     ]
     landed = F.unix_micros(F.col("fx_time"))
-    return records.select(*columns, corrupt.alias(CORRUPT), landed.alias(LANDED), F.col(FILE))
+    return records.select(*columns, corrupt.alias(CORRUPT), landed.alias(LANDED), F.col(FILE), *keep)
 
 
 def _json(declared: StructType, raw: DataFrame) -> tuple[Column, Column]:

@@ -5,13 +5,16 @@ computes the pane rows of the new features from those files alone.
 Spark's file source keeps the files of each micro-batch in its checkpoint (`sources/<n>/<batch>`, JSON lines
 after a version line, folded into `<batch>.compact` every few batches); the commit log says which batches
 finished. The files of committed batches are exactly the events the state holds; files of a batch that did not
-commit are read again by that batch when the stream continues, under the new definition.
+commit are read again by that batch when the stream continues, under the new definition. For a Kafka source the
+same holds of offsets: Spark's connector keeps the offsets the query started from (`sources/0/0`) and each batch's
+end offsets (`offsets/<batch>`), and the state holds the records between the first and the last committed batch's.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,14 +27,15 @@ from pyspark.sql import functions as F
 
 from features import kernel
 from features.engine.inputs import bucket_of, kernel_inputs
-from features.engine.schema import schema_of
-from features.engine.source import META, read_source, uri_spellings
+from features.engine.kafka import OffsetRange, read_kafka
+from features.engine.schema import CORRUPT, FILE, LANDED, MARK, schema_of, source_columns
+from features.engine.source import META, cleaned_columns, read_source, reason_of, uri_spellings
 from features.kernel.migrate import Change, Layout, carry
 from features.kernel.state import LAYOUT_CHUNK
 from features.spec import DType, FeatureGroup
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import Observation, SparkSession
 
 BUCKET, PART, BLOB = "fx_bucket", "fx_part", "fx_blob"
 PART_ROWS = 500_000  # pane rows per stored blob of the built panes
@@ -40,11 +44,13 @@ PART_ROWS = 500_000  # pane rows per stored blob of the built panes
 @dataclass(frozen=True)
 class Position:
     """How far a stream's checkpoint got: its last committed batch, the watermark that batch emitted up to (µs),
-    and the source files its committed batches read (as Spark spells their URIs)."""
+    and the source files its committed batches read (as Spark spells their URIs), or for a Kafka source the
+    offsets they read."""
 
     batch: int | None
     watermark_us: int | None
     files: frozenset[str]
+    offsets: OffsetRange | None = None
 
 
 def last_commit(query_checkpoint: Path) -> tuple[int | None, int | None]:
@@ -71,6 +77,12 @@ def committed_position(query_checkpoint: Path, batch: int | None = None) -> Posi
         return Position(None, None, frozenset())
     if batch is not None:
         last, watermark_us = batch, watermark_at(query_checkpoint, batch)
+    initial = _kafka_start(query_checkpoint)
+    if initial is not None:
+        # One source, one topic: the batch's end offsets are the third line of its offsets file.
+        [(topic, end)] = json.loads((query_checkpoint / "offsets" / str(last)).read_text().splitlines()[2]).items()
+        start = {int(p): o for p, o in initial.get(topic, {}).items()}
+        return Position(last, watermark_us, frozenset(), OffsetRange(topic, start, {int(p): o for p, o in end.items()}))
     files: set[str] = set()
     for log in (query_checkpoint / "sources").glob("*/*"):
         if not log.name.split(".")[0].isdigit():
@@ -82,32 +94,93 @@ def committed_position(query_checkpoint: Path, batch: int | None = None) -> Posi
     return Position(last, watermark_us, frozenset(files))
 
 
+def _kafka_start(query_checkpoint: Path) -> dict[str, dict[str, int]] | None:
+    """The offsets a Kafka source's query started from, which Spark's connector keeps in `sources/0/0` (a NUL
+    byte, a version line, the JSON of each partition's offset); None for a file source."""
+    first = query_checkpoint / "sources" / "0" / "0"
+    data = first.read_bytes() if first.exists() else b""
+    if not data.startswith(b"\x00"):
+        return None
+    return json.loads(data[1:].decode().splitlines()[1])
+
+
 @dataclass(frozen=True)
 class Built:
     events: int  # events read
     since_us: int | None  # the earliest event time read (None: all)
 
 
+def committed_file_events(spark: SparkSession, group: FeatureGroup, path: str, files: frozenset[str]) -> DataFrame:
+    """The good events of `files` in the source folder `path`, as the backfill reads them."""
+    read = read_source(spark, group, path)
+    marked = read.marked.where(F.col(read.timestamp).isNotNull())
+    spellings = sorted({s for f in files for s in uri_spellings(f)})
+    wanted = spark.createDataFrame([(s,) for s in spellings], "fx_file string")
+    return read.good_of(marked.join(F.broadcast(wanted), marked[META]["file_path"] == wanted["fx_file"], "left_semi"))
+
+
+@dataclass(frozen=True)
+class Gap:
+    """Records of a partition that the topic no longer holds (its retention deleted them): from `start` (the
+    first offset the state holds) to `first` (the first still there; None: none of the stretch is), whose event
+    time is `first_us` (None when unknown)."""
+
+    partition: int
+    start: int
+    first: int | None
+    first_us: int | None
+
+
+def committed_kafka_events(
+    spark: SparkSession, group: FeatureGroup, offsets: OffsetRange
+) -> tuple[DataFrame, Observation]:
+    """The good events of `offsets`, decoded and checked as the stream does; the Observation gives, once they
+    are read, each partition's first offset read and its event time (`gaps` reads it)."""
+    from pyspark.sql import Observation
+
+    events = read_kafka(spark, group, offsets, keep=("partition", "offset"))
+    ts = F.col(group.source.timestamp).cast("timestamp")
+    observed = []
+    for p in sorted(offsets.end):
+        in_partition = F.when(F.col("partition") == p, F.col("offset"))
+        observed += [
+            F.min(in_partition).alias(f"first_{p}"),
+            F.min_by(F.unix_micros(ts), in_partition).alias(f"us_{p}"),
+        ]
+    observation = Observation()
+    events = events.observe(observation, *observed)
+    marked = events.withColumn(MARK, reason_of(group, events, datetime.now(UTC)))
+    columns = [c for c in events.columns if c not in (CORRUPT, LANDED, FILE, "partition", "offset")]
+    cleaned = dict(zip(source_columns(events), cleaned_columns(events), strict=True))
+    return marked.where(F.col(MARK).isNull()).select(*[cleaned[c] for c in columns]), observation
+
+
+def gaps(offsets: OffsetRange, observation: Observation) -> list[Gap]:
+    """The partitions of `offsets` whose first records a read of it (`committed_kafka_events`) did not find."""
+    seen = observation.get
+    found = []
+    for p, end in sorted(offsets.end.items()):
+        start = offsets.start.get(p, 0)
+        first = seen[f"first_{p}"]
+        if end > start and (first is None or first > start):
+            found.append(Gap(p, start, first, seen[f"us_{p}"]))
+    return found
+
+
 def build_panes(
     spark: SparkSession,
     group: FeatureGroup,
-    path: str,
-    files: frozenset[str],
+    good: DataFrame,
     labels: list[int],
     since_us: int | None,
     upto_us: int | None,
     folder: Path,
 ) -> Built:
-    """The pane rows of every feature of `group` (keys as themselves, not codes), from the good events of `files`
+    """The pane rows of every feature of `group` (keys as themselves, not codes), from the good events `good`
     stamped at or after `since_us`, per stream bucket, stored in `folder` as Parquet (bucket, part, blob):
     each blob a pane table as `features.kernel.state` serializes one. Panes that only Lifetime windows ending
     after `upto_us` (the watermark the state emitted up to) read are folded into each key's base row, as the
     stream keeps them."""
-    read = read_source(spark, group, path)
-    marked = read.marked.where(F.col(read.timestamp).isNotNull())
-    spellings = sorted({s for f in files for s in uri_spellings(f)})
-    wanted = spark.createDataFrame([(s,) for s in spellings], "fx_file string")
-    good = read.good_of(marked.join(F.broadcast(wanted), marked[META]["file_path"] == wanted["fx_file"], "left_semi"))
     if since_us is not None:
         good = good.where(F.col(group.source.timestamp).cast("timestamp") >= F.timestamp_micros(F.lit(since_us)))
     present = F.lit(True)

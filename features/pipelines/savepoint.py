@@ -28,7 +28,7 @@ from features.engine.inputs import bucket_labels
 from features.engine.savepoint import dump_panes, regroup_panes, relative_files, set_position, source_uris
 from features.engine.schema import schema_of
 from features.engine.stream_query import cores, shuffle_partitions, stateful_query
-from features.engine.upgrade import PendingUpgrade, committed_position, last_commit
+from features.engine.upgrade import PendingUpgrade, Position, committed_position, last_commit
 from features.errors import ConfigError
 from features.kernel.migrate import Change, Layout
 from features.kernel.panes import MICROS
@@ -227,9 +227,8 @@ def restore(
     state = checkpoint / stream_upgrade.FOLDER / f"{after.id}-state"
     regroup_panes(spark, group, Path(path), labels, state)
     folder = checkpoint / stream_upgrade.FOLDER / after.id
-    carried = stream_upgrade.build_added(
-        spark, repo, group, change, manifest["definition"], frozenset(files), watermark, labels, folder
-    )
+    position = Position(int(manifest["batch"]), watermark, frozenset(files))
+    carried = stream_upgrade.build_added(spark, repo, group, change, manifest["definition"], position, labels, folder)
     upgrade = PendingUpgrade(
         change,
         str(folder) if carried.built else None,

@@ -3,8 +3,9 @@
 
 When `features stream` starts on a checkpoint whose saved definition differs from the group's, the state's columns
 are compared by what they hold (features.kernel.migrate): unchanged features keep their pane partials, removed ones
-are dropped, and the added or changed ones are built by one batch job over the files the stream's committed
-micro-batches had read, from as far back as their windows need (all of them for a Lifetime or Session feature).
+are dropped, and the added or changed ones are built by one batch job over the files (or Kafka offsets) the
+stream's committed micro-batches had read, from as far back as their windows need (all of them for a Lifetime or
+Session feature).
 Each bucket applies the change to its state the first time it steps under the new definition; once a committed
 micro-batch has stepped every bucket, the built panes are deleted and the change is done.
 """
@@ -21,7 +22,18 @@ from typing import TYPE_CHECKING, Any
 
 from features.engine import stream as engine
 from features.engine.schema import schema_of
-from features.engine.upgrade import PendingUpgrade, build_panes, committed_position, last_commit, rebucket_state
+from features.engine.upgrade import (
+    Gap,
+    PendingUpgrade,
+    Position,
+    build_panes,
+    committed_file_events,
+    committed_kafka_events,
+    committed_position,
+    gaps,
+    last_commit,
+    rebucket_state,
+)
 from features.errors import ConfigError
 from features.kernel.migrate import Change, Layout, layout_of
 from features.kernel.panes import MICROS, lookback_start
@@ -46,7 +58,7 @@ class Carried:
     events: int
     since: datetime | None  # the earliest event time read for the built features (None: all of it)
     upto: datetime | None  # the watermark the state had emitted up to
-    files: int
+    read: str  # what of the source was read: "1,440 files", "4 partitions of <topic>"
     seconds: float
     rescaled: tuple[int, int, int] | None = None  # buckets before, after, and the keys moved
     restored: tuple[str, int, int, int, int] | None = None  # savepoint, its batch, keys, buckets before and after
@@ -73,7 +85,7 @@ class Carried:
         if self.built:
             since = "the beginning" if self.since is None else f"{self.since:%Y-%m-%d %H:%M}"
             text += (
-                f"; built {_names(self.built)} from {self.events:,} events of {self.files:,} files read so far "
+                f"; built {_names(self.built)} from {self.events:,} events of {self.read} read so far "
                 f"(event time from {since}) in {self.seconds:.1f}s"
             )
         if self.dropped:
@@ -135,9 +147,7 @@ def carry_over(
         return None, None
     change = Change(saved_layout(saved), layout(group, len(labels)))
     folder = checkpoint / FOLDER / change.after.id
-    carried = build_added(
-        spark, repo, group, change, saved["definition"], position.files, position.watermark_us, labels, folder
-    )
+    carried = build_added(spark, repo, group, change, saved["definition"], position, labels, folder)
     return PendingUpgrade(change, str(folder) if carried.built else None), carried
 
 
@@ -147,23 +157,36 @@ def build_added(
     group: FeatureGroup,
     change: Change,
     before: dict[str, Any],
-    files: frozenset[str],
-    watermark_us: int | None,
+    position: Position,
     labels: list[int],
     folder: Path,
 ) -> Carried:
-    """The panes of the features `change` adds (or changes), built from the good events of `files` over their
-    lookback from `watermark_us` into `folder` (nothing when none is added); what the change keeps, builds and
-    drops of `before` (the definition the state was built for)."""
+    """The panes of the features `change` adds (or changes), built from the good events the state holds
+    (`position`: its files or Kafka offsets) over their lookback from its watermark into `folder` (nothing when
+    none is added); what the change keeps, builds and drops of `before` (the definition the state was built
+    for)."""
     began = time.perf_counter()
     built = change.features(change.built)
     kept = [f.name for f in group.features if f.name not in built]
     dropped = sorted({f["name"] for f in before["features"]} - set(kept) - set(built))
-    since, events = None, 0
+    since, events, watermark_us = None, 0, position.watermark_us
+    offsets = position.offsets
     if built:
         since = lookback_start([f.window for f in group.features if f.name in built], watermark_us)
         shutil.rmtree(folder, ignore_errors=True)
-        events = build_panes(spark, group, repo.source_path(group), files, labels, since, watermark_us, folder).events
+        if offsets is None:
+            good = committed_file_events(spark, group, repo.source_path(group), position.files)
+            events = build_panes(spark, group, good, labels, since, watermark_us, folder).events
+        else:
+            good, observation = committed_kafka_events(spark, group, offsets)
+            events = build_panes(spark, group, good, labels, since, watermark_us, folder).events
+            missing = [
+                g for g in gaps(offsets, observation) if since is None or g.first_us is None or g.first_us > since
+            ]
+            if missing:
+                shutil.rmtree(folder, ignore_errors=True)
+                raise ConfigError(_gap_message(repo, group, offsets.topic, missing, since))
+    read = f"{len(position.files):,} files" if offsets is None else f"{len(offsets.end)} partitions of {offsets.topic}"
     return Carried(
         group.name,
         kept,
@@ -172,8 +195,28 @@ def build_added(
         events,
         None if since is None else datetime.fromtimestamp(since / MICROS, UTC),
         None if watermark_us is None else datetime.fromtimestamp(watermark_us / MICROS, UTC),
-        len(files),
+        read,
         time.perf_counter() - began,
+    )
+
+
+def _gap_message(repo: Repo, group: FeatureGroup, topic: str, missing: list[Gap], since: int | None) -> str:
+    """Why the features a change adds cannot be built from the topic, and the choices."""
+    where = "; ".join(
+        f"partition {g.partition}: offsets {g.start} to {'its end' if g.first is None else g.first - 1}"
+        for g in missing
+    )
+    need = (
+        "all of the events the state holds (a Lifetime or Session feature)"
+        if since is None
+        else f"the events from {datetime.fromtimestamp(since / MICROS, UTC):%Y-%m-%d %H:%M} UTC on"
+    )
+    return (
+        f"{group.name}: the features this change adds need {need}, and topic {topic!r} no longer holds some of "
+        f"them (its retention deleted {where}). Either keep the previous definition running and add the feature "
+        f"with a window that fits the topic's retention, or start over with `features stream --repo {repo.root} "
+        f"--group {group.name} --reset` (a replay reads only what the topic still holds; `features backfill` over "
+        "the source's path, which a KafkaTopic(archive=True) keeps, fills the offline table's history)"
     )
 
 
@@ -211,7 +254,7 @@ def rescale(
     names = [f.name for f in group.features]
     seconds = time.perf_counter() - began
     carried = Carried(
-        group.name, names, [], [], 0, None, None, 0, seconds, rescaled=(saved["buckets"], len(labels), moved.keys)
+        group.name, names, [], [], 0, None, None, "", seconds, rescaled=(saved["buckets"], len(labels), moved.keys)
     )
     return upgrade, carried
 
@@ -226,11 +269,6 @@ def check_carriable(repo: Repo, group: FeatureGroup, checkpoint: Path, saved: di
         )
     elif before["source"]["timestamp"] != group.source.timestamp:
         why = "was built on another timestamp column: every event's time changed, so the source must be replayed"
-    elif group.source.kafka is not None:
-        why = (
-            "reads a Kafka topic, whose past a change would have to be built from, and the stream keeps no record of "
-            "which archived events its state holds"
-        )
     elif saved.get("upgrade"):
         why = (
             "is still applying the previous definition change (no micro-batch with events has run since): run the "

@@ -1,0 +1,97 @@
+"""A running stream that reads a Kafka topic continues after a definition change without a replay: the features it
+adds are built from the topic's records between the offsets the stream started from and those of its last
+committed micro-batch (docs/streaming.md, "Changing a running group"), and where the topic's retention has
+deleted records those features need, the stream says which and what the choices are."""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from conftest import build_feast_repo
+from kafka_broker import BOOTSTRAP, delete_records, json_values, produce, round_robin
+from reference import reference_frame
+from test_batch_reference import BASE, H, make_events
+from test_stream import KAFKA_SCHEMA, arrival_order, assert_batch_engine_rows, offline_rows, same_value
+from test_stream_upgrade import AFTER, BEFORE
+
+from features import EventSource, FeatureGroup, KafkaTopic
+from features.engine.upgrade import committed_position
+from features.errors import ConfigError
+from features.pipelines.stream import stream
+from features.repo import Repo
+from features.spec import WINDOW_END
+from features.stores.serving import online_features
+
+pytestmark = pytest.mark.spark
+
+PARTITIONS = 4
+
+
+def _on_topic(group: FeatureGroup, topic: str, events: pd.DataFrame) -> FeatureGroup:
+    options = {"startingOffsets": "earliest", "maxOffsetsPerTrigger": "300"}
+    schema = {c: t for c, t in KAFKA_SCHEMA.items() if c in events.columns}
+    kafka = KafkaTopic(topic, BOOTSTRAP, options=options)
+    source = EventSource("transactions", "data/transactions", "event_ts", watermark="30m", schema=schema, kafka=kafka)
+    return replace(group, source=source)
+
+
+def _define(root: Path, group: FeatureGroup) -> Repo:
+    for old in root.glob("test_definitions_*.py"):
+        old.unlink()
+    build_feast_repo(root, [group])
+    return Repo.load(root)
+
+
+def _produce(topic: str, events: pd.DataFrame, start: int = 0) -> None:
+    with tempfile.TemporaryDirectory() as scratch:
+        produce(topic, round_robin(json_values(events, Path(scratch)), PARTITIONS, start))
+
+
+def _stream(repo: Repo) -> None:
+    stream(repo, available_now=True, progress=False, tracking=False).await_termination()
+
+
+def test_a_changed_kafka_group_builds_its_new_features_from_the_topic(spark, tmp_path, capsys, kafka_topic) -> None:
+    events = make_events()
+    first = arrival_order(events[events["event_ts"] < BASE + 16 * H], pd.Timedelta(minutes=20), seed=1)
+    rest = arrival_order(events[events["event_ts"] >= BASE + 16 * H], pd.Timedelta(minutes=20), seed=2)
+    root = tmp_path / "repo"
+    _produce(kafka_topic, first)
+    _stream(_define(root, _on_topic(BEFORE, kafka_topic, events)))
+    checkpoint = Path(Repo.load(root).checkpoint_path(BEFORE, None))
+    position = committed_position(checkpoint / "query")
+    assert position.offsets is not None and sum(position.offsets.end.values()) == len(first)
+    changed_at = pd.Timestamp(position.watermark_us, unit="us", tz="UTC")
+
+    # Retention deletes partition 0's oldest records, stamped in the first hours: long before any Hop window of
+    # the change needs, but a Lifetime feature needs every event the state holds.
+    delete_records(kafka_topic, 0, 10)
+    after = _on_topic(AFTER, kafka_topic, events)
+    with pytest.raises(ConfigError, match=r"retention deleted partition 0: offsets 0 to 9\).*--reset") as failed:
+        stream(_define(root, after), available_now=True, progress=False, tracking=False)
+    assert "all of the events the state holds (a Lifetime or Session feature)" in str(failed.value)
+
+    # Without the Lifetime feature the change needs only what the topic still holds.
+    after = replace(after, features=[f for f in after.features if f.name != "n_lifetime"])
+    repo = _define(root, after)
+    _produce(kafka_topic, rest, start=len(first))
+    capsys.readouterr()
+    _stream(repo)
+    line = capsys.readouterr().err
+    assert "state carried over without a replay" in line and "kept amount_sum_1h, status_last" in line
+    assert "built failed_4h, qty_sum_2h from" in line and f"of {PARTITIONS} partitions of {kafka_topic}" in line
+
+    rows = offline_rows(spark, repo, after)
+    later = rows[rows[WINDOW_END] > changed_at].reset_index(drop=True)
+    assert_batch_engine_rows(spark, after, later, events, rows[WINDOW_END].max(), since=changed_at)
+    users = sorted(later["user_id"].unique())
+    online = online_features(repo, after, users, with_window_end=True)
+    want = reference_frame(
+        events, after, [((u,), t) for u, t in zip(online["user_id"], online[WINDOW_END], strict=True)]
+    )
+    for name in ("failed_4h", "qty_sum_2h"):
+        assert all(same_value(a, b) for a, b in zip(online[name], want[name], strict=True)), name
