@@ -5,6 +5,7 @@ deleted records those features need, the stream says which and what the choices 
 
 from __future__ import annotations
 
+import json
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -21,6 +22,7 @@ from test_stream_upgrade import AFTER, BEFORE
 from features import EventSource, FeatureGroup, KafkaTopic
 from features.engine.upgrade import committed_position
 from features.errors import ConfigError
+from features.pipelines import savepoint
 from features.pipelines.stream import stream
 from features.repo import Repo
 from features.spec import WINDOW_END
@@ -78,12 +80,21 @@ def test_a_changed_kafka_group_builds_its_new_features_from_the_topic(spark, tmp
     # Without the Lifetime feature the change needs only what the topic still holds.
     after = replace(after, features=[f for f in after.features if f.name != "n_lifetime"])
     repo = _define(root, after)
-    _produce(kafka_topic, rest, start=len(first))
+    half = len(rest) // 2
+    _produce(kafka_topic, rest.iloc[:half], start=len(first))
     capsys.readouterr()
     _stream(repo)
     line = capsys.readouterr().err
     assert "state carried over without a replay" in line and "kept amount_sum_1h, status_last" in line
     assert "built failed_4h, qty_sum_2h from" in line and f"of {PARTITIONS} partitions of {kafka_topic}" in line
+
+    # Rescaled: the state moves to twice the buckets, and the stream reads on from its offsets.
+    buckets = json.loads((checkpoint / "features-definition.json").read_text())["buckets"]
+    _produce(kafka_topic, rest.iloc[half:], start=len(first) + half)
+    run = stream(repo, available_now=True, buckets=2 * buckets, progress=False, tracking=False)
+    run.await_termination()
+    assert f"--buckets {buckets} -> {2 * buckets}: the state of" in capsys.readouterr().err
+    assert sum(p.events for p in run.history) == len(rest) - half
 
     rows = offline_rows(spark, repo, after)
     later = rows[rows[WINDOW_END] > changed_at].reset_index(drop=True)
@@ -95,3 +106,70 @@ def test_a_changed_kafka_group_builds_its_new_features_from_the_topic(spark, tmp
     )
     for name in ("failed_4h", "qty_sum_2h"):
         assert all(same_value(a, b) for a, b in zip(online[name], want[name], strict=True)), name
+
+
+def test_a_savepoint_of_a_kafka_group_holds_its_offsets_and_starts_a_new_checkpoint(
+    spark, tmp_path, capsys, kafka_topic
+) -> None:
+    events = make_events()
+    first = arrival_order(events[events["event_ts"] < BASE + 16 * H], pd.Timedelta(minutes=20), seed=1)
+    rest = arrival_order(events[events["event_ts"] >= BASE + 16 * H], pd.Timedelta(minutes=20), seed=2)
+    root = tmp_path / "repo"
+    _produce(kafka_topic, first)
+    before = _on_topic(BEFORE, kafka_topic, events)
+    repo = _define(root, before)
+    _stream(repo)
+    checkpoint = Path(repo.checkpoint_path(before, None))
+    position = committed_position(checkpoint / "query")
+    saved = json.loads((checkpoint / "features-definition.json").read_text())
+
+    sp = tmp_path / "sp"
+    taken = savepoint.take(spark, repo, before, str(sp))
+    assert f"offsets of {PARTITIONS} partitions of {kafka_topic} done" in taken.line()
+    kafka = json.loads((sp / "savepoint.json").read_text())["source"]["kafka"]
+    assert kafka["topic"] == kafka_topic
+    assert {int(p): o for p, o in kafka["end"].items()} == position.offsets.end
+    assert sum(kafka["end"].values()) - sum(kafka["start"].values()) == len(first)
+
+    # Restored into another checkpoint root, on the changed definition (a Lifetime feature added: built from the
+    # whole topic up to the savepoint's offsets), with twice the buckets; then the rest is produced.
+    after = _on_topic(AFTER, kafka_topic, events)
+    repo = _define(root, after)
+    _produce(kafka_topic, rest, start=len(first))
+    capsys.readouterr()
+    other = str(tmp_path / "elsewhere")
+    buckets = 2 * saved["buckets"]
+    run = stream(
+        repo,
+        available_now=True,
+        checkpoint_root=other,
+        from_savepoint=str(sp),
+        buckets=buckets,
+        progress=False,
+        tracking=False,
+    )
+    run.await_termination()
+    line = capsys.readouterr().err
+    assert f"started from the savepoint {sp} (batch {position.batch}" in line
+    assert "built failed_4h, qty_sum_2h, n_lifetime" in line and "dropped amount_max_4h" in line
+    assert sum(p.events for p in run.history if p.group == after.name) == len(rest)  # read on from the offsets
+    restored = committed_position(Path(other) / after.name / "query")
+    assert restored.offsets.start == position.offsets.start  # a later change builds from where the state began
+
+    rows = offline_rows(spark, repo, after)
+    changed_at = pd.Timestamp(position.watermark_us, unit="us", tz="UTC")
+    later = rows[rows[WINDOW_END] > changed_at].reset_index(drop=True)
+    assert_batch_engine_rows(spark, after, later, events, rows[WINDOW_END].max(), since=changed_at)
+    users = sorted(later["user_id"].unique())
+    online = online_features(repo, after, users, with_window_end=True)
+    want = reference_frame(
+        events, after, [((u,), t) for u, t in zip(online["user_id"], online[WINDOW_END], strict=True)]
+    )
+    for feature in after.features:
+        name = feature.name
+        assert all(same_value(a, b) for a, b in zip(online[name], want[name], strict=True)), name
+
+    # The savepoint's offsets are of that topic: another group source cannot take them.
+    on_files = replace(after, source=after.source.landing_folder())
+    with pytest.raises(ConfigError, match=r"of a Kafka topic, and the group now reads a landing folder"):
+        savepoint.read_manifest(sp, on_files)

@@ -24,6 +24,7 @@ from pyspark.sql import functions as F
 
 from features import kernel
 from features.engine.inputs import bucket_of
+from features.engine.kafka import OffsetRange
 from features.engine.upgrade import BLOB, BUCKET, PART, PART_ROWS, rebucket_state
 from features.kernel.state import panes_from_arrow, panes_to_arrow
 from features.spec import DType, FeatureGroup
@@ -115,16 +116,23 @@ def source_uris(files: list[str], source: str) -> list[str]:
     return [f if "://" in f or root is None else (root / f).as_uri() for f in files]
 
 
-def set_position(query_checkpoint: Path, files: list[str], watermark_us: int | None) -> None:
+def set_position(
+    query_checkpoint: Path, files: list[str], watermark_us: int | None, kafka: OffsetRange | None = None
+) -> None:
     """Make a new checkpoint's one committed micro-batch (batch 0, run over no events) stand where the savepoint's
     stream stood: its file sources' logs list `files` as read by it, so that the stream goes on with the files
     landed since (Spark's FileStreamSource takes every file its log lists as seen), and its offsets and commit
-    carry the watermark the state emitted up to.
+    carry the watermark the state emitted up to. For a Kafka source (`kafka`), the source's log becomes what
+    Spark's connector writes: the offsets the state's first batch started from (`sources/0/0`), and batch 0's
+    end offsets the savepoint's, from which the stream reads on.
 
     Spark's logs are JSON lines after a version line; these are the batch-0 files Spark itself wrote a moment
     before, with their entries replaced."""
     for log in sorted((query_checkpoint / "sources").glob("*/0")):
         version, seed = log.read_text().splitlines()[:2]  # the seed's one file, an entry as Spark writes them
+        if kafka is not None:
+            log.write_bytes(b"\x00" + f"{version}\n{_partition_offsets(kafka.topic, kafka.start)}".encode())
+            continue
         entry = json.loads(seed)
         entries = [json.dumps({**entry, "path": f, "timestamp": _mtime_ms(f), "batchId": 0}) for f in files]
         log.write_text("\n".join([version, *entries]))
@@ -133,10 +141,16 @@ def set_position(query_checkpoint: Path, files: list[str], watermark_us: int | N
     lines = offsets.read_text().splitlines()
     metadata = json.loads(lines[1])
     metadata["batchWatermarkMs"] = ms
-    offsets.write_text("\n".join([lines[0], json.dumps(metadata), *lines[2:]]))
+    positions = lines[2:] if kafka is None else [_partition_offsets(kafka.topic, kafka.end)]
+    offsets.write_text("\n".join([lines[0], json.dumps(metadata), *positions]))
     commit = query_checkpoint / "commits" / "0"
     lines = commit.read_text().splitlines()
     commit.write_text("\n".join([lines[0], json.dumps({**json.loads(lines[1]), "nextBatchWatermarkMs": ms})]))
+
+
+def _partition_offsets(topic: str, offsets: dict[int, int]) -> str:
+    """Offsets as Spark's Kafka connector writes them: {"topic": {"0": 12, ...}}."""
+    return json.dumps({topic: {str(p): o for p, o in sorted(offsets.items())}}, separators=(",", ":"))
 
 
 def _mtime_ms(uri: str) -> int:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from features.engine import stream as engine
 from features.engine.inputs import bucket_labels
+from features.engine.kafka import OffsetRange
 from features.engine.savepoint import dump_panes, regroup_panes, relative_files, set_position, source_uris
 from features.engine.schema import schema_of
 from features.engine.stream_query import cores, shuffle_partitions, stateful_query
@@ -63,7 +64,7 @@ class Taken:
     batch: int
     keys: int
     rows: int
-    files: int
+    done: str  # the source position: "12 source files done", "offsets of 4 partitions of <topic> done"
     watermark: datetime | None
     seconds: float
 
@@ -71,7 +72,7 @@ class Taken:
         upto = "no watermark yet" if self.watermark is None else f"watermark {self.watermark:%Y-%m-%d %H:%M}"
         return (
             f"{self.group}: savepoint of batch {self.batch} ({self.keys:,} keys, {self.rows:,} pane rows, "
-            f"{self.files:,} source files done, {upto}) written to {self.path} in {self.seconds:.1f}s"
+            f"{self.done}, {upto}) written to {self.path} in {self.seconds:.1f}s"
         )
 
 
@@ -124,7 +125,7 @@ def take(
             "newest_us": dumped.newest_us,
             "keys": dumped.keys,
             "rows": dumped.rows,
-            "source": {"path": source, "files": relative_files(position.files, source)},
+            "source": _source_position(position, source),
         }
         (aside / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -135,7 +136,31 @@ def take(
         shutil.rmtree(aside, ignore_errors=True)
     watermark = None if position.watermark_us is None else datetime.fromtimestamp(position.watermark_us / MICROS, UTC)
     seconds = time.perf_counter() - began
-    return Taken(group.name, target, batch, dumped.keys, dumped.rows, len(position.files), watermark, seconds)
+    offsets = position.offsets
+    done = (
+        f"{len(position.files):,} source files done"
+        if offsets is None
+        else f"offsets of {len(offsets.end)} partitions of {offsets.topic} done"
+    )
+    return Taken(group.name, target, batch, dumped.keys, dumped.rows, done, watermark, seconds)
+
+
+def _source_position(position: Position, source: str) -> dict[str, Any]:
+    """savepoint.json's "source": the files the state holds (relative to the source folder), and for a Kafka
+    source the offsets it holds the records between, per partition."""
+    out: dict[str, Any] = {"path": source, "files": relative_files(position.files, source)}
+    if position.offsets is not None:
+        offsets = position.offsets
+        out["kafka"] = {"topic": offsets.topic, "start": offsets.start, "end": offsets.end}
+    return out
+
+
+def _offsets(manifest: dict[str, Any]) -> OffsetRange | None:
+    kafka = manifest["source"].get("kafka")
+    if kafka is None:
+        return None
+    start, end = ({int(p): int(o) for p, o in kafka[k].items()} for k in ("start", "end"))
+    return OffsetRange(kafka["topic"], start, end)
 
 
 def _not_savable(group: FeatureGroup, saved: dict[str, Any]) -> str | None:
@@ -150,8 +175,6 @@ def _not_savable(group: FeatureGroup, saved: dict[str, Any]) -> str | None:
             "is still applying a change (no micro-batch with events has run since it was made): let the stream run "
             "until one has, then take the savepoint"
         )
-    if group.source.kafka is not None:
-        return "reads a Kafka topic: savepoints keep a landing folder's position (its files read), not Kafka offsets"
     if list(saved["definition"]["entity"]["join_keys"]) != list(group.join_keys):
         return (
             f"is keyed by {', '.join(saved['definition']['entity']['join_keys'])}, and the group now by "
@@ -182,14 +205,29 @@ def read_manifest(path: str | Path, group: FeatureGroup) -> dict[str, Any]:
     definition = manifest["definition"]
     why = None
     if list(definition["entity"]["join_keys"]) != list(group.join_keys):
-        why = f"keyed by {', '.join(definition['entity']['join_keys'])}, and the group by {', '.join(group.join_keys)}"
+        why = (
+            f"keyed by {', '.join(definition['entity']['join_keys'])}, and the group by {', '.join(group.join_keys)}: "
+            "every key would be new"
+        )
     elif definition["source"]["timestamp"] != group.source.timestamp:
-        why = f"timed by {definition['source']['timestamp']!r}, and the group by {group.source.timestamp!r}"
-    elif group.source.kafka is not None:
-        why = "of a landing folder, and the group now reads a Kafka topic"
+        why = (
+            f"timed by {definition['source']['timestamp']!r}, and the group by {group.source.timestamp!r}: every "
+            "event time would be new"
+        )
+    elif (group.source.kafka is None) != ("kafka" not in manifest.get("source", {})):
+        why = (
+            "of a landing folder, and the group now reads a Kafka topic"
+            if group.source.kafka is not None
+            else "of a Kafka topic, and the group now reads a landing folder"
+        ) + ": its source position means nothing there"
+    elif group.source.kafka is not None and manifest["source"]["kafka"]["topic"] != group.source.kafka.topic:
+        why = (
+            f"of topic {manifest['source']['kafka']['topic']!r}, and the group reads {group.source.kafka.topic!r}: "
+            "its offsets mean nothing there"
+        )
     if why is not None:
         raise ConfigError(
-            f"--from-savepoint: {path} holds a state {why}: every key or event time would be new, so it cannot "
+            f"--from-savepoint: {path} holds a state {why}, so it cannot "
             f"start the group; a replay (`features stream --group {group.name} --reset`) is the least it takes"
         )
     return manifest
@@ -223,11 +261,11 @@ def restore(
     checkpoint.mkdir(parents=True)
     marker.write_text(str(path))
     _seed(spark, group, checkpoint, source, labels, partitions, after.id, nanoseconds)
-    set_position(query, files, watermark)
+    set_position(query, files, watermark, _offsets(manifest))
     state = checkpoint / stream_upgrade.FOLDER / f"{after.id}-state"
     regroup_panes(spark, group, Path(path), labels, state)
     folder = checkpoint / stream_upgrade.FOLDER / after.id
-    position = Position(int(manifest["batch"]), watermark, frozenset(files))
+    position = Position(int(manifest["batch"]), watermark, frozenset(files), _offsets(manifest))
     carried = stream_upgrade.build_added(spark, repo, group, change, manifest["definition"], position, labels, folder)
     upgrade = PendingUpgrade(
         change,
@@ -254,7 +292,10 @@ def _seed(
 ) -> None:
     """Run the group's stream for one micro-batch over an empty file: Spark writes the checkpoint of the very
     query `features stream` runs (its sources' logs, offsets, commit, and the operator's state store and schema),
-    with a state in which no bucket has stepped."""
+    with a state in which no bucket has stepped. A Kafka source's query is seeded over the same empty file (a
+    topic cannot be read for no records); `set_position` then makes its logs a Kafka source's."""
+    if group.source.kafka is not None:
+        group = replace(group, source=group.source.landing_folder())
     empty = checkpoint / "seed"
     if group.source.format == "json":
         empty.mkdir(parents=True)

@@ -324,6 +324,20 @@ class EventSource:
     def __hash__(self) -> int:
         return hash((self.name, self.path, self.timestamp, self.format, self.kafka))
 
+    def landing_folder(self) -> EventSource:
+        """This source as its folder alone, Parquet files of its columns, without its Kafka topic."""
+        schema = None if self.schema is None else {c: t.value for c, t in self.schema.items()}
+        max_future = None if self.max_future_s is None else f"{self.max_future_s}s"
+        return EventSource(
+            self.name,
+            self.path,
+            self.timestamp,
+            watermark=f"{self.watermark_s}s",
+            schema=schema,
+            options=dict(self.options),
+            max_future=max_future,
+        )
+
 
 @dataclass(frozen=True)
 class Feature:
