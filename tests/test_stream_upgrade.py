@@ -5,6 +5,11 @@ values are the reference's (docs/streaming.md, "Changing a running group")."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -134,3 +139,58 @@ def test_a_stream_rescaled_moves_its_state_and_replays_nothing(spark, tmp_path, 
         after = rows[rows[WINDOW_END] > changed_at].reset_index(drop=True)
         seen = events[events["event_ts"] < (BASE + 20 * H if i == 0 else BASE + 40 * H)]
         assert_batch_engine_rows(spark, AFTER, after, seen, rows[WINDOW_END].max(), since=changed_at)
+
+
+@pytest.mark.slow
+def test_a_stream_killed_while_it_carries_a_change_over_finishes_it_when_started_again(spark, tmp_path) -> None:
+    """SIGKILL `features stream` while it builds the added features' panes, and again in the first micro-batch under
+    the change (the change saved, no batch committed since): the third start finishes the change, and the rows
+    after it are the batch engine's."""
+    events = make_events()
+    cut = BASE + 16 * H
+    first, rest = events[events["event_ts"] < cut], events[events["event_ts"] >= cut]
+    root = tmp_path / "repo"
+    land(root, arrival_order(first, pd.Timedelta(minutes=20), seed=1), 3)
+    _stream(_define(root, BEFORE))
+    checkpoint = Path(Repo.load(root).checkpoint_path(BEFORE, None))
+    changed_at = pd.Timestamp(committed_position(checkpoint / "query").watermark_us, unit="us", tz="UTC")
+    commits = len(list((checkpoint / "query" / "commits").glob("[0-9]*")))
+    repo = _define(root, AFTER)
+    land(root, arrival_order(rest, pd.Timedelta(minutes=20), seed=2), 3, start_index=3)
+
+    def saved() -> dict:
+        return json.loads((checkpoint / "features-definition.json").read_text())
+
+    def building() -> bool:  # the built panes' folder appears when their job starts writing
+        return any((checkpoint / "upgrade").glob("*"))
+
+    def applying() -> bool:
+        return saved().get("upgrade") is not None
+
+    command = [sys.executable, "-m", "features.cli", "stream", "--available-now", "--max-files-per-trigger", "1"]
+    for stage, reached in (("building", building), ("applying", applying)):
+        process = subprocess.Popen([*command, "--repo", str(root)], stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 300
+        while not reached() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        alive = process.poll() is None
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait()
+        assert alive and reached(), f"{stage}: the stream ended before the kill: {process.stderr.read()[-2000:]}"
+        assert len(list((checkpoint / "query" / "commits").glob("[0-9]*"))) == commits, stage  # no batch since
+        if stage == "building":
+            assert saved()["upgrade"] is None  # killed before the change was saved: the next start builds again
+    done = subprocess.run([*command, "--repo", str(root)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert saved()["upgrade"] is None and not any((checkpoint / "upgrade").glob("*"))  # the change is done
+
+    rows = offline_rows(spark, repo, AFTER)
+    after = rows[rows[WINDOW_END] > changed_at].reset_index(drop=True)
+    assert_batch_engine_rows(spark, AFTER, after, events, rows[WINDOW_END].max(), since=changed_at)
+    users = sorted(after["user_id"].unique())
+    online = online_features(repo, AFTER, users, with_window_end=True)
+    want = reference_frame(
+        events, AFTER, [((u,), t) for u, t in zip(online["user_id"], online[WINDOW_END], strict=True)]
+    )
+    for name in ("failed_4h", "qty_sum_2h", "n_lifetime"):
+        assert all(same_value(a, b) for a, b in zip(online[name], want[name], strict=True)), name
