@@ -342,7 +342,9 @@ def backfill_group(
                 rows = _beside_table(group, computing, computed.rows, table_rows, start, end, types)
             # stage -> validate -> publish (the online store beside the offline commit), or quarantine
             with Staged(rows, table, start, end) as staged:
-                lap("compute")
+                # Spark computes the rows when they are first needed: in the validation's screen (one pass that
+                # also caches them for both stores), or without validation in the offline commit.
+                lap("plan")
                 if validate:
                     report = quality.validate_batch(group, staged.rows, range_start=start)
                 if report is not None and not report.success:
@@ -350,7 +352,7 @@ def backfill_group(
                     batch_quarantined = quality.handle_invalid(report, staged.rows, group, repo.root, chosen, what)
                     rows_out = 0
                 else:
-                    lap("validation")
+                    lap("compute_validation")
                     info = {
                         "group": group.name,
                         "definition_hash": definition_hash(group),
