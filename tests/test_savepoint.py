@@ -11,10 +11,9 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 from conftest import build_feast_repo
-from reference import reference_frame
 from test_batch_reference import BASE, H, make_events
-from test_stream import arrival_order, assert_batch_engine_rows, land, offline_rows, same_value
-from test_stream_upgrade import AFTER, BEFORE, _define
+from test_stream import arrival_order, assert_batch_engine_rows, land, offline_rows
+from test_stream_upgrade import AFTER, BEFORE, _define, assert_online_reference
 
 from features.cli import main
 from features.engine.upgrade import committed_position
@@ -24,7 +23,6 @@ from features.pipelines.stream import stream
 from features.repo import Repo
 from features.spec import WINDOW_END
 from features.spec.fingerprint import describe
-from features.stores.serving import online_features
 
 
 @pytest.mark.spark
@@ -85,14 +83,7 @@ def test_a_savepoint_starts_a_new_checkpoint_on_a_changed_definition_and_more_bu
     changed_at = pd.Timestamp(position.watermark_us, unit="us", tz="UTC")
     after = rows[rows[WINDOW_END] > changed_at].reset_index(drop=True)
     assert_batch_engine_rows(spark, AFTER, after, events, rows[WINDOW_END].max(), since=changed_at)
-    users = sorted(after["user_id"].unique())
-    online = online_features(repo, AFTER, users, with_window_end=True)
-    want = reference_frame(
-        events, AFTER, [((u,), t) for u, t in zip(online["user_id"], online[WINDOW_END], strict=True)]
-    )
-    for feature in AFTER.features:
-        name = feature.name
-        assert all(same_value(a, b) for a, b in zip(online[name], want[name], strict=True)), name
+    assert_online_reference(repo, AFTER, events, after["user_id"].unique(), [f.name for f in AFTER.features])
     restored = json.loads((Path(other) / AFTER.name / "features-definition.json").read_text())
     assert restored["buckets"] == 2 * saved["buckets"] and restored["upgrade"] is None  # every bucket took its state
 

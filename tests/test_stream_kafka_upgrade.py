@@ -14,10 +14,9 @@ import pandas as pd
 import pytest
 from conftest import build_feast_repo
 from kafka_broker import BOOTSTRAP, delete_records, json_values, produce, round_robin
-from reference import reference_frame
 from test_batch_reference import BASE, H, make_events
-from test_stream import KAFKA_SCHEMA, arrival_order, assert_batch_engine_rows, offline_rows, same_value
-from test_stream_upgrade import AFTER, BEFORE
+from test_stream import KAFKA_SCHEMA, arrival_order, assert_batch_engine_rows, offline_rows
+from test_stream_upgrade import AFTER, BEFORE, assert_online_reference
 
 from features import EventSource, FeatureGroup, KafkaTopic
 from features.engine.upgrade import committed_position
@@ -26,7 +25,6 @@ from features.pipelines import savepoint
 from features.pipelines.stream import stream
 from features.repo import Repo
 from features.spec import WINDOW_END
-from features.stores.serving import online_features
 
 pytestmark = pytest.mark.spark
 
@@ -99,13 +97,7 @@ def test_a_changed_kafka_group_builds_its_new_features_from_the_topic(spark, tmp
     rows = offline_rows(spark, repo, after)
     later = rows[rows[WINDOW_END] > changed_at].reset_index(drop=True)
     assert_batch_engine_rows(spark, after, later, events, rows[WINDOW_END].max(), since=changed_at)
-    users = sorted(later["user_id"].unique())
-    online = online_features(repo, after, users, with_window_end=True)
-    want = reference_frame(
-        events, after, [((u,), t) for u, t in zip(online["user_id"], online[WINDOW_END], strict=True)]
-    )
-    for name in ("failed_4h", "qty_sum_2h"):
-        assert all(same_value(a, b) for a, b in zip(online[name], want[name], strict=True)), name
+    assert_online_reference(repo, after, events, later["user_id"].unique(), ["failed_4h", "qty_sum_2h"])
 
 
 def test_a_savepoint_of_a_kafka_group_holds_its_offsets_and_starts_a_new_checkpoint(
@@ -160,14 +152,7 @@ def test_a_savepoint_of_a_kafka_group_holds_its_offsets_and_starts_a_new_checkpo
     changed_at = pd.Timestamp(position.watermark_us, unit="us", tz="UTC")
     later = rows[rows[WINDOW_END] > changed_at].reset_index(drop=True)
     assert_batch_engine_rows(spark, after, later, events, rows[WINDOW_END].max(), since=changed_at)
-    users = sorted(later["user_id"].unique())
-    online = online_features(repo, after, users, with_window_end=True)
-    want = reference_frame(
-        events, after, [((u,), t) for u, t in zip(online["user_id"], online[WINDOW_END], strict=True)]
-    )
-    for feature in after.features:
-        name = feature.name
-        assert all(same_value(a, b) for a, b in zip(online[name], want[name], strict=True)), name
+    assert_online_reference(repo, after, events, later["user_id"].unique(), [f.name for f in after.features])
 
     # The savepoint's offsets are of that topic: another group source cannot take them.
     on_files = replace(after, source=after.source.landing_folder())

@@ -74,15 +74,32 @@ def _stream(repo: Repo) -> None:
     stream(repo, available_now=True, max_files_per_trigger=1, progress=False, tracking=False).await_termination()
 
 
-def test_a_changed_group_continues_from_its_checkpoint_and_a_new_key_does_not(spark, tmp_path, capsys) -> None:
+def streamed_before(root: Path) -> tuple[pd.DataFrame, pd.DataFrame, Path, pd.Timestamp]:
+    """BEFORE streamed over the events of the first 16 hours landed in `root`: all events, the rest (not landed),
+    the group's checkpoint and the watermark it reached."""
     events = make_events()
     cut = BASE + 16 * H
     first, rest = events[events["event_ts"] < cut], events[events["event_ts"] >= cut]
-    root = tmp_path / "repo"
     land(root, arrival_order(first, pd.Timedelta(minutes=20), seed=1), 3)
     _stream(_define(root, BEFORE))
     checkpoint = Path(Repo.load(root).checkpoint_path(BEFORE, None))
     changed_at = pd.Timestamp(committed_position(checkpoint / "query").watermark_us, unit="us", tz="UTC")
+    return events, rest, checkpoint, changed_at
+
+
+def assert_online_reference(repo: Repo, group: FeatureGroup, events: pd.DataFrame, users, names) -> None:
+    """The online values of `names` for `users` are the reference's at the window end each holds."""
+    online = online_features(repo, group, sorted(users), with_window_end=True)
+    want = reference_frame(
+        events, group, [((u,), t) for u, t in zip(online["user_id"], online[WINDOW_END], strict=True)]
+    )
+    for name in names:
+        assert all(same_value(a, b) for a, b in zip(online[name], want[name], strict=True)), name
+
+
+def test_a_changed_group_continues_from_its_checkpoint_and_a_new_key_does_not(spark, tmp_path, capsys) -> None:
+    root = tmp_path / "repo"
+    events, rest, checkpoint, changed_at = streamed_before(root)
 
     repo = _define(root, AFTER)
     land(root, arrival_order(rest, pd.Timedelta(minutes=20), seed=2), 3, start_index=3)
@@ -101,13 +118,7 @@ def test_a_changed_group_continues_from_its_checkpoint_and_a_new_key_does_not(sp
     assert saved["upgrade"] is None  # every bucket stepped under the new definition: the change is done
     assert not any((checkpoint / "upgrade").glob("*"))
 
-    users = sorted(after["user_id"].unique())
-    online = online_features(repo, AFTER, users, with_window_end=True)
-    want = reference_frame(
-        events, AFTER, [((u,), t) for u, t in zip(online["user_id"], online[WINDOW_END], strict=True)]
-    )
-    for name in ("failed_4h", "qty_sum_2h", "n_lifetime"):
-        assert all(same_value(a, b) for a, b in zip(online[name], want[name], strict=True)), name
+    assert_online_reference(repo, AFTER, events, after["user_id"].unique(), ["failed_4h", "qty_sum_2h", "n_lifetime"])
 
     # Keyed otherwise, every key is new: the least it takes is a replay, and the stream says so.
     rekeyed = FeatureGroup("user_changing", Entity("card", join_keys=["card_id"]), SOURCE, AFTER.features)
@@ -146,14 +157,8 @@ def test_a_stream_killed_while_it_carries_a_change_over_finishes_it_when_started
     """SIGKILL `features stream` while it builds the added features' panes, and again in the first micro-batch under
     the change (the change saved, no batch committed since): the third start finishes the change, and the rows
     after it are the batch engine's."""
-    events = make_events()
-    cut = BASE + 16 * H
-    first, rest = events[events["event_ts"] < cut], events[events["event_ts"] >= cut]
     root = tmp_path / "repo"
-    land(root, arrival_order(first, pd.Timedelta(minutes=20), seed=1), 3)
-    _stream(_define(root, BEFORE))
-    checkpoint = Path(Repo.load(root).checkpoint_path(BEFORE, None))
-    changed_at = pd.Timestamp(committed_position(checkpoint / "query").watermark_us, unit="us", tz="UTC")
+    events, rest, checkpoint, changed_at = streamed_before(root)
     commits = len(list((checkpoint / "query" / "commits").glob("[0-9]*")))
     repo = _define(root, AFTER)
     land(root, arrival_order(rest, pd.Timedelta(minutes=20), seed=2), 3, start_index=3)
@@ -187,10 +192,4 @@ def test_a_stream_killed_while_it_carries_a_change_over_finishes_it_when_started
     rows = offline_rows(spark, repo, AFTER)
     after = rows[rows[WINDOW_END] > changed_at].reset_index(drop=True)
     assert_batch_engine_rows(spark, AFTER, after, events, rows[WINDOW_END].max(), since=changed_at)
-    users = sorted(after["user_id"].unique())
-    online = online_features(repo, AFTER, users, with_window_end=True)
-    want = reference_frame(
-        events, AFTER, [((u,), t) for u, t in zip(online["user_id"], online[WINDOW_END], strict=True)]
-    )
-    for name in ("failed_4h", "qty_sum_2h", "n_lifetime"):
-        assert all(same_value(a, b) for a, b in zip(online[name], want[name], strict=True)), name
+    assert_online_reference(repo, AFTER, events, after["user_id"].unique(), ["failed_4h", "qty_sum_2h", "n_lifetime"])
