@@ -12,11 +12,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import build_feast_repo
 from kafka_broker import BOOTSTRAP, delete_records, json_values, produce, round_robin
 from test_batch_reference import BASE, H, make_events
 from test_stream import KAFKA_SCHEMA, arrival_order, assert_batch_engine_rows, offline_rows
-from test_stream_upgrade import AFTER, BEFORE, assert_online_reference
+from test_stream_upgrade import AFTER, BEFORE, _define, assert_online_reference
 
 from features import EventSource, FeatureGroup, KafkaTopic
 from features.engine.upgrade import committed_position
@@ -37,13 +36,6 @@ def _on_topic(group: FeatureGroup, topic: str, events: pd.DataFrame) -> FeatureG
     kafka = KafkaTopic(topic, BOOTSTRAP, options=options)
     source = EventSource("transactions", "data/transactions", "event_ts", watermark="30m", schema=schema, kafka=kafka)
     return replace(group, source=source)
-
-
-def _define(root: Path, group: FeatureGroup) -> Repo:
-    for old in root.glob("test_definitions_*.py"):
-        old.unlink()
-    build_feast_repo(root, [group])
-    return Repo.load(root)
 
 
 def _produce(topic: str, events: pd.DataFrame, start: int = 0) -> None:

@@ -51,13 +51,18 @@ class OffsetRange:
     def options(self) -> dict[str, str]:
         """A batch read of exactly this stretch. Records that retention has deleted are skipped instead of failing
         the read (`failOnDataLoss`): whoever reads it checks what is missing."""
-        start = {str(p): self.start.get(p, EARLIEST) for p in sorted(self.end)}
-        end = {str(p): self.end[p] for p in sorted(self.end)}
+        start = {p: self.start.get(p, EARLIEST) for p in self.end}
         return {
-            "startingOffsets": json.dumps({self.topic: start}),
-            "endingOffsets": json.dumps({self.topic: end}),
+            "startingOffsets": offsets_json(self.topic, start),
+            "endingOffsets": offsets_json(self.topic, self.end),
             "failOnDataLoss": "false",
         }
+
+
+def offsets_json(topic: str, offsets: dict[int, int]) -> str:
+    """Partition offsets as Spark's Kafka connector spells them, in its options and its checkpoint logs:
+    {"topic":{"0":12,...}}."""
+    return json.dumps({topic: {str(p): o for p, o in sorted(offsets.items())}}, separators=(",", ":"))
 
 
 def read_kafka(

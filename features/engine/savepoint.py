@@ -24,7 +24,7 @@ from pyspark.sql import functions as F
 
 from features import kernel
 from features.engine.inputs import bucket_of
-from features.engine.kafka import OffsetRange
+from features.engine.kafka import OffsetRange, offsets_json
 from features.engine.upgrade import BLOB, BUCKET, PART, PART_ROWS, rebucket_state
 from features.kernel.state import panes_from_arrow, panes_to_arrow
 from features.spec import DType, FeatureGroup
@@ -131,7 +131,7 @@ def set_position(
     for log in sorted((query_checkpoint / "sources").glob("*/0")):
         version, seed = log.read_text().splitlines()[:2]  # the seed's one file, an entry as Spark writes them
         if kafka is not None:
-            log.write_bytes(b"\x00" + f"{version}\n{_partition_offsets(kafka.topic, kafka.start)}".encode())
+            log.write_bytes(b"\x00" + f"{version}\n{offsets_json(kafka.topic, kafka.start)}".encode())
             continue
         entry = json.loads(seed)
         entries = [json.dumps({**entry, "path": f, "timestamp": _mtime_ms(f), "batchId": 0}) for f in files]
@@ -141,16 +141,11 @@ def set_position(
     lines = offsets.read_text().splitlines()
     metadata = json.loads(lines[1])
     metadata["batchWatermarkMs"] = ms
-    positions = lines[2:] if kafka is None else [_partition_offsets(kafka.topic, kafka.end)]
+    positions = lines[2:] if kafka is None else [offsets_json(kafka.topic, kafka.end)]
     offsets.write_text("\n".join([lines[0], json.dumps(metadata), *positions]))
     commit = query_checkpoint / "commits" / "0"
     lines = commit.read_text().splitlines()
     commit.write_text("\n".join([lines[0], json.dumps({**json.loads(lines[1]), "nextBatchWatermarkMs": ms})]))
-
-
-def _partition_offsets(topic: str, offsets: dict[int, int]) -> str:
-    """Offsets as Spark's Kafka connector writes them: {"topic": {"0": 12, ...}}."""
-    return json.dumps({topic: {str(p): o for p, o in sorted(offsets.items())}}, separators=(",", ":"))
 
 
 def _mtime_ms(uri: str) -> int:

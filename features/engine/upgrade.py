@@ -155,15 +155,18 @@ def committed_kafka_events(
     return marked.where(F.col(MARK).isNull()).select(*[cleaned[c] for c in columns]), observation
 
 
-def gaps(offsets: OffsetRange, observation: Observation) -> list[Gap]:
-    """The partitions of `offsets` whose first records a read of it (`committed_kafka_events`) did not find."""
+def gaps(offsets: OffsetRange, observation: Observation, since_us: int | None) -> list[Gap]:
+    """The partitions of `offsets` whose first records a read of it (`committed_kafka_events`) did not find, where
+    they may hold events stamped at or after `since_us` (None: any event counts): the first record still there is
+    stamped after it, or its time is unknown."""
     seen = observation.get
     found = []
     for p, end in sorted(offsets.end.items()):
         start = offsets.start.get(p, 0)
-        first = seen[f"first_{p}"]
-        if end > start and (first is None or first > start):
-            found.append(Gap(p, start, first, seen[f"us_{p}"]))
+        first, first_us = seen[f"first_{p}"], seen[f"us_{p}"]
+        lost = end > start and (first is None or first > start)
+        if lost and (since_us is None or first_us is None or first_us > since_us):
+            found.append(Gap(p, start, first, first_us))
     return found
 
 

@@ -175,17 +175,14 @@ def build_added(
         since = lookback_start([f.window for f in group.features if f.name in built], watermark_us)
         shutil.rmtree(folder, ignore_errors=True)
         if offsets is None:
-            good = committed_file_events(spark, group, repo.source_path(group), position.files)
-            events = build_panes(spark, group, good, labels, since, watermark_us, folder).events
+            good, observation = committed_file_events(spark, group, repo.source_path(group), position.files), None
         else:
             good, observation = committed_kafka_events(spark, group, offsets)
-            events = build_panes(spark, group, good, labels, since, watermark_us, folder).events
-            missing = [
-                g for g in gaps(offsets, observation) if since is None or g.first_us is None or g.first_us > since
-            ]
-            if missing:
-                shutil.rmtree(folder, ignore_errors=True)
-                raise ConfigError(_gap_message(repo, group, offsets.topic, missing, since))
+        events = build_panes(spark, group, good, labels, since, watermark_us, folder).events
+        missing = [] if offsets is None or observation is None else gaps(offsets, observation, since)
+        if missing:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise ConfigError(_gap_message(repo, group, offsets.topic, missing, since))
     read = f"{len(position.files):,} files" if offsets is None else f"{len(offsets.end)} partitions of {offsets.topic}"
     return Carried(
         group.name,
