@@ -190,6 +190,43 @@ def test_a_file_conforms_when_every_column_the_group_reads_is_there_and_fits():
     )
 
 
+@pytest.mark.parametrize(
+    ("column", "native"),
+    [
+        (pa.array([1], pa.timestamp("us", tz="UTC")), True),
+        (pa.array([1], pa.timestamp("ms", tz="UTC")), True),
+        (pa.array([1], pa.timestamp("ns", tz="UTC")), False),  # nanoseconds: Spark's own read decides
+        (pa.array([1], pa.timestamp("us")), False),  # no time zone: probed
+    ],
+)
+def test_a_layout_spark_reads_as_it_is_needs_no_probe_read(tmp_path: Path, column: pa.Array, native: bool):
+    """Files whose read columns Spark reads without a conversion are readable without a Spark job (which the
+    check would otherwise run on one file of the layout); others are left to that read."""
+    from pyspark.sql import types as T
+
+    from features.engine.files import FileCheck, _footer
+
+    schema = T.StructType(
+        [
+            T.StructField("user_id", T.LongType()),
+            T.StructField("amount", T.DoubleType()),
+            T.StructField("status", T.StringType()),
+            T.StructField("event_ts", T.TimestampType()),
+        ]
+    )
+    check = FileCheck(None, schema)  # type: ignore[arg-type]  # no session: a probe would fail
+    table = pa.table(
+        {"user_id": [1], "amount": [1.0], "status": ["x"], "event_ts": column, "extra": pa.array([1], pa.uint8())}
+    )
+    pq.write_table(table, tmp_path / "events.parquet")
+    assert check._native(_footer(str(tmp_path / "events.parquet"))) is native
+    narrow = table.set_column(0, "user_id", pa.array([1], pa.int32()))  # widened by Spark, or not: probed
+    pq.write_table(narrow, tmp_path / "narrow.parquet")
+    assert check._native(_footer(str(tmp_path / "narrow.parquet"))) is False
+    if native:  # the check itself: the file is readable, and no read was made (there is no session to make one)
+        assert check.unreadable([(tmp_path / "events.parquet").as_uri()]) == []
+
+
 def test_the_columns_a_group_reads_include_those_its_wheres_name():
     from features.engine.schema import read_columns
 

@@ -152,12 +152,30 @@ def unreadable_files(
     return bad if bad is not None else _unreadable_by_scan(spark, raw, schema, files)
 
 
+# The Parquet (physical type, logical type) pairs Spark reads as each Spark type without a conversion: a layout
+# of these alone is readable, with no probe read (on a fresh JVM that read costs a cold job, about a second).
+# Anything else (nanoseconds, narrower or unsigned integers, timestamps without a time zone) is probed.
+NATIVE = {
+    "LongType": {("INT64", "None"), ("INT64", "Int(bitWidth=64, isSigned=true)")},
+    "IntegerType": {("INT32", "None"), ("INT32", "Int(bitWidth=32, isSigned=true)")},
+    "DoubleType": {("DOUBLE", "None")},
+    "FloatType": {("FLOAT", "None")},
+    "BooleanType": {("BOOLEAN", "None")},
+    "StringType": {("BYTE_ARRAY", "String")},
+}
+NATIVE_STAMPS = (
+    "Timestamp(isAdjustedToUTC=true, timeUnit=microseconds",
+    "Timestamp(isAdjustedToUTC=true, timeUnit=milliseconds",
+)
+
+
 class FileCheck:
     """Which Parquet files are set aside whole with a schema: those that do not conform to the columns it marks
-    as read (`nonconformity`, from each footer), then those Spark cannot read. Spark decides on one file per
-    physical layout: files are grouped by their footers' types of the read columns (a file whose footer does
-    not parse is its own group), and one small read of a group's largest file stands for all of them. A layout
-    found readable is remembered (the stream checks each new file as it lands)."""
+    as read (`nonconformity`, from each footer), then those Spark cannot read. A layout of types Spark reads
+    as they are (`NATIVE`) is readable; Spark decides on the others, one file per physical layout: files are
+    grouped by their footers' types of the read columns (a file whose footer does not parse is its own group),
+    and one small read of a group's largest file stands for all of them. A layout found readable is remembered
+    (the stream checks each new file as it lands)."""
 
     def __init__(self, spark: SparkSession, schema: StructType | None, nanoseconds: bool = True) -> None:
         """`nanoseconds`: whether the read being checked reads nanosecond files (see `read_parquet`)."""
@@ -196,7 +214,7 @@ class FileCheck:
                 bad.append((f"{UNREADABLE_FILE}: {local_path}: {NANOS_LATE.format(column=nanos[0])}", file))
                 continue
             layout = _layout(metadata, self.columns)
-            if layout not in self.readable:
+            if layout not in self.readable and not self._native(metadata):
                 layouts.setdefault(layout or file, []).append((-rows, file))
         for layout, group in layouts.items():
             # The file with the most rows: a file with no rows reads without error, whatever its columns' types.
@@ -211,6 +229,26 @@ class FileCheck:
                 if why is not None:
                     bad.append((f"{UNREADABLE_FILE}: {why}", file))
         return bad
+
+    def _native(self, metadata: pq.FileMetaData | None) -> bool:
+        """Whether each read column the footer holds is of a type Spark reads as the schema's type as it is."""
+        if metadata is None or self.checked is None:
+            return False
+        wanted = {f.name.lower(): type(f.dataType).__name__ for f in self.checked.fields}
+        footer = metadata.schema
+        for column in (footer.column(i) for i in range(len(footer))):
+            top = column.path.split(".")[0].lower()
+            if top not in wanted:
+                continue
+            if "." in column.path:  # a nested column
+                return False
+            kind, logical = column.physical_type, str(column.logical_type)
+            if wanted[top] == "TimestampType":
+                if kind != "INT64" or not logical.startswith(NATIVE_STAMPS):
+                    return False
+            elif (kind, logical) not in NATIVE.get(wanted[top], ()):
+                return False
+        return True
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,8 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -144,6 +146,66 @@ def get_spark(app_name: str = "features", shuffle_partitions: int | None = None)
     if making_archive:
         threading.Thread(target=_fill_archive, args=(spark,), name="jvm-archive", daemon=True).start()
     return spark
+
+
+_EARLY: list[Future[SparkSession]] = []  # the session being started by `start_early`, once per process
+
+
+def start_early() -> None:
+    """Start the local session in a daemon thread now, when none is active, so that the JVM starts while this
+    process goes on (loading the repo, planning, setting up MLflow): a cold job waits for it the least. A start
+    never used costs nothing more: the process does not wait for the thread when it exits."""
+    from pyspark.sql import SparkSession
+
+    if _EARLY or SparkSession.getActiveSession() is not None:
+        return
+
+    future: Future[SparkSession] = Future()
+
+    def start() -> None:
+        try:
+            future.set_result(get_spark())
+        except BaseException as exc:  # raised where the session is waited for
+            future.set_exception(exc)
+
+    threading.Thread(target=start, name="spark-start", daemon=True).start()
+    _EARLY.append(future)
+
+
+def session_soon(spark: SparkSession | None) -> Callable[[], SparkSession]:
+    """A function returning `spark`, or else the session `get_spark` gives, started now (`start_early`)
+    when there is no active one yet: the caller does its own set-up meanwhile."""
+    if spark is not None:
+        return lambda: spark
+    start_early()
+    if not _EARLY:
+        return get_spark
+
+    def started() -> SparkSession:
+        session = _EARLY[0].result()
+        if is_stopped(session):  # stopped since (a notebook): start another
+            return get_spark()
+        _cancel_jobs_on_interrupt(session)
+        return session
+
+    return started
+
+
+def _cancel_jobs_on_interrupt(spark: SparkSession) -> None:
+    """What PySpark does when the main thread starts the session (here a helper thread did): Ctrl-C cancels the
+    running Spark jobs, then raises KeyboardInterrupt."""
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def interrupted(signum: int, frame: object) -> None:
+        try:
+            cancel_all(spark)
+        finally:
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, interrupted)
 
 
 def make_class_archive(timeout_s: float = 300.0) -> bool:

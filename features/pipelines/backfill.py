@@ -4,10 +4,8 @@ the online store up to each key's value as of `end`."""
 from __future__ import annotations
 
 import functools
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime
 from pathlib import Path
@@ -20,7 +18,7 @@ from features.engine.files import SetAsideFile, file_days
 from features.engine.merge import with_table_rows
 from features.engine.online_rows import write_online
 from features.engine.schema import FILE_REASONS, schema_of
-from features.engine.session import cancel_all, get_spark, is_stopped
+from features.engine.session import session_soon
 from features.engine.source import observed_count, quarantine_counts, read_source
 from features.errors import ConfigError
 from features.progress import spark_progress
@@ -176,7 +174,7 @@ def backfill(
     selected = repo.select(groups)
     # Fail before Spark starts when a store cannot take writes (e.g. the repo was never applied).
     writers = {g.name: ready_writer(repo, g) for g in selected} if online else {}
-    session = _session_soon(spark)  # the JVM starts while the MLflow run is set up
+    session = session_soon(spark)  # the JVM starts while the MLflow run is set up
     from features.ml import tracking
 
     params = {"start": start_t, "end": end_t, "online": online, "on_invalid": on_invalid or "group default"}
@@ -206,64 +204,6 @@ def backfill(
             run.log_result(result)
             results.append(result)
     return results
-
-
-_EARLY: list[Future[SparkSession]] = []  # the session being started by `start_spark_early`, once per process
-
-
-def start_spark_early() -> None:
-    """Start the local session in a daemon thread now, when none is active, so that the JVM starts while this
-    process goes on (loading the repo, planning, setting up MLflow): a cold job waits for it the least. A start
-    never used costs nothing more: the process does not wait for the thread when it exits."""
-    if _EARLY or SparkSession.getActiveSession() is not None:
-        return
-
-    future: Future[SparkSession] = Future()
-
-    def start() -> None:
-        try:
-            future.set_result(get_spark())
-        except BaseException as exc:  # raised where the session is waited for
-            future.set_exception(exc)
-
-    threading.Thread(target=start, name="spark-start", daemon=True).start()
-    _EARLY.append(future)
-
-
-def _session_soon(spark: SparkSession | None) -> Callable[[], SparkSession]:
-    """A function returning `spark`, or else the session `get_spark` gives, started now (`start_spark_early`)
-    when there is no active one yet: the caller does its own set-up meanwhile."""
-    if spark is not None:
-        return lambda: spark
-    start_spark_early()
-    if not _EARLY:
-        return get_spark
-
-    def started() -> SparkSession:
-        session = _EARLY[0].result()
-        if is_stopped(session):  # stopped since (a notebook): start another
-            return get_spark()
-        _cancel_jobs_on_interrupt(session)
-        return session
-
-    return started
-
-
-def _cancel_jobs_on_interrupt(spark: SparkSession) -> None:
-    """What PySpark does when the main thread starts the session (here a helper thread did): Ctrl-C cancels the
-    running Spark jobs, then raises KeyboardInterrupt."""
-    import signal
-
-    if threading.current_thread() is not threading.main_thread():
-        return
-
-    def interrupted(signum: int, frame: object) -> None:
-        try:
-            cancel_all(spark)
-        finally:
-            raise KeyboardInterrupt
-
-    signal.signal(signal.SIGINT, interrupted)
 
 
 def ready_writer(repo: Repo, group: FeatureGroup) -> OnlineWriter:

@@ -28,7 +28,7 @@ from pyspark.sql import DataFrame, SparkSession
 from features.engine import kafka
 from features.engine import stream as engine
 from features.engine.inputs import bucket_labels
-from features.engine.session import get_spark, is_connect
+from features.engine.session import is_connect, session_soon
 from features.engine.stream_query import cores, shuffle_partitions, stateful_query
 from features.engine.upgrade import PendingUpgrade
 from features.errors import ConfigError, EnvironmentProblem, ValidationFailed
@@ -164,9 +164,7 @@ def stream(
             "--from-savepoint: a savepoint starts one group in a new checkpoint: name it with --group, without --reset"
         )
     writers = {g.name: ready_writer(repo, g) for g in selected} if online else {}
-    spark = spark or get_spark()
-    _check_not_connect(spark)
-    engine.configure(spark)
+    session = session_soon(spark)  # the JVM starts while the MLflow run is set up
     show = shown_by_default() if progress is None else progress  # a terminal or a notebook
     run = StreamRun({}, {})
     params = {"trigger": "available-now" if available_now else trigger, "buckets": buckets, "online": online}
@@ -174,6 +172,9 @@ def stream(
     run.tracker = run._tracking.__enter__()
     trigger_of: dict[str, Any] = {"availableNow": True} if available_now else {"processingTime": f"{every_s} seconds"}
     try:
+        spark = session()
+        _check_not_connect(spark)
+        engine.configure(spark)
         for group in selected:
             checkpoint = Path(repo.checkpoint_path(group, checkpoint_root))
             path = repo.source_path(group)
