@@ -276,9 +276,9 @@ def _local_defaults(
         # Unless this is Int.MaxValue, Spark measures the open Arrow batch after every row it sends to Python
         # (the kernel's input): 16% of the kernel stage. Batches stay bounded by maxRecordsPerBatch (10,000 rows).
         .config("spark.sql.execution.arrow.maxBytesPerBatch", str(2**31 - 1))
-        # A batch's change points are cached while they are validated, then written from the cache: encoding and
-        # decoding the cache's compressed columns made validation cost 1.19x the batch without it, 1.07x and 1.17x
-        # uncompressed (runs of bench/quality.py). A local batch's rows fit in memory either way.
+        # A batch's change points are cached while they are validated, then written from the cache: the cache's
+        # compression is work on both sides of it, and validation's cost against the batch without it went from
+        # 1.20x to 1.12x (bench/quality.py) uncompressed. A local batch's rows fit in memory either way.
         .config("spark.sql.inMemoryColumnarStorage.compressed", "false")
     )
     # The Kafka connector (and Delta Lake) on the class path of the JVM itself, not added later as spark.jars:
