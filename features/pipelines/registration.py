@@ -7,11 +7,17 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from features.errors import ConfigError
 from features.repo import Repo
+from features.spec import FeatureGroup
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 
 @contextmanager
@@ -34,31 +40,38 @@ def apply(repo_path: str, *, prune: bool = False) -> list[str]:
     the source's schema first, so that a typo fails here and not in the first backfill. Feature views of groups
     that are no longer defined are removed only with `prune` (else a ConfigError names them): Feast's apply
     would drop them, and their online values, silently."""
+    from features.engine.session import session_soon
     from features.stores.feast_objects import apply_repo
 
     repo = Repo.load(repo_path)
+    session = session_soon(None) if _filtered(repo) else None  # the JVM starts while Feast loads
     check_removed_groups(repo, prune=prune)
     for warning in record_source_schemas(repo):
         print(f"warning: {warning}", file=sys.stderr)
-    check_wheres(repo)
+    check_wheres(repo, session)
     with _in_dir(repo.root):
         apply_repo(repo)
     return list(repo.groups)
 
 
-def check_wheres(repo: Repo) -> None:
+def _filtered(repo: Repo) -> list[FeatureGroup]:
+    """The groups with a feature that has a `where`."""
+    return [g for g in repo.groups.values() if any(f.where is not None for f in g.features)]
+
+
+def check_wheres(repo: Repo, session: Callable[[], SparkSession] | None = None) -> None:
     """Spark's parser and analyzer on each `where`, over an empty frame with the source's schema (Spark starts
-    only when some feature has a `where`)."""
+    only when some feature has a `where`). `session`: gives the session (default: `get_spark`)."""
     from features.stores.feast_objects import source_schema
 
-    groups = [g for g in repo.groups.values() if any(f.where is not None for f in g.features)]
+    groups = _filtered(repo)
     if not groups:
         return
     from features.engine.schema import spark_schema
     from features.engine.session import get_spark
     from features.engine.source import check_columns
 
-    spark = get_spark()
+    spark = (session or get_spark)()
     for group in groups:
         check_columns(group, spark.createDataFrame([], spark_schema(source_schema(group, repo.root))))
 
@@ -99,7 +112,6 @@ def record_source_schemas(repo: Repo) -> list[str]:
     files lack), naming the files and the choice recorded."""
     from features.engine.schema import read_columns
     from features.repo import write_schema_record
-    from features.spec import FeatureGroup
     from features.stores.feast_objects import infer_parquet_schema
 
     warnings: list[str] = []
