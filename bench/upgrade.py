@@ -39,6 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results import load, update_section
 
 from features.demo import generate_transactions, write_events
+from features.ml import tracking
+from features.repo import Repo
 
 ROOT = Path(__file__).resolve().parents[1]
 WORK = Path(__file__).resolve().parent / "work-upgrade"
@@ -80,6 +82,7 @@ def set_up(days: int, per_day: int, users: int) -> Path:
     _run("apply", "--repo", str(repo))
     _run("stream", "--repo", str(repo), "--group", GROUP, "--available-now", "--no-tracking")
     _run("backfill", "--repo", str(repo), "--group", GROUP, "--since-last", "--no-tracking")
+    tracking.client_for(Repo.load(repo))  # the MLflow store a running deployment has (its first run makes it)
     shutil.copytree(repo, WORK / "snapshot")
     return WORK / "snapshot"
 
