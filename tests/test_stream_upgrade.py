@@ -126,9 +126,13 @@ def test_a_changed_group_continues_from_its_checkpoint_and_a_new_key_does_not(sp
         stream(_define(root, rekeyed), available_now=True, progress=False, tracking=False)
 
 
-def test_a_stream_rescaled_moves_its_state_and_replays_nothing(spark, tmp_path, capsys) -> None:
-    """--buckets doubled, then brought down to one: each time the keys' state moves to their new buckets (read
-    from the checkpoint, not the source), and the rows after the change equal the batch engine's."""
+def test_a_stream_rescaled_moves_its_state_and_replays_nothing(spark, tmp_path, capsys, monkeypatch) -> None:
+    """--buckets doubled on a cluster of more cores, then brought down to one: each time the keys' state moves to
+    their new buckets (read from the checkpoint, not the source), Spark spreads the state over one partition per
+    bucket (as many as the cores allow), and the rows after the change equal the batch engine's."""
+    from features.engine.stream_query import state_partitions
+    from features.pipelines import stream as stream_module
+
     events = make_events()
     parts = [events[events["event_ts"] < BASE + 10 * H], events[(events["event_ts"] >= BASE + 10 * H)]]
     parts = [parts[0], parts[1][parts[1]["event_ts"] < BASE + 20 * H], parts[1][parts[1]["event_ts"] >= BASE + 20 * H]]
@@ -138,14 +142,19 @@ def test_a_stream_rescaled_moves_its_state_and_replays_nothing(spark, tmp_path, 
     stream(repo, available_now=True, progress=False, tracking=False).await_termination()
     checkpoint = Path(repo.checkpoint_path(AFTER, None))
     before = json.loads((checkpoint / "features-definition.json").read_text())["buckets"]
+    monkeypatch.setattr(stream_module, "cores", lambda spark: 2 * before)  # the stream moved to a bigger cluster
     for i, buckets in enumerate((2 * before, 1)):
         changed_at = pd.Timestamp(committed_position(checkpoint / "query").watermark_us, unit="us", tz="UTC")
+        partitions = state_partitions(checkpoint / "query")
         land(root, arrival_order(parts[i + 1], pd.Timedelta(minutes=20), seed=2), 2, start_index=2 * (i + 1))
         capsys.readouterr()
         stream(repo, available_now=True, buckets=buckets, progress=False, tracking=False).await_termination()
-        assert "moved to their new buckets without a replay" in capsys.readouterr().err
+        said = capsys.readouterr().err
+        assert "moved to their new buckets" in said and "without a replay" in said, said
+        assert f"state spread from {partitions} to {buckets} partitions" in said, said
         saved = json.loads((checkpoint / "features-definition.json").read_text())
         assert saved["buckets"] == buckets and len(saved["labels"]) == buckets
+        assert saved["partitions"] == buckets == state_partitions(checkpoint / "query")
         rows = offline_rows(spark, repo, AFTER)
         after = rows[rows[WINDOW_END] > changed_at].reset_index(drop=True)
         seen = events[events["event_ts"] < (BASE + 20 * H if i == 0 else BASE + 40 * H)]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import shutil
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,8 +29,8 @@ from features.engine import kafka
 from features.engine import stream as engine
 from features.engine.inputs import bucket_labels
 from features.engine.session import is_connect, session_soon
-from features.engine.stream_query import cores, shuffle_partitions, stateful_query
-from features.engine.upgrade import PendingUpgrade
+from features.engine.stream_query import cores, repartition_state, shuffle_partitions, state_partitions, stateful_query
+from features.engine.upgrade import PendingUpgrade, last_commit
 from features.errors import ConfigError, EnvironmentProblem, ValidationFailed
 from features.ml import tracking as mlflow_tracking
 from features.pipelines import savepoint, stream_upgrade
@@ -308,8 +308,15 @@ def _check_checkpoint(
         # A checkpoint from before the choice always read nanosecond files (a second source).
         labels, partitions, nanoseconds = saved["labels"], saved["partitions"], saved.get("nanoseconds", True)
         if saved["buckets"] != buckets:
-            labels = bucket_labels(int(buckets), partitions)
+            target = _rescaled_partitions(spark, checkpoint / "query", int(buckets), partitions)
+            labels = bucket_labels(int(buckets), target)
             upgrade, carried = stream_upgrade.rescale(spark, repo, group, checkpoint, saved, labels)
+            if carried is not None and state_partitions(checkpoint / "query") != target:
+                began = time.perf_counter()
+                repartition_state(spark, checkpoint / "query", target)
+                moved = time.perf_counter() - began
+                carried = replace(carried, seconds=carried.seconds + moved, repartitioned=(partitions, target))
+            partitions = target
         elif saved["definition_hash"] != definition_hash(group):
             upgrade, carried = stream_upgrade.carry_over(spark, repo, group, checkpoint, saved, labels)
         elif saved.get("upgrade"):
@@ -323,6 +330,14 @@ def _check_checkpoint(
     )
     engine.save_definition(checkpoint, current)
     return Resumed(labels, partitions, nanoseconds, current["stream_id"], upgrade, carried)
+
+
+def _rescaled_partitions(spark: SparkSession, query: Path, buckets: int, partitions: int) -> int:
+    """The partitions a rescale to `buckets` runs on: one per bucket up to the session's cores, where Spark can
+    repartition the saved state (PySpark 4.2+, and a committed batch to start from); else the checkpoint's own."""
+    if last_commit(query)[0] is None or not hasattr(spark, "_streamingCheckpointManager"):
+        return partitions
+    return min(buckets, cores(spark))
 
 
 def _remove_stream_rows(spark: SparkSession, repo: Repo, group: FeatureGroup) -> None:

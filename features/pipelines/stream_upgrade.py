@@ -61,6 +61,7 @@ class Carried:
     read: str  # what of the source was read: "1,440 files", "4 partitions of <topic>"
     seconds: float
     rescaled: tuple[int, int, int] | None = None  # buckets before, after, and the keys moved
+    repartitioned: tuple[int, int] | None = None  # the state's partitions before and after (Spark's repartition)
     restored: tuple[str, int, int, int, int] | None = None  # savepoint, its batch, keys, buckets before and after
 
     def line(self) -> str:
@@ -73,9 +74,13 @@ class Carried:
             return text + self._built_and_dropped()
         if self.rescaled is not None:
             before, after, keys = self.rescaled
+            spread = ""
+            if self.repartitioned is not None:
+                was, now = self.repartitioned
+                spread = f", and Spark's state spread from {was} to {now} partitions (tasks per micro-batch)"
             return (
-                f"{self.group}: --buckets {before} -> {after}: the state of {keys:,} keys moved to their new buckets "
-                f"without a replay in {self.seconds:.1f}s"
+                f"{self.group}: --buckets {before} -> {after}: the state of {keys:,} keys moved to their new buckets"
+                f"{spread} without a replay in {self.seconds:.1f}s"
             )
         text = f"{self.group}: definition changed, state carried over without a replay: kept {_names(self.kept)}"
         return text + self._built_and_dropped()
