@@ -152,12 +152,13 @@ _EARLY: list[Future[SparkSession]] = []  # the session being started by `start_e
 
 
 def start_early() -> None:
-    """Start the local session in a daemon thread now, when none is active, so that the JVM starts while this
-    process goes on (loading the repo, planning, setting up MLflow): a cold job waits for it the least. A start
-    never used costs nothing more: the process does not wait for the thread when it exits."""
-    from pyspark.sql import SparkSession
+    """Start the local session in a daemon thread now, in a process that has none yet (a command's), so that the
+    JVM starts while this process goes on (loading the repo, planning, setting up MLflow): a cold job waits for it
+    the least. A start never used costs nothing more: the process does not wait for the thread when it exits. Not
+    under Spark Connect, whose active session is the calling thread's."""
+    from pyspark import SparkContext
 
-    if _EARLY or SparkSession.getActiveSession() is not None:
+    if _EARLY or SparkContext._active_spark_context is not None or _remote():
         return
 
     future: Future[SparkSession] = Future()
@@ -183,12 +184,19 @@ def session_soon(spark: SparkSession | None) -> Callable[[], SparkSession]:
 
     def started() -> SparkSession:
         session = _EARLY[0].result()
-        if is_stopped(session):  # stopped since (a notebook): start another
+        if is_stopped(session) or _remote():  # stopped since (a notebook), or Spark Connect since: the caller's
             return get_spark()
         _cancel_jobs_on_interrupt(session)
         return session
 
     return started
+
+
+def _remote() -> bool:
+    """Whether this process uses Spark Connect (PySpark's Connect mode, or SPARK_REMOTE set)."""
+    from pyspark.sql.utils import is_remote
+
+    return is_remote() or bool(os.environ.get("SPARK_REMOTE"))
 
 
 def _cancel_jobs_on_interrupt(spark: SparkSession) -> None:
