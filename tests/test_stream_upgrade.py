@@ -130,7 +130,7 @@ def test_a_stream_rescaled_moves_its_state_and_replays_nothing(spark, tmp_path, 
     """--buckets doubled on a cluster of more cores, then brought down to one: each time the keys' state moves to
     their new buckets (read from the checkpoint, not the source), Spark spreads the state over one partition per
     bucket (as many as the cores allow), and the rows after the change equal the batch engine's."""
-    from features.engine.stream_query import state_partitions
+    from features.engine.upgrade import state_partitions
     from features.pipelines import stream as stream_module
 
     events = make_events()

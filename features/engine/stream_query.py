@@ -4,7 +4,6 @@ against the checkpoint."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -74,24 +73,14 @@ def cores(spark: SparkSession) -> int:
         return int(spark.conf.get("spark.sql.shuffle.partitions") or 1)
 
 
-def state_partitions(query_checkpoint: Path) -> int | None:
-    """The partitions of the query's stateful operator: the shuffle partitions its newest micro-batch ran with,
-    which Spark keeps in the batch's offsets (None: no batch yet)."""
-    batches = [int(p.name) for p in (query_checkpoint / "offsets").glob("[0-9]*") if p.name.isdigit()]
-    if not batches:
-        return None
-    lines = (query_checkpoint / "offsets" / str(max(batches))).read_text().splitlines()
-    value = json.loads(lines[1]).get("conf", {}).get("spark.sql.shuffle.partitions") if len(lines) > 1 else None
-    return int(value) if value else None
+def can_repartition_state(spark: SparkSession) -> bool:
+    """Whether this PySpark has Spark's offline state repartitioning (4.2+)."""
+    return hasattr(spark, "_streamingCheckpointManager")
 
 
-def repartition_state(spark: SparkSession, query_checkpoint: Path, partitions: int) -> bool:
-    """Spread a stopped query's state over `partitions` with Spark's offline state repartitioning (PySpark 4.2+,
-    `StreamingCheckpointManager.repartition`): a micro-batch of its own that reads no input and rewrites every
-    state partition; the query then runs that many tasks. False where this PySpark has none."""
-    manager = getattr(spark, "_streamingCheckpointManager", None)
-    if manager is None:
-        return False
+def repartition_state(spark: SparkSession, query_checkpoint: Path, partitions: int) -> None:
+    """Spread a stopped query's state over `partitions` with Spark's offline state repartitioning
+    (`StreamingCheckpointManager.repartition`, where `can_repartition_state`): a micro-batch of its own that reads
+    no input and rewrites every state partition; the query then runs that many tasks."""
     spark.streams.active  # noqa: B018  # makes the state store coordinator, which the rewrite's tasks report to
-    manager.repartition(str(query_checkpoint), partitions)
-    return True
+    spark._streamingCheckpointManager.repartition(str(query_checkpoint), partitions)

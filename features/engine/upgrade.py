@@ -56,7 +56,7 @@ class Position:
 def last_commit(query_checkpoint: Path) -> tuple[int | None, int | None]:
     """The query's last committed micro-batch and the watermark it emitted up to (its offsets' batchWatermarkMs,
     in µs); (None, None) for a new checkpoint."""
-    commits = [int(p.name) for p in (query_checkpoint / "commits").glob("[0-9]*") if p.name.isdigit()]
+    commits = _batches(query_checkpoint / "commits")
     if not commits:
         return None, None
     last = max(commits)
@@ -65,9 +65,29 @@ def last_commit(query_checkpoint: Path) -> tuple[int | None, int | None]:
 
 def watermark_at(query_checkpoint: Path, batch: int) -> int | None:
     """The watermark (µs) micro-batch `batch` emitted up to: its offsets' batchWatermarkMs."""
-    lines = (query_checkpoint / "offsets" / str(batch)).read_text().splitlines()
-    ms = json.loads(lines[1]).get("batchWatermarkMs") if len(lines) > 1 else None
+    ms = _offsets_metadata(query_checkpoint, batch).get("batchWatermarkMs")
     return ms * 1000 if ms else None
+
+
+def state_partitions(query_checkpoint: Path) -> int | None:
+    """The partitions of the query's stateful operator: the shuffle partitions its newest micro-batch ran with,
+    which Spark keeps in the batch's offsets (None: no batch yet)."""
+    batches = _batches(query_checkpoint / "offsets")
+    if not batches:
+        return None
+    value = _offsets_metadata(query_checkpoint, max(batches)).get("conf", {}).get("spark.sql.shuffle.partitions")
+    return int(value) if value else None
+
+
+def _batches(log: Path) -> list[int]:
+    """The micro-batch ids of a checkpoint log folder (`commits`, `offsets`)."""
+    return [int(p.name) for p in log.glob("[0-9]*") if p.name.isdigit()]
+
+
+def _offsets_metadata(query_checkpoint: Path, batch: int) -> dict[str, Any]:
+    """The second line of a batch's offsets file: its watermark, time and the settings the query runs with."""
+    lines = (query_checkpoint / "offsets" / str(batch)).read_text().splitlines()
+    return json.loads(lines[1]) if len(lines) > 1 else {}
 
 
 def committed_position(query_checkpoint: Path, batch: int | None = None) -> Position:

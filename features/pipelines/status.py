@@ -158,15 +158,15 @@ def day_ranges(days: list[date]) -> list[tuple[date, date]]:
 
 
 def _stream_info(repo: Repo, group: FeatureGroup, checkpoint_root: str | None) -> StreamInfo | None:
+    from features.engine.upgrade import last_commit
     from features.pipelines.stream_progress import emitted_watermark
 
     query = Path(repo.checkpoint_path(group, checkpoint_root)) / "query"
     if not query.is_dir():
         return None
     watermark = emitted_watermark(query)
-    commits = [p for p in (query / "commits").glob("[0-9]*") if p.name.isdigit()]
-    last = max(commits, key=lambda p: int(p.name), default=None)
-    last_at = None if last is None else datetime.fromtimestamp(last.stat().st_mtime, UTC)
+    last, _ = last_commit(query)
+    last_at = None if last is None else datetime.fromtimestamp((query / "commits" / str(last)).stat().st_mtime, UTC)
     newest = newest_event(repo, group)
     lag = None if newest is None or watermark is None else max(0.0, (newest - watermark).total_seconds())
     return StreamInfo(str(query.parent), watermark, last_at, newest, lag)

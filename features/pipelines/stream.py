@@ -29,8 +29,14 @@ from features.engine import kafka
 from features.engine import stream as engine
 from features.engine.inputs import bucket_labels
 from features.engine.session import is_connect, session_soon
-from features.engine.stream_query import cores, repartition_state, shuffle_partitions, state_partitions, stateful_query
-from features.engine.upgrade import PendingUpgrade, last_commit
+from features.engine.stream_query import (
+    can_repartition_state,
+    cores,
+    repartition_state,
+    shuffle_partitions,
+    stateful_query,
+)
+from features.engine.upgrade import PendingUpgrade, last_commit, state_partitions
 from features.errors import ConfigError, EnvironmentProblem, ValidationFailed
 from features.ml import tracking as mlflow_tracking
 from features.pipelines import savepoint, stream_upgrade
@@ -335,7 +341,7 @@ def _check_checkpoint(
 def _rescaled_partitions(spark: SparkSession, query: Path, buckets: int, partitions: int) -> int:
     """The partitions a rescale to `buckets` runs on: one per bucket up to the session's cores, where Spark can
     repartition the saved state (PySpark 4.2+, and a committed batch to start from); else the checkpoint's own."""
-    if last_commit(query)[0] is None or not hasattr(spark, "_streamingCheckpointManager"):
+    if last_commit(query)[0] is None or not can_repartition_state(spark):
         return partitions
     return min(buckets, cores(spark))
 
