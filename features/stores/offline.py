@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from functools import partial
@@ -221,9 +222,15 @@ class Staged:
         self.table, self.start, self.end = table, start, end
         self._kept = rows.where(latest | in_range).persist()
         self._new_rows = self._kept.where(~latest).drop(LATEST)
-        self.newest = self._kept.where(latest).drop(LATEST)
+        # A comparison, not the bare flag: Spark's cache skips its batches by their statistics for comparisons only,
+        # and the kernel puts each bucket's newest-row copies after its rows, so they fill batches of their own.
+        self.newest = self._kept.where(latest >= F.lit(True)).drop(LATEST)
         # One filter, not a union of the two: a screen of them then reads the cached rows once.
         self.rows = self._kept.where(~latest | (F.col(WINDOW_END) == end_ts)).drop(LATEST)
+        # Before a commit can write, Delta reads the table's log and its list of files (small Spark jobs, and
+        # driver time between them): read now, beside the computation of the rows, the commit finds them cached.
+        self._warming = ThreadPoolExecutor(1, thread_name_prefix="features-delta-log")
+        self._warmed = self._warming.submit(_read_log, rows.sparkSession, table)
 
     @property
     def days(self) -> list[date]:
@@ -236,6 +243,7 @@ class Staged:
         """One commit replaces the range with the rows, while `alongside` gets `newest` in this thread (the online
         store's write: Python work beside the commit's Spark jobs); an error of either is raised once both are
         done. Returns the rows written to the table."""
+        self._warmed.result()
         meta = {**(info or {}), "writer": BACKFILL, "start": self.start.isoformat(), "end": self.end.isoformat()}
         condition = _range_condition(self.start, self.end)
         commit = partial(_retried, lambda: _replace(self._new_rows, self.table, condition, meta))
@@ -246,6 +254,8 @@ class Staged:
         return count
 
     def discard(self) -> None:
+        # The read ahead's own error, if any, is not raised here: it only read, and a publish raised it already.
+        self._warming.shutdown(wait=True)
         self._kept.unpersist()
 
     def __enter__(self) -> Staged:
@@ -266,6 +276,15 @@ def replace_range(
     """Stage and publish `rows` (see `Staged`), unvalidated; returns the rows written."""
     with Staged(rows, table, start, end) as staged:
         return staged.publish(info)
+
+
+def _read_log(spark: SparkSession, table: str) -> None:
+    """Have Spark's Delta read the table's log and list its files (it keeps both for the next commit)."""
+    if exists(table):
+        try:
+            spark.read.format("delta").load(table).inputFiles()
+        except Exception as exc:
+            raise _without_delta(exc) from None
 
 
 def _rows_written(table: str, meta: Mapping[str, Any]) -> int | None:
