@@ -4,6 +4,7 @@ demo, serve."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -54,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also remove feature views of groups no longer defined (from the registry and the online store)",
     )
+    _job_args(apply)
 
     backfill = sub.add_parser(
         "backfill", help="compute change points for a time range, a day, or every day not done yet, into both stores"
@@ -257,6 +259,11 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "apply":
         from features.pipelines.registration import apply
 
+        if args.json:  # stdout holds the JSON line alone: Feast's notes of what it created go to stderr
+            with contextlib.redirect_stdout(sys.stderr):
+                applied = apply(args.repo, prune=args.prune)
+            _print_json({"applied": applied})
+            return 0
         print(f"applied feature groups: {', '.join(apply(args.repo, prune=args.prune)) or 'none'}")
         return 0
     if args.command == "backfill":
@@ -320,19 +327,27 @@ def _run(args: argparse.Namespace) -> int:
 def _set_log_level(repo_path: str, level: str) -> None:
     """`--log-level`: Python's logging, and Spark's through the session (started here, once the repo loads, so
     that the whole run logs at that level; a Spark Connect session has no SparkContext to set it on)."""
-    import logging
-
     from features.repo import Repo
 
-    layout = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-    logging.basicConfig(level=level.upper(), stream=sys.stderr, format=layout)
-    logging.getLogger().setLevel(level.upper())
+    configure_logging(level)
     Repo.load(repo_path)  # a wrong --repo fails in one line, before Spark starts
     from features.engine.session import get_spark, is_connect
 
     spark = get_spark()
     if not is_connect(spark):
         spark.sparkContext.setLogLevel({"warning": "WARN"}.get(level, level.upper()))  # log4j's names
+
+
+def configure_logging(level: str) -> None:
+    """Python's logging at `level` on stderr; at DEBUG, a session started after this logs with Spark's own profile
+    (features.engine.session), errors with their traces."""
+    import logging
+
+    layout = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    logging.basicConfig(level=level.upper(), stream=sys.stderr, format=layout)
+    logging.getLogger().setLevel(level.upper())
+    # py4j logs each call to the JVM at DEBUG: thousands of lines that say nothing about the run.
+    logging.getLogger("py4j").setLevel(max(logging.INFO, logging.getLogger().level))
 
 
 def _print_json(value: object) -> None:

@@ -33,7 +33,7 @@ SUM_1H = Feature("amount_sum_1h", agg.sum("amount"), window=Hop("1h", every="5m"
 HOP_V1 = FeatureGroup("hop", USER, SOURCE, [COUNT_1H])
 HOP = FeatureGroup("hop", USER, SOURCE, [COUNT_1H, SUM_1H])
 OTHER = FeatureGroup("other", USER, SOURCE, [Feature("amount_max_1h", agg.max("amount"), window=Hop("1h", "5m"))])
-JOB_COMMANDS = ("backfill", "stream", "validate", "verify")
+JOB_COMMANDS = ("apply", "backfill", "stream", "validate", "verify")
 
 
 def events(days: int = 2, n: int = 600) -> object:
@@ -96,6 +96,14 @@ def test_jobs_take_log_level_and_json(command: str) -> None:
     args = build_parser().parse_args([command, "--log-level", "DEBUG", "--json"])
     assert (args.log_level, args.json) == ("debug", True)
     assert build_parser().parse_args([command]).log_level is None
+
+
+def test_apply_json_is_one_line_of_the_applied_groups(feast_repo, capsys: pytest.CaptureFixture[str]) -> None:
+    root = feast_repo([HOP], events(), apply=False)
+    status, out, err = run(capsys, "apply", "--repo", str(root), "--json")
+    assert status == 0, err
+    assert out.startswith("{"), out
+    assert json.loads(out) == {"applied": ["hop"]}  # stdout holds the JSON line alone
 
 
 def test_a_bad_log_level_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:

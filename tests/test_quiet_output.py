@@ -75,3 +75,22 @@ def test_probing_source_files_prints_no_java_trace(tmp_path: Path) -> None:
     err = done.stderr
     for noise in ("Exception in task", "aborting job", "\tat ", "1-pandas.parquet", "2-stray.parquet"):
         assert noise not in err, f"{noise!r} on stderr:\n{err[:3000]}"
+
+
+@pytest.mark.spark
+def test_at_debug_level_spark_errors_show_with_their_traces(tmp_path: Path) -> None:
+    """`--log-level debug` sets Python's logging to DEBUG before the session starts: Spark then logs with its own
+    profile, and a failed read shows the executor's ERROR line with its Java trace."""
+    folder = tmp_path / "events"
+    folder.mkdir()
+    (folder / "2-stray.parquet").write_text("not parquet\n")
+    debug = SCRIPT.replace(
+        "spark = get_spark(",
+        "from features.cli import configure_logging\nconfigure_logging('debug')\nspark = get_spark(",
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", debug, str(folder)], capture_output=True, text=True, timeout=600, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Exception in task" in done.stderr and "\tat org.apache.spark" in done.stderr, done.stderr[-3000:]
+    assert "Command to send" not in done.stderr  # py4j's line per call to the JVM stays off

@@ -212,8 +212,15 @@ _QUERY_CONTEXT_LOGGERS = ("SQLQueryContextLogger", "DataFrameQueryContextLogger"
 
 @contextmanager
 def quiet_spark_errors() -> Iterator[None]:
-    """PySpark's own logging of an error off, where the error is expected and reported in one line."""
+    """PySpark's own logging of an error off, where the error is expected and reported in one line (on, with
+    its trace, at Python's DEBUG level)."""
     from pyspark.logger import PySparkLogger
+
+    from features.engine.session import debugging
+
+    if debugging():
+        yield
+        return
 
     # PySparkLogger's own getLogger: a plain logging.getLogger would create these loggers as plain Loggers,
     # which reject the keyword arguments PySpark passes them later (errorClass=...), turning every later

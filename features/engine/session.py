@@ -300,7 +300,10 @@ def _local_defaults(
     # (10,000 by default: 19 s of empty tasks on 2 cores): a few suit a local session's cores.
     builder = builder.config("spark.databricks.delta.snapshotPartitions", str(max(2, cores)))
     builder = builder.config("spark.sql.sources.parallelPartitionDiscovery.parallelism", str(max(2, cores)))
-    options = [f"-Dlog4j2.configurationFile={LOG4J2_CONFIG.as_uri()}"] if LOG4J2_CONFIG.is_file() else []
+    # Ours keeps Spark's log to errors without the traces the package reports in one line; at Python's DEBUG
+    # (`--log-level debug`), Spark's own profile, traces included.
+    quiet = LOG4J2_CONFIG.is_file() and not debugging()
+    options = [f"-Dlog4j2.configurationFile={LOG4J2_CONFIG.as_uri()}"] if quiet else []
     archive = java_options(java_description() or "", packages)
     options += archive
     extra = shlex.split(os.environ.get("FEATURES_JAVA_OPTIONS", ""))  # docs/operations.md: local sessions
@@ -310,6 +313,11 @@ def _local_defaults(
     if extra:  # the executors of a local-cluster master are JVMs of their own
         builder = builder.config("spark.executor.extraJavaOptions", " ".join(_quoted(o) for o in extra))
     return builder, making(archive)
+
+
+def debugging() -> bool:
+    """Whether Python's logging is at DEBUG (`--log-level debug`): Spark's errors then show with their traces."""
+    return logging.getLogger().isEnabledFor(logging.DEBUG)
 
 
 def _pyspark_version() -> tuple[int, int]:

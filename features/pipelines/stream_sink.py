@@ -91,7 +91,7 @@ class BatchSink:
             eager = bool(counts.get(engine.EAGER)) and self._eager_valid(batch, batch_id, screens[engine.EAGER])
             rows = rows_of(self.group, batch, engine.ROW)
             final = bool(counts.get(engine.ROW)) and self._rows_valid(rows, batch_id, screens[engine.ROW])
-            self._publish(batch, batch_id, rows if final else None, eager)
+            self._publish(batch, batch_id, rows if final else None, eager, counts[engine.ROW] if final else 0)
             rows_out = counts[engine.ROW] if final else 0
             late, bad = self.aside.write(batch, batch_id, counts)
         finally:
@@ -99,7 +99,7 @@ class BatchSink:
         self._report(batch_id, stats, rows_out, late, bad, time.perf_counter() - began)
         self.aside.sweep(batch_id)
 
-    def _publish(self, batch: DataFrame, batch_id: int, rows: DataFrame | None, eager: bool) -> None:
+    def _publish(self, batch: DataFrame, batch_id: int, rows: DataFrame | None, eager: bool, count: int) -> None:
         """The valid change points appended to the offline table (Spark's work) beside the online store's write
         (mostly Python's) of each key's newest final row and the valid eager rows."""
         kind = F.col(engine.KIND)
@@ -115,7 +115,7 @@ class BatchSink:
             # Eager values are ahead of the final rows, and newer-or-equal wins: one write takes both.
             newest = batch.where(reduce(operator.or_, online)).select(*feature_columns(self.group))
             write = partial(write_online, self.writer, newest)
-        beside(partial(self._write_offline, rows, batch_id) if rows is not None else None, write)
+        beside(partial(self._write_offline, rows, batch_id, count) if rows is not None else None, write)
 
     def _rows_valid(self, rows: DataFrame, batch_id: int, screened: Screen) -> bool:
         """Validate the change points; False when they were quarantined (the policy "fail" raises)."""
@@ -135,7 +135,7 @@ class BatchSink:
         self.quarantined += 1
         return False
 
-    def _write_offline(self, rows: DataFrame, batch_id: int) -> None:
+    def _write_offline(self, rows: DataFrame, batch_id: int, count: int) -> None:
         """Append the batch's change points, and compact the table when a round is due (features.stores.compaction)."""
         if self.offline_log is None:
             table = self.repo.offline_path(self.group)
@@ -143,7 +143,7 @@ class BatchSink:
             self.offline_log = offline.StreamLog(table, self.stream_id, spans=spans)
             self.compaction = StreamCompaction(table)
         self.offline_log.refresh()
-        if offline.append_batch(self.spark, rows, self.offline_log, batch_id) and self.compaction is not None:
+        if offline.append_batch(self.spark, rows, self.offline_log, batch_id, count) and self.compaction is not None:
             compacted = self.compaction.after_append(self.spark)
             if compacted:
                 self.rollup.add({"compacted_files": sum(compacted.values())}, batch_id, self.group.name)

@@ -465,16 +465,21 @@ def _merged(spans: list[tuple[datetime, datetime]]) -> list[tuple[datetime, date
     return out
 
 
-def append_batch(spark: SparkSession, rows: DataFrame, log: StreamLog, batch_id: int) -> int:
+def append_batch(spark: SparkSession, rows: DataFrame, log: StreamLog, batch_id: int, count: int | None = None) -> int:
     """Append one micro-batch's change points (those outside the ranges `log` knows backfills own) in one commit
     that records the stream and `batch_id`; nothing when the log shows this batch committed already (a replay
     after a restart). Returns the rows appended. Call `log.refresh()` first: a backfill that committed after
-    that refresh and before this append is found afterwards, and this batch's rows in its range taken out."""
+    that refresh and before this append is found afterwards, and this batch's rows in its range taken out.
+    `count`: the rows' count when the caller knows it (the stream's screen counted them)."""
     if log.last_batch is not None and batch_id <= log.last_batch:
         return 0
-    kept = not_backfilled(rows, log.spans).persist()
+    # Without backfilled ranges to leave out, rows the caller counted are written as they are; else the rows
+    # kept are cached and counted, so that an empty batch makes no commit and a late correction reads them again.
+    cached = count is None or bool(log.spans)
+    kept = not_backfilled(rows, log.spans).persist() if cached else rows
     try:
-        count = kept.count()
+        if cached:
+            count = kept.count()
         if count:
             meta = {"writer": STREAM, "stream": log.stream, "batch": batch_id}
             _retried(lambda: _append(kept, log.table, meta))
@@ -486,7 +491,8 @@ def append_batch(spark: SparkSession, rows: DataFrame, log: StreamLog, batch_id:
         log.last_batch = batch_id
         return count
     finally:
-        kept.unpersist()
+        if cached:
+            kept.unpersist()
 
 
 def _append(rows: DataFrame, table: str, meta: Mapping[str, Any]) -> None:
