@@ -31,17 +31,17 @@ def savepoint(repo_path: str, group_name: str, to: str | None, checkpoint_dir: s
 def migrate(repo_path: str, groups: list[str]) -> int:
     """`features migrate`: each group's offline table of an earlier version converted into a Delta table."""
     from features.repo import Repo
-    from features.stores import offline
+    from features.stores import migration
 
     repo = Repo.load(repo_path)
     for group in repo.select(groups):
         table = repo.offline_path(group)
-        if not offline.needs_migration(table):
+        if not migration.needs_migration(table):
             print(f"{group.name}: {table} needs no conversion (a Delta table, or no table yet)")
             continue
         from features.engine.session import get_spark
 
-        files = offline.migrate(get_spark("features-migrate"), table)
+        files = migration.migrate(get_spark("features-migrate"), table)
         print(f"{group.name}: converted {table} into a Delta table ({files} Parquet files rewritten)")
     return 0
 

@@ -14,7 +14,7 @@ import pytest
 from features import Entity, EventSource, Feature, FeatureGroup, Hop, agg
 from features.engine.batch import LATEST
 from features.spec import WINDOW_END
-from features.stores import offline
+from features.stores import migration, offline
 
 pytestmark = pytest.mark.spark
 
@@ -193,9 +193,9 @@ def test_a_table_of_an_earlier_version_is_refused_then_converted_in_place(spark,
     table = str(folder)
     with pytest.raises(ConfigError, match=r"earlier version of features .* Fix: convert it in place with `features"):
         offline.exists(table)
-    assert offline.needs_migration(table)
-    assert offline.migrate(spark, table) == 2
-    assert not offline.needs_migration(table) and offline.migrate(spark, table) == 0
+    assert migration.needs_migration(table)
+    assert migration.migrate(spark, table) == 2
+    assert not migration.needs_migration(table) and migration.migrate(spark, table) == 0
     assert len(table_rows(table)) == 3
     # The earlier backfill's range is a backfill's range: a stream leaves it.
     log = offline.StreamLog(table, "s1")
@@ -215,7 +215,7 @@ def test_a_first_commit_in_flight_is_a_table_with_nothing_written_yet(tmp_path: 
     day.mkdir(parents=True)
     pd.DataFrame({"v": [1.0]}).to_parquet(day / "part-00000-0b1c7a7e-3f7c-4e55-9f0e-2d1d5c0b8a11.c000.snappy.parquet")
     table = str(tmp_path / "g")
-    assert not offline.exists(table) and not offline.needs_migration(table)
+    assert not offline.exists(table) and not migration.needs_migration(table)
     assert offline.files_per_date(table) == {}
 
 

@@ -70,7 +70,7 @@ def exists(table: str) -> bool:
 
     if DeltaTable.is_deltatable(table):
         return True
-    if _earlier_files(table):
+    if earlier_files(table):
         raise ConfigError(
             f"the offline table {table} was written by an earlier version of features (Parquet folders, not a Delta "
             "table). Fix: convert it in place with `features migrate` (add --repo <repo> outside the repo folder)"
@@ -345,6 +345,11 @@ def _writer(rows: DataFrame, meta: Mapping[str, Any]) -> Any:
     )
 
 
+def create_table(rows: DataFrame, table: str, meta: Mapping[str, Any]) -> None:
+    """A new table holding `rows` (one file per date), its first commit recording `meta`."""
+    _create(_writer(_dated(rows).repartition(DATE), meta), table)
+
+
 def _create(writer: Any, table: str) -> None:
     (
         writer.mode("append")
@@ -450,12 +455,12 @@ def not_backfilled(rows: DataFrame, spans: list[tuple[datetime, datetime]]) -> D
         return rows
     end = F.col(WINDOW_END)
     inside = F.lit(False)
-    for lo, hi in _merged(spans):
+    for lo, hi in merge_spans(spans):
         inside = inside | ((end >= F.lit(lo).cast("timestamp")) & (end < F.lit(hi).cast("timestamp")))
     return rows.where(~inside)
 
 
-def _merged(spans: list[tuple[datetime, datetime]]) -> list[tuple[datetime, datetime]]:
+def merge_spans(spans: list[tuple[datetime, datetime]]) -> list[tuple[datetime, datetime]]:
     out: list[tuple[datetime, datetime]] = []
     for lo, hi in sorted(spans):
         if out and lo <= out[-1][1]:
@@ -527,44 +532,18 @@ def remove_stream_rows(spark: SparkSession, table: str, spans: list[tuple[dateti
     source writes them again."""
     if not exists(table):
         return
-    inside = " OR ".join(f"({_window_ends(lo, hi)})" for lo, hi in _merged(spans))
+    inside = " OR ".join(f"({_window_ends(lo, hi)})" for lo, hi in merge_spans(spans))
     condition = f"NOT ({inside})" if inside else "true"
     empty = spark.read.format("delta").load(table).limit(0).drop(DATE)
     _retried(lambda: _replace(empty, table, condition, {"writer": STREAM, "reset": True}))
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Tables of earlier versions: Parquet folders `date=YYYY-MM-DD/*.parquet`
+# Tables of earlier versions (features.stores.migration converts them)
 
 
-def needs_migration(table: str) -> bool:
-    """Whether `table` holds Parquet folders an earlier version of features wrote (and no Delta table)."""
-    from deltalake import DeltaTable
-
-    return not DeltaTable.is_deltatable(table) and bool(_earlier_files(table))
-
-
-def migrate(spark: SparkSession, table: str) -> int:
-    """Rewrite the Parquet folders of an earlier version as a Delta table in the same folder; returns the files
-    converted (0 when there was nothing to convert). The rows are read and written by Spark in one commit, then
-    the old files are deleted (Delta's own CONVERT TO DELTA records statistics other readers of the table, such
-    as deltalake, cannot parse). The commit records the ranges the earlier backfills wrote (their files' first
-    and last window ends; the stream's files are named stream-b*), which streams leave to them as they leave a
-    backfill's. Interrupted before its commit, it can be run again; after it, the old files are ignored."""
-    files = _earlier_files(table) if needs_migration(table) else []
-    if not files:
-        return 0
-    ranges = [[lo.isoformat(), hi.isoformat()] for lo, hi in _merged(_backfill_ranges(table, files))]
-    old = spark.read.option("basePath", table).option("mergeSchema", "true").parquet(*files)
-    rows = old.drop(DATE).localCheckpoint()
-    _create(_writer(_dated(rows).repartition(DATE), {"writer": MIGRATED, "ranges": ranges}), table)
-    fs, _ = _filesystem(table)
-    for path in files:
-        fs.delete_file(path)
-    return len(files)
-
-
-def _filesystem(table: str) -> tuple[Any, str]:
+def filesystem(table: str) -> tuple[Any, str]:
+    """The pyarrow file system of `table` and its path there."""
     import pyarrow.fs as pafs
 
     if "://" in table:
@@ -572,14 +551,14 @@ def _filesystem(table: str) -> tuple[Any, str]:
     return pafs.LocalFileSystem(), table
 
 
-def _earlier_files(table: str) -> list[str]:
+def earlier_files(table: str) -> list[str]:
     """The files of an earlier version's table: a backfill's `part-0.parquet` and a stream's `stream-b*.parquet` in
     `date=` folders. By name, because a first Delta commit writes its data files (`part-00000-<uuid>...`) before its
     log: a reader then sees a table with nothing written yet, not one to migrate."""
     import pyarrow.fs as pafs
 
     try:
-        fs, root = _filesystem(table)
+        fs, root = filesystem(table)
         found = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True, recursive=True))
     except (OSError, ValueError):
         return []
@@ -588,33 +567,9 @@ def _earlier_files(table: str) -> list[str]:
         for f in found
         if f.is_file
         and f"/{DATE}=" in f.path
-        and (f.base_name == EARLIER_BACKFILL_FILE or _earlier_stream_file(f.base_name))
+        and (f.base_name == EARLIER_BACKFILL_FILE or earlier_stream_file(f.base_name))
     )
 
 
-def _earlier_stream_file(name: str) -> bool:
+def earlier_stream_file(name: str) -> bool:
     return name.startswith("stream-b") and name.endswith(".parquet")
-
-
-def _backfill_ranges(table: str, files: list[str]) -> list[tuple[datetime, datetime]]:
-    """[first, last] window end of each backfill file, as [first, last + 1 microsecond)."""
-    import pyarrow.parquet as pq
-
-    fs, _ = _filesystem(table)
-    out = []
-    for path in files:
-        if _earlier_stream_file(path.rsplit("/", 1)[-1]):
-            continue
-        with fs.open_input_file(path) as handle:
-            meta = pq.ParquetFile(handle).metadata
-        column = meta.schema.names.index(WINDOW_END)
-        stats = [meta.row_group(i).column(column).statistics for i in range(meta.num_row_groups)]
-        stats = [s for s in stats if s is not None and s.has_min_max]
-        if stats:
-            lo, hi = min(s.min for s in stats), max(s.max for s in stats)
-            out.append((_utc(lo), _utc(hi) + timedelta(microseconds=1)))
-    return out
-
-
-def _utc(moment: datetime) -> datetime:
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
