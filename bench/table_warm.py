@@ -27,7 +27,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -38,7 +37,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 from results import load, update_section  # noqa: E402 - bench/ on the path first
-from table_whole import BASELINE, checkout, fresh, make_repo  # noqa: E402
+from table_whole import BASELINE, fresh, make_repo, short, two_sides  # noqa: E402
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
 END = datetime(2026, 1, 4, tzinfo=UTC)
@@ -178,45 +177,31 @@ def main() -> None:
         print(json.dumps(child(Path(args.child[0]), Path(args.child[1]), args.labels)))
         return
     began = datetime.now(UTC)
-    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    base = subprocess.run(
-        ["git", "-C", str(ROOT), "rev-parse", "--short", args.baseline], capture_output=True, text=True, check=True
-    ).stdout.strip()
-    print(f"{load()} at the start; this checkout {head.stdout.strip()} against {base}", flush=True)
-    with tempfile.TemporaryDirectory(prefix="bench-table-warm-") as scratch:
-        work = Path(scratch)
-        sides = {"Delta (this checkout)": ROOT, f"Parquet ({base})": checkout(args.baseline, work / "baseline")}
-        try:
-            repos = {}
-            for i, (name, code) in enumerate(sides.items()):
-                batch = make_repo(code, work / f"batch{i}", args.events, args.users)
-                streamed = work / f"stream{i}"
-                shutil.copytree(batch, streamed)
-                repos[name] = (batch, streamed)
-            figures: dict[str, dict[str, list[float]]] = {name: {f: [] for f in FIGURES} for name in sides}
-            for attempt in range(args.repeats):
-                for name, code in sides.items():
-                    for repo in repos[name]:
-                        fresh(repo)
-                    result = run_child(code, *repos[name], args.labels)
-                    for figure in FIGURES:
-                        figures[name][figure].append(result[figure])
-                    print(f"round {attempt + 1}: {name} {json.dumps(result)}", flush=True)
-        finally:
-            subprocess.run(
-                ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(work / "baseline")],
-                check=False,
-                capture_output=True,
-            )
+    with two_sides(args.baseline, "bench-table-warm-") as (work, sides):
+        repos = {}
+        for i, (name, code) in enumerate(sides.items()):
+            batch = make_repo(code, work / f"batch{i}", args.events, args.users)
+            streamed = work / f"stream{i}"
+            shutil.copytree(batch, streamed)
+            repos[name] = (batch, streamed)
+        figures: dict[str, dict[str, list[float]]] = {name: {f: [] for f in FIGURES} for name in sides}
+        for attempt in range(args.repeats):
+            for name, code in sides.items():
+                for repo in repos[name]:
+                    fresh(repo)
+                result = run_child(code, *repos[name], args.labels)
+                for figure in FIGURES:
+                    figures[name][figure].append(result[figure])
+                print(f"round {attempt + 1}: {name} {json.dumps(result)}", flush=True)
     delta, parquet = list(sides)
     lines = [
-        f"Run on {began:%Y-%m-%d} at commit {head.stdout.strip()}; {load()} at the end.",
+        f"Run on {began:%Y-%m-%d} at commit {short('HEAD')}; {load()} at the end.",
         "",
         f"`python bench/table_warm.py --events {args.events} --users {args.users} --labels {args.labels} "
         f"--repeats {args.repeats}`: the demo repo's groups over 3 days of generated events, one warm session per "
         f"side and round (best of two runs after a warm-up; the stream's steady events/s), this checkout against "
-        f"{base} (the last commit with Parquet folders), rounds alternating, medians (every round listed). Ratio: "
-        "above 1, the Delta table is faster.",
+        f"{short(args.baseline)} (the last commit with Parquet folders), rounds alternating, medians (every round "
+        "listed). Ratio: above 1, the Delta table is faster.",
         "",
         "| figure | Delta | Parquet | Delta vs Parquet |",
         "|---|---|---|---|",

@@ -22,6 +22,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -40,12 +42,29 @@ COMMANDS = {
 }
 
 
-def checkout(ref: str, into: Path) -> Path:
-    """A work tree of `ref` (its code only; the environment is this one's)."""
-    subprocess.run(
-        ["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", str(into), ref], check=True, capture_output=True
-    )
-    return into
+def short(ref: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", ref], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+@contextmanager
+def two_sides(baseline: str, prefix: str) -> Iterator[tuple[Path, dict[str, Path]]]:
+    """A scratch folder and the code of each side: this checkout (Delta), and a work tree of `baseline` (its code
+    only; the environment is this one's), removed afterwards."""
+    print(f"{load()} at the start; this checkout {short('HEAD')} against {short(baseline)}", flush=True)
+    with tempfile.TemporaryDirectory(prefix=prefix) as scratch:
+        work = Path(scratch)
+        tree = work / "baseline"
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", str(tree), baseline],
+            check=True,
+            capture_output=True,
+        )
+        try:
+            yield work, {"Delta (this checkout)": ROOT, f"Parquet ({short(baseline)})": tree}
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], capture_output=True)
 
 
 def make_repo(code: Path, into: Path, events: int, users: int) -> Path:
@@ -89,48 +108,35 @@ def main() -> None:
     parser.add_argument("--baseline", default=BASELINE, help="the git ref of the Parquet-table code")
     args = parser.parse_args()
     began = datetime.now(UTC)
-    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    base = subprocess.run(
-        ["git", "-C", str(ROOT), "rev-parse", "--short", args.baseline], capture_output=True, text=True, check=True
-    ).stdout.strip()
-    print(f"{load()} at the start; this checkout {head.stdout.strip()} against {base}", flush=True)
-    with tempfile.TemporaryDirectory(prefix="bench-table-whole-") as scratch:
-        work = Path(scratch)
-        sides = {"Delta (this checkout)": ROOT, f"Parquet ({base})": checkout(args.baseline, work / "baseline")}
-        try:
-            repos = {
-                name: make_repo(code, work / f"repo{i}", args.events, args.users)
-                for i, (name, code) in enumerate(sides.items())
-            }
-            results = {}
-            for title, command in COMMANDS.items():
-                walls: dict[str, list[float]] = {name: [] for name in sides}
-                for attempt in range(args.repeats + 1):  # the first pair warms up (makes the class archives)
-                    for i, (name, code) in enumerate(sides.items()):
-                        fresh(repos[name])
-                        wall = run_python(
-                            code,
-                            ["-m", "features.cli", *command, "--repo", str(repos[name])],
-                            repos[name],
-                            archive=work / f"jvm{i}",
-                        )
-                        if attempt:
-                            walls[name].append(wall)
-                        print(f"{title}: {name} {wall:.1f} s{'' if attempt else ' (warm-up)'}", flush=True)
-                results[title] = walls
-        finally:
-            subprocess.run(
-                ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(work / "baseline")],
-                check=False,
-                capture_output=True,
-            )
+    with two_sides(args.baseline, "bench-table-whole-") as (work, sides):
+        repos = {
+            name: make_repo(code, work / f"repo{i}", args.events, args.users)
+            for i, (name, code) in enumerate(sides.items())
+        }
+        results = {}
+        for title, command in COMMANDS.items():
+            walls: dict[str, list[float]] = {name: [] for name in sides}
+            for attempt in range(args.repeats + 1):  # the first pair warms up (makes the class archives)
+                for i, (name, code) in enumerate(sides.items()):
+                    fresh(repos[name])
+                    wall = run_python(
+                        code,
+                        ["-m", "features.cli", *command, "--repo", str(repos[name])],
+                        repos[name],
+                        archive=work / f"jvm{i}",
+                    )
+                    if attempt:
+                        walls[name].append(wall)
+                    print(f"{title}: {name} {wall:.1f} s{'' if attempt else ' (warm-up)'}", flush=True)
+            results[title] = walls
     delta, parquet = list(sides)
     lines = [
-        f"Run on {began:%Y-%m-%d} at commit {head.stdout.strip()}; {load()} at the end.",
+        f"Run on {began:%Y-%m-%d} at commit {short('HEAD')}; {load()} at the end.",
         "",
         f"`python bench/table_whole.py --events {args.events} --users {args.users} --repeats {args.repeats}`: the "
         "demo repo's two groups over 3 days of generated events, each command a fresh process (MLflow tracking, "
-        f"SQLite online store), this checkout against {base} (the last commit with Parquet folders), alternating, "
+        f"SQLite online store), this checkout against {short(args.baseline)} (the last commit with Parquet folders), "
+        "alternating, "
         "medians (every run listed).",
         "",
         "| command | Delta s | Parquet s | Parquet / Delta |",

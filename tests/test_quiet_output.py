@@ -8,6 +8,7 @@ to its process's stderr, which a test on the shared session cannot capture.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -15,6 +16,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+
+from features.engine.session import spark_ui
 
 # Reads a folder of event files the way a backfill does (features.engine.source.read_source), then reads the
 # stray file with no probe around it; prints what it found as one JSON line.
@@ -94,3 +97,28 @@ def test_at_debug_level_spark_errors_show_with_their_traces(tmp_path: Path) -> N
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Exception in task" in done.stderr and "\tat org.apache.spark" in done.stderr, done.stderr[-3000:]
     assert "Command to send" not in done.stderr  # py4j's line per call to the JVM stays off
+
+
+@pytest.mark.spark
+def test_spark_ui_and_console_progress_on_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FEATURES_SPARK_UI=1 (docs/operations.md, local sessions): Spark's web UI serves and its console bar is on;
+    by default both are off."""
+    script = (
+        "from features.engine.session import get_spark\n"
+        "spark = get_spark()\n"
+        "print(spark.sparkContext.uiWebUrl, spark.conf.get('spark.ui.showConsoleProgress'))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "FEATURES_SPARK_UI"}
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env={**env, "FEATURES_SPARK_UI": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    url, progress = done.stdout.split()[-2:]
+    assert url.startswith("http://") and progress == "true", done.stdout
+    monkeypatch.delenv("FEATURES_SPARK_UI", raising=False)
+    assert spark_ui() == "false"

@@ -279,8 +279,10 @@ def _local_defaults(
     builder = (
         builder.config("spark.sql.shuffle.partitions", str(shuffle_partitions or max(4, cores * 2)))
         .config("spark.driver.memory", os.environ.get("FEATURES_DRIVER_MEMORY", "4g"))
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
+        # Off unless asked: the UI costs a start its server (and a port), and Spark's console bar would cut into
+        # the package's own progress lines.
+        .config("spark.ui.enabled", spark_ui())
+        .config("spark.ui.showConsoleProgress", spark_ui())
         # Unless this is Int.MaxValue, Spark measures the open Arrow batch after every row it sends to Python
         # (the kernel's input): 16% of the kernel stage. Batches stay bounded by maxRecordsPerBatch (10,000 rows).
         .config("spark.sql.execution.arrow.maxBytesPerBatch", str(2**31 - 1))
@@ -313,6 +315,11 @@ def _local_defaults(
     if extra:  # the executors of a local-cluster master are JVMs of their own
         builder = builder.config("spark.executor.extraJavaOptions", " ".join(_quoted(o) for o in extra))
     return builder, making(archive)
+
+
+def spark_ui() -> str:
+    """ "true" when FEATURES_SPARK_UI asks a local session for Spark's web UI and console progress bar."""
+    return "true" if os.environ.get("FEATURES_SPARK_UI", "").strip().lower() in ("1", "true", "yes") else "false"
 
 
 def debugging() -> bool:
