@@ -318,7 +318,8 @@ def _local_defaults(
 
 
 def spark_ui() -> str:
-    """ "true" when FEATURES_SPARK_UI asks a local session for Spark's web UI and console progress bar."""
+    """Spark's setting for its web UI and console progress bar in a local session: on ("true") when
+    FEATURES_SPARK_UI asks for them."""
     return "true" if os.environ.get("FEATURES_SPARK_UI", "").strip().lower() in ("1", "true", "yes") else "false"
 
 
