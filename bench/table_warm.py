@@ -25,7 +25,6 @@ import argparse
 import json
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from datetime import UTC, datetime
@@ -37,7 +36,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 from results import load, update_section  # noqa: E402 - bench/ on the path first
-from table_whole import BASELINE, fresh, make_repo, short, two_sides  # noqa: E402
+from table_whole import BASELINE, fresh, make_repo, run_python, short, two_sides  # noqa: E402
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
 END = datetime(2026, 1, 4, tzinfo=UTC)
@@ -91,7 +90,9 @@ def _labels(spark: Any, repo: Path, rows: int) -> Any:
     return spark.read.parquet(str(path))
 
 
-def _best_of(runs: int, work: Any) -> list[float]:
+def _timed_after_warm_up(work: Any, runs: int = 2) -> list[float]:
+    """The seconds of `runs` runs of `work`, after one unmeasured run."""
+    work()
     walls = []
     for _ in range(runs):
         began = time.perf_counter()
@@ -108,16 +109,14 @@ def child(batch_repo: Path, stream_repo: Path, labels: int) -> dict[str, Any]:
     def backfill() -> None:
         api["backfill"](repo, START, END, spark=spark, progress=False, track=False)
 
-    backfill()  # warm-up
-    backfills = _best_of(2, backfill)
+    backfills = _timed_after_warm_up(backfill)
     rows = _labels(spark, batch_repo, labels)
 
     def training() -> None:
         frame = api["training_set"](rows, [GROUP], repo, log_lineage=False)
         frame.write.format("noop").mode("overwrite").save()
 
-    training()  # warm-up
-    trainings = _best_of(2, training)
+    trainings = _timed_after_warm_up(training)
 
     run = api["stream"](
         api["Repo"].load(stream_repo),
@@ -146,17 +145,9 @@ def child(batch_repo: Path, stream_repo: Path, labels: int) -> dict[str, Any]:
 
 
 def run_child(code: Path, batch_repo: Path, stream_repo: Path, labels: int) -> dict[str, Any]:
-    import os
-
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "PYSPARK_"))}
-    env["PYTHONPATH"] = str(code)
-    args = [sys.executable, __file__, "--child", str(batch_repo), str(stream_repo), "--labels", str(labels)]
-    done = subprocess.run(args, cwd=batch_repo, env=env, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise SystemExit(
-            f"the child on {code} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
-        )
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    args = [__file__, "--child", str(batch_repo), str(stream_repo), "--labels", str(labels)]
+    _, out = run_python(code, args, batch_repo)
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def ratio(figure: str, ours: float, baseline: float) -> float:

@@ -82,7 +82,8 @@ def make_repo(code: Path, into: Path, events: int, users: int) -> Path:
     return into
 
 
-def run_python(code: Path, args: list[str], cwd: Path, archive: Path | None = None) -> float:
+def run_python(code: Path, args: list[str], cwd: Path, archive: Path | None = None) -> tuple[float, str]:
+    """Python with `args` on the code at `code`, in a fresh process: its wall seconds and its stdout."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "PYSPARK_"))}
     env["PYTHONPATH"] = str(code)
     if archive is not None:
@@ -92,7 +93,7 @@ def run_python(code: Path, args: list[str], cwd: Path, archive: Path | None = No
     wall = time.perf_counter() - began
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(args)} in {code} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
-    return wall
+    return wall, done.stdout
 
 
 def fresh(repo: Path) -> None:
@@ -119,7 +120,7 @@ def main() -> None:
             for attempt in range(args.repeats + 1):  # the first pair warms up (makes the class archives)
                 for i, (name, code) in enumerate(sides.items()):
                     fresh(repos[name])
-                    wall = run_python(
+                    wall, _ = run_python(
                         code,
                         ["-m", "features.cli", *command, "--repo", str(repos[name])],
                         repos[name],

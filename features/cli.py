@@ -259,12 +259,13 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "apply":
         from features.pipelines.registration import apply
 
-        if args.json:  # stdout holds the JSON line alone: Feast's notes of what it created go to stderr
-            with contextlib.redirect_stdout(sys.stderr):
-                applied = apply(args.repo, prune=args.prune)
+        # With --json, stdout holds the JSON line alone: Feast's notes of what it created go to stderr.
+        with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
+            applied = apply(args.repo, prune=args.prune)
+        if args.json:
             _print_json({"applied": applied})
-            return 0
-        print(f"applied feature groups: {', '.join(apply(args.repo, prune=args.prune)) or 'none'}")
+        else:
+            print(f"applied feature groups: {', '.join(applied) or 'none'}")
         return 0
     if args.command == "backfill":
         from features.pipelines.schedule import backfill_command

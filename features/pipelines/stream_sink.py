@@ -91,8 +91,8 @@ class BatchSink:
             eager = bool(counts.get(engine.EAGER)) and self._eager_valid(batch, batch_id, screens[engine.EAGER])
             rows = rows_of(self.group, batch, engine.ROW)
             final = bool(counts.get(engine.ROW)) and self._rows_valid(rows, batch_id, screens[engine.ROW])
-            self._publish(batch, batch_id, rows if final else None, eager, counts[engine.ROW] if final else 0)
             rows_out = counts[engine.ROW] if final else 0
+            self._publish(batch, batch_id, rows if final else None, eager, rows_out)
             late, bad = self.aside.write(batch, batch_id, counts)
         finally:
             batch.unpersist()

@@ -254,7 +254,8 @@ class Staged:
         return count
 
     def discard(self) -> None:
-        # The read ahead's own error, if any, is not raised here: it only read, and a publish raised it already.
+        # The read ahead's error, if any, is raised by `publish` only: it only read the log, and without a publish
+        # (a batch set aside) nothing reads it again.
         self._warming.shutdown(wait=True)
         self._kept.unpersist()
 
