@@ -17,6 +17,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from features import Feature, FeatureGroup, Hop, agg
 from features.engine.session import spark_ui
 
 # Reads a folder of event files the way a backfill does (features.engine.source.read_source), then reads the
@@ -122,3 +123,28 @@ def test_spark_ui_and_console_progress_on_when_asked(monkeypatch: pytest.MonkeyP
     assert url.startswith("http://") and progress == "true", done.stdout
     monkeypatch.delenv("FEATURES_SPARK_UI", raising=False)
     assert spark_ui() == "false"
+
+
+@pytest.mark.spark
+def test_a_stream_start_prints_no_worker_chatter(feast_repo, tmp_path: Path) -> None:
+    """`features stream` in a process of its own: PySpark's driver worker of transformWithStateInPandas printed
+    five lines with the processor's repr and the output schema, Java its "incubator modules" warning, and the
+    probe of a pandas file the scheduler's "aborting job" line (prefixed with the query's id in a stream)."""
+    from features import Entity, EventSource
+
+    schema = {"user_id": "string", "event_ts": "timestamp"}
+    source = EventSource("events", path="data/events", timestamp="event_ts", watermark="10m", schema=schema)
+    group = FeatureGroup(
+        "quiet", Entity("user", join_keys=["user_id"]), source, [Feature("n_1h", agg.count(), window=Hop("1h", "5m"))]
+    )
+    root = feast_repo([group])
+    (root / "data" / "events").mkdir(parents=True)
+    stamps = pd.to_datetime(["2026-01-01 00:00:00.123456789", "2026-01-01 02:00:01.000000001"], utc=True)
+    pd.DataFrame({"user_id": ["a", "b"], "event_ts": stamps}).to_parquet(root / "data" / "events" / "1.parquet")
+
+    command = [sys.executable, "-m", "features.cli", "stream", "--repo", str(root), "--available-now"]
+    done = subprocess.run([*command, "--no-tracking"], capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "2 events" in done.stdout, done.stdout
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert lines and all(line.startswith("quiet batch ") for line in lines), done.stderr[-3000:]

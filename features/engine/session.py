@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from features.engine import jars
 from features.engine.jvm_archive import java_options, making
+from features.engine.jvm_output import start_jvm
 from features.errors import EnvironmentProblem
 
 if TYPE_CHECKING:
@@ -123,25 +124,26 @@ def get_spark(app_name: str = "features", shuffle_partitions: int | None = None)
     if active is not None:
         apply_required_conf(active)
         return active
-    builder = SparkSession.builder.appName(app_name)
-    for key, value in REQUIRED_CONF.items():
-        builder = builder.config(key, value)
+    settings = {"spark.app.name": app_name, **REQUIRED_CONF}
     if shuffle_partitions is not None:
-        builder = builder.config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+        settings["spark.sql.shuffle.partitions"] = str(shuffle_partitions)
     remote = os.environ.get("SPARK_REMOTE")
     if remote:
         # The builder connects by itself; a master or driver settings would be refused (the server has its own).
         # `SPARK_REMOTE=local[N]` starts a Connect server in this process: it gets the local defaults.
         if remote.startswith("local"):
-            builder, _ = _local_defaults(builder, shuffle_partitions, master=False)
-        spark = builder.getOrCreate()
+            settings.update(_local_settings(shuffle_partitions, master=False)[0])
+        spark = SparkSession.builder.config(map=settings).getOrCreate()
         apply_required_conf(spark)  # a session that already existed does not take the builder's settings
         return spark
     making_archive = False
     if "PYSPARK_GATEWAY_PORT" not in os.environ:
         # This process starts the JVM itself; under spark-submit the user's master and memory settings stand.
-        builder, making_archive = _local_defaults(builder, shuffle_partitions)
-    spark = builder.getOrCreate()
+        local, making_archive = _local_settings(shuffle_partitions)
+        settings.update(local)
+        if not debugging():  # at DEBUG, all that Spark and its workers print
+            start_jvm(settings)
+    spark = SparkSession.builder.config(map=settings).getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     if making_archive:
         threading.Thread(target=_fill_archive, args=(spark,), name="jvm-archive", daemon=True).start()
@@ -226,10 +228,10 @@ def make_class_archive(timeout_s: float = 300.0) -> bool:
 
     if SparkContext._active_spark_context is not None:  # a session runs in this process: nothing to make here
         return False
-    builder, making = _local_defaults(SparkSession.builder.appName("features-class-archive"), None)
+    settings, making = _local_settings(None)
     if not making:
         return False
-    spark = builder.getOrCreate()
+    spark = SparkSession.builder.config(map={"spark.app.name": "features-class-archive", **settings}).getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     _fill_archive(spark)
     gateway = SparkContext._gateway
@@ -265,43 +267,41 @@ def _fill_archive(spark: SparkSession) -> None:
         logger.debug("filling the JVM class archive stopped: %s", exc)
 
 
-def _local_defaults(
-    builder: SparkSession.Builder, shuffle_partitions: int | None, master: bool = True
-) -> tuple[SparkSession.Builder, bool]:
-    """The builder with the local defaults, and whether this JVM makes the class archive at its exit."""
+def _local_settings(shuffle_partitions: int | None, master: bool = True) -> tuple[dict[str, str], bool]:
+    """The settings of a local session, and whether its JVM makes the class archive at its exit."""
     check_java()
     # Local workers must run this interpreter (with this package and its dependencies), not `python3` on PATH.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     cores = os.cpu_count() or 2
+    settings = {}
     if master:
-        builder = builder.master(os.environ.get("FEATURES_SPARK_MASTER", f"local[{cores}]"))
-    builder = (
-        builder.config("spark.sql.shuffle.partitions", str(shuffle_partitions or max(4, cores * 2)))
-        .config("spark.driver.memory", os.environ.get("FEATURES_DRIVER_MEMORY", "4g"))
+        settings["spark.master"] = os.environ.get("FEATURES_SPARK_MASTER", f"local[{cores}]")
+    settings |= {
+        "spark.sql.shuffle.partitions": str(shuffle_partitions or max(4, cores * 2)),
+        "spark.driver.memory": os.environ.get("FEATURES_DRIVER_MEMORY", "4g"),
         # Off unless asked: the UI costs a start its server (and a port), and Spark's console bar would cut into
         # the package's own progress lines.
-        .config("spark.ui.enabled", spark_ui())
-        .config("spark.ui.showConsoleProgress", spark_ui())
+        "spark.ui.enabled": spark_ui(),
+        "spark.ui.showConsoleProgress": spark_ui(),
         # Unless this is Int.MaxValue, Spark measures the open Arrow batch after every row it sends to Python
         # (the kernel's input): 16% of the kernel stage. Batches stay bounded by maxRecordsPerBatch (10,000 rows).
-        .config("spark.sql.execution.arrow.maxBytesPerBatch", str(2**31 - 1))
+        "spark.sql.execution.arrow.maxBytesPerBatch": str(2**31 - 1),
         # A batch's change points are cached while they are validated, then written from the cache: the cache's
         # compression is work on both sides of it, and validation's cost against the batch without it went from
         # 1.20x to 1.12x (bench/quality.py) uncompressed. A local batch's rows fit in memory either way.
-        .config("spark.sql.inMemoryColumnarStorage.compressed", "false")
-    )
+        "spark.sql.inMemoryColumnarStorage.compressed": "false",
+    }
     # The Kafka connector (and Delta Lake) on the class path of the JVM itself, not added later as spark.jars:
     # nothing is copied per session, and the class archive below holds their classes too.
     packages = [str(jar) for jar in jars.class_path(_pyspark_version())]
-    builder = builder.config("spark.driver.extraClassPath", os.pathsep.join(packages))
-    builder = builder.config("spark.executor.extraClassPath", os.pathsep.join(packages))
-    for key, value in jars.DELTA_CONF.items():
-        builder = builder.config(key, value)
+    settings["spark.driver.extraClassPath"] = os.pathsep.join(packages)
+    settings["spark.executor.extraClassPath"] = os.pathsep.join(packages)
+    settings |= jars.DELTA_CONF
     # Delta replays its log with this many tasks (50 by default), and VACUUM lists a table's folders with this many
     # (10,000 by default: 19 s of empty tasks on 2 cores): a few suit a local session's cores.
-    builder = builder.config("spark.databricks.delta.snapshotPartitions", str(max(2, cores)))
-    builder = builder.config("spark.sql.sources.parallelPartitionDiscovery.parallelism", str(max(2, cores)))
+    settings["spark.databricks.delta.snapshotPartitions"] = str(max(2, cores))
+    settings["spark.sql.sources.parallelPartitionDiscovery.parallelism"] = str(max(2, cores))
     # Ours keeps Spark's log to errors without the traces the package reports in one line; at Python's DEBUG
     # (`--log-level debug`), Spark's own profile, traces included.
     quiet = LOG4J2_CONFIG.is_file() and not debugging()
@@ -311,10 +311,10 @@ def _local_defaults(
     extra = shlex.split(os.environ.get("FEATURES_JAVA_OPTIONS", ""))  # docs/operations.md: local sessions
     options += extra
     if options:
-        builder = builder.config("spark.driver.extraJavaOptions", " ".join(_quoted(o) for o in options))
+        settings["spark.driver.extraJavaOptions"] = " ".join(_quoted(o) for o in options)
     if extra:  # the executors of a local-cluster master are JVMs of their own
-        builder = builder.config("spark.executor.extraJavaOptions", " ".join(_quoted(o) for o in extra))
-    return builder, making(archive)
+        settings["spark.executor.extraJavaOptions"] = " ".join(_quoted(o) for o in extra)
+    return settings, making(archive)
 
 
 def spark_ui() -> str:
