@@ -347,8 +347,10 @@ def configure_logging(level: str) -> None:
     layout = "%(asctime)s %(levelname)s %(name)s: %(message)s"
     logging.basicConfig(level=level.upper(), stream=sys.stderr, format=layout)
     logging.getLogger().setLevel(level.upper())
-    # py4j logs each call to the JVM at DEBUG: thousands of lines that say nothing about the run.
-    logging.getLogger("py4j").setLevel(max(logging.INFO, logging.getLogger().level))
+    # py4j logs each call to the JVM at DEBUG: thousands of lines that say nothing about the run. It also logs, at
+    # ERROR with its whole trace, the error a Python callback (a stream's foreachBatch) raised: the query then fails
+    # with that error, which the command reports in one line; at DEBUG it shows.
+    logging.getLogger("py4j").setLevel(logging.INFO if level.upper() == "DEBUG" else logging.CRITICAL)
 
 
 def _print_json(value: object) -> None:

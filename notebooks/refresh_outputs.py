@@ -14,8 +14,8 @@ machine to machine taken out:
 - paths: the temporary checkout and this checkout become `<checkout>`, this interpreter's prefix `<venv>` (its
   base `<python>`), the home folder `~`; any other absolute path under /tmp, /work, /root or /home `<path>`;
 - ids: MLflow run ids and validation run ids become `<run id>`; times of the day the notebooks ran (a run's
-  start, a completed partition, log lines, Feast's object timestamps) `<time>`; the ports a served model and
-  Spark's Python workers listen on `<port>`; object addresses in log lines `0x...`;
+  start, a completed partition, log lines, Feast's object timestamps) `<time>`; the port a served model listens
+  on `<port>`;
 - a stream output left blank (by a progress bar that closed) is dropped;
 - widgets: a Jupyter widget (tqdm's bar when ipywidgets is installed) keeps only its text form, and the
   notebook no widget state.
@@ -52,8 +52,6 @@ COMPACT_TIME = re.compile(r"\b\d{8}T\d{6}(?:\.\d+)?Z\b")  # Great Expectations' 
 LOCAL_PORT = re.compile(r"(127\.0\.0\.1|localhost):\d{2,5}")
 # The times in the objects `feast apply` prints when it updates them (Feast's protobuf text)
 FEAST_TIME = re.compile(r"(_timestamp \{\s*seconds: )\d+(\s*nanos: )\d+")
-MEMORY_ADDRESS = re.compile(r"\bat 0x[0-9a-f]+")  # Python's default repr of an object, in Spark's worker logs
-WORKER_PORT = re.compile(r"(port/path: )\d+")  # the state server of a Spark Python worker
 OTHER_PATH = re.compile(r"(?<![\w.<>~-])/(?:tmp|work|root|home)/[^\s'\"<>`)\],;]*")
 
 
@@ -109,8 +107,6 @@ def scrubber(checkout: Path, began: datetime) -> Callable[[str], str]:
         text = run_times.sub("<time>", text)
         text = LOCAL_PORT.sub(r"\1:<port>", text)
         text = FEAST_TIME.sub(r"\1<time>\2<time>", text)
-        text = MEMORY_ADDRESS.sub("at 0x...", text)
-        text = WORKER_PORT.sub(r"\1<port>", text)
         return OTHER_PATH.sub("<path>", text)
 
     return scrub

@@ -148,3 +148,52 @@ def test_a_stream_start_prints_no_worker_chatter(feast_repo, tmp_path: Path) -> 
     assert "2 events" in done.stdout, done.stdout
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert lines and all(line.startswith("quiet batch ") for line in lines), done.stderr[-3000:]
+
+
+# Streams one file per micro-batch and stops the run while a batch runs a Spark job (a long one, which the stop
+# cancels); prints "stopped" once `run.stop()` has returned.
+STOP_SCRIPT = textwrap.dedent(
+    """
+    import sys, threading
+    from features.pipelines import stream_sink
+    from features.pipelines.stream import stream
+    from features.repo import Repo
+
+    inside = threading.Event()
+    publish = stream_sink.BatchSink._publish
+
+    def slow_publish(self, batch, *args):
+        inside.set()
+        batch.sparkSession.range(10**12).selectExpr("sum(id)").collect()  # until the stop cancels it
+        return publish(self, batch, *args)
+
+    stream_sink.BatchSink._publish = slow_publish
+    run = stream(Repo.load(sys.argv[1]), max_files_per_trigger=1, progress=False, tracking=False, trigger="1s")
+    assert inside.wait(300), "no micro-batch started"
+    run.stop()
+    print("stopped", flush=True)
+    """
+)
+
+
+@pytest.mark.spark
+def test_stopping_a_stream_in_the_middle_of_a_batch_is_quiet(feast_repo) -> None:
+    """`run.stop()` while a micro-batch runs a Spark job: Spark matched the interrupted job's ~20,000-character
+    error with a pattern that overflows the stack, and printed a thousand-line StackOverflowError."""
+    from features import Entity, EventSource
+
+    schema = {"user_id": "string", "event_ts": "timestamp"}
+    source = EventSource("events", path="data/events", timestamp="event_ts", watermark="10m", schema=schema)
+    group = FeatureGroup(
+        "stopped", Entity("user", join_keys=["user_id"]), source, [Feature("n_1h", agg.count(), window=Hop("1h", "5m"))]
+    )
+    events = pd.DataFrame(
+        {"user_id": ["a", "b"], "event_ts": pd.to_datetime(["2026-01-01 00:00", "2026-01-01 02:00"], utc=True)}
+    )
+    root = feast_repo([group], events.astype({"event_ts": "datetime64[us, UTC]"}))
+
+    done = subprocess.run(
+        [sys.executable, "-c", STOP_SCRIPT, str(root)], capture_output=True, text=True, timeout=600, check=False
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "stopped", done.stdout + done.stderr[-3000:]
+    assert not done.stderr.strip(), done.stderr[:3000]

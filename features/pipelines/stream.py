@@ -70,6 +70,7 @@ class StreamRun:
     rollups: list[MetricRollup] = field(default_factory=list)  # the batches' metrics not logged yet, per group
     archives: dict[str, StreamingQuery] = field(default_factory=dict)  # per Kafka source archived: its query
     carried: dict[str, stream_upgrade.Carried] = field(default_factory=dict)  # groups whose definition changed
+    stopping: bool = False
 
     def _finish(self, error: BaseException | None) -> None:
         """End the MLflow run once, after the metrics of the last batches: FINISHED, or FAILED with the error."""
@@ -128,6 +129,7 @@ class StreamRun:
         return True
 
     def stop(self) -> None:
+        self.stopping = True
         for query in [*self.queries.values(), *self.archives.values()]:
             query.stop()
         self._finish(None)

@@ -20,6 +20,7 @@ class RunState(Protocol):
     errors: dict[str, BaseException]
     tracker: Any
     rollups: list[MetricRollup]
+    stopping: bool  # set by a stop: a batch that fails then was cut short by it
 
 
 @dataclass(frozen=True)

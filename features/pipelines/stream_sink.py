@@ -32,6 +32,21 @@ from features.spec import WINDOW_END, FeatureGroup
 from features.stores import offline
 from features.stores.compaction import StreamCompaction
 
+# Spark tells a stop from a failure, when a Python foreachBatch raises, by the error's text alone: it matches it with
+# StreamExecution.PROXY_ERROR, a pattern whose repeated group recurses once per character. The Py4JJavaError of a
+# Spark job that the stop interrupted carries a Java trace of some 20,000 characters: the match overflows the stack,
+# and every stop in the middle of a batch printed a thousand-line StackOverflowError. A batch cut short by
+# `StreamRun.stop` therefore ends with this short text, the one Spark looks for.
+STOPPED_IN_BATCH = (
+    "py4j.protocol.Py4JJavaError: An error occurred while calling the micro-batch: java.lang.InterruptedException"
+)
+
+
+class StoppedInBatch(Exception):
+    """The run was stopped during this micro-batch: nothing of it is committed, and it runs again at the next
+    start."""
+
+
 if TYPE_CHECKING:
     from pyspark.sql.streaming import StreamingQuery
 
@@ -71,6 +86,8 @@ class BatchSink:
         try:
             self._batch(batch, batch_id)
         except Exception as exc:
+            if self.run.stopping:
+                raise StoppedInBatch(STOPPED_IN_BATCH) from None
             self.run.errors[self.group.name] = exc
             raise
 
