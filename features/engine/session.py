@@ -274,7 +274,7 @@ def _local_settings(shuffle_partitions: int | None, master: bool = True) -> tupl
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     cores = os.cpu_count() or 2
-    settings = {}
+    settings: dict[str, str] = {}
     if master:
         settings["spark.master"] = os.environ.get("FEATURES_SPARK_MASTER", f"local[{cores}]")
     settings |= {
