@@ -13,7 +13,7 @@ import pytest
 from conftest import build_feast_repo
 from test_batch_reference import BASE, H, make_events
 from test_stream import arrival_order, assert_batch_engine_rows, land, offline_rows
-from test_stream_upgrade import AFTER, BEFORE, _define, assert_online_reference
+from test_stream_upgrade import AFTER, BEFORE, assert_online_reference, define
 
 from features.cli import main
 from features.engine.upgrade import committed_position
@@ -32,7 +32,7 @@ def test_a_savepoint_starts_a_new_checkpoint_on_a_changed_definition_and_more_bu
     first, rest = events[events["event_ts"] < cut], events[events["event_ts"] >= cut]
     root = tmp_path / "repo"
     land(root, arrival_order(first, pd.Timedelta(minutes=20), seed=1), 3)
-    repo = _define(root, BEFORE)
+    repo = define(root, BEFORE)
     stream(repo, available_now=True, progress=False, tracking=False).await_termination()
     checkpoint = Path(repo.checkpoint_path(BEFORE, None))
     saved = json.loads((checkpoint / "features-definition.json").read_text())
@@ -57,7 +57,7 @@ def test_a_savepoint_starts_a_new_checkpoint_on_a_changed_definition_and_more_bu
         savepoint.take(spark, repo, BEFORE, str(sp))
 
     # Restored elsewhere (a new checkpoint root), on the changed definition, with twice the buckets.
-    repo = _define(root, AFTER)
+    repo = define(root, AFTER)
     land(root, arrival_order(rest, pd.Timedelta(minutes=20), seed=2), 3, start_index=3)
     capsys.readouterr()
     other = str(tmp_path / "elsewhere")

@@ -15,7 +15,7 @@ import pytest
 from kafka_broker import BOOTSTRAP, delete_records, json_values, produce, round_robin
 from test_batch_reference import BASE, H, make_events
 from test_stream import KAFKA_SCHEMA, arrival_order, assert_batch_engine_rows, offline_rows
-from test_stream_upgrade import AFTER, BEFORE, _define, assert_online_reference
+from test_stream_upgrade import AFTER, BEFORE, assert_online_reference, define
 
 from features import EventSource, FeatureGroup, KafkaTopic
 from features.engine.upgrade import committed_position
@@ -53,7 +53,7 @@ def test_a_changed_kafka_group_builds_its_new_features_from_the_topic(spark, tmp
     rest = arrival_order(events[events["event_ts"] >= BASE + 16 * H], pd.Timedelta(minutes=20), seed=2)
     root = tmp_path / "repo"
     _produce(kafka_topic, first)
-    _stream(_define(root, _on_topic(BEFORE, kafka_topic, events)))
+    _stream(define(root, _on_topic(BEFORE, kafka_topic, events)))
     checkpoint = Path(Repo.load(root).checkpoint_path(BEFORE, None))
     position = committed_position(checkpoint / "query")
     assert position.offsets is not None and sum(position.offsets.end.values()) == len(first)
@@ -64,12 +64,12 @@ def test_a_changed_kafka_group_builds_its_new_features_from_the_topic(spark, tmp
     delete_records(kafka_topic, 0, 10)
     after = _on_topic(AFTER, kafka_topic, events)
     with pytest.raises(ConfigError, match=r"retention deleted partition 0: offsets 0 to 9\).*--reset") as failed:
-        stream(_define(root, after), available_now=True, progress=False, tracking=False)
+        stream(define(root, after), available_now=True, progress=False, tracking=False)
     assert "all of the events the state holds (a Lifetime or Session feature)" in str(failed.value)
 
     # Without the Lifetime feature the change needs only what the topic still holds.
     after = replace(after, features=[f for f in after.features if f.name != "n_lifetime"])
-    repo = _define(root, after)
+    repo = define(root, after)
     half = len(rest) // 2
     _produce(kafka_topic, rest.iloc[:half], start=len(first))
     capsys.readouterr()
@@ -101,7 +101,7 @@ def test_a_savepoint_of_a_kafka_group_holds_its_offsets_and_starts_a_new_checkpo
     root = tmp_path / "repo"
     _produce(kafka_topic, first)
     before = _on_topic(BEFORE, kafka_topic, events)
-    repo = _define(root, before)
+    repo = define(root, before)
     _stream(repo)
     checkpoint = Path(repo.checkpoint_path(before, None))
     position = committed_position(checkpoint / "query")
@@ -118,7 +118,7 @@ def test_a_savepoint_of_a_kafka_group_holds_its_offsets_and_starts_a_new_checkpo
     # Restored into another checkpoint root, on the changed definition (a Lifetime feature added: built from the
     # whole topic up to the savepoint's offsets), with twice the buckets; then the rest is produced.
     after = _on_topic(AFTER, kafka_topic, events)
-    repo = _define(root, after)
+    repo = define(root, after)
     _produce(kafka_topic, rest, start=len(first))
     capsys.readouterr()
     other = str(tmp_path / "elsewhere")

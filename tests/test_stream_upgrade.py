@@ -63,14 +63,14 @@ AFTER = FeatureGroup(
 )
 
 
-def _define(root: Path, group: FeatureGroup) -> Repo:
+def define(root: Path, group: FeatureGroup) -> Repo:
     for old in root.glob("test_definitions_*.py"):
         old.unlink()
     build_feast_repo(root, [group])
     return Repo.load(root)
 
 
-def _stream(repo: Repo) -> None:
+def stream_files(repo: Repo) -> None:
     stream(repo, available_now=True, max_files_per_trigger=1, progress=False, tracking=False).await_termination()
 
 
@@ -81,7 +81,7 @@ def streamed_before(root: Path) -> tuple[pd.DataFrame, pd.DataFrame, Path, pd.Ti
     cut = BASE + 16 * H
     first, rest = events[events["event_ts"] < cut], events[events["event_ts"] >= cut]
     land(root, arrival_order(first, pd.Timedelta(minutes=20), seed=1), 3)
-    _stream(_define(root, BEFORE))
+    stream_files(define(root, BEFORE))
     checkpoint = Path(Repo.load(root).checkpoint_path(BEFORE, None))
     changed_at = pd.Timestamp(committed_position(checkpoint / "query").watermark_us, unit="us", tz="UTC")
     return events, rest, checkpoint, changed_at
@@ -101,10 +101,10 @@ def test_a_changed_group_continues_from_its_checkpoint_and_a_new_key_does_not(sp
     root = tmp_path / "repo"
     events, rest, checkpoint, changed_at = streamed_before(root)
 
-    repo = _define(root, AFTER)
+    repo = define(root, AFTER)
     land(root, arrival_order(rest, pd.Timedelta(minutes=20), seed=2), 3, start_index=3)
     capsys.readouterr()
-    _stream(repo)
+    stream_files(repo)
     line = capsys.readouterr().err
     assert "state carried over without a replay" in line
     assert "kept amount_sum_1h, status_last" in line and "built failed_4h, qty_sum_2h, n_lifetime" in line
@@ -123,7 +123,7 @@ def test_a_changed_group_continues_from_its_checkpoint_and_a_new_key_does_not(sp
     # Keyed otherwise, every key is new: the least it takes is a replay, and the stream says so.
     rekeyed = FeatureGroup("user_changing", Entity("card", join_keys=["card_id"]), SOURCE, AFTER.features)
     with pytest.raises(ConfigError, match=r"every key is new.*--group user_changing --reset"):
-        stream(_define(root, rekeyed), available_now=True, progress=False, tracking=False)
+        stream(define(root, rekeyed), available_now=True, progress=False, tracking=False)
 
 
 def test_a_stream_rescaled_moves_its_state_and_replays_nothing(spark, tmp_path, capsys, monkeypatch) -> None:
@@ -138,7 +138,7 @@ def test_a_stream_rescaled_moves_its_state_and_replays_nothing(spark, tmp_path, 
     parts = [parts[0], parts[1][parts[1]["event_ts"] < BASE + 20 * H], parts[1][parts[1]["event_ts"] >= BASE + 20 * H]]
     root = tmp_path / "repo"
     land(root, arrival_order(parts[0], pd.Timedelta(minutes=20), seed=1), 2)
-    repo = _define(root, AFTER)
+    repo = define(root, AFTER)
     stream(repo, available_now=True, progress=False, tracking=False).await_termination()
     checkpoint = Path(repo.checkpoint_path(AFTER, None))
     before = json.loads((checkpoint / "features-definition.json").read_text())["buckets"]
@@ -169,7 +169,7 @@ def test_a_stream_killed_while_it_carries_a_change_over_finishes_it_when_started
     root = tmp_path / "repo"
     events, rest, checkpoint, changed_at = streamed_before(root)
     commits = len(list((checkpoint / "query" / "commits").glob("[0-9]*")))
-    repo = _define(root, AFTER)
+    repo = define(root, AFTER)
     land(root, arrival_order(rest, pd.Timedelta(minutes=20), seed=2), 3, start_index=3)
 
     def saved() -> dict:

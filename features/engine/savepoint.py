@@ -25,7 +25,7 @@ from pyspark.sql import functions as F
 from features import kernel
 from features.engine.inputs import bucket_of
 from features.engine.kafka import OffsetRange, offsets_json
-from features.engine.upgrade import BLOB, BUCKET, PART, PART_ROWS, rebucket_state
+from features.engine.upgrade import BLOB, BUCKET, PART, PART_ROWS, Position, rebucket_state
 from features.kernel.state import panes_from_arrow, panes_to_arrow
 from features.spec import DType, FeatureGroup
 
@@ -94,6 +94,18 @@ def regroup_panes(spark: SparkSession, group: FeatureGroup, folder: Path, labels
     rows = read.select(bucket_of(group, labels).alias(BUCKET), *columns)
     packed = rows.groupBy(BUCKET).applyInArrow(pack, f"{BUCKET} bigint, {PART} int, {BLOB} binary")
     packed.write.mode("overwrite").parquet(str(out))
+
+
+def held_files(spark: SparkSession, position: Position, source: str) -> frozenset[str]:
+    """Every file of the source whose events the state holds: those the log lists, and those modified before the
+    cutoff of its last prune (features.engine.source_log), listed here so that a savepoint names each file and
+    does not depend on modification times, which a copy of the folder elsewhere does not keep."""
+    if position.landed_before_ms is None:
+        return position.files
+    # Spark's own listing (without reading the files' bytes): the same files, hidden ones aside, as the stream's.
+    listed = spark.read.format("binaryFile").option("recursiveFileLookup", "true").load(source)
+    older = listed.where(F.col("modificationTime") < F.timestamp_millis(F.lit(position.landed_before_ms)))
+    return position.files | {row.path for row in older.select("path").collect()}
 
 
 def relative_files(files: frozenset[str], source: str) -> list[str]:

@@ -67,6 +67,7 @@ from features.engine.source import (
     reason_of,
     stream_reads_nanoseconds,
 )
+from features.engine.source_log import FILE_AGE
 from features.engine.upgrade import PendingUpgrade
 from features.errors import ConfigError, DefinitionError
 from features.kernel.state import LAYOUT_CHUNK
@@ -152,7 +153,8 @@ def read_stream(
     if source.kafka is not None:
         return read_kafka(spark, group)
     schema = source_schema(spark, group, path)
-    reader = spark.readStream.option("recursiveFileLookup", "true")
+    # maxFileAge is Spark's default, set here because the log's pruning relies on it (features.engine.source_log).
+    reader = spark.readStream.option("recursiveFileLookup", "true").option("maxFileAge", FILE_AGE)
     if max_files:
         reader = reader.option("maxFilesPerTrigger", max_files)
     if source.format == "json":

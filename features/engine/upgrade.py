@@ -30,6 +30,7 @@ from features.engine.inputs import bucket_of, kernel_inputs
 from features.engine.kafka import OffsetRange, read_kafka
 from features.engine.schema import CORRUPT, FILE, LANDED, MARK, schema_of, source_columns
 from features.engine.source import META, cleaned_columns, read_source, reason_of, uri_spellings
+from features.engine.source_log import landed_before_ms, logged_files
 from features.kernel.migrate import Change, Layout, carry
 from features.kernel.state import LAYOUT_CHUNK
 from features.spec import DType, FeatureGroup
@@ -45,12 +46,18 @@ PART_ROWS = 500_000  # pane rows per stored blob of the built panes
 class Position:
     """How far a stream's checkpoint got: its last committed batch, the watermark that batch emitted up to (µs),
     and the source files its committed batches read (as Spark spells their URIs), or for a Kafka source the
-    offsets they read."""
+    offsets they read. Files modified before `landed_before_ms` were read too, though the log no longer lists them
+    (features.engine.source_log)."""
 
     batch: int | None
     watermark_us: int | None
     files: frozenset[str]
     offsets: OffsetRange | None = None
+    landed_before_ms: int | None = None
+
+    def file_count(self) -> str:
+        older = "" if self.landed_before_ms is None else f" and those landed before {_iso(self.landed_before_ms)}"
+        return f"{len(self.files):,} files{older}"
 
 
 def last_commit(query_checkpoint: Path) -> tuple[int | None, int | None]:
@@ -61,6 +68,10 @@ def last_commit(query_checkpoint: Path) -> tuple[int | None, int | None]:
         return None, None
     last = max(commits)
     return last, watermark_at(query_checkpoint, last)
+
+
+def _iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="seconds")
 
 
 def watermark_at(query_checkpoint: Path, batch: int) -> int | None:
@@ -103,15 +114,8 @@ def committed_position(query_checkpoint: Path, batch: int | None = None) -> Posi
         [(topic, end)] = json.loads((query_checkpoint / "offsets" / str(last)).read_text().splitlines()[2]).items()
         start = {int(p): o for p, o in initial.get(topic, {}).items()}
         return Position(last, watermark_us, frozenset(), OffsetRange(topic, start, {int(p): o for p, o in end.items()}))
-    files: set[str] = set()
-    for log in (query_checkpoint / "sources").glob("*/*"):
-        if not log.name.split(".")[0].isdigit():
-            continue
-        for line in log.read_text().splitlines()[1:]:
-            entry = json.loads(line)
-            if entry["batchId"] <= last:
-                files.add(entry["path"])
-    return Position(last, watermark_us, frozenset(files))
+    files = logged_files(query_checkpoint, last)
+    return Position(last, watermark_us, files, landed_before_ms=landed_before_ms(query_checkpoint))
 
 
 def _kafka_start(query_checkpoint: Path) -> dict[str, dict[str, int]] | None:
@@ -130,13 +134,17 @@ class Built:
     since_us: int | None  # the earliest event time read (None: all)
 
 
-def committed_file_events(spark: SparkSession, group: FeatureGroup, path: str, files: frozenset[str]) -> DataFrame:
-    """The good events of `files` in the source folder `path`, as the backfill reads them."""
+def committed_file_events(spark: SparkSession, group: FeatureGroup, path: str, position: Position) -> DataFrame:
+    """The good events of the files `position` holds in the source folder `path`, as the backfill reads them."""
     read = read_source(spark, group, path)
     marked = read.marked.where(F.col(read.timestamp).isNotNull())
-    spellings = sorted({s for f in files for s in uri_spellings(f)})
+    spellings = sorted({s for f in position.files for s in uri_spellings(f)})
     wanted = spark.createDataFrame([(s,) for s in spellings], "fx_file string")
-    return read.good_of(marked.join(F.broadcast(wanted), marked[META]["file_path"] == wanted["fx_file"], "left_semi"))
+    joined = marked.join(F.broadcast(wanted), marked[META]["file_path"] == wanted["fx_file"], "left")
+    held = F.col("fx_file").isNotNull()
+    if position.landed_before_ms is not None:
+        held = held | (F.unix_millis(F.col(META)["file_modification_time"]) < position.landed_before_ms)
+    return read.good_of(joined.where(held).drop("fx_file"))
 
 
 @dataclass(frozen=True)

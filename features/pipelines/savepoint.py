@@ -26,7 +26,14 @@ from typing import TYPE_CHECKING, Any
 from features.engine import stream as engine
 from features.engine.inputs import bucket_labels
 from features.engine.kafka import OffsetRange
-from features.engine.savepoint import dump_panes, regroup_panes, relative_files, set_position, source_uris
+from features.engine.savepoint import (
+    dump_panes,
+    held_files,
+    regroup_panes,
+    relative_files,
+    set_position,
+    source_uris,
+)
 from features.engine.schema import schema_of
 from features.engine.stream_query import cores, shuffle_partitions, stateful_query
 from features.engine.upgrade import PendingUpgrade, Position, committed_position, last_commit
@@ -104,6 +111,7 @@ def take(
     aside = target.with_name(f".{target.name}.writing-{uuid.uuid4().hex[:8]}")
     source = repo.source_path(group)
     position = committed_position(checkpoint / "query", batch)
+    files = held_files(spark, position, source)  # the log's, and those it no longer lists
     key_types = group.output_types(schema_of(engine.source_schema(spark, group, source)))
     try:
         dumped = dump_panes(
@@ -125,7 +133,7 @@ def take(
             "newest_us": dumped.newest_us,
             "keys": dumped.keys,
             "rows": dumped.rows,
-            "source": _source_position(position, source),
+            "source": _source_position(position, files, source),
         }
         (aside / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -138,17 +146,17 @@ def take(
     seconds = time.perf_counter() - began
     offsets = position.offsets
     done = (
-        f"{len(position.files):,} source files done"
+        f"{len(files):,} source files done"
         if offsets is None
         else f"offsets of {len(offsets.end)} partitions of {offsets.topic} done"
     )
     return Taken(group.name, target, batch, dumped.keys, dumped.rows, done, watermark, seconds)
 
 
-def _source_position(position: Position, source: str) -> dict[str, Any]:
+def _source_position(position: Position, files: frozenset[str], source: str) -> dict[str, Any]:
     """savepoint.json's "source": the files the state holds (relative to the source folder), and for a Kafka
     source the offsets it holds the records between, per partition."""
-    out: dict[str, Any] = {"path": source, "files": relative_files(position.files, source)}
+    out: dict[str, Any] = {"path": source, "files": relative_files(files, source)}
     if position.offsets is not None:
         offsets = position.offsets
         out["kafka"] = {"topic": offsets.topic, "start": offsets.start, "end": offsets.end}

@@ -29,6 +29,7 @@ from features.engine import kafka
 from features.engine import stream as engine
 from features.engine.inputs import bucket_labels
 from features.engine.session import is_connect, session_soon
+from features.engine.source_log import Pruning
 from features.engine.stream_query import (
     can_repartition_state,
     cores,
@@ -212,6 +213,8 @@ def stream(
             aside = SetAside(repo, group, spark, projection.record_schema, rollup, keep_s, resumed.nanoseconds)
             sink = BatchSink(repo, group, writer_of, validate, run, show, spark, aside, rollup)
             sink.stream_id = resumed.stream_id
+            if group.source.kafka is None:
+                sink.source_log = Pruning(checkpoint / "query")
             if resumed.upgrade is not None:
                 sink.finish_upgrade = stream_upgrade.Finish(checkpoint, len(labels))
             writer = out.writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint / "query"))

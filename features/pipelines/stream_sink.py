@@ -21,6 +21,7 @@ from pyspark.sql import functions as F
 from features import quality
 from features.engine import stream as engine
 from features.engine.online_rows import write_online
+from features.engine.source_log import Pruning
 from features.ml.tracking import validation_metrics, validation_prefix
 from features.parallel import beside
 from features.pipelines.rollup import MetricRollup
@@ -81,6 +82,7 @@ class BatchSink:
         self.aside, self.rollup = aside, rollup
         self.quarantined = 0  # batches that failed validation
         self.finish_upgrade: Any = None  # a stream_upgrade.Finish while a definition change is pending
+        self.source_log: Pruning | None = None  # a file source's log, kept to what Spark still needs
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         try:
@@ -115,6 +117,9 @@ class BatchSink:
             batch.unpersist()
         self._report(batch_id, stats, rows_out, late, bad, time.perf_counter() - began)
         self.aside.sweep(batch_id)
+        pruned = self.source_log.after_batch() if self.source_log is not None else None
+        if pruned is not None:
+            self.rollup.add({"source_log_entries_dropped": pruned.entries}, batch_id, self.group.name)
 
     def _publish(self, batch: DataFrame, batch_id: int, rows: DataFrame | None, eager: bool, count: int) -> None:
         """The valid change points appended to the offline table (Spark's work) beside the online store's write

@@ -180,7 +180,7 @@ def build_added(
         since = lookback_start([f.window for f in group.features if f.name in built], watermark_us)
         shutil.rmtree(folder, ignore_errors=True)
         if offsets is None:
-            good, observation = committed_file_events(spark, group, repo.source_path(group), position.files), None
+            good, observation = committed_file_events(spark, group, repo.source_path(group), position), None
         else:
             good, observation = committed_kafka_events(spark, group, offsets)
         events = build_panes(spark, group, good, labels, since, watermark_us, folder).events
@@ -188,7 +188,7 @@ def build_added(
         if missing:
             shutil.rmtree(folder, ignore_errors=True)
             raise ConfigError(_gap_message(repo, group, offsets.topic, missing, since))
-    read = f"{len(position.files):,} files" if offsets is None else f"{len(offsets.end)} partitions of {offsets.topic}"
+    read = position.file_count() if offsets is None else f"{len(offsets.end)} partitions of {offsets.topic}"
     return Carried(
         group.name,
         kept,
