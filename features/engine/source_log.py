@@ -59,9 +59,9 @@ def logged_files(query_checkpoint: Path, last: int) -> frozenset[str]:
     on no new file: `last`'s offsets say which of the source's batch it had read up to."""
     upto = _source_offset(query_checkpoint, last)
     files = set()
-    for folder in (p for p in (query_checkpoint / "sources").glob("*") if p.is_dir()):
-        compacts = sorted((int(p.name.removesuffix(COMPACT)), p) for p in folder.glob(f"*{COMPACT}"))
-        start, logs = (compacts[-1][0], [compacts[-1][1]]) if compacts else (-1, [])
+    for folder in _source_folders(query_checkpoint):
+        compact = _newest_compact(folder)
+        start, logs = (compact[0], [compact[1]]) if compact else (-1, [])
         for path in [*logs, *_deltas_after(folder, start)]:
             entries = (json.loads(line) for line in path.read_text().splitlines()[1:])
             files.update(e["path"] for e in entries if e["batchId"] <= upto)
@@ -82,11 +82,11 @@ def prune(query_checkpoint: Path) -> Pruned | None:
     between Spark's writes to the log: in a micro-batch's sink, or with the query stopped. None when nothing
     went."""
     dropped, kept, cutoff = 0, 0, None
-    for folder in sorted(p for p in (query_checkpoint / "sources").glob("*") if p.is_dir()):
-        compacts = sorted((int(p.name.removesuffix(COMPACT)), p) for p in folder.glob(f"*{COMPACT}"))
-        if not compacts:
+    for folder in _source_folders(query_checkpoint):
+        compact = _newest_compact(folder)
+        if compact is None:
             continue  # not folded yet, or a Kafka source's offsets
-        batch, path = compacts[-1]
+        batch, path = compact
         lines = path.read_text().splitlines()
         entries = [json.loads(line) for line in lines[1:]]
         later = [json.loads(line) for p in _deltas_after(folder, batch) for line in p.read_text().splitlines()[1:]]
@@ -121,6 +121,14 @@ class Pruning:
             return None
         self.due = now + PRUNE_EVERY_S
         return prune(self.query_checkpoint)
+
+
+def _source_folders(query_checkpoint: Path) -> list[Path]:
+    return sorted(p for p in (query_checkpoint / "sources").glob("*") if p.is_dir())
+
+
+def _newest_compact(folder: Path) -> tuple[int, Path] | None:
+    return max(((int(p.name.removesuffix(COMPACT)), p) for p in folder.glob(f"*{COMPACT}")), default=None)
 
 
 def _deltas_after(folder: Path, batch: int) -> list[Path]:
