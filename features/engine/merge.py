@@ -23,6 +23,7 @@ from features.spec.aggregations import Empty
 from features.stores.offline import LATEST
 
 SIDE = "fx_side"
+NEXT = "fx_next"  # the window end of the key's next row
 KEPT, REBUILT = 0, 1
 
 
@@ -48,18 +49,20 @@ def with_table_rows(
     )
     new = rebuilt.select(*keys, WINDOW_END, *[f.name for f in fresh], F.lit(REBUILT).alias(SIDE))
     both = old.unionByName(new, allowMissingColumns=True)
-    # A range frame: the rows of both sides at one window end see each other's values.
-    upto = Window.partitionBy(*keys).orderBy(WINDOW_END).rangeBetween(Window.unboundedPreceding, Window.currentRow)
-    columns = [
-        _as_of(f, side, upto, types[f.name]) for side, features in ((KEPT, kept), (REBUILT, fresh)) for f in features
-    ]
-    filled = both.select(*keys, WINDOW_END, *columns)
-    start_ts = F.lit(start).cast("timestamp")
-    rows = filled.where(F.col(WINDOW_END) >= start_ts).dropDuplicates([*keys, WINDOW_END])
-    rows = rows.select(*keys, WINDOW_END, *[f.name for f in group.features])
-    newest = Window.partitionBy(*keys).orderBy(F.col(WINDOW_END).desc())
-    last = rows.withColumn("fx_n", F.row_number().over(newest)).where(F.col("fx_n") == 1).drop("fx_n")
-    return rows.withColumn(LATEST, F.lit(False)).unionByName(last.withColumn(LATEST, F.lit(True)))
+    # One pass over each key's rows in time order, a window end's kept row before its rebuilt one: the last row at
+    # each window end has seen every value up to it, and is the one kept; a key's last row is its newest.
+    order = Window.partitionBy(*keys).orderBy(WINDOW_END, SIDE)
+    upto = order.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    columns = {
+        f.name: _as_of(f, side, upto, types[f.name]) for side, fs in ((KEPT, kept), (REBUILT, fresh)) for f in fs
+    }
+    following = F.lead(WINDOW_END).over(order)
+    filled = both.select(*keys, WINDOW_END, *[columns[f.name] for f in group.features], following.alias(NEXT))
+    last_at_its_end = F.col(NEXT).isNull() | (F.col(NEXT) != F.col(WINDOW_END))
+    rows = filled.where((F.col(WINDOW_END) >= F.lit(start).cast("timestamp")) & last_at_its_end)
+    # The newest row once more, flagged LATEST, from the same pass.
+    copies = F.when(F.col(NEXT).isNull(), F.array(F.lit(False), F.lit(True))).otherwise(F.array(F.lit(False)))
+    return rows.select(*keys, WINDOW_END, *[f.name for f in group.features], F.explode(copies).alias(LATEST))
 
 
 def _as_of(feature: Feature, side: int, frame: object, dtype: DType) -> Column:
