@@ -157,3 +157,11 @@ def test_a_pruned_log_reads_no_file_again_and_a_change_still_builds_from_every_f
     assert_batch_engine_rows(spark, AFTER, after, events, rows[WINDOW_END].max(), since=changed_at)
     check_sample(AFTER, after, events)
     assert_online_reference(repo, AFTER, events, after["user_id"].unique(), ["n_lifetime", "qty_sum_2h"])
+
+
+def test_a_savepoint_names_each_file_once_however_spark_spelled_it(tmp_path) -> None:
+    from features.engine.savepoint import relative_files
+
+    root = tmp_path / "landing"
+    files = frozenset({(root / "a.parquet").as_uri(), f"file:{root}/a.parquet", f"file:{root}/d/b.parquet"})
+    assert relative_files(files, str(root)) == ["a.parquet", "d/b.parquet"]

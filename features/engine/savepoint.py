@@ -110,16 +110,17 @@ def held_files(spark: SparkSession, position: Position, source: str) -> frozense
 
 def relative_files(files: frozenset[str], source: str) -> list[str]:
     """The files a stream read, relative to its source folder where they lie in it (else their URIs as given),
-    so that a savepoint can be restored where the folder lives at another path."""
+    so that a savepoint can be restored where the folder lives at another path. Each file once, however Spark
+    spelled it (its stream's log writes `file:///...`, its listing `file:/...`)."""
     root = Path(source).resolve() if "://" not in source else None
-    out = []
-    for uri in sorted(files):
+    out = set()
+    for uri in files:
         local = _local(uri)
         if root is not None and local is not None and local.is_relative_to(root):
-            out.append(local.relative_to(root).as_posix())
+            out.add(local.relative_to(root).as_posix())
         else:
-            out.append(uri)
-    return out
+            out.add(uri)
+    return sorted(out)
 
 
 def source_uris(files: list[str], source: str) -> list[str]:
