@@ -112,6 +112,14 @@ def apply_required_conf(spark: SparkSession) -> None:
             spark.conf.set(key, value)
 
 
+def cores(spark: SparkSession) -> int:
+    """How many tasks the session runs at once."""
+    try:
+        return int(spark.sparkContext.defaultParallelism)
+    except (AttributeError, NotImplementedError):  # Spark Connect has no SparkContext: its shuffle partitions
+        return int(spark.conf.get("spark.sql.shuffle.partitions") or 1)
+
+
 def get_spark(app_name: str = "features", shuffle_partitions: int | None = None) -> SparkSession:
     """The active SparkSession if there is one (Databricks, notebooks, spark-submit; a Spark Connect session
     there too), else a Spark Connect session to `SPARK_REMOTE` when it is set, else a local one."""

@@ -66,13 +66,6 @@ def shuffle_partitions(spark: SparkSession, partitions: int) -> Iterator[None]:
         spark.conf.set("spark.sql.shuffle.partitions", before)
 
 
-def cores(spark: SparkSession) -> int:
-    try:
-        return int(spark.sparkContext.defaultParallelism)
-    except (AttributeError, NotImplementedError):  # Spark Connect has no SparkContext: its shuffle partitions
-        return int(spark.conf.get("spark.sql.shuffle.partitions") or 1)
-
-
 def can_repartition_state(spark: SparkSession) -> bool:
     """Whether this PySpark has Spark's offline state repartitioning (4.2+)."""
     return hasattr(spark, "_streamingCheckpointManager")

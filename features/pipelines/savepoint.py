@@ -35,7 +35,8 @@ from features.engine.savepoint import (
     source_uris,
 )
 from features.engine.schema import schema_of
-from features.engine.stream_query import cores, shuffle_partitions, stateful_query
+from features.engine.session import cores
+from features.engine.stream_query import shuffle_partitions, stateful_query
 from features.engine.upgrade import PendingUpgrade, Position, committed_position, last_commit
 from features.errors import ConfigError
 from features.kernel.migrate import Change, Layout

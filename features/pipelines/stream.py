@@ -28,11 +28,10 @@ from pyspark.sql import DataFrame, SparkSession
 from features.engine import kafka
 from features.engine import stream as engine
 from features.engine.inputs import bucket_labels
-from features.engine.session import is_connect, session_soon
+from features.engine.session import cores, is_connect, session_soon
 from features.engine.source_log import Pruning
 from features.engine.stream_query import (
     can_repartition_state,
-    cores,
     repartition_state,
     shuffle_partitions,
     stateful_query,
