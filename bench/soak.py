@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -123,6 +124,35 @@ class Sample:
     checkpoint_bytes: int
     driver_rss: int
     worker_rss: int
+    old_generation: int | None  # bytes of the driver's heap in its old generation (jstat), where Java has jstat
+
+
+def _driver(pid: int) -> Any:
+    """The stream's JVM (a psutil.Process), or None."""
+    import psutil
+
+    try:
+        return next((p for p in psutil.Process(pid).children(recursive=True) if "java" in p.name()), None)
+    except psutil.NoSuchProcess:
+        return None
+
+
+def _old_generation(pid: int) -> int | None:
+    """The driver's heap in use in its old generation (`jstat -gc`'s OU). A heap taken whole at the start keeps the
+    RSS flat whatever it holds: this is what grows if the stream keeps objects it should let go."""
+    driver, jstat = _driver(pid), shutil.which("jstat")
+    if driver is None or jstat is None:
+        return None
+    out = subprocess.run([jstat, "-gc", str(driver.pid)], capture_output=True, text=True).stdout.split()
+    half = len(out) // 2
+    columns = dict(zip(out[:half], out[half:], strict=True)) if len(out) % 2 == 0 else {}
+    return int(float(columns["OU"]) * 1024) if "OU" in columns else None
+
+
+def _heap_options(pid: int) -> list[str]:
+    """The driver JVM's heap options, as the stream started it."""
+    driver = _driver(pid)
+    return [] if driver is None else [a for a in driver.cmdline() if a.startswith(("-Xm", "-XX:+AlwaysPreTouch"))]
 
 
 def _tree_rss(pid: int) -> tuple[int, int]:
@@ -245,6 +275,7 @@ def soak(
     loader = threading.Thread(target=feeder.run, args=(stop, began), daemon=True)
     loader.start()
     samples: list[Sample] = []
+    heap_options: list[str] = []
     killed_at = None
     offline = [repo / "data" / "offline" / g for g in GROUPS]
     while time.time() - began < total_s:
@@ -260,8 +291,10 @@ def soak(
                 _folder_bytes(repo / "data" / "checkpoints"),
                 driver,
                 workers,
+                _old_generation(stream.process.pid),
             )
         )
+        heap_options = heap_options or _heap_options(stream.process.pid)
         if killed_at is None and time.time() - began >= total_s / 2:
             stream.kill()
             killed_at = time.time()
@@ -288,6 +321,8 @@ def soak(
         "checkpoint_mb": [round(s.checkpoint_bytes / 1e6, 1) for s in samples[:: max(1, len(samples) // 8)]],
         "driver_rss_ratio": _quarter_ratio([(s.at, s.driver_rss) for s in after]),
         "worker_rss_ratio": _quarter_ratio([(s.at, s.worker_rss) for s in after]),
+        "old_generation_ratio": _quarter_ratio([(s.at, s.old_generation) for s in after if s.old_generation]),
+        "heap_options": heap_options,
         "batch_seconds_ratio": _quarter_ratio(steady),
         "aside": _aside(repo),
         "repo": repo,
@@ -450,7 +485,9 @@ def main() -> int:
         f"- checkpoint MB over time: {result['checkpoint_mb']}",
         "- last quarter / second quarter (medians, catch-up after the restart): driver RSS "
         f"{_fmt(result['driver_rss_ratio'])}, worker RSS {_fmt(result['worker_rss_ratio'])}, batch seconds "
-        f"{_fmt(result['batch_seconds_ratio'])}",
+        f"{_fmt(result['batch_seconds_ratio'])}; for information, the driver's heap in use in its old generation "
+        f"(`jstat`; the heap is taken whole at the start: {' '.join(result['heap_options'])}) "  # type: ignore[arg-type]
+        f"{_fmt(result['old_generation_ratio'])}",
         "- offline rows vs a backfill of the same range: "
         + ", ".join(f"{g} {rows:,} rows, {differ:,} differing" for g, (rows, differ) in differences.items()),
         f"- training set on the soaked tables / on the backfill's: {ratio:.2f}x",

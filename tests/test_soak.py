@@ -58,6 +58,9 @@ def test_a_stream_soaked_through_event_time_and_a_kill(spark, tmp_path) -> None:
     # Every event good and in order: nothing set aside.
     assert result["aside"] == {g: 0 for g in soak.GROUPS}, soak.aside_detail(result["repo"])
     assert result["max_files_per_partition"] <= soak.FILES_BOUND
+    # A live stream's JVM takes its whole heap when it starts (features.engine.session, long_running).
+    assert "-XX:+AlwaysPreTouch" in result["heap_options"], result["heap_options"]
+    assert any(o.startswith("-Xms") for o in result["heap_options"]), result["heap_options"]
 
     _, differences = soak.backfill_twin(result["repo"], work, spark)
     for group, (rows, differ) in differences.items():

@@ -120,9 +120,14 @@ def cores(spark: SparkSession) -> int:
         return int(spark.conf.get("spark.sql.shuffle.partitions") or 1)
 
 
-def get_spark(app_name: str = "features", shuffle_partitions: int | None = None) -> SparkSession:
+def get_spark(
+    app_name: str = "features", shuffle_partitions: int | None = None, *, long_running: bool = False
+) -> SparkSession:
     """The active SparkSession if there is one (Databricks, notebooks, spark-submit; a Spark Connect session
-    there too), else a Spark Connect session to `SPARK_REMOTE` when it is set, else a local one."""
+    there too), else a Spark Connect session to `SPARK_REMOTE` when it is set, else a local one.
+
+    `long_running`: a local session for a process that runs until stopped (a live stream), whose JVM takes its
+    whole heap when it starts (`_local_settings`)."""
     from features.engine.runtime import check_pyspark
 
     check_pyspark()  # a PySpark this version does not support stops here, naming it and the fix
@@ -140,14 +145,14 @@ def get_spark(app_name: str = "features", shuffle_partitions: int | None = None)
         # The builder connects by itself; a master or driver settings would be refused (the server has its own).
         # `SPARK_REMOTE=local[N]` starts a Connect server in this process: it gets the local defaults.
         if remote.startswith("local"):
-            settings.update(_local_settings(shuffle_partitions, master=False)[0])
+            settings.update(_local_settings(shuffle_partitions, master=False, long_running=long_running)[0])
         spark = SparkSession.builder.config(map=settings).getOrCreate()
         apply_required_conf(spark)  # a session that already existed does not take the builder's settings
         return spark
     making_archive = False
     if "PYSPARK_GATEWAY_PORT" not in os.environ:
         # This process starts the JVM itself; under spark-submit the user's master and memory settings stand.
-        local, making_archive = _local_settings(shuffle_partitions)
+        local, making_archive = _local_settings(shuffle_partitions, long_running=long_running)
         settings.update(local)
         if not debugging():  # at DEBUG, all that Spark and its workers print
             start_jvm(settings)
@@ -161,7 +166,7 @@ def get_spark(app_name: str = "features", shuffle_partitions: int | None = None)
 _EARLY: list[Future[SparkSession]] = []  # the session being started by `start_early`, once per process
 
 
-def start_early() -> None:
+def start_early(long_running: bool = False) -> None:
     """Start the local session in a daemon thread now, in a process that has none yet (a command's), so that the
     JVM starts while this process goes on (loading the repo, planning, setting up MLflow): a cold job waits for it
     the least. A start never used costs nothing more: the process does not wait for the thread when it exits. Not
@@ -175,7 +180,7 @@ def start_early() -> None:
 
     def start() -> None:
         try:
-            future.set_result(get_spark())
+            future.set_result(get_spark(long_running=long_running))
         except BaseException as exc:  # raised where the session is waited for
             future.set_exception(exc)
 
@@ -183,19 +188,19 @@ def start_early() -> None:
     _EARLY.append(future)
 
 
-def session_soon(spark: SparkSession | None) -> Callable[[], SparkSession]:
+def session_soon(spark: SparkSession | None, long_running: bool = False) -> Callable[[], SparkSession]:
     """A function returning `spark`, or else the session `get_spark` gives, started now (`start_early`)
     when there is no active one yet: the caller does its own set-up meanwhile."""
     if spark is not None:
         return lambda: spark
-    start_early()
+    start_early(long_running)
     if not _EARLY:
-        return get_spark
+        return functools.partial(get_spark, long_running=long_running)
 
     def started() -> SparkSession:
         session = _EARLY[0].result()
         if is_stopped(session) or _remote():  # stopped since (a notebook), or Spark Connect since: the caller's
-            return get_spark()
+            return get_spark(long_running=long_running)
         _cancel_jobs_on_interrupt(session)
         return session
 
@@ -275,19 +280,22 @@ def _fill_archive(spark: SparkSession) -> None:
         logger.debug("filling the JVM class archive stopped: %s", exc)
 
 
-def _local_settings(shuffle_partitions: int | None, master: bool = True) -> tuple[dict[str, str], bool]:
+def _local_settings(
+    shuffle_partitions: int | None, master: bool = True, long_running: bool = False
+) -> tuple[dict[str, str], bool]:
     """The settings of a local session, and whether its JVM makes the class archive at its exit."""
     check_java()
     # Local workers must run this interpreter (with this package and its dependencies), not `python3` on PATH.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     cores = os.cpu_count() or 2
+    memory = os.environ.get("FEATURES_DRIVER_MEMORY", "4g")
     settings: dict[str, str] = {}
     if master:
         settings["spark.master"] = os.environ.get("FEATURES_SPARK_MASTER", f"local[{cores}]")
     settings |= {
         "spark.sql.shuffle.partitions": str(shuffle_partitions or max(4, cores * 2)),
-        "spark.driver.memory": os.environ.get("FEATURES_DRIVER_MEMORY", "4g"),
+        "spark.driver.memory": memory,
         # Off unless asked: the UI costs a start its server (and a port), and Spark's console bar would cut into
         # the package's own progress lines.
         "spark.ui.enabled": spark_ui(),
@@ -317,6 +325,12 @@ def _local_settings(shuffle_partitions: int | None, master: bool = True) -> tupl
     archive = java_options(java_description() or "", packages)
     options += archive
     extra = shlex.split(os.environ.get("FEATURES_JAVA_OPTIONS", ""))  # docs/operations.md: local sessions
+    if long_running and not any(o.startswith(("-Xms", "-XX:+AlwaysPreTouch", "-XX:-AlwaysPreTouch")) for o in extra):
+        # A process that runs for months takes its whole heap at the start, as Spark's standalone executors, Kafka's
+        # brokers and Elasticsearch do: else Java's collector grows the heap in steps over the first quarter of an
+        # hour or more, and the process's memory keeps rising long after its work has stopped growing
+        # (docs/streaming.md, "Running a stream for months").
+        options += [f"-Xms{memory}", "-XX:+AlwaysPreTouch"]
     options += extra
     if options:
         settings["spark.driver.extraJavaOptions"] = " ".join(_quoted(o) for o in options)

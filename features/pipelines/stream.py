@@ -172,7 +172,7 @@ def stream(
             "--from-savepoint: a savepoint starts one group in a new checkpoint: name it with --group, without --reset"
         )
     writers = {g.name: ready_writer(repo, g) for g in selected} if online else {}
-    session = session_soon(spark)  # the JVM starts while the MLflow run is set up
+    session = session_soon(spark, long_running=not available_now)  # the JVM starts while MLflow is set up
     show = shown_by_default() if progress is None else progress  # a terminal or a notebook
     run = StreamRun({}, {})
     params = {"trigger": "available-now" if available_now else trigger, "buckets": buckets, "online": online}

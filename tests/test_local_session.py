@@ -1,0 +1,33 @@
+"""A local session's JVM settings (features.engine.session): a live stream's JVM takes its whole heap when it
+starts (docs/operations.md, local sessions); every other command's grows its heap as it needs."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+
+from features.engine.session import _local_settings
+
+
+def java_options(long_running: bool) -> list[str]:
+    settings, _ = _local_settings(None, long_running=long_running)
+    return shlex.split(settings.get("spark.driver.extraJavaOptions", ""))
+
+
+def test_a_long_running_session_takes_its_whole_heap_at_the_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FEATURES_DRIVER_MEMORY", "3g")
+    monkeypatch.setenv("FEATURES_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1")
+    options = java_options(long_running=True)
+    assert "-Xms3g" in options and "-XX:+AlwaysPreTouch" in options
+    assert options[-1] == "-XX:TieredStopAtLevel=1"  # the user's own options come last
+    assert not any(o.startswith("-Xms") or "PreTouch" in o for o in java_options(long_running=False))
+
+
+@pytest.mark.parametrize("own", ["-Xms1g", "-XX:-AlwaysPreTouch"])
+def test_the_users_own_heap_options_stand(monkeypatch: pytest.MonkeyPatch, own: str) -> None:
+    monkeypatch.setenv("FEATURES_JAVA_OPTIONS", own)
+    options = java_options(long_running=True)
+    assert own in options
+    assert not any(o.startswith("-Xms") and o != own for o in options)
+    assert "-XX:+AlwaysPreTouch" not in options
