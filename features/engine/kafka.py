@@ -34,10 +34,10 @@ FETCH = {
     "kafka.max.partition.fetch.bytes": str(16 * 1024 * 1024),
     "kafka.fetch.max.bytes": str(64 * 1024 * 1024),
     "kafka.receive.buffer.bytes": str(4 * 1024 * 1024),
-    # Records handed over per poll (500 by default): a task reads tens of thousands, and each poll has a fixed
-    # cost. What one poll can hold stays bounded by the fetch sizes above.
-    "kafka.max.poll.records": "10000",
 }
+# Not raised: `kafka.max.poll.records` (500). At 10,000 a 500k-record batch read 1.2x faster, but a live stream at
+# 10,000 events a second then took 2.5 s a batch instead of 1 s (bench/freshness.py --rate 10000: p99 12.6 s
+# against 4.5 s).
 
 
 EARLIEST = -2  # in Spark's Kafka offsets options: a partition's earliest offset
@@ -102,10 +102,11 @@ def read_kafka(
                 "features has it"
             ) from None
         raise
-    if "minPartitions" not in options:
+    if "minPartitions" not in options and spark.conf.get("spark.master", "").startswith("local"):
         # One task per topic partition is Spark's default; on fewer cores than partitions, each task's fixed cost
         # (its consumer, its Python worker's Arrow stream) is paid per partition for nothing. Tasks that read
         # several partitions each made reading and packing 500,000 JSON records 1.3x faster (8 partitions, 2 cores).
+        # Local sessions only, whose cores are fixed: a cluster may add executors after the query's plan is made.
         raw = raw.coalesce(cores(spark))
     # Built for every record (a bad one is only known later): concat, not format_string, whose Java Formatter made
     # the read and decode 1.2x slower (1.92 against 1.58 s for 500,000 JSON records, median of 3 warm reads).
