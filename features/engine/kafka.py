@@ -105,8 +105,8 @@ def read_kafka(
     if "minPartitions" not in options and spark.conf.get("spark.master", "").startswith("local"):
         # One task per topic partition is Spark's default; on fewer cores than partitions, each task's fixed cost
         # (its consumer, its Python worker's Arrow stream) is paid per partition for nothing. Tasks that read
-        # several partitions each read, decoded and packed 500,000 JSON records in 2.15 s instead of 2.45 s (8
-        # partitions, 2 cores, medians of 5 warm reads).
+        # several partitions each read, decoded and packed 500,000 JSON records in 2.2 s instead of 2.5 s (8
+        # partitions, 2 cores, medians of alternated warm reads).
         # Local sessions only, whose cores are fixed: a cluster may add executors after the query's plan is made.
         raw = raw.coalesce(cores(spark))
     # Built for every record (a bad one is only known later): concat, not format_string, whose Java Formatter made
