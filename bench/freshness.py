@@ -92,7 +92,7 @@ class Lander:
 
 
 class KafkaLander:
-    """Produces each event as a JSON value to a new topic, in turn over its partitions; `land` returns when the
+    """Produces each event as a JSON value to a topic, in turn over its partitions; `land` returns when the
     broker has acknowledged the frame's records."""
 
     def __init__(self, bootstrap: str, topic: str = "") -> None:
@@ -100,7 +100,6 @@ class KafkaLander:
         from confluent_kafka import Producer
         from confluent_kafka.admin import AdminClient, NewTopic
 
-        self.bootstrap = bootstrap
         self.topic = topic or f"bench_fresh_{int(time.time())}"
         if not topic:
             config = {"message.timestamp.before.max.ms": str(2**63 - 1)}

@@ -288,13 +288,13 @@ def _local_settings(
     # Local workers must run this interpreter (with this package and its dependencies), not `python3` on PATH.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    cores = os.cpu_count() or 2
+    cpus = os.cpu_count() or 2
     memory = os.environ.get("FEATURES_DRIVER_MEMORY", "4g")
     settings: dict[str, str] = {}
     if master:
-        settings["spark.master"] = os.environ.get("FEATURES_SPARK_MASTER", f"local[{cores}]")
+        settings["spark.master"] = os.environ.get("FEATURES_SPARK_MASTER", f"local[{cpus}]")
     settings |= {
-        "spark.sql.shuffle.partitions": str(shuffle_partitions or max(4, cores * 2)),
+        "spark.sql.shuffle.partitions": str(shuffle_partitions or max(4, cpus * 2)),
         "spark.driver.memory": memory,
         # Off unless asked: the UI costs a start its server (and a port), and Spark's console bar would cut into
         # the package's own progress lines.
@@ -316,8 +316,8 @@ def _local_settings(
     settings |= jars.DELTA_CONF
     # Delta replays its log with this many tasks (50 by default), and VACUUM lists a table's folders with this many
     # (10,000 by default: 19 s of empty tasks on 2 cores): a few suit a local session's cores.
-    settings["spark.databricks.delta.snapshotPartitions"] = str(max(2, cores))
-    settings["spark.sql.sources.parallelPartitionDiscovery.parallelism"] = str(max(2, cores))
+    settings["spark.databricks.delta.snapshotPartitions"] = str(max(2, cpus))
+    settings["spark.sql.sources.parallelPartitionDiscovery.parallelism"] = str(max(2, cpus))
     # Ours keeps Spark's log to errors without the traces the package reports in one line; at Python's DEBUG
     # (`--log-level debug`), Spark's own profile, traces included.
     quiet = LOG4J2_CONFIG.is_file() and not debugging()
