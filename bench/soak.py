@@ -291,7 +291,8 @@ def soak(
                 _folder_bytes(repo / "data" / "checkpoints"),
                 driver,
                 workers,
-                _old_generation(stream.process.pid),
+                # Every fourth sample: each `jstat` is a JVM start of its own, on the stream's cores.
+                _old_generation(stream.process.pid) if len(samples) % 4 == 0 else None,
             )
         )
         heap_options = heap_options or _heap_options(stream.process.pid)
