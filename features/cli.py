@@ -445,12 +445,14 @@ def _stream(args: argparse.Namespace) -> int:
         retention=None if args.retention.lower() == "none" else args.retention,
     )
     try:
-        run.await_termination()
+        interrupted = run.await_or_interrupt()
     except ValidationFailed as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # a second Ctrl-C, while the first one's stop was under way
         run.stop()
+        interrupted = True
+    if interrupted:
         print("stopped; the next run resumes from the checkpoint", file=sys.stderr)
     if args.json:
         for progress in run.progress():

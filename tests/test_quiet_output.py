@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pandas as pd
@@ -126,10 +128,12 @@ def test_spark_ui_and_console_progress_on_when_asked(monkeypatch: pytest.MonkeyP
 
 
 @pytest.mark.spark
-def test_a_stream_start_prints_no_worker_chatter(feast_repo, tmp_path: Path) -> None:
-    """`features stream` in a process of its own: PySpark's driver worker of transformWithStateInPandas printed
-    five lines with the processor's repr and the output schema, Java its "incubator modules" warning, and the
-    probe of a pandas file the scheduler's "aborting job" line (prefixed with the query's id in a stream)."""
+def test_a_stream_started_and_stopped_with_ctrl_c_prints_no_chatter(feast_repo, tmp_path: Path) -> None:
+    """`features stream` in a process of its own, stopped with Ctrl-C after its first micro-batch. PySpark's driver
+    worker of transformWithStateInPandas printed five lines with the processor's repr and the output schema, Java
+    its "incubator modules" warning, and the probe of a pandas file the scheduler's "aborting job" line (prefixed
+    with the query's id in a stream). Ctrl-C printed some sixty lines of tracebacks: the KeyboardInterrupt landed
+    inside a Py4J call, which logged it, and PySpark's handler called the JVM from inside that call."""
     from features import Entity, EventSource
 
     schema = {"user_id": "string", "event_ts": "timestamp"}
@@ -142,12 +146,26 @@ def test_a_stream_start_prints_no_worker_chatter(feast_repo, tmp_path: Path) -> 
     stamps = pd.to_datetime(["2026-01-01 00:00:00.123456789", "2026-01-01 02:00:01.000000001"], utc=True)
     pd.DataFrame({"user_id": ["a", "b"], "event_ts": stamps}).to_parquet(root / "data" / "events" / "1.parquet")
 
-    command = [sys.executable, "-m", "features.cli", "stream", "--repo", str(root), "--available-now"]
-    done = subprocess.run([*command, "--no-tracking"], capture_output=True, text=True, timeout=600, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "2 events" in done.stdout, done.stdout
-    lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert lines and all(line.startswith("quiet batch ") for line in lines), done.stderr[-3000:]
+    command = [sys.executable, "-m", "features.cli", "stream", "--repo", str(root), "--trigger", "1s"]
+    process = subprocess.Popen(
+        [*command, "--no-tracking"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    watchdog = threading.Timer(600, process.kill)  # a stream that never prints its first batch fails, not hangs
+    watchdog.start()
+    try:
+        assert process.stderr is not None
+        first = process.stderr.readline()  # the first batch's progress line
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=300)
+    finally:
+        watchdog.cancel()
+        process.kill()
+    err = first + err
+    assert process.returncode == 0, err[-3000:]
+    assert "2 events" in out, out
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines[-1] == "stopped; the next run resumes from the checkpoint", err[-3000:]
+    assert all(line.startswith("quiet batch ") for line in lines[:-1]) and len(lines) > 1, err[-3000:]
 
 
 # Streams one file per micro-batch and stops the run while a batch runs a Spark job (a long one, which the stop

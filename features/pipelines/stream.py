@@ -16,7 +16,9 @@ the group's quarantine folder, both with the batch id.
 from __future__ import annotations
 
 import shutil
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -71,10 +73,12 @@ class StreamRun:
     archives: dict[str, StreamingQuery] = field(default_factory=dict)  # per Kafka source archived: its query
     carried: dict[str, stream_upgrade.Carried] = field(default_factory=dict)  # groups whose definition changed
     stopping: bool = False
+    _finishing: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def _finish(self, error: BaseException | None) -> None:
         """End the MLflow run once, after the metrics of the last batches: FINISHED, or FAILED with the error."""
-        tracking, self._tracking = self._tracking, None
+        with self._finishing:  # stop() and a waiting thread may both get here
+            tracking, self._tracking = self._tracking, None
         if tracking is not None:
             for rollup in self.rollups:
                 rollup.flush()
@@ -117,6 +121,9 @@ class StreamRun:
             try:
                 done = query.awaitTermination(None if left is None else left)
             except Exception as exc:
+                if self.stopping:  # stopped by `stop()`: whatever the stop cut short is not a failure of the run
+                    self._finish(None)
+                    return True
                 error = self.errors.get(name, exc)
                 self._finish(error)
                 raise error from None
@@ -133,6 +140,46 @@ class StreamRun:
         for query in [*self.queries.values(), *self.archives.values()]:
             query.stop()
         self._finish(None)
+
+    def await_or_interrupt(self) -> bool:
+        """`await_termination` for a command's main thread, where Ctrl-C stops the run (`stop`) and returns True.
+
+        The wait runs in a thread of its own and Ctrl-C only sets a flag: raised in the main thread, the
+        KeyboardInterrupt would land inside a Py4J call, whose handler logs it with a traceback through the root
+        logger (and so every Py4J error after it), and PySpark's own Ctrl-C handler would call the JVM from inside
+        that call. A second Ctrl-C interrupts as before, for a stop that hangs."""
+        if threading.current_thread() is not threading.main_thread():
+            self.await_termination()
+            return False
+        interrupted = threading.Event()
+        failure: list[BaseException] = []
+
+        def on_interrupt(signum: int, frame: object) -> None:
+            if interrupted.is_set():
+                raise KeyboardInterrupt
+            interrupted.set()
+
+        def wait() -> None:
+            try:
+                self.await_termination()
+            except BaseException as exc:  # re-raised in the main thread below
+                failure.append(exc)
+
+        waiter = threading.Thread(target=wait, name="features-stream-wait", daemon=True)
+        previous = signal.signal(signal.SIGINT, on_interrupt)
+        try:
+            waiter.start()
+            while waiter.is_alive() and not interrupted.is_set():
+                waiter.join(0.2)
+            if interrupted.is_set():
+                self.stop()
+                waiter.join()
+                return True
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        if failure:
+            raise failure[0]
+        return False
 
 
 def stream(
