@@ -77,16 +77,16 @@ HISTORY = (
 user_entity, source, view = to_feast(history, repo_root=HERE)
 """
 )
-# What users write without this project: start Spark, read, filter the range, one count per key, write. Tuned as
-# the project's local sessions are (features.engine.session): the same master, shuffle partitions, driver memory,
-# no UI, and the JVM class archive for its own class path (made by its first run): the floor, not a strawman.
-BARE = """import os
+# What users write without this project: start Spark, read the files, filter the range. Tuned as the project's
+# local sessions are (features.engine.session): the same master, shuffle partitions, driver memory, no UI, and the
+# JVM class archive for its own class path (made by its first run): the floor, not a strawman.
+BARE_READ = """import os
 import sys
 
-from pyspark.sql import SparkSession
+from pyspark.sql import SparkSession, Window
 from pyspark.sql import functions as F
 
-events, lower, end, out, java_options = sys.argv[1:]
+java_options, events, lower, end, out, *more = sys.argv[1:]
 cores = os.cpu_count() or 2
 spark = (
     SparkSession.builder.appName("bare")
@@ -100,33 +100,21 @@ spark = (
 )
 ts = F.col("event_ts")
 rows = spark.read.parquet(events).where((ts >= F.lit(lower).cast("timestamp")) & (ts < F.lit(end).cast("timestamp")))
-rows.groupBy("user_id").count().write.mode("overwrite").parquet(out)
 """
-# The same rows as the backfill's offline table, written by hand in bare PySpark: what the feature's values cost
-# without this project (its two phases for this one count: a count per key and 5-minute pane, +count where the
-# pane enters the 24h window and -count where it leaves, a running sum per key). Tuned as BARE is. Its rows are
-# compared with the backfill's; it validates nothing and writes no store.
-SAME_ROWS = """import os
-import sys
-
-from pyspark.sql import SparkSession, Window
-from pyspark.sql import functions as F
-
-events, lower, start, end, out, java_options = sys.argv[1:]
-EVERY, SIZE = 300_000_000, 86_400_000_000  # 5 minutes, 24 hours, in microseconds
-cores = os.cpu_count() or 2
-spark = (
-    SparkSession.builder.appName("bare-same-rows")
-    .master(f"local[{cores}]")
-    .config("spark.sql.shuffle.partitions", str(max(4, cores * 2)))
-    .config("spark.driver.memory", "4g")
-    .config("spark.ui.enabled", "false")
-    .config("spark.ui.showConsoleProgress", "false")
-    .config("spark.driver.extraJavaOptions", java_options)
-    .getOrCreate()
+# Then one count per key, written as Parquet.
+BARE = (
+    BARE_READ
+    + """rows.groupBy("user_id").count().write.mode("overwrite").parquet(out)
+"""
 )
-ts = F.col("event_ts")
-rows = spark.read.parquet(events).where((ts >= F.lit(lower).cast("timestamp")) & (ts < F.lit(end).cast("timestamp")))
+# Or the same rows as the backfill's offline table, by hand: what the feature's values cost without this project
+# (its two phases for this one count: a count per key and 5-minute pane, +count where the pane enters the 24h
+# window and -count where it leaves, a running sum per key). Its rows are compared with the backfill's; it
+# validates nothing and writes no store.
+SAME_ROWS = (
+    BARE_READ
+    + """[start] = more
+EVERY, SIZE = 300_000_000, 86_400_000_000  # 5 minutes, 24 hours, in microseconds
 panes = rows.groupBy("user_id", F.expr(f"unix_micros(event_ts) div {EVERY} * {EVERY}").alias("pane")).count()
 enters = panes.select("user_id", (F.col("pane") + EVERY).alias("end"), F.col("count").alias("delta"))
 leaves = panes.select("user_id", (F.col("pane") + SIZE + EVERY).alias("end"), (-F.col("count")).alias("delta"))
@@ -141,6 +129,7 @@ ends = F.timestamp_micros(F.col("end"))
     .parquet(out)
 )
 """
+)
 REQUIRED = 1.25  # features backfill / the tuned bare script, medians of paired runs
 PHASES = ("spark_start", "plan", "compute_validation", "offline", "online", "tracking")
 
@@ -224,12 +213,12 @@ def nightly(args: argparse.Namespace) -> tuple[list[str], bool]:
 
     def bare_run() -> float:
         out = str(WORK / "bare_out")
-        return timed_process("bare.py", events, lower.isoformat(), end.isoformat(), out, bare_java_options())[0]
+        return timed_process("bare.py", bare_java_options(), events, lower.isoformat(), end.isoformat(), out)[0]
 
     def same_rows_run() -> float:
         out = str(WORK / "same_rows_out")
-        window = (lower.isoformat(), START.isoformat(), end.isoformat())
-        return timed_process("same_rows.py", events, *window, out, bare_java_options())[0]
+        window = (lower.isoformat(), end.isoformat(), out, START.isoformat())
+        return timed_process("same_rows.py", bare_java_options(), events, *window)[0]
 
     def ours_run() -> float:
         return backfill_cli(root, "--start", START.isoformat(), "--end", end.isoformat())[0]
