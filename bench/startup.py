@@ -237,7 +237,9 @@ def nightly(args: argparse.Namespace) -> tuple[list[str], bool]:
     ratios = [o / b for o, b in zip(ours, bare, strict=True)]
     same_ratios = [o / b for o, b in zip(ours, same, strict=True)]
     ratio = statistics.median(ratios)
-    equal = series(read_table(WORK / "same_rows_out"), START).equals(series(offline_rows(root, "count_24h"), START))
+    equal = series(pd.read_parquet(WORK / "same_rows_out"), START).equals(
+        series(offline_rows(root, "count_24h"), START)
+    )
     middle = sorted(range(len(ours)), key=ours.__getitem__)[len(ours) // 2]  # the median run's breakdown
     cold = parts[middle]
     other = ours[middle] - cold["group"] - cold["spark_start"] - cold["tracking"]
@@ -280,26 +282,24 @@ def nightly(args: argparse.Namespace) -> tuple[list[str], bool]:
     return lines, ratio <= REQUIRED and equal
 
 
-def read_table(folder: Path) -> pd.DataFrame:
-    """A bare script's Parquet output, sorted as `offline_rows` sorts the offline table."""
-    return pd.read_parquet(folder).sort_values(["user_id", "window_end"], ignore_index=True)
-
-
 def series(table: pd.DataFrame, start: datetime) -> pd.DataFrame:
-    """Each key's values after `start`, without rows that repeat the key's previous values: the backfill begins
-    each key with its value at `start`, where the hand-written rows have only the change points."""
+    """Each key's count after `start`, without repeats: the backfill begins each key with its value at `start`,
+    where the hand-written rows have only the change points."""
     table = table.assign(window_end=pd.to_datetime(table["window_end"], utc=True).astype("datetime64[us, UTC]"))
-    table = table[table["window_end"] > pd.Timestamp(start)].astype({"txn_count_24h": "int64"})
-    repeated = table["txn_count_24h"] == table.groupby("user_id")["txn_count_24h"].shift(1)
-    return table[~repeated][["user_id", "window_end", "txn_count_24h"]].reset_index(drop=True)
+    table = table[table["window_end"] > pd.Timestamp(start)][["user_id", "window_end", "txn_count_24h"]]
+    return without_repeats(table.astype({"txn_count_24h": "int64"}))
 
 
 def offline_rows(root: Path, group: str) -> pd.DataFrame:
-    """The group's offline table as each key's series of values: rows that repeat the key's previous values are
-    left out (a run that starts mid-series begins each key with such a row; lookups give the same values)."""
+    """The group's offline table as each key's series of values (`without_repeats`: a run that starts mid-series
+    begins each key with a row that repeats its value; lookups give the same values)."""
     from features.stores.offline import read_pandas
 
-    table = read_pandas(str(root / "data" / "offline" / group))
+    return without_repeats(read_pandas(str(root / "data" / "offline" / group)))
+
+
+def without_repeats(table: pd.DataFrame) -> pd.DataFrame:
+    """The rows in each key's order, without those that repeat the key's previous values."""
     table = table.sort_values(["user_id", "window_end"], ignore_index=True)
     values = [c for c in table.columns if c not in ("user_id", "window_end")]
     repeated = (table[values] == table.groupby("user_id")[values].shift(1)).all(axis=1)
