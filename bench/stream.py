@@ -422,7 +422,7 @@ def main() -> int:
             tries.setdefault(name, []).append(run_ours(make_repo(f"{folder}_{i}", events, group)))
         if not kafka_first:
             from_topic = kafka_runs(i)
-        if full in tries and len(tries[full]) == i + 1:
+        if full in tries:  # this round's file run of the same group
             for fmt, rate in from_topic.items():
                 ratios[fmt].append(rate / tries[full][-1]["steady_rate"])
         runs.update({name: median_run(t) for name, t in tries.items()})
