@@ -138,7 +138,9 @@ def client_for(repo: Repo) -> tuple[MlflowClient, str, str]:
         from mlflow import MlflowClient
 
         if uri == default_uri(repo):
-            (repo.root / STORE_FILE).parent.mkdir(parents=True, exist_ok=True)
+            from features.ml.sqlite_store import ensure_store
+
+            ensure_store(repo.root / STORE_FILE)
         client = MlflowClient(tracking_uri=uri)
         return client, uri, _experiment_id(client, repo, uri)
     except ConfigError:
