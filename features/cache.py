@@ -1,6 +1,6 @@
 """Where this package keeps what it makes once per machine and reuses across runs: the Java packages Spark
-fetches (features.engine.jars), the JVM class archive (features.engine.jvm_archive) and the wheels logged
-models ship (features.ml.model)."""
+fetches (features.engine.jars), the JVM class archive (features.engine.jvm_archive), the wheels logged models
+ship (features.ml.model) and the empty MLflow store new repositories start from (features.ml.sqlite_store)."""
 
 from __future__ import annotations
 
