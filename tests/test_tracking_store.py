@@ -60,3 +60,13 @@ def test_a_store_that_exists_is_kept(cache: Path, tmp_path: Path) -> None:
     assert "kept" in [e.name for e in client.search_experiments()]
     assert not cache.exists()  # nothing made when nothing is needed
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no staged copy left behind
+
+
+def test_without_a_writable_cache_mlflow_makes_the_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "cache").write_text("a file where the cache folder would be")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    store = tmp_path / "repo" / "mlflow.db"
+    ensure_store(store)
+    assert not store.exists()  # left to MLflow, which makes it on first use as it always did
+    client = MlflowClient(tracking_uri=f"sqlite:///{store}")
+    assert [e.name for e in client.search_experiments()] == ["Default"]

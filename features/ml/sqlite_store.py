@@ -8,6 +8,7 @@ it back when it first opens the copy, as it does for a store it makes."""
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import sqlite3
@@ -17,14 +18,20 @@ from pathlib import Path
 
 from features.cache import user_cache
 
+logger = logging.getLogger(__name__)
+
 
 def ensure_store(path: Path) -> None:
     """Make the SQLite store `path` from the empty one unless it exists. A store another process makes meanwhile
     is left as it is."""
     if path.exists():
         return
-    template = _empty_store()
     path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        template = _empty_store()
+    except OSError as exc:  # e.g. a read-only home folder: MLflow makes the store itself, as without the cache
+        logger.debug("the empty MLflow store could not be kept in the cache: %s", exc)
+        return
     staged = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     shutil.copyfile(template, staged)
     try:
