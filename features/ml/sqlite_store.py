@@ -38,6 +38,8 @@ def ensure_store(path: Path) -> None:
         os.link(staged, path)  # unlike a rename, never over a store that appeared since the check above
     except FileExistsError:
         pass
+    except OSError as exc:  # a file system without hard links: MLflow makes the store itself
+        logger.debug("the empty MLflow store could not be linked to %s: %s", path, exc)
     finally:
         staged.unlink()
 
