@@ -412,3 +412,24 @@ def test_pane_tables_written_as_parquet_rows_come_back_as_they_were(group: Featu
     end = int(panes[pt.PANE].max()) + 48 * 3600 * 1_000_000
     want, got = (pt.emit(plan, t, None, end) for t in (panes, back))
     pd.testing.assert_frame_equal(got, want)
+
+
+def test_a_step_of_a_bucket_whose_panes_were_all_pruned_gives_no_eager_value() -> None:
+    """A bucket without events in a batch that moves event time on, its every pane pruned long before (events
+    resumed after a gap longer than every window): no key holds a value, and nothing fails on the empty table
+    (its list partial columns hold no Arrow type to read)."""
+    plan = pt.Plan.of(GROUP_NEWER, TYPES)
+    assert any(c.kind is AggKind.TOP_K for c in plan.calcs)
+    nothing = processor_input(plan, GROUP_NEWER, EVENTS.iloc[:0])
+    end = to_micros(EVENTS["event_ts"].max() + 48 * H)
+    end -= end % plan.pane_us
+    out = pt.step(
+        plan,
+        pt.empty_table(plan),
+        nothing,
+        end - H // pd.Timedelta(microseconds=1),
+        end,
+        eager_at=end,
+        eager_after=end - plan.pane_us,
+    )
+    assert out.eager is None and len(out.rows) == 0 and len(out.table) == 0

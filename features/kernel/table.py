@@ -538,7 +538,7 @@ def step(
     else:
         rows = emit(plan, merged.table.iloc[:0], None, 0)
     eager = None
-    if eager_at is not None:
+    if eager_at is not None and len(merged.table):  # an empty table (every pane pruned) has no value to give
         wanted = fresh[list(plan.keys)]
         if eager_after is not None and eager_after < eager_at:
             changed = row[(end > eager_after) & (end <= eager_at)]
