@@ -31,3 +31,21 @@ def test_the_users_own_heap_options_stand(monkeypatch: pytest.MonkeyPatch, own: 
     assert own in options
     assert not any(o.startswith("-Xms") and o != own for o in options)
     assert "-XX:+AlwaysPreTouch" not in options
+
+
+@pytest.mark.spark
+def test_generated_code_of_many_plans_planned_again_is_not_compiled_again(spark) -> None:
+    """A stream's micro-batches plan the same queries again (some 30 per group and batch): the classes Spark
+    generated for them the first time serve again, more than Spark's default cache of 100 of them."""
+    compiled = spark._jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME()
+
+    def plan_all() -> None:
+        # A literal is part of the generated code: each of the 150 plans compiles classes of its own. Each round
+        # plans them anew, as a micro-batch does; `execute` compiles on the driver and runs no job.
+        for i in range(150):
+            spark.range(3).selectExpr(f"id * {i} + 1 AS a")._jdf.queryExecution().executedPlan().execute()
+
+    plan_all()
+    before = compiled.getCount()
+    plan_all()
+    assert compiled.getCount() == before

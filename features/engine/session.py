@@ -307,6 +307,11 @@ def _local_settings(
         # compression is work on both sides of it, and validation's cost against the batch without it went from
         # 1.20x to 1.12x (bench/quality.py) uncompressed. A local batch's rows fit in memory either way.
         "spark.sql.inMemoryColumnarStorage.compressed": "false",
+        # Spark keeps the classes it generates and compiles for a plan in a cache of 100 by default. A stream of
+        # three groups plans some 90 per round of micro-batches (its kernel, screen, writes), so that each batch
+        # found its classes evicted and compiled them again, and Java compiled those anew: a quarter of the JVM's
+        # work. Ten times as many keep every batch after the first compiling almost nothing.
+        "spark.sql.codegen.cache.maxEntries": "1000",
     }
     # The Kafka connector (and Delta Lake) on the class path of the JVM itself, not added later as spark.jars:
     # nothing is copied per session, and the class archive below holds their classes too.
