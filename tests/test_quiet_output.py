@@ -215,3 +215,28 @@ def test_stopping_a_stream_in_the_middle_of_a_batch_is_quiet(feast_repo) -> None
     )
     assert done.returncode == 0 and done.stdout.strip() == "stopped", done.stdout + done.stderr[-3000:]
     assert not done.stderr.strip(), done.stderr[:3000]
+
+
+@pytest.mark.spark
+def test_a_broadcast_a_stop_interrupted_is_not_logged_and_other_broadcast_errors_are(spark) -> None:
+    """The local session's logging (features/engine/log4j2.properties), read by the session's own log4j: a stop in
+    the middle of a batch interrupted a broadcast being stored, and Spark's ERROR line about it printed under the
+    "stopped" line; that line is left out, every other error of the logger shows."""
+    jvm = spark._jvm
+    log4j = jvm.org.apache.logging.log4j
+    name = "org.apache.spark.broadcast.TorrentBroadcast"
+    config = log4j.LogManager.getContext(False).getConfiguration().getLoggerConfig(name)
+    assert config.getName() == name
+
+    def decision(text: str) -> str:
+        event = (
+            log4j.core.impl.Log4jLogEvent.newBuilder()
+            .setLoggerName(name)
+            .setLevel(log4j.Level.ERROR)
+            .setMessage(log4j.message.SimpleMessage(text))
+            .build()
+        )
+        return config.getFilter().filter(event).toString()
+
+    assert decision("Store broadcast broadcast_15 fail, remove all pieces of the broadcast") == "DENY"
+    assert decision("Failed to get broadcast_15_piece0 of broadcast_15") == "NEUTRAL"
