@@ -204,3 +204,21 @@ def test_stored_columns_come_back_exactly(values) -> None:
     frame = pd.DataFrame({"c": values})
     back = pt.read_frame(pt.to_bytes(frame))
     pd.testing.assert_frame_equal(back, frame)
+
+
+def test_a_checkpoints_definition_is_replaced_whole_or_not_at_all(tmp_path, monkeypatch) -> None:
+    """A stream killed while it saves its definition (or a reader at that moment) finds the previous one whole:
+    the new one is written beside it and renamed over it. A rename that fails leaves the previous one."""
+    engine.save_definition(tmp_path, {"layout": "before"})
+
+    def refused(*_: object) -> None:
+        raise OSError("no rename")
+
+    monkeypatch.setattr(engine.os, "replace", refused)
+    with pytest.raises(OSError, match="no rename"):
+        engine.save_definition(tmp_path, {"layout": "after"})
+    assert engine.saved_definition(tmp_path) == {"layout": "before"}
+    assert [p.name for p in tmp_path.iterdir()] == ["features-definition.json"]  # nothing left beside it
+    monkeypatch.undo()
+    engine.save_definition(tmp_path, {"layout": "after"})
+    assert engine.saved_definition(tmp_path) == {"layout": "after"}

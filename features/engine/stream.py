@@ -558,8 +558,16 @@ def late_schema(group: FeatureGroup, key_types: dict[str, DType]) -> str:
 
 
 def save_definition(checkpoint: Path, description: dict[str, Any]) -> None:
+    """Write the checkpoint's definition whole, by a rename: a stream killed while it writes (or a reader at that
+    moment) finds the previous one, never a file cut short."""
     checkpoint.mkdir(parents=True, exist_ok=True)
-    (checkpoint / "features-definition.json").write_text(json.dumps(description, indent=2, sort_keys=True))
+    path = checkpoint / "features-definition.json"
+    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        temp.write_text(json.dumps(description, indent=2, sort_keys=True))
+        os.replace(temp, path)
+    finally:
+        temp.unlink(missing_ok=True)
 
 
 def saved_definition(checkpoint: Path) -> dict[str, Any] | None:
