@@ -18,7 +18,6 @@ import importlib.util
 import json
 import os
 import sys
-import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from features.atomic import write_whole
 from features.errors import ConfigError, FeaturesError
 from features.spec import DType, EventSource, FeatureGroup
 
@@ -235,12 +235,7 @@ def write_schema_record(
         "recorded_at": datetime.now(UTC).isoformat(),
         "conflicts": conflicts or [],
     }
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        tmp.write_text(json.dumps(data, indent=1) + "\n")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_whole(path, json.dumps(data, indent=1) + "\n")
     return path
 
 

@@ -49,3 +49,25 @@ def test_generated_code_of_many_plans_planned_again_is_not_compiled_again(spark)
     before = compiled.getCount()
     plan_all()
     assert compiled.getCount() == before
+
+
+@pytest.mark.spark
+def test_a_write_over_more_dates_than_open_writers_keeps_every_row(spark, tmp_path) -> None:
+    """A local session writes each date's rows without sorting them first, while a task holds at most
+    CONCURRENT_WRITERS dates; past that Spark sorts the rest, and every row is still written once, one file per
+    task and date."""
+    from pyspark.sql import functions as F
+
+    from features.engine.session import CONCURRENT_WRITERS
+
+    assert spark.conf.get("spark.sql.maxConcurrentOutputFileWriters") == str(CONCURRENT_WRITERS)
+    dates = CONCURRENT_WRITERS * 2
+    # Dates interleaved within each of the two tasks, as a kernel's rows (by key, then time) are.
+    rows = spark.range(0, dates * 50, numPartitions=2).select(
+        F.col("id"), F.date_add(F.lit("2026-01-01").cast("date"), (F.col("id") % dates).cast("int")).alias("date")
+    )
+    table = str(tmp_path / "table")
+    rows.write.format("delta").partitionBy("date").save(table)
+    back = spark.read.format("delta").load(table)
+    assert sorted(r.id for r in back.select("id").collect()) == list(range(dates * 50))
+    assert back.select(F.input_file_name()).distinct().count() == dates * 2

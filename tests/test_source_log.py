@@ -56,7 +56,7 @@ def test_entries_older_than_the_newest_less_the_file_age_leave_the_newest_compac
     assert _paths(folder / "4.compact") == ["a"]
     assert pruned == source_log.Pruned(entries=2, kept=2, landed_before_ms=NOW_MS - FILE_AGE_MS)
     assert landed_before_ms(query) == NOW_MS - FILE_AGE_MS
-    assert not list(folder.glob("*.features-tmp"))
+    assert not list(folder.glob(".*.tmp"))
 
 
 def test_a_log_with_nothing_old_is_left_as_it_is(tmp_path) -> None:

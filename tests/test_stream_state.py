@@ -8,7 +8,7 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from features import Entity, EventSource, Feature, FeatureGroup, Hop, agg
+from features import Entity, EventSource, Feature, FeatureGroup, Hop, agg, atomic
 from features import kernel as pt
 from features.engine import stream as engine
 from features.spec import DType
@@ -214,7 +214,7 @@ def test_a_checkpoints_definition_is_replaced_whole_or_not_at_all(tmp_path, monk
     def refused(*_: object) -> None:
         raise OSError("no rename")
 
-    monkeypatch.setattr(engine.os, "replace", refused)
+    monkeypatch.setattr(atomic.os, "replace", refused)
     with pytest.raises(OSError, match="no rename"):
         engine.save_definition(tmp_path, {"layout": "after"})
     assert engine.saved_definition(tmp_path) == {"layout": "before"}

@@ -167,6 +167,19 @@ def test_a_store_that_cannot_start_is_a_config_error_naming_the_variable(
     assert not ran
 
 
+def test_a_run_made_in_the_background_raises_a_store_that_cannot_start_when_awaited(
+    repo: Repo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    uri = "nosuchscheme://somewhere"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    with (
+        pytest.raises(ConfigError, match=r"^MLFLOW_TRACKING_URI: .*nosuchscheme") as caught,
+        tracking.start_run(repo, kind="backfill", groups=[GROUP], background=True) as run,
+    ):
+        run.ready()
+    assert any("could not record this failure" in note for note in caught.value.__notes__)
+
+
 def test_tracking_off_records_nothing_and_never_imports_mlflow(tmp_path: Path):
     code = """
 import sys
@@ -197,7 +210,8 @@ print("mlflow" in sys.modules)
 # What a run holds
 
 
-def test_a_run_holds_definitions_params_metrics_and_validation(repo: Repo):
+@pytest.mark.parametrize("background", [False, True])
+def test_a_run_holds_definitions_params_metrics_and_validation(repo: Repo, background: bool):
     result = BackfillResult(
         group=GROUP.name,
         start=START,
@@ -211,7 +225,7 @@ def test_a_run_holds_definitions_params_metrics_and_validation(repo: Repo):
         validation=report(GROUP.name, success=True),
     )
     params = {"start": START, "end": END, "online": True}
-    with tracking.start_run(repo, kind="backfill", groups=[GROUP, OTHER], params=params) as run:
+    with tracking.start_run(repo, "backfill", [GROUP, OTHER], params, background=background) as run:
         run.log_result(result)
         run.log_metrics({"late": 5}, step=3, group=OTHER.name)
     client = client_of(repo)
@@ -266,12 +280,14 @@ def test_a_failing_block_ends_the_run_failed_with_the_error_and_the_report(repo:
     assert stored.data.metrics["user_activity.validation.failed"] == 1
 
 
-def test_a_run_started_inside_an_active_run_is_its_child(repo: Repo):
+@pytest.mark.parametrize("background", [False, True])
+def test_a_run_started_inside_an_active_run_is_its_child(repo: Repo, background: bool):
+    """The active run is the caller thread's, also for a run made in a thread of its own."""
     tracking.use(repo)
     assert "MLFLOW_TRACKING_URI" not in os.environ  # `use` leaves the environment (other repos) alone
     with (
         mlflow.start_run(run_name="notebook") as parent,
-        tracking.start_run(repo, kind="backfill", groups=[GROUP]) as child,
+        tracking.start_run(repo, kind="backfill", groups=[GROUP], background=background) as child,
     ):
         pass
     stored = client_of(repo).get_run(child.run_id)
@@ -338,6 +354,24 @@ def test_a_backfill_is_one_tracked_run_with_its_counts_and_validation(spark, bac
     assert metrics["user_activity.validation.expectations"] == len(result.validation.outcomes) > 3
     artifacts = [a.path for a in client_of(repo).list_artifacts(run.info.run_id, "validation/user_activity")]
     assert artifacts == [f"validation/user_activity/{result.validation.run_id}.json"]
+
+
+@pytest.mark.spark
+def test_a_backfill_whose_tracking_cannot_start_writes_nothing(
+    spark, backfill_repo: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """The run is made while the backfill computes; its error stops the backfill before it writes."""
+    from features.stores import offline
+
+    repo = Repo.load(backfill_repo)
+    table = repo.offline_path(GROUP)
+    if offline.current_version(table) is None:  # run alone: a table to leave alone
+        backfill(repo, START, END, [GROUP.name], spark=spark, progress=False, track=False)
+    version = offline.current_version(table)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "nosuchscheme://somewhere")
+    with pytest.raises(ConfigError, match=r"^MLFLOW_TRACKING_URI: .*--no-tracking"):
+        backfill(repo, START, END, [GROUP.name], spark=spark, progress=False)
+    assert offline.current_version(table) == version
 
 
 @pytest.mark.spark

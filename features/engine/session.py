@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 logger = logging.getLogger(__name__)
+CONCURRENT_WRITERS = 8  # a local session's files open at once per write task (dates of a nightly backfill and more)
 JAVA_HELP = (
     "Spark needs Java 17 or newer. Install it (Debian/Ubuntu: `apt-get install openjdk-17-jre-headless`; "
     "macOS: `brew install openjdk@17`) and make sure `java` is on PATH or JAVA_HOME is set."
@@ -312,6 +313,11 @@ def _local_settings(
         # found its classes evicted and compiled them again, and Java compiled those anew: a quarter of the JVM's
         # work. Ten times as many keep every batch after the first compiling almost nothing.
         "spark.sql.codegen.cache.maxEntries": "1000",
+        # A task's rows go to the files of the dates they hold (the offline table's partitions). Spark sorts each
+        # task's rows by date first, to keep one file open at a time; with a writer open per date it does not
+        # sort, unless a task holds more dates than this (it then sorts the rest). Writing a 3-day backfill's 2M
+        # rows took 2.5 / 3.1 s instead of 3.4 / 3.8 s (bench/startup.py's nightly job, the commit's write job).
+        "spark.sql.maxConcurrentOutputFileWriters": str(CONCURRENT_WRITERS),
     }
     # The Kafka connector (and Delta Lake) on the class path of the JVM itself, not added later as spark.jars:
     # nothing is copied per session, and the class archive below holds their classes too.

@@ -15,11 +15,12 @@ reads them, features.engine.upgrade)."""
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from features.atomic import write_whole
 
 DAY_MS = 86_400_000
 FILE_AGE_MS = 7 * DAY_MS  # the file source's `maxFileAge` (Spark's default, set explicitly so the two agree)
@@ -138,7 +139,5 @@ def _deltas_after(folder: Path, batch: int) -> list[Path]:
 def _replace(path: Path, text: str) -> None:
     """Write `path` whole by a rename. Hadoop's local file system keeps a `.<name>.crc` beside each file it
     writes, which would no longer match: it goes (without one, a reader checks nothing)."""
-    temp = path.with_name(f".{path.name}.features-tmp")
-    temp.write_text(text)
-    os.replace(temp, path)
+    write_whole(path, text)
     path.with_name(f".{path.name}.crc").unlink(missing_ok=True)

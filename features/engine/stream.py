@@ -46,6 +46,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
 from features import kernel as pt
+from features.atomic import write_whole
 from features.engine.inputs import bucket_of, ddl, kernel_inputs
 from features.engine.kafka import read_kafka
 from features.engine.schema import (
@@ -561,13 +562,7 @@ def save_definition(checkpoint: Path, description: dict[str, Any]) -> None:
     """Write the checkpoint's definition whole, by a rename: a stream killed while it writes (or a reader at that
     moment) finds the previous one, never a file cut short."""
     checkpoint.mkdir(parents=True, exist_ok=True)
-    path = checkpoint / "features-definition.json"
-    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        temp.write_text(json.dumps(description, indent=2, sort_keys=True))
-        os.replace(temp, path)
-    finally:
-        temp.unlink(missing_ok=True)
+    write_whole(checkpoint / "features-definition.json", json.dumps(description, indent=2, sort_keys=True))
 
 
 def saved_definition(checkpoint: Path) -> dict[str, Any] | None:

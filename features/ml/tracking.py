@@ -32,7 +32,8 @@ What a run holds:
 
 A run in progress when an MLflow run is active in the same thread and store becomes its child run.
 If tracking cannot start (a bad `MLFLOW_TRACKING_URI`, an unwritable store), `start_run` raises ConfigError
-naming `MLFLOW_TRACKING_URI`; errors while logging are raised too, never swallowed.
+naming `MLFLOW_TRACKING_URI` (with `background=True`, the run's first use or `run.ready()` does); errors while
+logging are raised too, never swallowed.
 
 Training sets (features.ml.training) call `log_training_lineage` on the active run: tags `features.training.features`,
 `.start`, `.end`, `.rows`, the same `features.definition_hash.<group>` / `features.feature.<group>.<feature>`
@@ -46,10 +47,14 @@ from __future__ import annotations
 import logging
 import os
 import re
+import sys
+import threading
 import time
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -320,8 +325,50 @@ class Run:
         if validation is not None:
             self.log_validation(validation, step=step)
 
+    def ready(self) -> Run:
+        """The run, made (a BackgroundRun waits for it here)."""
+        return self
+
     def __repr__(self) -> str:
         return f"Run(run_id={self.run_id!r}, experiment_id={self.experiment_id!r}, tracking_uri={self.tracking_uri!r})"
+
+
+class BackgroundRun(Run):
+    """A run made in a thread of its own, of the lowest priority where Linux allows one per thread: importing
+    MLflow and opening its store take seconds of CPU, and a command that starts Spark at the same time waited
+    for its JVM 0.8 s longer on 2 cores (bench/startup.py). The thread then works in the cores' idle time: the
+    JVM's start, the driver's planning. Its fields and methods wait for the run; `ready()` raises its error."""
+
+    def __init__(self, make: Callable[[], Run]) -> None:
+        self._made: Future[Run] = Future()
+        threading.Thread(target=self._make, args=(make,), name="features-mlflow-run", daemon=True).start()
+
+    def _make(self, make: Callable[[], Run]) -> None:
+        if sys.platform == "linux":  # a thread's own nice value; elsewhere it would name a process
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        try:
+            self._made.set_result(make())
+        except BaseException as exc:
+            self._made.set_exception(exc)
+
+    def ready(self) -> Run:
+        return self._made.result()
+
+    @property
+    def client(self) -> MlflowClient:  # type: ignore[override]
+        return self.ready().client
+
+    @property
+    def run_id(self) -> str:  # type: ignore[override]
+        return self.ready().run_id
+
+    @property
+    def experiment_id(self) -> str:  # type: ignore[override]
+        return self.ready().experiment_id
+
+    @property
+    def tracking_uri(self) -> str:  # type: ignore[override]
+        return self.ready().tracking_uri
 
 
 class DisabledRun(Run):
@@ -399,15 +446,23 @@ def start_run(
     enabled: bool = True,
     run_name: str | None = None,
     tags: Mapping[str, Any] | None = None,
+    background: bool = False,
 ) -> Iterator[Run]:
     """An MLflow run for one backfill or stream over `groups`, ended when the block ends (FINISHED, or FAILED
-    with the error when the block raises; the error propagates). See the module docstring for its contents."""
+    with the error when the block raises; the error propagates). See the module docstring for its contents.
+
+    `background`: the run is made in a thread of low priority while the block starts (see `BackgroundRun`); the
+    block calls `run.ready()` before it writes anything, which raises the ConfigError of a store that cannot
+    start."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     if not enabled:
         yield DisabledRun()
         return
-    run = _create_run(repo, kind, groups, params or {}, run_name, tags or {})
+    # The parent is the run active in the caller's thread. Without MLflow imported, no run can be active.
+    parent = _active_parent(tracking_uri(repo)) if "mlflow" in sys.modules else None
+    make = partial(_create_run, repo, kind, groups, params or {}, run_name, tags or {}, parent)
+    run = BackgroundRun(make) if background else make()
     try:
         yield run
     except BaseException as exc:
@@ -423,6 +478,7 @@ def _create_run(
     params: Mapping[str, Any],
     run_name: str | None,
     tags: Mapping[str, Any],
+    parent: str | None,
 ) -> Run:
     client, uri, experiment_id = client_for(repo)
     names = [g.name for g in groups]
@@ -434,7 +490,6 @@ def _create_run(
         **definition_tags(groups),
         **tags,
     }
-    parent = _active_parent(uri)
     if parent is not None:
         all_tags["mlflow.parentRunId"] = parent
     try:
@@ -468,6 +523,7 @@ def _active_parent(uri: str) -> str | None:
 def _record_failure(run: Run, exc: BaseException) -> None:
     """End the run FAILED (KILLED on interrupt) with the error; a failure to record it is added to `exc`."""
     try:
+        run = run.ready()
         report = getattr(exc, "report", None) if isinstance(exc, ValidationFailed) else None
         if report is not None:
             run.log_validation(report)
@@ -475,7 +531,7 @@ def _record_failure(run: Run, exc: BaseException) -> None:
         status = "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"
         run.client.set_terminated(run.run_id, status=status)
     except Exception as tracking_error:
-        exc.add_note(f"(MLflow run {run.run_id} could not record this failure: {tracking_error})")
+        exc.add_note(f"(The MLflow run could not record this failure: {tracking_error})")
 
 
 # ---------------------------------------------------------------------------------------------------------

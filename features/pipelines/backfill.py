@@ -51,8 +51,8 @@ class BackfillResult:
     batch_quarantined: str | None = None
     # Where the time went, in seconds: compute (planning the Spark pass: its rows are computed by the first job
     # that reads them, validation's screen, else the commit), validation, online (while the offline commit runs),
-    # offline (the rest of that commit), and from `backfill`: spark_start (waiting for the session) and tracking
-    # (MLflow set-up).
+    # offline (the rest of that commit), tracking (waiting for the MLflow run, made in the background, before
+    # writing), and from `backfill`: spark_start (waiting for the session).
     timings: dict[str, float] = field(default_factory=dict)
     # The source files set aside whole (unreadable, or not conforming to the source's schema): a record each
     # among `quarantined`, and the events they hold.
@@ -178,11 +178,12 @@ def backfill(
     from features.ml import tracking
 
     params = {"start": start_t, "end": end_t, "online": online, "on_invalid": on_invalid or "group default"}
-    setting_up = time.perf_counter()
-    with tracking.start_run(repo, kind="backfill", groups=selected, params=params, enabled=track) as run:
+    # The run is made in the background, while Spark starts and the pass is planned; the groups wait for it
+    # before they write anything.
+    with tracking.start_run(repo, "backfill", selected, params, enabled=track, background=True) as run:
         waiting = time.perf_counter()
         spark = session()
-        shared = {"tracking": waiting - setting_up, "spark_start": time.perf_counter() - waiting}
+        shared = {"spark_start": time.perf_counter() - waiting}
         results = []
         for g in selected:
             result = backfill_group(
@@ -198,6 +199,7 @@ def backfill(
                 writer=writers.get(g.name),
                 on_swapped=None if on_swapped is None else functools.partial(on_swapped, g),
                 features=features,
+                before_writing=run.ready,
             )
             result.timings.update(shared)
             shared = dict.fromkeys(shared, 0.0)  # paid once per run
@@ -231,6 +233,7 @@ def backfill_group(
     writer: OnlineWriter | None = None,
     on_swapped: Callable[[date], None] | None = None,
     features: Sequence[str] | None = None,
+    before_writing: Callable[[], object] | None = None,
 ) -> BackfillResult:
     """Backfill one group. Bad source records go to the group's quarantine folder; the change points are
     validated (features.quality) before either store is written, and a failure does what the policy says:
@@ -238,7 +241,10 @@ def backfill_group(
     it). `validate=False` skips the validation (benchmarks measure its cost that way).
 
     `features`: compute only these; the other features' values come from the table's rows (features.engine.merge),
-    which must hold them over the range, as computed with the current definition."""
+    which must hold them over the range, as computed with the current definition.
+
+    `before_writing`: called once the rows are computed and validated, before anything is written (and before
+    a failed batch is set aside); its error stops the backfill there."""
     from features import quality
 
     began = time.perf_counter()
@@ -287,6 +293,10 @@ def backfill_group(
                 lap("plan")
                 if validate:
                     report = quality.validate_batch(group, staged.rows, range_start=start)
+                if before_writing is not None:
+                    lap("compute_validation")
+                    before_writing()
+                    lap("tracking")
                 if report is not None and not report.success:
                     what = f"change points for [{start.isoformat()}, {end.isoformat()}]"
                     batch_quarantined = quality.handle_invalid(report, staged.rows, group, repo.root, chosen, what)

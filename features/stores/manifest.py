@@ -18,8 +18,6 @@ backfills of one group never lose each other's records.
 from __future__ import annotations
 
 import json
-import os
-import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -27,6 +25,7 @@ from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
+from features.atomic import write_whole
 from features.errors import ConfigError
 
 FORMAT = 1
@@ -176,16 +175,7 @@ def write_manifest(table: str | Path, manifest: Manifest) -> None:
     """Replace the manifest atomically: written to a hidden file beside it, then renamed over it."""
     path = manifest_path(table)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{MANIFEST_FILE}.{uuid.uuid4().hex}.tmp")
-    try:
-        with open(tmp, "w") as out:
-            json.dump(_to_json(manifest), out, indent=1)
-            out.write("\n")
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_whole(path, json.dumps(_to_json(manifest), indent=1) + "\n")
 
 
 @contextmanager
