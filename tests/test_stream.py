@@ -515,6 +515,18 @@ def test_the_stream_does_not_repeat_days_a_backfill_completed(spark, feast_repo_
     check_sample(PAIR_GROUP, rows, events)
 
 
+def test_a_stream_whose_tracking_cannot_start_starts_no_query(spark, feast_repo_factory, tmp_path, monkeypatch) -> None:
+    """The MLflow run is made while the stream sets up; its error stops the stream before the first batch."""
+    root = tmp_path / "repo"
+    land(root, make_events().head(500), 1)
+    feast_repo_factory(root, [PAIR_GROUP])
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "nosuchscheme://somewhere")
+    with pytest.raises(ConfigError, match=r"^MLFLOW_TRACKING_URI: .*--no-tracking"):
+        stream(Repo.load(root), available_now=True, progress=False)
+    assert not any(q.name == f"features_{PAIR_GROUP.name}" for q in spark.streams.active)
+    assert not offline.exists(Repo.load(root).offline_path(PAIR_GROUP))
+
+
 @pytest.mark.slow
 def test_a_backfill_next_to_a_running_stream(spark, feast_repo_factory, tmp_path) -> None:
     """A backfill of the first day runs while the stream takes new files: no (key, window end) twice, none

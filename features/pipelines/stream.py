@@ -219,11 +219,11 @@ def stream(
             "--from-savepoint: a savepoint starts one group in a new checkpoint: name it with --group, without --reset"
         )
     writers = {g.name: ready_writer(repo, g) for g in selected} if online else {}
-    session = session_soon(spark, long_running=not available_now)  # the JVM starts while MLflow is set up
+    session = session_soon(spark, long_running=not available_now)  # the JVM starts while the MLflow run is made
     show = shown_by_default() if progress is None else progress  # a terminal or a notebook
     run = StreamRun({}, {})
     params = {"trigger": "available-now" if available_now else trigger, "buckets": buckets, "online": online}
-    run._tracking = mlflow_tracking.start_run(repo, "stream", selected, params, enabled=tracking)
+    run._tracking = mlflow_tracking.start_run(repo, "stream", selected, params, enabled=tracking, background=True)
     run.tracker = run._tracking.__enter__()
     trigger_of: dict[str, Any] = {"availableNow": True} if available_now else {"processingTime": f"{every_s} seconds"}
     try:
@@ -268,6 +268,7 @@ def stream(
             writer = writer.trigger(**trigger_of)
             # Until its first batch reports, a run stands at the watermark its checkpoint's last batch emitted up to.
             run.latest[group.name] = StreamProgress(group.name, watermark=emitted_watermark(checkpoint / "query"))
+            run.tracker.ready()  # a tracking store that cannot start stops the stream before its first batch
             with shuffle_partitions(spark, resumed.partitions):
                 run.queries[group.name] = writer.start()
             sink.query = run.queries[group.name]
