@@ -14,7 +14,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from features import compat
+from features import compat, feast_import
 from features.errors import ConfigError, DataError, DefinitionError, FeaturesError, SchemaError, ValidationFailed
 from features.spec import (
     Entity,
@@ -30,6 +30,7 @@ from features.spec import (
 )
 
 compat.install()  # module paths of earlier versions still import (features.compat)
+feast_import.install()  # Feast's import without typeguard's instrumentation (features.feast_import)
 
 if TYPE_CHECKING:
     import pandas as pd
