@@ -335,9 +335,10 @@ class Run:
 
 class BackgroundRun(Run):
     """A run made in a thread of its own, of the lowest priority where Linux allows one per thread: importing
-    MLflow and opening its store take seconds of CPU, and a command that starts Spark at the same time waited
-    for its JVM 0.8 s longer on 2 cores (bench/startup.py). The thread then works in the cores' idle time: the
-    JVM's start, the driver's planning. Its fields and methods wait for the run; `ready()` raises its error."""
+    MLflow and opening its store take 2.5 s of CPU, and a command that did it while Spark started got its JVM
+    0.8 s later on 2 cores. At the lowest priority the thread works in the cores' idle time instead (the JVM's
+    start, the driver's planning): the nightly backfill of bench/startup.py took 0.6 s less (median of 4 paired
+    whole processes). Its fields and methods wait for the run; `ready()` raises its error."""
 
     def __init__(self, make: Callable[[], Run]) -> None:
         self._made: Future[Run] = Future()
