@@ -22,7 +22,7 @@ from features import quality
 from features.engine import stream as engine
 from features.engine.online_rows import write_online
 from features.engine.source_log import Pruning
-from features.ml.tracking import validation_metrics, validation_prefix
+from features.ml.runs import validation_metrics, validation_prefix
 from features.parallel import beside
 from features.pipelines.rollup import MetricRollup
 from features.pipelines.stream_aside import SetAside
