@@ -362,9 +362,12 @@ def aside_detail(repo: Path) -> str:
     return "\n".join(lines)
 
 
-def backfill_twin(repo: Path, work: Path, spark) -> tuple[object, dict[str, tuple[int, int]]]:  # type: ignore[no-untyped-def]
+def backfill_twin(  # type: ignore[no-untyped-def]
+    repo: Path, work: Path, spark, apply: Callable[[Path], object] | None = None
+) -> tuple[object, dict[str, tuple[int, int]]]:
     """A copy of the repo whose offline tables a backfill writes over the soaked tables' range (up to the stream's
-    final watermark); per group, the soaked rows and how many rows differ between the two tables."""
+    final watermark); per group, the soaked rows and how many rows differ between the two tables. `apply` as in
+    `soak`."""
     from features.pipelines.backfill import backfill
     from features.pipelines.stream_progress import emitted_watermark
     from features.repo import Repo
@@ -377,7 +380,10 @@ def backfill_twin(repo: Path, work: Path, spark) -> tuple[object, dict[str, tupl
         "offline", "checkpoints", "late", "quarantine", "online_store.db", "registry.db", "mlflow.db", "mlartifacts"
     )
     shutil.copytree(repo, twin_root, ignore=skipped)
-    subprocess.run(_features("apply", "--repo", str(twin_root)), check=True, capture_output=True)
+    if apply is None:
+        subprocess.run(_features("apply", "--repo", str(twin_root)), check=True, capture_output=True)
+    else:
+        apply(twin_root)
     twin = Repo.load(twin_root)
     out = {}
     for group in GROUPS:

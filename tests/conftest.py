@@ -45,6 +45,19 @@ os.environ.setdefault(JAVA_OPTIONS, "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCac
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Units of work for `--dist loadgroup` (./dev test): a test module is one, as with loadfile (its module
+    fixtures built once), except that every module using the Spark Connect server (tests/connect_server.py) joins
+    one unit. The server is a JVM of its own per test process: on the same worker it starts, and warms up, once."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    connect = {item.path for item in items if "connect_url" in getattr(item, "fixturenames", ())}
+    for item in items:
+        group = "spark-connect" if item.path in connect else str(item.path.relative_to(TESTS))
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture(scope="session")
 def spark():
     """The one SparkSession of this test process (local, UTC, few shuffle partitions)."""

@@ -62,7 +62,7 @@ def test_a_stream_soaked_through_event_time_and_a_kill(spark, tmp_path) -> None:
     assert "-XX:+AlwaysPreTouch" in result["heap_options"], result["heap_options"]
     assert any(o.startswith("-Xms") for o in result["heap_options"]), result["heap_options"]
 
-    _, differences = soak.backfill_twin(result["repo"], work, spark)
+    _, differences = soak.backfill_twin(result["repo"], work, spark, apply=apply_here)
     for group, (rows, differ) in differences.items():
         assert rows > 100 and differ == 0, (group, rows, differ)
 
