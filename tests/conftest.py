@@ -45,17 +45,26 @@ os.environ.setdefault(JAVA_OPTIONS, "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCac
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Units of work for `--dist loadgroup` (./dev test): a test module is one, as with loadfile (its module
-    fixtures built once), except that every module using the Spark Connect server (tests/connect_server.py) joins
-    one unit. The server is a JVM of its own per test process: on the same worker it starts, and warms up, once."""
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    connect = {item.path for item in items if "connect_url" in getattr(item, "fixturenames", ())}
-    for item in items:
-        group = "spark-connect" if item.path in connect else str(item.path.relative_to(TESTS))
-        item.add_marker(pytest.mark.xdist_group(group))
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """`--dist loadfile` (./dev test), except that the modules using the Spark Connect server
+    (tests/connect_server.py, a JVM of its own per test process) are one unit of work: on one worker, the server
+    starts and warms up once per run."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    connect = {
+        str(path.relative_to(config.rootpath))
+        for path in TESTS.glob("test_*.py")
+        if "from connect_server import" in path.read_text(encoding="utf-8")
+    }
+
+    class WithConnectTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = super()._split_scope(nodeid)
+            return "spark-connect" if module in connect else module
+
+    return WithConnectTogether(config, log)
 
 
 @pytest.fixture(scope="session")
