@@ -45,6 +45,7 @@ os.environ.setdefault(JAVA_OPTIONS, "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCac
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+@pytest.hookimpl(optionalhook=True)  # without xdist (`-p no:xdist`) the hook does not exist
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
     """`--dist loadfile` (./dev test), except that the modules using the Spark Connect server
     (tests/connect_server.py, a JVM of its own per test process) are one unit of work: on one worker, the server
