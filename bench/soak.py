@@ -57,11 +57,16 @@ def make_repo(work: Path, apply: Callable[[Path], object] | None = None) -> Path
     repo = work / "repo"
     shutil.copytree(ROOT / "feature_repo", repo, ignore=shutil.ignore_patterns("data", "__pycache__"))
     (repo / "data" / "transactions").mkdir(parents=True)
+    _apply(repo, apply)
+    return repo
+
+
+def _apply(repo: Path, apply: Callable[[Path], object] | None) -> None:
+    """`apply(repo)` when given, else `features apply` in a process of its own."""
     if apply is not None:
         apply(repo)
     else:
         subprocess.run(_features("apply", "--repo", str(repo)), check=True, capture_output=True)
-    return repo
 
 
 def _features(*args: str) -> list[str]:
@@ -380,10 +385,7 @@ def backfill_twin(  # type: ignore[no-untyped-def]
         "offline", "checkpoints", "late", "quarantine", "online_store.db", "registry.db", "mlflow.db", "mlartifacts"
     )
     shutil.copytree(repo, twin_root, ignore=skipped)
-    if apply is None:
-        subprocess.run(_features("apply", "--repo", str(twin_root)), check=True, capture_output=True)
-    else:
-        apply(twin_root)
+    _apply(twin_root, apply)
     twin = Repo.load(twin_root)
     out = {}
     for group in GROUPS:
