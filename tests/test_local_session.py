@@ -4,6 +4,8 @@ starts (docs/operations.md, local sessions); every other command's grows its hea
 from __future__ import annotations
 
 import shlex
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -71,3 +73,34 @@ def test_a_write_over_more_dates_than_open_writers_keeps_every_row(spark, tmp_pa
     back = spark.read.format("delta").load(table)
     assert sorted(r.id for r in back.select("id").collect()) == list(range(dates * 50))
     assert back.select(F.input_file_name()).distinct().count() == dates * 2
+
+
+def test_the_worker_daemon_drops_only_the_zips_of_the_installed_pyspark(
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    """Spark puts PySpark's own zips first on its workers' path; the daemon of local sessions imports PySpark from
+    the installed package instead, and leaves every other entry, a zip of the same name elsewhere included."""
+    import pyspark
+
+    from features.engine import worker_daemon
+
+    lib = Path(pyspark.__file__).parent / "python" / "lib"
+    elsewhere = tmp_path / "pyspark.zip"
+    zips = [str(lib / "pyspark.zip"), str(lib / "py4j-0.10.9.9-src.zip")]
+    monkeypatch.setattr(sys, "path", [*zips, str(elsewhere), *sys.path])
+    assert worker_daemon._installed_pyspark_zips() == zips
+    # Where only the zips hold PySpark (no package beside them), they stay.
+    monkeypatch.setattr(sys, "path", [*zips, str(tmp_path)])
+    assert worker_daemon._installed_pyspark_zips() == []
+
+
+@pytest.mark.spark
+def test_python_workers_import_pyspark_from_the_installed_package(spark) -> None:
+    import pyspark
+
+    def where(rows):  # runs in a Python worker, forked by the session's worker daemon
+        import sys
+
+        yield sys.modules["pyspark"].__file__, any(p.endswith("pyspark.zip") for p in sys.path)
+
+    assert spark.sparkContext.parallelize([1], 1).mapPartitions(where).collect() == [(pyspark.__file__, False)]

@@ -318,6 +318,10 @@ def _local_settings(
         # sort, unless a task holds more dates than this (it then sorts the rest). Writing a 3-day backfill's 2M
         # rows took 2.5 / 3.1 s instead of 3.4 / 3.8 s (bench/startup.py's nightly job, the commit's write job).
         "spark.sql.maxConcurrentOutputFileWriters": str(CONCURRENT_WRITERS),
+        # PySpark's worker daemon, importing PySpark from its package rather than from the zip Spark puts first on
+        # the workers' path (features.engine.worker_daemon): a cold process's first batch waited 2 s for each
+        # daemon and 1 s for each worker to compile PySpark from source.
+        "spark.python.daemon.module": "features.engine.worker_daemon",
     }
     # The Kafka connector (and Delta Lake) on the class path of the JVM itself, not added later as spark.jars:
     # nothing is copied per session, and the class archive below holds their classes too.
