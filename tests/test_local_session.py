@@ -94,6 +94,15 @@ def test_the_worker_daemon_drops_only_the_zips_of_the_installed_pyspark(
     assert worker_daemon._installed_pyspark_zips() == []
 
 
+def test_the_python_worker_daemon_is_ours_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FEATURES_PYTHON_DAEMON", raising=False)
+    settings, _ = _local_settings(None)
+    assert settings["spark.python.daemon.module"] == "features.engine.worker_daemon"
+    monkeypatch.setenv("FEATURES_PYTHON_DAEMON", "pyspark.daemon")  # PySpark's own (docs/operations.md)
+    settings, _ = _local_settings(None)
+    assert settings["spark.python.daemon.module"] == "pyspark.daemon"
+
+
 @pytest.mark.spark
 def test_python_workers_import_pyspark_from_the_installed_package(spark) -> None:
     import pyspark

@@ -320,8 +320,8 @@ def _local_settings(
         "spark.sql.maxConcurrentOutputFileWriters": str(CONCURRENT_WRITERS),
         # PySpark's worker daemon, importing PySpark from its package rather than from the zip Spark puts first on
         # the workers' path (features.engine.worker_daemon): a cold process's first batch waited 2 s for each
-        # daemon and 1 s for each worker to compile PySpark from source.
-        "spark.python.daemon.module": "features.engine.worker_daemon",
+        # daemon and 1 s for each worker to compile PySpark from source. `pyspark.daemon` is PySpark's own.
+        "spark.python.daemon.module": os.environ.get("FEATURES_PYTHON_DAEMON", "features.engine.worker_daemon"),
     }
     # The Kafka connector (and Delta Lake) on the class path of the JVM itself, not added later as spark.jars:
     # nothing is copied per session, and the class archive below holds their classes too.
