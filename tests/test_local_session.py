@@ -1,5 +1,6 @@
-"""A local session's JVM settings (features.engine.session): a live stream's JVM takes its whole heap when it
-starts (docs/operations.md, local sessions); every other command's grows its heap as it needs."""
+"""A local session's settings (features.engine.session, docs/operations.md, local sessions): a live stream's JVM
+takes its whole heap when it starts, every other command's grows its heap as it needs; its Python workers import
+PySpark from the installed package."""
 
 from __future__ import annotations
 
