@@ -17,9 +17,7 @@ import argparse
 import os
 import shutil
 import statistics
-import subprocess
 import sys
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -36,16 +34,12 @@ OURS, PYSPARKS = "features.engine.worker_daemon", "pyspark.daemon"
 def timed(daemon: str, root: Path, *args: str) -> tuple[float, float]:
     """Wall seconds of a fresh `features ...` process on `root` (whose earlier runs' tables and checkpoints are
     forgotten first), and the CPU seconds the machine spent meanwhile."""
-    for name in ("offline", "quarantine", "checkpoints"):
-        shutil.rmtree(root / "data" / name, ignore_errors=True)
-    env = startup.bench_env() | {"FEATURES_PYTHON_DAEMON": daemon}
-    command = [sys.executable, "-m", "features.cli", *args, "--repo", str(root), "--no-tracking"]
+    startup.reset(root)
+    shutil.rmtree(root / "data" / "checkpoints", ignore_errors=True)
     cpu_before = _machine_cpu()
-    began = time.perf_counter()
-    done = subprocess.run(command, cwd=WORK, env=env, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(command)} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
-    return time.perf_counter() - began, _machine_cpu() - cpu_before
+    command = ("-m", "features.cli", *args, "--repo", str(root), "--no-tracking")
+    wall, _ = startup.timed_process(*command, cwd=WORK, env={"FEATURES_PYTHON_DAEMON": daemon})
+    return wall, _machine_cpu() - cpu_before
 
 
 def _machine_cpu() -> float:

@@ -154,11 +154,12 @@ def reset(root: Path) -> None:
         shutil.rmtree(root / "data" / name, ignore_errors=True)
 
 
-def timed_process(*args: str, cwd: Path = WORK) -> tuple[float, str]:
-    """Wall seconds of a fresh `python ...` process, and its output; stops the benchmark if it fails."""
+def timed_process(*args: str, cwd: Path = WORK, env: dict[str, str] | None = None) -> tuple[float, str]:
+    """Wall seconds of a fresh `python ...` process (with `env` beside `bench_env()`), and its output; stops the
+    benchmark if it fails."""
     began = time.perf_counter()
     done = subprocess.run(
-        [sys.executable, *args], cwd=cwd, env=bench_env(), capture_output=True, text=True, check=False
+        [sys.executable, *args], cwd=cwd, env=bench_env() | (env or {}), capture_output=True, text=True, check=False
     )
     wall = time.perf_counter() - began
     if done.returncode != 0:
