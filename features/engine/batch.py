@@ -22,7 +22,8 @@ from features.engine.inputs import bucket_labels, bucket_of, ddl, kernel_inputs
 from features.engine.schema import schema_of
 from features.engine.source import observed_count
 from features.kernel.panes import MICROS, lookback_us
-from features.spec import WINDOW_END, DType, FeatureGroup
+from features.spec import WINDOW_END, DType, Feature, FeatureGroup
+from features.spec.aggregations import Empty
 from features.stores.offline import LATEST
 
 BUCKET = "fx_bucket"
@@ -64,14 +65,54 @@ class BucketJob:
 def run_bucket(events: pa.Table, *, job: BucketJob) -> pa.Table:
     """One kernel call (applyInArrow): a bucket's events -> its keys' change points, then a copy of each key's
     newest row flagged `LATEST` (the online store's row: the kernel knows it, where Spark would aggregate)."""
-    panes = kernel.phase1_sorted(job.plan, kernel.events_frame(events.drop_columns([BUCKET])))
+    rows = _bucket_rows(events.drop_columns([BUCKET]), job)
+    return _with_latest(rows, kernel.key_lasts([rows[k] for k in job.plan.keys]))
+
+
+@dataclass(frozen=True)
+class BesideJob:
+    """What one kernel call adds when some features are computed beside the table's values of the others."""
+
+    schema: pa.Schema  # keys, END_US and the whole group's features, in output order
+    empties: dict[str, pa.Array]  # each feature's empty value (an array of one)
+
+
+def run_bucket_beside(events: pa.Table, table: pa.Table, *, job: BucketJob, beside: BesideJob) -> pa.Table:
+    """One kernel call (cogroup's applyInArrow): a bucket's events -> the computed features' change points, merged
+    with the table's rows of the other features (features.kernel.beside), then the LATEST copies."""
+    events, table = events.drop_columns([BUCKET]), table.drop_columns([BUCKET])
+    rows = _bucket_rows(events, job) if events.num_rows else _no_rows(job)
+    keys = list(job.plan.keys)
+    merged, newest = kernel.beside(keys, END_US, table, rows, job.lo, beside.empties)
+    return _with_latest(merged.select(beside.schema.names).cast(beside.schema), newest)
+
+
+def _bucket_rows(events: pa.Table, job: BucketJob) -> pa.Table:
+    """The kernel's change points of a bucket's events: keys, END_US, features."""
+    panes = kernel.phase1_sorted(job.plan, kernel.events_frame(events))
     rows = kernel.emit(job.plan, panes, None, job.hi, clamp_us=job.lo)
     arrays = {name: kernel.to_arrow(rows[name], ARROW_TYPES[t]) for name, t in job.output.items()}
     arrays[END_US] = pa.array(rows[WINDOW_END].to_numpy(), pa.int64())
-    table = pa.table(arrays)
-    newest = np.flatnonzero(kernel.key_lasts([rows[k].array for k in job.plan.keys]))
-    flags = np.r_[np.zeros(len(table), dtype=bool), np.ones(len(newest), dtype=bool)]
-    return pa.concat_tables([table, table.take(newest)]).append_column(LATEST, pa.array(flags))
+    return pa.table(arrays)
+
+
+def _no_rows(job: BucketJob) -> pa.Table:
+    return pa.table(
+        {**{n: pa.array([], ARROW_TYPES[t]) for n, t in job.output.items()}, END_US: pa.array([], pa.int64())}
+    )
+
+
+def _with_latest(table: pa.Table, newest: np.ndarray) -> pa.Table:
+    """`table`, then a copy of its rows `newest` (a mask), the copies flagged `LATEST`."""
+    picked = np.flatnonzero(newest)
+    flags = np.r_[np.zeros(len(table), dtype=bool), np.ones(len(picked), dtype=bool)]
+    return pa.concat_tables([table, table.take(picked)]).append_column(LATEST, pa.array(flags))
+
+
+def empty_value(feature: Feature, dtype: DType) -> pa.Array:
+    """A feature's empty value (its value over no events) as an Arrow array of one."""
+    empty = feature.aggregation.kind.op.empty
+    return pa.array([[] if empty is Empty.EMPTY_MAP else empty.make()], ARROW_TYPES[dtype])
 
 
 def _buckets(events: DataFrame) -> int:
@@ -96,14 +137,23 @@ class ChangePoints:
 
 
 def change_points(
-    group: FeatureGroup, events: DataFrame, start_us: int, end_us: int, *, observe: bool = False
+    group: FeatureGroup,
+    events: DataFrame,
+    start_us: int,
+    end_us: int,
+    *,
+    observe: bool = False,
+    beside: TableRows | None = None,
 ) -> ChangePoints:
     """The change-point series with window ends in [start, end] (end included, so the last row of each
     key is its value as of `end`), from events before `end`. Each key's first row, at `start`, carries the
     value the range starts with.
 
     `observe=True`: count the events in the job that computes the rows; `events_read()` then returns that
-    count, and must only be called after `rows` was computed (an observation waits for its first job)."""
+    count, and must only be called after `rows` was computed (an observation waits for its first job).
+
+    `beside`: `group` is some features of `beside.group`, whose other features' values come from the offline
+    table's rows: the result is the whole group's series (features.kernel.beside), in the same kernel calls."""
     keys = list(group.join_keys)
     lower = read_lower_bound(group, start_us)
     ts = F.col(group.source.timestamp)
@@ -125,16 +175,42 @@ def change_points(
     key_types = {k: outputs[k] for k in keys}
     feature_types = {f.name: outputs[f.name] for f in group.features}
     job = BucketJob(plan, start_us, end_us, {**key_types, **feature_types})
-    schema = f"{ddl(key_types)}, {END_US} bigint, {ddl(feature_types)}, {LATEST} boolean"
+    whole = group if beside is None else beside.group
+    whole_types = whole.output_types(types)
+    schema = f"{ddl(key_types)}, {END_US} bigint, {ddl({f.name: whole_types[f.name] for f in whole.features})}"
+    schema += f", {LATEST} boolean"
+    if beside is None:
 
-    def compute(events):  # type: ignore[no-untyped-def]  # no hints: PySpark 4.3 fails to infer from string hints
-        return run_bucket(events, job=job)
+        def compute(events):  # type: ignore[no-untyped-def]  # no hints: PySpark 4.3 fails to infer from string hints
+            return run_bucket(events, job=job)
 
-    computed = (
-        projected.groupBy(BUCKET)
-        .applyInArrow(compute, schema)
-        .select(
-            *keys, F.timestamp_micros(F.col(END_US)).alias(WINDOW_END), *[F.col(f.name) for f in group.features], LATEST
+        computed = projected.groupBy(BUCKET).applyInArrow(compute, schema)
+    else:
+        merge = _beside_job(whole, key_types, whole_types)
+        kept = [f.name for f in whole.features if f.name not in feature_types]
+        table = beside.rows.where(F.col(WINDOW_END) <= F.timestamp_micros(F.lit(end_us))).select(
+            bucket, *keys, F.unix_micros(F.col(WINDOW_END)).alias(END_US), *kept
         )
+
+        def compute_beside(events, table):  # type: ignore[no-untyped-def]
+            return run_bucket_beside(events, table, job=job, beside=merge)
+
+        computed = projected.groupBy(BUCKET).cogroup(table.groupBy(BUCKET)).applyInArrow(compute_beside, schema)
+    computed = computed.select(
+        *keys, F.timestamp_micros(F.col(END_US)).alias(WINDOW_END), *[F.col(f.name) for f in whole.features], LATEST
     )
     return ChangePoints(computed.where(~F.col(LATEST)).drop(LATEST), computed, events, observed)
+
+
+@dataclass(frozen=True)
+class TableRows:
+    """The offline table's rows of a group, whose features not computed keep their values from there."""
+
+    group: FeatureGroup  # the whole group
+    rows: DataFrame  # keys, window_end and the features' columns, from far enough back (read_lower_bound)
+
+
+def _beside_job(group: FeatureGroup, key_types: dict[str, DType], types: dict[str, DType]) -> BesideJob:
+    columns = {**key_types, END_US: DType.INT64, **{f.name: types[f.name] for f in group.features}}
+    schema = pa.schema([(name, ARROW_TYPES[t]) for name, t in columns.items()])
+    return BesideJob(schema, {f.name: empty_value(f, types[f.name]) for f in group.features})

@@ -1,8 +1,9 @@
 """The phase-2 kernel (docs/internals.md, Two phases), shared by the batch and streaming engines: pure numpy/pandas, no
 Spark. `plan` says what a group computes, `frames` how the engines' Arrow input becomes pandas with every integer
 exact, `aggregations` how each aggregation is reduced, `table` the pane tables and their change points, `state` how
-the stream stores them."""
+the stream stores them, `beside` how recomputed features join the table's values of the others."""
 
+from features.kernel.beside import beside
 from features.kernel.frames import events_frame
 from features.kernel.plan import BASE, KEY, PANE, TS, Calc, Plan, text_cast, value_column
 from features.kernel.state import chunk_of, from_bytes, read_frame, to_bytes
@@ -34,6 +35,7 @@ __all__ = [
     "Plan",
     "Sorted",
     "Step",
+    "beside",
     "chunk_of",
     "combine",
     "combine_sorted",

@@ -411,7 +411,7 @@ def key_lasts(columns: Sequence[Any]) -> np.ndarray:
     last = np.zeros(n, dtype=bool)
     last[-1:] = True
     for column in columns:
-        column = pa.array(column)
+        column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else pa.array(column)
         last[:-1] |= np.asarray(pc.not_equal(column[1:], column[:-1]), dtype=bool)
     return last
 

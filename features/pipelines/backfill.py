@@ -13,17 +13,16 @@ from typing import TYPE_CHECKING
 
 from pyspark.sql import DataFrame, SparkSession
 
-from features.engine.batch import change_points, read_lower_bound
+from features.engine.batch import TableRows, change_points, read_lower_bound
 from features.engine.files import SetAsideFile, file_days
-from features.engine.merge import with_table_rows
 from features.engine.online_rows import write_online
-from features.engine.schema import FILE_REASONS, schema_of
+from features.engine.schema import FILE_REASONS
 from features.engine.session import session_soon
 from features.engine.source import observed_count, quarantine_counts, read_source
 from features.errors import ConfigError
 from features.progress import spark_progress
 from features.repo import Repo
-from features.spec import WINDOW_END, DType, FeatureGroup
+from features.spec import WINDOW_END, FeatureGroup
 from features.spec.fingerprint import definition_hash, feature_hashes
 from features.stores.manifest import read_manifest
 from features.stores.manifest import update as update_manifest
@@ -240,7 +239,7 @@ def backfill_group(
     raise ValidationFailed ("fail", writing nothing) or set the batch aside ("quarantine", writing nothing of
     it). `validate=False` skips the validation (benchmarks measure its cost that way).
 
-    `features`: compute only these; the other features' values come from the table's rows (features.engine.merge),
+    `features`: compute only these; the other features' values come from the table's rows (features.kernel.beside),
     which must hold them over the range, as computed with the current definition.
 
     `before_writing`: called once the rows are computed and validated, before anything is written (and before
@@ -281,11 +280,9 @@ def backfill_group(
     swapped: list[date] = []
     try:
         with spark_progress(spark, f"backfill {group.name}", progress):
-            computed = change_points(computing, events, micros(start), micros(end), observe=True)
+            beside = None if table_rows is None else _beside_table(group, computing, table_rows, start)
+            computed = change_points(computing, events, micros(start), micros(end), observe=True, beside=beside)
             rows = computed.with_latest
-            if table_rows is not None:
-                types = group.output_types(schema_of(events.schema))
-                rows = _beside_table(group, computing, computed.rows, table_rows, start, end, types)
             # stage -> validate -> publish (the online store beside the offline commit), or quarantine
             with Staged(rows, table, start, end) as staged:
                 # Spark computes the rows when they are first needed: in the validation's screen (one pass that
@@ -360,25 +357,17 @@ def _computed_part(
     return replace(group, features=[f for f in group.features if f.name in names]), rows
 
 
-def _beside_table(
-    group: FeatureGroup,
-    computing: FeatureGroup,
-    rebuilt: DataFrame,
-    rows: DataFrame,
-    start: datetime,
-    end: datetime,
-    types: Mapping[str, DType],
-) -> DataFrame:
-    """The group's change points (with LATEST copies) from the rebuilt features' rows and the table's rows of the
-    others, read from far enough back to hold each key's last row before `start`."""
+def _beside_table(group: FeatureGroup, computing: FeatureGroup, rows: DataFrame, start: datetime) -> TableRows:
+    """The table's rows of the features not computed, from far enough back to hold each key's last row before
+    `start`."""
     from pyspark.sql import functions as F
 
-    names = [f.name for f in computing.features]
+    names = {f.name for f in computing.features}
     kept = replace(group, features=[f for f in group.features if f.name not in names])
     lower = read_lower_bound(kept, micros(start))
     if lower is not None:
         rows = rows.where(F.col(WINDOW_END) >= F.timestamp_micros(F.lit(lower)))
-    return with_table_rows(group, rebuilt, rows, names, start, end, types)
+    return TableRows(group, rows)
 
 
 def record_set_aside(

@@ -1,0 +1,86 @@
+"""Recomputed features put beside the values the offline table holds for the others (features.kernel.beside): each
+row gets every feature's value as of its window end, rows of both sides at one window end become one, and each
+key's newest row is flagged (docs/operations.md, "Changing a group's definition"). The whole backfill path is
+compared with a full recompute in tests/test_schedule.py; this pins the rows one by one, and against a brute force
+over random series."""
+
+from __future__ import annotations
+
+import random
+
+import pyarrow as pa
+import pytest
+
+from features.kernel import beside
+
+EMPTY = {
+    "a": pa.array([0], pa.int64()),
+    "b": pa.array([0], pa.int64()),
+    "m": pa.array([[]], pa.map_(pa.string(), pa.int64())),
+}
+
+
+def _table(rows: list[tuple], columns: str, types: list[pa.DataType]) -> pa.Table:
+    names = columns.split()
+    return pa.table({n: pa.array([r[i] for r in rows], t) for i, (n, t) in enumerate(zip(names, types, strict=True))})
+
+
+def test_each_row_takes_every_features_value_as_of_its_window_end() -> None:
+    kept = _table([("u1", 5, 1), ("u1", 15, 2), ("u2", 5, 5)], "user_id end a", [pa.string(), pa.int64(), pa.int64()])
+    rebuilt = _table(
+        [("u1", 10, 10), ("u1", 15, 11), ("u3", 20, 7)], "user_id end b", [pa.string(), pa.int64(), pa.int64()]
+    )
+
+    merged, newest = beside(["user_id"], "end", kept, rebuilt, 10, EMPTY)
+
+    assert merged.to_pylist() == [
+        {"user_id": "u1", "end": 10, "a": 1, "b": 10},  # a as of 5
+        {"user_id": "u1", "end": 15, "a": 2, "b": 11},  # both sides at 15: one row
+        {"user_id": "u3", "end": 20, "a": 0, "b": 7},  # a before its first value: its empty value
+    ]  # u2 has no row at or after 10
+    assert newest.tolist() == [False, True, True]
+
+
+def test_empty_maps_and_an_empty_side() -> None:
+    kept = _table([], "k end m", [pa.string(), pa.int64(), pa.map_(pa.string(), pa.int64())])
+    rebuilt = _table([("x", 3, 1)], "k end a", [pa.string(), pa.int64(), pa.int64()])
+
+    merged, newest = beside(["k"], "end", kept, rebuilt, 0, EMPTY)
+
+    assert merged.to_pylist() == [{"k": "x", "end": 3, "m": [], "a": 1}]
+    assert newest.tolist() == [True]
+    nothing, none = beside(["k"], "end", kept, rebuilt.slice(0, 0), 0, EMPTY)
+    assert nothing.num_rows == 0 and len(none) == 0
+
+
+def _brute(kept: list[tuple], rebuilt: list[tuple], lo: int) -> list[dict]:
+    """Every (key, end) of either side at or after `lo`, each side's last value at or before it (0 before its
+    first), the key's newest such row flagged."""
+    rows = []
+    points = sorted({(k1, k2, e) for k1, k2, e, _ in kept + rebuilt if e >= lo})
+    for k1, k2, e in points:
+        a = [v for x1, x2, x, v in kept if (x1, x2) == (k1, k2) and x <= e]
+        b = [v for x1, x2, x, v in rebuilt if (x1, x2) == (k1, k2) and x <= e]
+        last = max(x for x1, x2, x, _ in kept + rebuilt if (x1, x2) == (k1, k2)) == e
+        rows.append({"k1": k1, "k2": k2, "end": e, "a": a[-1] if a else 0, "b": b[-1] if b else 0, "newest": last})
+    return rows
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_random_series_against_a_brute_force(seed: int) -> None:
+    rng = random.Random(seed)
+
+    def series(n: int) -> list[tuple]:
+        points = {(rng.choice("pq"), rng.randint(0, 2), rng.randint(0, 30)) for _ in range(n)}
+        return [(k1, k2, e, rng.randint(1, 99)) for k1, k2, e in sorted(points)]  # one value per key and end
+
+    kept, rebuilt, lo = series(rng.randint(0, 25)), series(rng.randint(0, 25)), rng.randint(0, 20)
+    types = [pa.string(), pa.int32(), pa.int64(), pa.int64()]
+    shuffled = rng.sample(rebuilt, len(rebuilt))  # the kernel's rows come sorted, but order must not matter
+
+    merged, newest = beside(
+        ["k1", "k2"], "end", _table(kept, "k1 k2 end a", types), _table(shuffled, "k1 k2 end b", types), lo, EMPTY
+    )
+
+    got = [{**row, "newest": bool(flag)} for row, flag in zip(merged.to_pylist(), newest, strict=True)]
+    assert got == _brute(kept, rebuilt, lo)
