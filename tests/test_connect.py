@@ -138,6 +138,13 @@ def test_backfill_on_connect_writes_both_stores(
     offline = _offline(root)
     pd.testing.assert_frame_equal(offline, _normalized(classic_points))
     _assert_reference_values(offline, events)
+    # Two features computed again beside the table's values of the others (a cogroup of events and table rows on
+    # the Connect session): the same table.
+    [again] = backfill(
+        features.load_repo(root), START, END, spark=spark_connect, track=False, features=["amount_max_6h", "failed_2h"]
+    )
+    assert again.only == ("failed_2h", "amount_max_6h")
+    pd.testing.assert_frame_equal(_offline(root), offline)
     keys = sorted(events["user_id"].unique())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

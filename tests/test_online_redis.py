@@ -246,6 +246,22 @@ def test_older_write_never_replaces_a_newer_value(repo: Path) -> None:
 
 
 @both_stores
+def test_a_writer_of_some_features_leaves_the_others_as_they_are(repo: Path) -> None:
+    """A backfill that computed some features writes those alone (features.pipelines.backfill)."""
+    full = writer(repo, USER)
+    rows = count_rows(T1, {"u1": 2, "u2": 20})
+    rows["amount_sum"] = [5.0, 50.0]
+    full.write(rows)
+    again = count_rows(T1, {"u1": 7, "u2": 70})
+    again["amount_sum"] = [6.0, 60.0]
+    full.only(["amount_sum"]).write(again)
+    got = _users(repo, ["u1", "u2"])
+    assert got["txn_count"] == [2, 20] and got["amount_sum"] == [6.0, 60.0]
+    full.write(count_rows(T1, {"u1": 3, "u2": 30}))  # the whole writer is unchanged, on its own connection
+    assert _users(repo, ["u1", "u2"])["txn_count"] == [3, 30]
+
+
+@both_stores
 def test_order_across_1970_and_within_a_second(repo: Path) -> None:
     """Event times before 1970 (negative seconds) and a microsecond apart still order correctly."""
     w = writer(repo, USER)

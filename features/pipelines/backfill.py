@@ -240,7 +240,7 @@ def backfill_group(
     it). `validate=False` skips the validation (benchmarks measure its cost that way).
 
     `features`: compute only these; the other features' values come from the table's rows (features.kernel.beside),
-    which must hold them over the range, as computed with the current definition.
+    which must hold them over the range, as computed with the current definition. Online, only these are written.
 
     `before_writing`: called once the rows are computed and validated, before anything is written (and before
     a failed batch is set aside); its error stops the backfill there."""
@@ -254,6 +254,9 @@ def backfill_group(
     records = quality.quarantine_root(repo.root, group.name) / "records" / quality.new_run_id()
     table = repo.offline_path(group)
     computing, table_rows = _computed_part(spark, table, group, features)
+    if table_rows is not None and writer is not None:
+        # The others' values online stay as the store has them: the table's rows hold them before `end`, not at it.
+        writer = writer.only([f.name for f in computing.features])
     lower = read_lower_bound(computing, micros(start))
     rejected = source.rejected_for(lower, micros(end))
     # The pass that computes the change points also counts the bad records: only when it finds some (or files

@@ -20,9 +20,10 @@ column at a time in Feast's format (features.stores.feast_codec), then hand it t
 
 from __future__ import annotations
 
+import copy
 import sqlite3
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from itertools import chain, repeat
 from pathlib import Path
@@ -91,6 +92,14 @@ class OnlineWriter(ABC):
     @abstractmethod
     def close(self) -> None:
         """Release connections; the writer reopens them if used again."""
+
+    def only(self, names: Sequence[str]) -> OnlineWriter:
+        """A writer of these features alone, on connections of its own: the store's values of the others stay as
+        they are."""
+        narrowed = copy.copy(self)
+        narrowed.__dict__.update(self.__getstate__())  # no connection shared with this writer
+        narrowed.features = {n: self.features[n] for n in names}
+        return narrowed
 
     def __enter__(self) -> OnlineWriter:
         return self
