@@ -84,3 +84,53 @@ def test_random_series_against_a_brute_force(seed: int) -> None:
 
     got = [{**row, "newest": bool(flag)} for row, flag in zip(merged.to_pylist(), newest, strict=True)]
     assert got == _brute(kept, rebuilt, lo)
+
+
+@pytest.mark.spark
+def test_some_features_beside_the_tables_rows_equal_the_whole_group_with_int_keys(spark) -> None:
+    """The engine's path (features.engine.batch.change_points with `beside`): events whose key is a 32-bit int,
+    table rows whose key is a bigint (as the table stores it), grouped into the same buckets."""
+    from dataclasses import replace
+    from datetime import UTC, datetime
+
+    import numpy as np
+    import pandas as pd
+    from pyspark.sql import functions as F
+
+    from features import Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, agg
+    from features.engine.batch import TableRows, change_points
+    from features.spec import WINDOW_END
+
+    rng = np.random.default_rng(5)
+    start = datetime(2026, 3, 1, tzinfo=UTC)
+    events = pd.DataFrame(
+        {
+            "account": rng.integers(0, 40, 3_000).astype("int32"),
+            "amount": rng.gamma(2.0, 30.0, 3_000),
+            "event_ts": start + pd.to_timedelta(rng.integers(0, 2 * 86_400, 3_000), unit="s"),
+        }
+    )
+    group = FeatureGroup(
+        "accounts",
+        Entity("account", join_keys=["account"]),
+        EventSource("events", path="unused", timestamp="event_ts"),
+        [
+            Feature("n_1h", agg.count(), window=Hop("1h", every="10m")),
+            Feature("n_ever", agg.count(), window=Lifetime(every="1h")),
+            Feature("max_3h", agg.max("amount"), window=Hop("3h", every="10m")),
+        ],
+    )
+    frame = spark.createDataFrame(events).withColumn("account", F.col("account").cast("int"))
+    lo, hi = int(start.timestamp() * 1e6), int((start.timestamp() + 2 * 86_400) * 1e6)
+    whole = change_points(group, frame, lo, hi).with_latest
+    table = whole.where(~F.col("fx_latest")).drop("fx_latest").withColumn("account", F.col("account").cast("bigint"))
+    table = table.withColumn("max_3h", F.lit(None).cast("double"))  # the feature to compute again
+    alone = replace(group, features=[group.features[2]])
+    beside = change_points(alone, frame, lo, hi, beside=TableRows(group, table)).with_latest
+
+    def rows(df) -> list[tuple]:
+        return sorted(
+            tuple(r) for r in df.select("account", WINDOW_END, "n_1h", "n_ever", "max_3h", "fx_latest").collect()
+        )
+
+    assert rows(beside) == rows(whole)

@@ -548,6 +548,32 @@ def test_rows_outside_the_backfilled_days_warn(repo: Repo, events: pd.DataFrame)
         training_set(rows, ["user_transactions:failed_count_24h"], repo, timestamp_column="t")
 
 
+def test_rows_on_days_computed_before_a_feature_changed_warn(repo: Repo, events: pd.DataFrame):
+    """The manifest keeps each day's hash per feature (written by the schedule's backfills): a day computed with an
+    earlier definition of a feature, or before it was added, has no history of it."""
+    from features.spec.fingerprint import feature_hashes
+    from features.stores.manifest import manifest_path, update
+
+    group = next(g for g in GROUPS if g.name == "user_transactions")
+    table = repo.offline_path(group)
+    rows = entity_rows(events, n=4)
+    rows.loc[0, "t"] = START + pd.Timedelta(hours=1)
+    try:
+        with update(table, group.name) as manifest:
+            earlier = {**feature_hashes(group), "failed_count_24h": "an earlier definition"}
+            manifest.record(START.date(), "earlier", earlier, 10)
+        with pytest.warns(
+            UserWarning, match=r"user_transactions:failed_count_24h has no history on 1 day.s. from 20.*--only-changed"
+        ):
+            training_set(rows, ["user_transactions:failed_count_24h"], repo, timestamp_column="t")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            training_set(rows, ["user_transactions:amount_sum_1h"], repo, timestamp_column="t")
+        assert not [w for w in caught if "no history" in str(w.message)]
+    finally:
+        manifest_path(table).unlink()
+
+
 # ---------------------------------------------------------------------------------------------------------
 # The demo model learns from the windowed features
 

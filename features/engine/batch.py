@@ -188,8 +188,12 @@ def change_points(
     else:
         merge = _beside_job(whole, key_types, whole_types)
         kept = [f.name for f in whole.features if f.name not in feature_types]
-        table = beside.rows.where(F.col(WINDOW_END) <= F.timestamp_micros(F.lit(end_us))).select(
-            bucket, *keys, F.unix_micros(F.col(WINDOW_END)).alias(END_US), *kept
+        # The keys as the events have them: a hash bucket depends on the type (an int and a bigint differ).
+        same_keys = [F.col(k).cast(events.schema[k].dataType).alias(k) for k in keys]
+        table = (
+            beside.rows.where(F.col(WINDOW_END) <= F.timestamp_micros(F.lit(end_us)))
+            .select(*same_keys, F.unix_micros(F.col(WINDOW_END)).alias(END_US), *kept)
+            .select(bucket, *keys, END_US, *kept)
         )
 
         def compute_beside(events, table):  # type: ignore[no-untyped-def]

@@ -33,7 +33,9 @@ from features.errors import ConfigError
 from features.ml.lineage import lineage_from, lineage_of
 from features.repo import Repo
 from features.spec import DType, FeatureGroup
+from features.spec.fingerprint import feature_hashes
 from features.stores.feature_refs import ROW_ID, FeatureRef, fill_empty, join_keys, offline_dates, resolve_features
+from features.stores.manifest import read_manifest
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame as SparkDataFrame
@@ -120,11 +122,39 @@ def offline_spans(
 
 
 def _check_coverage(repo: Repo, refs: Sequence[FeatureRef], times: pd.Series, versions: dict[str, int]) -> None:
-    """A ConfigError if a group has no offline rows; a warning if lookups fall on days no backfill covered."""
+    """A ConfigError if a group has no offline rows; a warning if lookups fall on days no backfill covered, or on
+    days computed before a feature was added or changed."""
     valid = times.dropna()
     for name, (first, after) in offline_spans(repo, refs, versions).items():
         if len(valid):
             _warn_outside(name, (first, after), int((valid < first).sum()), int((valid >= after).sum()))
+    if len(valid):
+        _warn_without_history(repo, refs, valid.min(), valid.max())
+
+
+def _warn_without_history(repo: Repo, refs: Sequence[FeatureRef], first: datetime, last: datetime) -> None:
+    """Warn of features the table holds no values of on some days of the lookups: days a backfill computed before
+    the feature was added, or with an earlier definition of it (the manifest keeps each day's hash per feature).
+    There its column is empty or holds the old definition's values."""
+    for group in {r.group.name: r.group for r in refs}.values():
+        current = feature_hashes(group)
+        days = read_manifest(repo.offline_path(group), group.name).partitions
+        wanted = [r.feature.name for r in refs if r.group.name == group.name]
+        for name in wanted:
+            without = sorted(
+                d
+                for d, e in days.items()
+                if first.date() <= d <= last.date() and e.feature_hashes.get(name) != current[name]
+            )
+            if not without:
+                continue
+            warnings.warn(
+                f"training_set: feature {group.name}:{name} has no history on {len(without)} day(s) from "
+                f"{without[0]} to {without[-1]} (computed before it was added or changed), where entity rows look "
+                "it up: its values there are empty or the old definition's. Fix: `features backfill --repo "
+                f"{repo.root} --group {group.name} --since-last --only-changed` computes it alone over those days",
+                stacklevel=4,
+            )
 
 
 def _warn_outside(group: str, span: tuple[datetime, datetime], early: int, late: int) -> None:
@@ -267,6 +297,8 @@ def _spark_training_set(
     _check_times(timestamp_column, stats.missing)
     for name, (early, late) in stats.outside.items():
         _warn_outside(name, spans[name], early, late)
+    if stats.start is not None and stats.end is not None:
+        _warn_without_history(repo, refs, stats.start, stats.end)
     lineage = lineage_from(refs, stats.rows, stats.start, stats.end, timestamp_column, repo, versions)
     if log_lineage:
         from features.ml import tracking
