@@ -30,7 +30,8 @@ from features.cli import build_parser, main
 from features.demo import generate_transactions, write_events
 from features.errors import ConfigError, ValidationFailed
 from features.pipelines.days import days_from, last_complete_day, spans
-from features.pipelines.schedule import FORCED, NEW, chunk_runs, execute, plan, request
+from features.pipelines.schedule import execute
+from features.pipelines.schedule_plan import FORCED, NEW, chunk_runs, plan, request
 from features.pipelines.stale import late_event_micros, stale_days
 from features.progress import PartitionProgress
 from features.repo import Repo
@@ -649,7 +650,9 @@ def test_added_and_changed_features_are_computed_alone_beside_the_others(spark, 
 
     redefine(repo.root, [GROWN_V2])
     repo = Repo.load(repo.root)
-    assert [r.features for r in plan(repo, request(since_last=True), now=NOW).runs] == [None]  # by default: all
+    by_default = plan(repo, request(since_last=True), now=NOW)
+    assert [r.features for r in by_default.runs] == [None]  # by default: all, and the plan says what else it could do
+    assert "--only-changed would compute only amount_max_2h, amount_sum_1h there" in by_default.describe()
     the_plan = plan(repo, request(since_last=True, days_per_run=3, only_changed=True), now=NOW)
     [run] = the_plan.runs
     assert run.features == ("amount_sum_1h", "amount_max_2h") and run.days == (D1, D2, D3)

@@ -9,7 +9,7 @@
   backfill completed a day of it, else with the feature view registered in Feast (names, types, and the
   aggregation and window each field's description states);
 - the completed days a backfill computed with another definition: `features backfill --since-last` (or
-  `--date`) recomputes them (features.pipelines.schedule);
+  `--date`) recomputes them (features.pipelines.schedule_plan);
 - the Feast objects (entities, data sources, feature views) whose registered spec differs from the repo's,
   from Feast's own dry run of the apply (`FeatureStore.plan`), which writes nothing to the registry.
 """

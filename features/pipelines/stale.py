@@ -1,5 +1,5 @@
 """Stale partitions: which completed days of a group a changed definition or the stream's late events make
-wrong, so that `features backfill --date/--since-last` recomputes them (features.pipelines.schedule).
+wrong, so that `features backfill --date/--since-last` recomputes them (features.pipelines.schedule_plan).
 
 An event at time ts changes the window ends in (ts, ts + size + every] of each feature, so the completed days
 holding those ends are stale; a `Lifetime` window changes at every later window end, so a late event makes

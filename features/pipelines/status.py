@@ -1,8 +1,8 @@
 """`features status`: where each group stands, gathered from what the jobs left behind (nothing is computed).
 
 Per group: the days a backfill completed (features.stores.manifest), the stale days and the days still to compute
-that `features backfill --since-last` would do, with why (features.pipelines.schedule's own plan of it), the days whose
-latest backfill set source records aside, the offline table's newest version and its files (the version
+that `features backfill --since-last` would do, with why (features.pipelines.schedule_plan's own plan of it), the
+days whose latest backfill set source records aside, the offline table's newest version and its files (the version
 `training_set(..., as_of_version=)` reads; a date holding many files waits for compaction), the stream's emitted
 watermark and how far it is behind the newest
 event landed in the source (when the group has a stream checkpoint), and the group's last runs in MLflow (when
@@ -117,7 +117,7 @@ def status(
 
 def _group_status(repo: Repo, group: FeatureGroup, now: datetime) -> GroupStatus:
     from features.pipelines.days import last_complete_day
-    from features.pipelines.schedule import NEW, Request, plan
+    from features.pipelines.schedule_plan import NEW, Request, plan
 
     table = repo.offline_path(group)
     completed = read_manifest(table, group.name).completed()
