@@ -22,8 +22,8 @@ from features.engine.inputs import bucket_labels, bucket_of, ddl, kernel_inputs
 from features.engine.schema import schema_of
 from features.engine.source import observed_count
 from features.kernel.panes import MICROS, lookback_us
-from features.spec import WINDOW_END, DType, Feature, FeatureGroup
-from features.spec.aggregations import Empty
+from features.spec import WINDOW_END, DType, FeatureGroup
+from features.stores.feature_refs import FeatureColumn, empty_value
 from features.stores.offline import LATEST
 
 BUCKET = "fx_bucket"
@@ -107,12 +107,6 @@ def _with_latest(table: pa.Table, newest: np.ndarray) -> pa.Table:
     picked = np.flatnonzero(newest)
     flags = np.r_[np.zeros(len(table), dtype=bool), np.ones(len(picked), dtype=bool)]
     return pa.concat_tables([table, table.take(picked)]).append_column(LATEST, pa.array(flags))
-
-
-def empty_value(feature: Feature, dtype: DType) -> pa.Array:
-    """A feature's empty value (its value over no events) as an Arrow array of one."""
-    empty = feature.aggregation.kind.op.empty
-    return pa.array([[] if empty is Empty.EMPTY_MAP else empty.make()], ARROW_TYPES[dtype])
 
 
 def _buckets(events: DataFrame) -> int:
@@ -217,4 +211,10 @@ class TableRows:
 def _beside_job(group: FeatureGroup, key_types: dict[str, DType], types: dict[str, DType]) -> BesideJob:
     columns = {**key_types, END_US: DType.INT64, **{f.name: types[f.name] for f in group.features}}
     schema = pa.schema([(name, ARROW_TYPES[t]) for name, t in columns.items()])
-    return BesideJob(schema, {f.name: empty_value(f, types[f.name]) for f in group.features})
+    empties = {
+        f.name: pa.array(
+            [empty_value(FeatureColumn(f.name, types[f.name], f.aggregation.kind.op.empty))], schema.field(f.name).type
+        )
+        for f in group.features
+    }
+    return BesideJob(schema, empties)
