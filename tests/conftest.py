@@ -68,6 +68,26 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
     return WithConnectTogether(config, log)
 
 
+# What MLFLOW_TRACKING_URI was when the run started. `mlflow.set_tracking_uri` exports its URI to this process's
+# environment, where every command a later test starts would take it for the user's choice: two tests' commands then
+# write one store at once (MLflow's schema creation is not safe for that).
+MLFLOW_URI_AT_START = os.environ.get("MLFLOW_TRACKING_URI")
+
+
+@pytest.fixture(autouse=True)
+def mlflow_uri_left_alone() -> Iterator[None]:
+    """Fails a test (or a module fixture set up before it) that leaves MLFLOW_TRACKING_URI changed."""
+    yield
+    now = os.environ.get("MLFLOW_TRACKING_URI")
+    if now == MLFLOW_URI_AT_START:
+        return
+    if MLFLOW_URI_AT_START is None:
+        os.environ.pop("MLFLOW_TRACKING_URI")
+    else:
+        os.environ["MLFLOW_TRACKING_URI"] = MLFLOW_URI_AT_START
+    pytest.fail(f"MLFLOW_TRACKING_URI was left set to {now!r} (mlflow.set_tracking_uri exports it); reset it")
+
+
 @pytest.fixture(scope="session")
 def spark():
     """The one SparkSession of this test process (local, UTC, few shuffle partitions)."""

@@ -149,14 +149,14 @@ def logged(repo: Repo, classifier, rows: pd.DataFrame, tmp_path_factory: pytest.
     base = tmp_path_factory.mktemp("logged")
     origin = base / "logged_from"
     shutil.copytree(repo.root, origin)
-    previous = mlflow.get_tracking_uri()
     tracking.use(origin)
     try:
         with mlflow.start_run(run_name="serving"):
             info = log_model(classifier, REFS, origin, input_example=rows, input_columns=["amount"])
         model_dir = Path(mlflow.artifacts.download_artifacts(info.model_uri, dst_path=str(base / "download")))
     finally:
-        mlflow.set_tracking_uri(previous)
+        # None, not the URI read before: setting a URI exports it to the environment, for every later command.
+        mlflow.set_tracking_uri(None)
     expected = np.asarray(mlflow.pyfunc.load_model(str(model_dir)).predict(rows), dtype="float64")
     shutil.rmtree(origin)
     return Logged(model_dir, origin, expected)
