@@ -23,6 +23,7 @@ between columns and literals, AND, OR, NOT, parentheses, IS [NOT] NULL, [NOT] IN
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 import operator
 import re
@@ -51,6 +52,7 @@ _NEVER_NULL = {kind for kind in AggKind if kind.op.empty is not Empty.NULL}
 # Time
 
 
+@functools.lru_cache(maxsize=1 << 16)  # lookups ask for the same times again and again
 def to_micros(t: pd.Timestamp | str) -> int:
     """Microseconds since the epoch (floor); a naive timestamp is read as UTC."""
     ts = pd.Timestamp(t)
@@ -317,12 +319,17 @@ def _is_null(value: object) -> bool:
     return value is None or value is pd.NA or value is pd.NaT or (isinstance(value, float) and math.isnan(value))
 
 
+# One row a feature can read: its event time in microseconds and its value column's value (None for count()).
+_Row = tuple[int, object]
+
+
 @dataclass(frozen=True)
 class _FeatureRows:
-    """The rows a feature can ever read (where true, timestamp present), split by key, with `_ts_us`."""
+    """The rows a feature can ever read (where true, timestamp present), split by key, as plain (time, value)
+    tuples: each lookup scans its key's rows in Python, with no pandas indexing per lookup."""
 
     feature: Feature
-    by_key: dict[tuple[object, ...], pd.DataFrame]
+    by_key: dict[tuple[object, ...], list[_Row]]
     integral: bool  # an integer value column: sums stay integers
 
 
@@ -333,10 +340,13 @@ def _prepare(events: pd.DataFrame, group: FeatureGroup, feature_name: str) -> _F
     rows["_ts_us"] = _event_micros(rows, group.source.timestamp)
     rows = rows[rows["_ts_us"].notna()]
     keys = list(group.join_keys)
+    column = feature.aggregation.column
     by_key = {}
     for key, part in rows.groupby(keys, dropna=True, sort=False):
-        by_key[tuple(_native(k) for k in key)] = part
-    column = feature.aggregation.column
+        values = part[column] if column is not None else [None] * len(part)
+        by_key[tuple(_native(k) for k in key)] = [
+            (ts, _native(v)) for ts, v in zip(part["_ts_us"], values, strict=True)
+        ]
     integral = column is not None and _integral(events[column])
     return _FeatureRows(feature, by_key, integral)
 
@@ -351,37 +361,33 @@ def _as_key(key: object) -> tuple[object, ...]:
     return tuple(key) if isinstance(key, tuple | list) else (key,)
 
 
-def _window_rows(prepared: _FeatureRows, key: object, t: pd.Timestamp | str) -> pd.DataFrame:
-    rows = prepared.by_key.get(_as_key(key))
-    if rows is None:
-        return pd.DataFrame(columns=["_ts_us"])
+def _window_rows(prepared: _FeatureRows, key: object, t: pd.Timestamp | str) -> list[_Row]:
+    rows = prepared.by_key.get(_as_key(key), [])
     lo, hi = window_bounds_us(prepared.feature, t)
-    inside = [(lo is None or lo <= ts) and ts < hi for ts in rows["_ts_us"]]
+    inside = [row for row in rows if (lo is None or lo <= row[0]) and row[0] < hi]
     if prepared.feature.window.gap_s is not None:
-        return _open_session(rows[inside], hi, prepared.feature.window.gap_s * MICROS)
-    return rows[inside]
+        return _open_session(inside, hi, prepared.feature.window.gap_s * MICROS)
+    return inside
 
 
-def _open_session(rows: pd.DataFrame, end: int, gap: int) -> pd.DataFrame:
+def _open_session(rows: list[_Row], end: int, gap: int) -> list[_Row]:
     """The rows (all before `end`) of the session open at `end`: the last run of rows in time order whose
     consecutive times are less than `gap` apart, if its last time is less than `gap` before `end`; else none."""
-    times = sorted(rows["_ts_us"])
+    times = sorted(ts for ts, _ in rows)
     if not times or end - times[-1] >= gap:
-        return rows.iloc[:0]
+        return []
     first = len(times) - 1
     while first > 0 and times[first] - times[first - 1] < gap:
         first -= 1
-    return rows[[ts >= times[first] for ts in rows["_ts_us"]]]
+    return [row for row in rows if row[0] >= times[first]]
 
 
-def _pairs(rows: pd.DataFrame, column: str) -> list[tuple[int, object]]:
+def _pairs(rows: list[_Row]) -> list[_Row]:
     """(timestamp, value) of every non-null value in the window."""
-    if len(rows) == 0:
-        return []
-    return [(ts, _native(v)) for ts, v in zip(rows["_ts_us"], rows[column], strict=True) if not _is_null(v)]
+    return [row for row in rows if not _is_null(row[1])]
 
 
-def _aggregate(prepared: _FeatureRows, rows: pd.DataFrame) -> object:
+def _aggregate(prepared: _FeatureRows, rows: list[_Row]) -> object:
     aggregation = prepared.feature.aggregation
     kind = aggregation.kind
     if kind is AggKind.COUNT:
@@ -389,12 +395,11 @@ def _aggregate(prepared: _FeatureRows, rows: pd.DataFrame) -> object:
     if kind in (AggKind.SESSION_START, AggKind.SESSION_DURATION):
         if len(rows) == 0:
             return None
-        first, last = min(rows["_ts_us"]), max(rows["_ts_us"])
+        first, last = min(ts for ts, _ in rows), max(ts for ts, _ in rows)
         if kind is AggKind.SESSION_DURATION:
             return (last - first) / MICROS
         return pd.Timestamp(first - first % MICROS, unit="us", tz="UTC")  # to the whole second, as Feast keeps it
-    assert aggregation.column is not None
-    pairs = _pairs(rows, aggregation.column)
+    pairs = _pairs(rows)
     values = [v for _, v in pairs]
     if kind is AggKind.SUM:
         return sum(values) if prepared.integral else math.fsum(values)  # fsum: the correctly rounded sum
@@ -499,10 +504,9 @@ def reference_window_values(
 ) -> list[Any]:
     """The sorted non-null values of the feature's column inside its window for (key, t)."""
     prepared = _prepare(events, group, feature_name)
-    column = prepared.feature.aggregation.column
-    if column is None:
+    if prepared.feature.aggregation.column is None:
         raise ValueError(f"feature {feature_name!r} is a count() and reads no column")
-    return sorted(v for _, v in _pairs(_window_rows(prepared, key, t), column))
+    return sorted(v for _, v in _pairs(_window_rows(prepared, key, t)))
 
 
 def percentile_ok(estimate: float, exact: float) -> bool:
