@@ -1,12 +1,13 @@
-"""What the local session's Python worker daemon (features.engine.worker_daemon: PySpark imported from its
-package, not from the zip Spark puts first on its workers' path) does to a command's cold start: the figure
-docs/operations.md quotes.
+"""What the local session's Python workers (features.engine.worker_daemon: the worker daemon and the
+`features-spark-python` interpreter import PySpark from its package, not from the zip Spark puts first on its
+workers' path) do to a command's cold start: the figure docs/operations.md quotes.
 
     python bench/python_workers.py [--repeats 5] [--events 3000]
 
 Each command a fresh process on the demo repo's two groups over `--events` events: (a) `features stream
---available-now` from an empty checkpoint, (b) `features backfill`; each with the package's daemon and with
-PySpark's own (`FEATURES_PYTHON_DAEMON=pyspark.daemon`), paired and alternating: wall seconds, and the CPU seconds
+--available-now` from an empty checkpoint, (b) `features backfill`; each with the package's workers and with
+PySpark's own (`FEATURES_PYTHON_DAEMON=pyspark.daemon PYSPARK_PYTHON=<this interpreter>`), paired and alternating:
+wall seconds, and the CPU seconds
 the machine spent during it (the steadier figure on a shared machine). Medians; the ratio is ours / PySpark's.
 The tests' Java options (docs/operations.md, local sessions) are not set: a user's command runs without them.
 """
@@ -28,17 +29,18 @@ from results import load, update_section
 
 WORK = Path(__file__).resolve().parent / "work" / "python_workers"
 START = datetime(2026, 1, 1, tzinfo=UTC)
-OURS, PYSPARKS = "features.engine.worker_daemon", "pyspark.daemon"
+OURS, PYSPARKS = "ours", "PySpark's"
+SETTINGS = {OURS: {}, PYSPARKS: {"FEATURES_PYTHON_DAEMON": "pyspark.daemon", "PYSPARK_PYTHON": sys.executable}}
 
 
-def timed(daemon: str, root: Path, *args: str) -> tuple[float, float]:
+def timed(workers: str, root: Path, *args: str) -> tuple[float, float]:
     """Wall seconds of a fresh `features ...` process on `root` (whose earlier runs' tables and checkpoints are
     forgotten first), and the CPU seconds the machine spent meanwhile."""
     startup.reset(root)
     shutil.rmtree(root / "data" / "checkpoints", ignore_errors=True)
     cpu_before = _machine_cpu()
     command = ("-m", "features.cli", *args, "--repo", str(root), "--no-tracking")
-    wall, _ = startup.timed_process(*command, cwd=WORK, env={"FEATURES_PYTHON_DAEMON": daemon})
+    wall, _ = startup.timed_process(*command, cwd=WORK, env=SETTINGS[workers])
     return wall, _machine_cpu() - cpu_before
 
 
@@ -55,8 +57,8 @@ def _machine_cpu() -> float:
 def row(what: str, repeats: int, root: Path, *args: str) -> str:
     runs: dict[str, list[tuple[float, float]]] = {OURS: [], PYSPARKS: []}
     for i in range(repeats):
-        for daemon in (OURS, PYSPARKS) if i % 2 == 0 else (PYSPARKS, OURS):
-            runs[daemon].append(timed(daemon, root, *args))
+        for workers in (OURS, PYSPARKS) if i % 2 == 0 else (PYSPARKS, OURS):
+            runs[workers].append(timed(workers, root, *args))
     cells = []
     for figure in (0, 1):  # wall, then CPU
         medians = [statistics.median(r[figure] for r in runs[d]) for d in (OURS, PYSPARKS)]
@@ -82,7 +84,8 @@ def main() -> None:
         "",
         f"`python bench/python_workers.py --repeats {args.repeats} --events {args.events}`: local Spark on 2 cores, "
         "each command a fresh process (MLflow tracking off) on the demo repo's two groups; the local session's Python "
-        f"worker daemon `{OURS}` against PySpark's own `{PYSPARKS}`, paired and alternating, medians (every run "
+        "workers (the daemon `features.engine.worker_daemon` and the interpreter `features-spark-python`) against "
+        "PySpark's own (`pyspark.daemon`, this interpreter), paired and alternating, medians (every run "
         "listed); CPU seconds are the machine's (/proc/stat) during the command: its JVM and Python workers included.",
         "",
         "| run | wall s, ours | wall s, PySpark's | ours / PySpark's | CPU s, ours | CPU s, PySpark's "

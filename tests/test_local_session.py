@@ -4,13 +4,17 @@ PySpark from the installed package."""
 
 from __future__ import annotations
 
+import json
+import os
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from features.engine.session import _local_settings
+from features.engine.worker_daemon import workers_python
 
 
 def java_options(long_running: bool) -> list[str]:
@@ -102,6 +106,44 @@ def test_the_python_worker_daemon_is_ours_unless_asked(monkeypatch: pytest.Monke
     monkeypatch.setenv("FEATURES_PYTHON_DAEMON", "pyspark.daemon")  # PySpark's own (docs/operations.md)
     settings, _ = _local_settings(None)
     assert settings["spark.python.daemon.module"] == "pyspark.daemon"
+
+
+def test_the_workers_python_runs_a_module_as_python_m_does_with_pyspark_from_its_package(tmp_path) -> None:
+    """Spark starts its other Python processes (a stream's driver-side `transformWithStateInPandas` check) as
+    `<PYSPARK_PYTHON> -m <module> [arguments]`, the zips first on their path: `features-spark-python` runs the module
+    as `python -m` would (the working folder first on the path, the module's arguments and exit status), with PySpark
+    from its package."""
+    import pyspark
+
+    lib = Path(pyspark.__file__).parent / "python" / "lib"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(z) for z in sorted(lib.glob("*.zip")))}
+    command = workers_python()
+    assert Path(command).name == "features-spark-python"
+    (tmp_path / "probe.py").write_text(
+        "import json, sys, pyspark\nprint(json.dumps([sys.argv[1:], sys.path[0], pyspark.__file__, __name__]))\n"
+    )
+    (tmp_path / "fails.py").write_text("raise SystemExit(3)\n")
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([command, *args], cwd=tmp_path, env=env, capture_output=True, text=True, check=False)
+
+    done = run("-m", "probe", "a", "--b")
+    assert json.loads(done.stdout) == [["a", "--b"], str(tmp_path), pyspark.__file__, "__main__"], done.stderr
+    assert run("-m", "fails").returncode == 3
+    # Anything else goes to the interpreter unchanged (and imports PySpark as Spark's path says).
+    done = run(
+        "-c", "import sys, pyspark; print(sys.argv[1:], pyspark.__file__.endswith('.zip/pyspark/__init__.py'))", "x"
+    )
+    assert done.stdout.strip() == "['x'] True", done.stderr
+
+
+def test_a_local_session_starts_python_with_the_workers_python_unless_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
+    _local_settings(None)
+    assert os.environ["PYSPARK_PYTHON"] == workers_python()
+    monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
+    _local_settings(None)
+    assert os.environ["PYSPARK_PYTHON"] == sys.executable
 
 
 @pytest.mark.spark

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from features.engine import jars
 from features.engine.jvm_archive import java_options, making
 from features.engine.jvm_output import start_jvm
+from features.engine.worker_daemon import workers_python
 from features.errors import EnvironmentProblem
 
 if TYPE_CHECKING:
@@ -286,8 +287,9 @@ def _local_settings(
 ) -> tuple[dict[str, str], bool]:
     """The settings of a local session, and whether its JVM makes the class archive at its exit."""
     check_java()
-    # Local workers must run this interpreter (with this package and its dependencies), not `python3` on PATH.
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    # Local workers must run this interpreter (with this package and its dependencies), not `python3` on PATH, and
+    # import PySpark from its package (features.engine.worker_daemon).
+    os.environ.setdefault("PYSPARK_PYTHON", workers_python())
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     cpus = os.cpu_count() or 2
     memory = os.environ.get("FEATURES_DRIVER_MEMORY", "4g")

@@ -1,19 +1,28 @@
-"""The Python worker daemon of local sessions: PySpark's own (`pyspark.daemon`), with PySpark imported from the
-installed package instead of the zip that Spark puts first on its workers' path.
+"""The Python of local sessions' workers: PySpark imported from the installed package instead of the zip that Spark
+puts first on its workers' path.
 
 Python imports a zip's modules from source, compiling each one anew (the zip holds no bytecode), and re-reads the
 zip's directory in every worker the daemon forks: about 2 s in each daemon and 1 s in each worker, paid on the first
-batch of every process (docs/operations.md, local sessions). The package beside it is the same PySpark with its
-compiled files. Nothing else is imported before the fork: the daemon forks its workers, and the libraries the
-workers need start threads when imported (PySpark imports them after the fork for that reason).
+batch of every process, and 0.7 s in the driver-side process that Spark starts for every stream's
+`transformWithStateInPandas` at each start (docs/operations.md, local sessions). The package beside it is the same
+PySpark with its compiled files.
 
-Spark starts it as `python -m features.engine.worker_daemon [worker module]` (`spark.python.daemon.module`)."""
+Two ways in, one rule (`drop_installed_pyspark_zips`):
+- `main`: the worker daemon, `python -m features.engine.worker_daemon [worker module]` (`spark.python.daemon.module`);
+- `python`: the `features-spark-python` command, the interpreter Spark starts its other Python processes with
+  (`PYSPARK_PYTHON`): `features-spark-python -m <module> [arguments]` runs the module as `python -m` would.
+
+Nothing else is imported before the daemon forks: the libraries the workers need start threads when imported
+(PySpark imports them after the fork for that reason)."""
 
 from __future__ import annotations
 
 import importlib.machinery
 import os
+import runpy
 import sys
+
+COMMAND = "features-spark-python"
 
 
 def _installed_pyspark_zips() -> list[str]:
@@ -30,14 +39,43 @@ def _installed_pyspark_zips() -> list[str]:
     return [z for z in zips if os.path.dirname(z) == lib and (os.path.basename(z) == "pyspark.zip" or py4j)]
 
 
-def main() -> None:
+def drop_installed_pyspark_zips() -> None:
     for entry in _installed_pyspark_zips():
         sys.path.remove(entry)
         # Python keeps an importer per path entry and asks each to refresh its cache when a worker adds a folder.
         sys.path_importer_cache.pop(entry, None)
+
+
+def workers_python() -> str:
+    """The `features-spark-python` command of this interpreter's installation, else the interpreter itself."""
+    import sysconfig
+
+    for folder in (sysconfig.get_path("scripts"), os.path.dirname(sys.executable)):
+        command = os.path.join(folder, COMMAND)
+        if os.access(command, os.X_OK):
+            return command
+    return sys.executable
+
+
+def main() -> None:
+    drop_installed_pyspark_zips()
     from pyspark.daemon import manager
 
     manager()
+
+
+def python() -> None:
+    """`features-spark-python -m <module> [arguments]`, as Spark starts a Python process; any other arguments go to
+    this interpreter unchanged."""
+    args = sys.argv[1:]
+    if len(args) < 2 or args[0] != "-m":
+        os.execv(sys.executable, [sys.executable, *args])
+    drop_installed_pyspark_zips()
+    # As `python -m` has them: the working folder first on the path (not this command's folder), and the module's
+    # arguments (runpy puts the module's file in front).
+    sys.path[0] = os.getcwd()
+    sys.argv = [args[1], *args[2:]]
+    runpy.run_module(args[1], run_name="__main__", alter_sys=True)
 
 
 if __name__ == "__main__":
