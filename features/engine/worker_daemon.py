@@ -70,6 +70,10 @@ def python() -> None:
     args = sys.argv[1:]
     if len(args) < 2 or args[0] != "-m":
         os.execv(sys.executable, [sys.executable, *args])
+    if args[1] == __name__:  # this daemon (spark.python.daemon.module), imported already: run, not run again
+        sys.argv = [__file__, *args[2:]]
+        main()
+        return
     drop_installed_pyspark_zips()
     # As `python -m` has them: the working folder first on the path (not this command's folder), and the module's
     # arguments (runpy puts the module's file in front).
