@@ -1,5 +1,6 @@
 """Compaction of the offline table (features.stores.compaction): a stream's date partitions never hold more than
-`above + every` files however many batches ran (24 <= 32 with the stream's settings), readers never see a row
+`above + every` small files however many batches ran (24 <= 32 with the stream's settings), its rounds leave full
+files as they are, readers never see a row
 missing or doubled while a compaction commits, a backfill of the same day at the same moment loses nothing, and
 `features compact` compacts and vacuums (docs/table-format.md)."""
 
@@ -10,6 +11,7 @@ import threading
 from datetime import timedelta
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 from test_offline_table import T0, M, assert_once, cli_group, rows, table_rows
@@ -56,6 +58,32 @@ def test_a_streams_date_partition_holds_at_most_above_plus_every_files(spark, tm
     clock[0] = 3600.0  # an hour later: the next round also vacuums (files younger than the retention stay)
     stream_batches(spark, table, 4, compaction, first=9)
     assert compaction.vacuumed == 3600.0
+
+
+def test_a_streams_rounds_leave_full_files_and_rewrite_only_the_small_ones(spark, tmp_path: Path) -> None:
+    """Delta's OPTIMIZE would rewrite a live day's compacted file with every round's few new files (all under its 1 GiB
+    default): a round rewrites only the files under `full_bytes`, and a full file stays, its rows once."""
+    table = str(tmp_path / "g")
+    compaction = StreamCompaction(table, every=4, above=2, vacuum_every_s=math.inf)
+    stream_batches(spark, table, 4, compaction)
+
+    def active() -> dict[str, int]:
+        actions = pa.table(DeltaTable(table).get_add_actions(flatten=True)).to_pydict()
+        return dict(zip(actions["path"], actions["size_bytes"], strict=True))
+
+    [(first, size)] = active().items()  # the first round's file, of 4 appends' rows
+    compaction.full_bytes = size  # full from now on; one append's file is smaller
+    assert files_per_date(table, size) == {}
+    assert stream_batches(spark, table, 4, compaction, first=4) == [2, 3, 4, 2]
+    files = active()
+    assert first in files and len(files) == 2  # the full file as it was, and the 4 new appends in one
+    got = table_rows(table)
+    assert_once(got)
+    assert len(got) == 8 * 2 * 3
+    assert spark.conf.get("spark.databricks.delta.optimize.minFileSize", None) is None  # the session as it was
+    # `features compact` (no bound) still makes one file of the date.
+    assert compact(spark, table) == {T0.date(): 2}
+    assert files_per_date(table) == {T0.date(): 1}
 
 
 def test_readers_never_see_a_row_missing_or_doubled_while_a_compaction_commits(spark, tmp_path: Path) -> None:

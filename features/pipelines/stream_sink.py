@@ -166,7 +166,7 @@ class BatchSink:
             self.compaction = StreamCompaction(table)
         self.offline_log.refresh()
         if offline.append_batch(self.spark, rows, self.offline_log, batch_id, count) and self.compaction is not None:
-            compacted = self.compaction.after_append(self.spark)
+            compacted = self.compaction.after_append(rows.sparkSession)  # the query's own session
             if compacted:
                 self.rollup.add({"compacted_files": sum(compacted.values())}, batch_id, self.group.name)
 

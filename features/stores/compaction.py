@@ -7,10 +7,15 @@ see the files before it or after it, never both and never neither. A stream's ap
 files it did not read). A backfill that replaces the same date at the same moment makes one of the two commits
 fail: a backfill commits again (features.stores.offline), a compaction waits for its next round.
 
-A stream compacts every `EVERY_APPENDS` of its appends, the dates then holding more than `COMPACT_ABOVE` files:
-as each append adds at most one file per date, no date ever holds more than COMPACT_ABOVE + EVERY_APPENDS
-(24 <= MAX_FILES) files, however many batches ran, and a day whose windows are final is compacted at the next
-round after its last append. `features compact` compacts every date with more than one file on demand.
+A stream compacts every `EVERY_APPENDS` of its appends, the dates then holding more than `COMPACT_ABOVE` small
+files: as each append adds at most one file per date, no date ever holds more than COMPACT_ABOVE + EVERY_APPENDS
+(24 <= MAX_FILES) small files, however many batches ran, and a day whose windows are final is compacted at the
+next round after its last append. A file of `FULL_FILE_BYTES` or more is full: a stream's rounds leave it as it is.
+Delta's OPTIMIZE rewrites every file under its `optimize.minFileSize` (1 GiB unless set), so that without this
+bound each round rewrote the live day's whole compacted file with the few new ones, work that grows with the day
+(a stream of 10,000 events a second wrote 90 MB to its day in 5 minutes); with it, a round rewrites at most one
+not-yet-full file beside the new ones, and a day holds its full files besides. `features compact` compacts every
+date with more than one file on demand, with Delta's own setting.
 
 The files a compaction or a backfill replaced stay for older versions (time travel, `training_set(...,
 as_of_version=)`) until VACUUM deletes them, once they are older than the table's retention, Delta's own
@@ -36,18 +41,35 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 EVERY_APPENDS = 16  # a stream's appends between compaction rounds
-COMPACT_ABOVE = 8  # a round compacts the dates holding more files than this
+COMPACT_ABOVE = 8  # a round compacts the dates holding more small files than this
+FULL_FILE_BYTES = 128 * 1024 * 1024  # a stream's rounds leave files of this size or more (Delta's usual target)
+MIN_FILE_SIZE = "spark.databricks.delta.optimize.minFileSize"  # OPTIMIZE rewrites the files under it
 assert COMPACT_ABOVE + EVERY_APPENDS <= MAX_FILES  # the bound the module docstring derives
 VACUUM_EVERY_S = 3600.0
 
 
-def compact(spark: SparkSession, table: str, above: int = 1) -> dict[date, int]:
-    """Rewrite each date partition holding more than `above` files as one file (Delta's OPTIMIZE, one commit);
-    returns the files each compacted date held before."""
-    crowded = {day: n for day, n in files_per_date(table).items() if n > above}
-    if crowded:
-        days = ", ".join(f"'{day.isoformat()}'" for day in crowded)
-        spark.sql(f"OPTIMIZE delta.`{_sql_path(table)}` WHERE {DATE} IN ({days})").collect()
+def compact(spark: SparkSession, table: str, above: int = 1, full_bytes: int | None = None) -> dict[date, int]:
+    """Rewrite the files of each date partition holding more than `above` files as one file (Delta's OPTIMIZE, one
+    commit); with `full_bytes`, only the files smaller than that count and are rewritten. Returns the files each
+    compacted date held before (those counted)."""
+    crowded = {day: n for day, n in files_per_date(table, full_bytes).items() if n > above}
+    if not crowded:
+        return crowded
+    days = ", ".join(f"'{day.isoformat()}'" for day in crowded)
+    optimize = f"OPTIMIZE delta.`{_sql_path(table)}` WHERE {DATE} IN ({days})"
+    if full_bytes is None:
+        spark.sql(optimize).collect()
+        return crowded
+    # The session's setting, for this command only: a stream passes its query's own session (each query has one).
+    previous = spark.conf.get(MIN_FILE_SIZE, None)
+    spark.conf.set(MIN_FILE_SIZE, str(full_bytes))
+    try:
+        spark.sql(optimize).collect()
+    finally:
+        if previous is None:
+            spark.conf.unset(MIN_FILE_SIZE)
+        else:
+            spark.conf.set(MIN_FILE_SIZE, previous)
     return crowded
 
 
@@ -75,12 +97,13 @@ def _sql_path(table: str) -> str:
 
 @dataclass
 class StreamCompaction:
-    """A stream's rounds: after every `every` appends, compact the dates holding more than `above` files;
-    vacuum once per `vacuum_every_s` of `clock`."""
+    """A stream's rounds: after every `every` appends, compact the dates holding more than `above` files smaller
+    than `full_bytes`; vacuum once per `vacuum_every_s` of `clock`."""
 
     table: str
     every: int = EVERY_APPENDS
     above: int = COMPACT_ABOVE
+    full_bytes: int = FULL_FILE_BYTES
     vacuum_every_s: float = VACUUM_EVERY_S
     clock: Callable[[], float] = time.monotonic
     appends: int = 0
@@ -97,7 +120,7 @@ class StreamCompaction:
         if self.appends % self.every:
             return {}
         try:
-            compacted = compact(spark, self.table, self.above)
+            compacted = compact(spark, self.table, self.above, self.full_bytes)
         except Exception as exc:
             if not is_conflict(exc):
                 raise

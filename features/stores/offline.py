@@ -45,7 +45,7 @@ EARLIER_BACKFILL_FILE = "part-0.parquet"  # the one file per date of a backfill 
 LATEST = "fx_latest"
 KEY = "features"  # the commit info's key for what this package wrote
 BACKFILL, STREAM, MIGRATED = "backfill", "stream", "migrate"
-MAX_FILES = 32  # active files per date partition at most: a write's tasks, and a stream's between compactions
+MAX_FILES = 32  # a date's files from one write (its tasks) at most, and a stream's small files between compactions
 ATTEMPTS = 5  # commits tried before a conflict is raised (each after the other writer's commit)
 CHECKPOINT_INTERVAL = "100"  # commits between Delta's checkpoints (its default of 10 is one per 10 s at a 1 s trigger)
 # Each data file's statistics cover the window end alone, the column readers filter on (a training set's range,
@@ -146,12 +146,13 @@ def rows_by_date(table: str, version: int | None = None) -> dict[date, int]:
     return _per_date(table, version, "num_records")
 
 
-def files_per_date(table: str) -> dict[date, int]:
-    """The active data files of each date partition (from the log; no data is read); {} without a table."""
-    return _per_date(table, None, None)
+def files_per_date(table: str, smaller_than: int | None = None) -> dict[date, int]:
+    """The active data files of each date partition (from the log; no data is read), only those of fewer than
+    `smaller_than` bytes if given; {} without a table."""
+    return _per_date(table, None, None, smaller_than)
 
 
-def _per_date(table: str, version: int | None, weight: str | None) -> dict[date, int]:
+def _per_date(table: str, version: int | None, weight: str | None, smaller_than: int | None = None) -> dict[date, int]:
     """The sum of the `weight` column of the table's active files per date partition (their count for None)."""
     if not exists(table):
         return {}
@@ -159,8 +160,11 @@ def _per_date(table: str, version: int | None, weight: str | None) -> dict[date,
 
     actions = pa.table(_loaded(table, version).get_add_actions(flatten=True)).to_pydict()
     days = actions[f"partition.{DATE}"]
+    sizes = actions["size_bytes"]
     out: dict[date, int] = {}
-    for value, n in zip(days, actions[weight] if weight else [1] * len(days), strict=True):
+    for value, n, size in zip(days, actions[weight] if weight else [1] * len(days), sizes, strict=True):
+        if smaller_than is not None and size >= smaller_than:
+            continue
         day = value if isinstance(value, date) else date.fromisoformat(str(value))
         out[day] = out.get(day, 0) + int(n or 0)
     return dict(sorted(out.items()))
