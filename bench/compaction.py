@@ -3,11 +3,12 @@
     python bench/compaction.py [--appends 240] [--rows 40000] [--full-mb 16]
 
 One date partition of a Delta table takes `--appends` appends of `--rows` rows each (a stream's micro-batches
-writing to its live day: eight columns of random values, about 1 MB a file), with a compaction round every 16
-appends (features.stores.compaction.StreamCompaction, the stream's settings), twice in the same session, the order
-alternating by round: (a) the stream's rounds, which leave the files of `--full-mb` or more as they are, and (b)
-the same rounds with Delta's OPTIMIZE as it is by default (every file under 1 GiB is rewritten: the live day's whole
-compacted file each round). `--full-mb` stands in for the stream's 128 MB so that the day outgrows it in minutes.
+writing to its live day: eight columns of random values, 2.6 MB a file at the default 40,000 rows), with a
+compaction round every 16 appends (features.stores.compaction.StreamCompaction, the stream's settings), twice in the
+same session, the order alternating by round: (a) the stream's rounds, which leave the files of `--full-mb` or more
+as they are, and (b) the same rounds with Delta's OPTIMIZE as it is by default (every file under 1 GiB is rewritten:
+the live day's whole compacted file each round). `--full-mb` stands in for the stream's 128 MB so that the day
+outgrows it in minutes.
 Prints the seconds of each table's rounds early and late in the day and in all, and the ratio (a) / (b).
 """
 

@@ -70,16 +70,15 @@ def python() -> None:
     args = sys.argv[1:]
     if len(args) < 2 or args[0] != "-m":
         os.execv(sys.executable, [sys.executable, *args])
-    if args[1] == __name__:  # this daemon (spark.python.daemon.module), imported already: run, not run again
-        sys.argv = [__file__, *args[2:]]
-        main()
-        return
     drop_installed_pyspark_zips()
     # As `python -m` has them: the working folder first on the path (not this command's folder), and the module's
     # arguments (runpy puts the module's file in front).
     sys.path[0] = os.getcwd()
     sys.argv = [args[1], *args[2:]]
-    runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+    if args[1] == __name__:  # this daemon (spark.python.daemon.module), imported already: run, not run again
+        main()
+    else:
+        runpy.run_module(args[1], run_name="__main__", alter_sys=True)
 
 
 if __name__ == "__main__":
