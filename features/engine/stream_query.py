@@ -4,8 +4,7 @@ against the checkpoint."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,6 +13,7 @@ from pyspark.sql.pandas.types import to_arrow_type
 from pyspark.sql.types import StructType
 
 from features.engine import stream as engine
+from features.session_conf import session_setting
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -54,16 +54,10 @@ def stateful_query(
     return events, projection, out
 
 
-@contextmanager
-def shuffle_partitions(spark: SparkSession, partitions: int) -> Iterator[None]:
+def shuffle_partitions(spark: SparkSession, partitions: int) -> AbstractContextManager[None]:
     """Start a query with its own shuffle partitions: a streaming query copies the session's settings when it
     starts (and its stateful operator keeps the count in the checkpoint from then on)."""
-    before = spark.conf.get("spark.sql.shuffle.partitions")
-    spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
-    try:
-        yield
-    finally:
-        spark.conf.set("spark.sql.shuffle.partitions", before)
+    return session_setting(spark, "spark.sql.shuffle.partitions", str(partitions))
 
 
 def can_repartition_state(spark: SparkSession) -> bool:

@@ -33,6 +33,7 @@ from datetime import date, timedelta
 from typing import TYPE_CHECKING
 
 from features.errors import ConfigError
+from features.session_conf import session_setting
 from features.stores.offline import DATE, MAX_FILES, exists, files_per_date, is_conflict
 
 if TYPE_CHECKING:
@@ -60,16 +61,9 @@ def compact(spark: SparkSession, table: str, above: int = 1, full_bytes: int | N
     if full_bytes is None:
         spark.sql(optimize).collect()
         return crowded
-    # The session's setting, for this command only: a stream passes its query's own session (each query has one).
-    previous = spark.conf.get(MIN_FILE_SIZE, None)
-    spark.conf.set(MIN_FILE_SIZE, str(full_bytes))
-    try:
+    # For this command only: a stream passes its query's own session (each query has one).
+    with session_setting(spark, MIN_FILE_SIZE, str(full_bytes)):
         spark.sql(optimize).collect()
-    finally:
-        if previous is None:
-            spark.conf.unset(MIN_FILE_SIZE)
-        else:
-            spark.conf.set(MIN_FILE_SIZE, previous)
     return crowded
 
 
