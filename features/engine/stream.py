@@ -69,6 +69,11 @@ from features.engine.source import (
     stream_reads_nanoseconds,
 )
 from features.engine.source_log import FILE_AGE
+from features.engine.stream_rows import BAD, EAGER, KIND, LATE, LATEST, REASON, RECORD, OutputFrames
+from features.engine.stream_rows import REPLACED as REPLACED  # the names the sink reads the output by, kept here
+from features.engine.stream_rows import ROW as ROW
+from features.engine.stream_rows import STAT as STAT
+from features.engine.stream_rows import STAT_FIELDS as STAT_FIELDS
 from features.engine.upgrade import PendingUpgrade
 from features.errors import ConfigError, DefinitionError
 from features.kernel.state import LAYOUT_CHUNK
@@ -78,21 +83,10 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 BUCKET = "fx_bucket"
-KIND = "fx_kind"  # what an output row is: a change point, a late event, a bad record, or a bucket's state size
-ROW, LATE, BAD, STAT = "row", "late", "bad", "stat"
-EAGER = "eager"  # a touched key's value ahead of the watermark, for the online store only
-REASON = "fx_reason"
-RECORD = "fx_record"  # a late event or bad record as JSON; on STAT rows the bucket's STAT_FIELDS as a JSON list
 PACK = "fx_pack"  # the processor's input: one bucket's events of one Arrow batch, as Arrow IPC stream bytes
 # On the processor's input: the newest good event time a task of the batch read (µs), sent to every bucket so that
 # each one knows the stream-wide event time of the batch (eager values are taken there, not at a bucket's own).
 NEWEST = "fx_newest"
-LATEST = "fx_latest"  # on ROW rows: the key's newest row of the batch, the one the online store gets
-REPLACED = "fx_replaced"  # on LATEST rows: the key has an EAGER row too, newer, which replaces it online
-# What a STAT row tells of its bucket: pane rows and serialized bytes in state, events read, the watermark it
-# emitted up to (µs), and when its oldest event landed (µs). One JSON column rather than a column each: every
-# output row carries every column, and these would be null on all but one row per bucket.
-STAT_FIELDS = ("bucket", "state_rows", "state_bytes", "events", "watermark", "landed")
 CHUNK_US = 3600 * 1_000_000  # pane tables are stored in chunks of one hour of panes
 STATE_FORMAT = 4  # the layout of a bucket's state, saved with the checkpoint (3: no token; 2: DataSketches; 1: by key)
 RESIDENT_BUCKETS = 4  # buckets whose state a Python worker keeps between batches (_Resident)
@@ -259,7 +253,7 @@ class PaneProcessor(StatefulProcessor):
         self.eager = eager
         self.coded = replace(plan, keys=(pt.KEY,))  # what the pane table functions see
         self.group_name = group_name
-        self.output = output  # column -> Arrow type, in the order of the output schema
+        self.frames = OutputFrames(output)  # column -> Arrow type, in the order of the output schema
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
@@ -276,7 +270,7 @@ class PaneProcessor(StatefulProcessor):
         if table[REASON].null_count < n:
             bad = pc.is_valid(table[REASON])
             side = table.filter(bad).select([REASON, RECORD]).to_pandas()
-            yield self._side(BAD, side[REASON].to_numpy(), side[RECORD].to_numpy())
+            yield self.frames.side(BAD, side[REASON].to_numpy(), side[RECORD].to_numpy())
             table = table.filter(pc.invert(bad))
         events = pt.events_frame(table.drop_columns([REASON, RECORD, LANDED]))
         yield from self._advance(key[0], events, timerValues, n, landed, stream_newest)
@@ -356,14 +350,14 @@ class PaneProcessor(StatefulProcessor):
         # Decoded before a compaction renumbers the keys.
         if len(step.rows):
             eager_keys = None if step.eager is None else step.eager[pt.KEY].to_numpy(dtype=np.int64)
-            yield self._rows(step.rows, keys, superseded=eager_keys)
+            yield self.frames.rows(step.rows, keys, superseded=eager_keys)
         if step.eager is not None and len(step.eager):
-            yield self._rows(step.eager, keys, EAGER)
+            yield self.frames.rows(step.eager, keys, EAGER)
         if len(step.late):
             decoded = keys.decode(step.late[pt.KEY].to_numpy())
             late = pd.DataFrame({**{k: v.to_pandas() for k, v in decoded.items()}, pt.TS: step.late[pt.TS].to_numpy()})
             record = late.to_json(orient="records", lines=True).splitlines()
-            yield self._side(LATE, np.full(len(late), "late", dtype=object), np.array(record, dtype=object))
+            yield self.frames.side(LATE, np.full(len(late), "late", dtype=object), np.array(record, dtype=object))
         touched = set(_chunk_ids(ts - ts % plan.pane_us))
         if layout != self.layout:  # carried over a definition change: every chunk is rewritten
             touched.update(stored)
@@ -376,7 +370,7 @@ class PaneProcessor(StatefulProcessor):
         _keep_resident((self.group_name, bucket), _Resident(token, self.layout, table, sizes, keys))
         if step.next_change is not None:
             self.handle.registerTimer(step.next_change // 1000)
-        yield self._stat(bucket, len(table), sum(sizes.values()), upto, n, landed)
+        yield self.frames.stat(bucket, len(table), sum(sizes.values()), upto, n, landed)
 
     def _dictionary(self) -> pt.KeyDictionary:
         segments = sorted((int(k[0]), v[0]) for k, v in self.keys.iterator())
@@ -419,46 +413,6 @@ class PaneProcessor(StatefulProcessor):
             if chunk not in current:
                 self.chunks.removeKey((chunk,))
         return sizes
-
-    def _out(self, kind: str, n: int, columns: dict[str, Any]) -> pd.DataFrame:
-        """An output frame; the columns not given are null. Arrow-backed where it can be: PySpark hands an Arrow
-        array to Spark as it is, where a numpy object column is scanned value by value."""
-        columns[KIND] = pa.array([kind], pa.string()).take(np.zeros(n, dtype=np.int32))
-        data = {}
-        for name, arrow_type in self.output.items():
-            values = columns.get(name)
-            if values is None:
-                # PySpark converts nested values one by one, and takes pandas' NA for a value there.
-                values = np.full(n, None, dtype=object) if pa.types.is_nested(arrow_type) else pa.nulls(n, arrow_type)
-            data[name] = pd.arrays.ArrowExtensionArray(values) if isinstance(values, pa.Array) else values
-        return pd.DataFrame(data)
-
-    def _rows(
-        self, rows: pd.DataFrame, keys: pt.KeyDictionary, kind: str = ROW, superseded: np.ndarray | None = None
-    ) -> pd.DataFrame:
-        codes = rows[pt.KEY].to_numpy(dtype=np.int64)
-        out: dict[str, Any] = keys.decode(codes)
-        for c in rows.columns.drop(pt.KEY):
-            arrow_type = self.output.get(c)
-            if arrow_type is None:
-                out[c] = rows[c].to_numpy()
-            elif pa.types.is_nested(arrow_type):  # PySpark converts nested values one by one, from lists and dicts
-                values = pt.to_arrow(rows[c], arrow_type).to_pylist(maps_as_pydicts="strict")
-                out[c] = pd.Series(values, dtype=object).to_numpy()
-            else:
-                out[c] = pt.to_arrow(rows[c], arrow_type)
-        out[LATEST] = pt.key_lasts([codes])  # rows come sorted by key, then window end
-        if superseded is not None:
-            out[REPLACED] = out[LATEST] & np.isin(codes, superseded)
-        return self._out(kind, len(rows), out)
-
-    def _side(self, kind: str, reasons: np.ndarray, records: np.ndarray) -> pd.DataFrame:
-        return self._out(kind, len(reasons), {REASON: reasons, RECORD: records})
-
-    def _stat(self, bucket: int, rows: int, size: int, upto: int, events: int, landed: int | None) -> pd.DataFrame:
-        """The bucket's STAT_FIELDS, for the progress report."""
-        record = json.dumps([bucket, rows, size, events, upto, landed])
-        return self._out(STAT, 1, {RECORD: np.array([record], dtype=object)})
 
     def close(self) -> None:
         pass
