@@ -253,7 +253,7 @@ class PaneProcessor(StatefulProcessor):
         self.eager = eager
         self.coded = replace(plan, keys=(pt.KEY,))  # what the pane table functions see
         self.group_name = group_name
-        self.frames = OutputFrames(output)  # column -> Arrow type, in the order of the output schema
+        self.frames = OutputFrames(output)  # `output`: column -> Arrow type, in the order of the output schema
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
