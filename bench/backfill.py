@@ -353,7 +353,15 @@ def main() -> int:
         from mixed import mixed
 
         lines, ok = mixed(
-            spark, args.events, args.users, 3.0, min(args.runs, 3), args.sample, args.alone, args.skip_naive
+            spark,
+            args.events,
+            args.users,
+            3.0,
+            min(args.runs, 3),
+            args.sample,
+            args.alone,
+            args.skip_naive,
+            args.naive_runs,
         )
         title = (
             "Each aggregation alone (bench/backfill.py --alone)"
