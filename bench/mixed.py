@@ -230,7 +230,7 @@ def mixed(
         print(f"{name}: two-phase {ours:.2f}s, naive {naive:.1f}s, whole process {cli:.1f}s", flush=True)
         ratio = naive / ours
         ok = ok and ratio >= 20
-        listed, naive_listed = (" / ".join(f"{w:.2f}" for w in runs) for runs in (walls, naives))
+        listed, naive_listed = (" / ".join(f"{w:.2f}" for w in series) for series in (walls, naives))
         lines.append(
             f"| {name} | {ours:.2f} ({listed}) | {naive:.1f} ({naive_listed}) | {ratio:.1f}x | >= 20x | {cli:.1f} |"
         )
