@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -251,6 +252,49 @@ def test_a_where_spark_cannot_resolve_fails_at_apply(spark, tmp_path: Path, capf
     with pytest.raises(SchemaError, match=r"Feature\('big_1h'\)\.where: Spark cannot use 'amout > 100'.*amount"):
         check_wheres(repo)
     assert "Traceback" not in capfd.readouterr().err  # no PySpark error log with a Java trace ahead of it
+
+
+@pytest.mark.spark
+def test_a_where_spark_accepted_is_not_checked_again_until_it_or_the_schema_changes(spark, tmp_path: Path):
+    """`features apply` needs no JVM when every `where` passed before against the same schema; a changed `where`
+    or source schema is checked again, and a column the group reads that the source lacks still fails."""
+    from features import Feature, agg
+    from features.errors import SchemaError
+    from features.pipelines.registration import WHERE_CHECKS, check_wheres
+
+    folder = tmp_path / "repo" / "events"
+    folder.mkdir(parents=True)
+    _frame(["a"], [1.0], ["2026-01-01"]).to_parquet(folder / "events.parquet")
+
+    def repo_with(where: str, schema: dict[str, str] = SCHEMA, column: str = "amount") -> Repo:
+        base = _group(folder, schema=schema)
+        big = Feature("big_1h", agg.max(column), window=base.features[0].window, where=where)
+        group = replace(base, features=[*base.features, big])
+        return Repo(root=tmp_path / "repo", config={"project": "p"}, groups={group.name: group})
+
+    starts: list[str] = []
+
+    def session():
+        starts.append("spark")
+        return spark
+
+    check_wheres(repo_with("amount > 100"), session)
+    assert starts == ["spark"] and (tmp_path / "repo" / WHERE_CHECKS).exists()
+    check_wheres(repo_with("amount > 100"), session)
+    assert starts == ["spark"]  # the same expression over the same schema: no Spark
+    check_wheres(repo_with("amount > 200"), session)
+    assert starts == ["spark"] * 2  # a new expression
+    check_wheres(repo_with("amount > 200", {**SCHEMA, "country": "string"}), session)
+    assert starts == ["spark"] * 3  # a new source schema
+    with pytest.raises(SchemaError, match=r"column 'amout' is not in source 'events'"):
+        check_wheres(repo_with("amount > 200", column="amout"), session)
+    with pytest.raises(SchemaError, match=r"Feature\('big_1h'\)\.where: Spark cannot use 'amout > 200'"):
+        check_wheres(repo_with("amout > 200"), session)
+    (tmp_path / "repo" / WHERE_CHECKS).write_text("not json")
+    check_wheres(repo_with("amount > 100"), session)  # an unreadable record: checked again, recorded again
+    assert starts == ["spark"] * 5
+    check_wheres(repo_with("amount > 100"), session)
+    assert starts == ["spark"] * 5
 
 
 def test_silencing_spark_error_logs_leaves_later_spark_errors_intact() -> None:

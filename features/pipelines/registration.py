@@ -5,16 +5,20 @@ of them import downwards."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from features.atomic import write_whole
 from features.errors import ConfigError
 from features.repo import Repo
-from features.spec import FeatureGroup
+from features.spec import DType, FeatureGroup
+from features.version import package_version
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -37,14 +41,14 @@ def apply(repo_path: str, *, prune: bool = False) -> list[str]:
     The schema of each Parquet source that declares none is inferred from all its files and recorded in the
     repo (data/schemas/<source>.json): every later read uses it, until the next apply; a conflict between files
     is printed as a warning naming them and the type recorded. Each group's `where` is checked by Spark against
-    the source's schema first, so that a typo fails here and not in the first backfill. Feature views of groups
-    that are no longer defined are removed only with `prune` (else a ConfigError names them): Feast's apply
-    would drop them, and their online values, silently."""
+    the source's schema first, so that a typo fails here and not in the first backfill (once per expression and
+    schema: `check_wheres`). Feature views of groups that are no longer defined are removed only with `prune`
+    (else a ConfigError names them): Feast's apply would drop them, and their online values, silently."""
     from features.engine.session import session_soon
     from features.stores.feast_objects import apply_repo
 
     repo = Repo.load(repo_path)
-    session = session_soon(None) if _filtered(repo) else None  # the JVM starts while Feast loads
+    session = None if _all_checked(repo) else session_soon(None)  # the JVM starts while Feast loads
     check_removed_groups(repo, prune=prune)
     for warning in record_source_schemas(repo):
         print(f"warning: {warning}", file=sys.stderr)
@@ -54,26 +58,65 @@ def apply(repo_path: str, *, prune: bool = False) -> list[str]:
     return list(repo.groups)
 
 
-def _filtered(repo: Repo) -> list[FeatureGroup]:
-    """The groups with a feature that has a `where`."""
-    return [g for g in repo.groups.values() if any(f.where is not None for f in g.features)]
+# Where `features apply` records the `where`s Spark accepted, against which schema, with which versions.
+WHERE_CHECKS = Path("data") / "where_checks.json"
+
+
+def _with_wheres(repo: Repo) -> Iterator[tuple[FeatureGroup, dict[str, DType]]]:
+    """Each group with a `where`, and its source's schema."""
+    from features.stores.feast_objects import source_schema
+
+    for group in repo.groups.values():
+        if any(f.where is not None for f in group.features):
+            yield group, source_schema(group, repo.root)
+
+
+def _all_checked(repo: Repo) -> bool:
+    checked = _checked_wheres(repo.root)
+    return all(set(_where_keys(group, schema)) <= checked for group, schema in _with_wheres(repo))
+
+
+def _where_keys(group: FeatureGroup, schema: Mapping[str, DType]) -> list[str]:
+    """One key per `where` of the group: the expression, the source's columns and types, and the versions of
+    Spark and of this package, hashed (a check made under all of them holds while none of them changes)."""
+    import pyspark
+
+    columns = sorted((column, dtype.value) for column, dtype in schema.items())
+    versions = [pyspark.__version__, package_version()]
+    texts = [json.dumps([*versions, f.where, columns]) for f in group.features if f.where is not None]
+    return [hashlib.sha256(text.encode()).hexdigest() for text in texts]
+
+
+def _checked_wheres(root: Path) -> set[str]:
+    try:
+        return set(json.loads((root / WHERE_CHECKS).read_text())["checked"])
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        return set()  # an unreadable record only costs a check again
 
 
 def check_wheres(repo: Repo, session: Callable[[], SparkSession] | None = None) -> None:
-    """Spark's parser and analyzer on each `where`, over an empty frame with the source's schema (Spark starts
-    only when some feature has a `where`). `session`: gives the session (default: `get_spark`)."""
-    from features.stores.feast_objects import source_schema
-
-    groups = _filtered(repo)
-    if not groups:
+    """Spark's parser and analyzer on each `where`, over an empty frame with the source's schema. Spark starts
+    only when some `where` has not passed this check before against the same schema, Spark and package versions
+    (recorded in the repo, `WHERE_CHECKS`: an apply that changes no `where` needs no JVM). `session`: gives the
+    session (default: `get_spark`)."""
+    checked, unchecked = _checked_wheres(repo.root), []
+    for group, schema in _with_wheres(repo):
+        group.check_schema(schema)  # the columns it reads, also when its `where`s passed before
+        if not set(keys := _where_keys(group, schema)) <= checked:
+            unchecked.append((group, schema, keys))
+    if not unchecked:
         return
     from features.engine.schema import spark_schema
     from features.engine.session import get_spark
     from features.engine.source import check_columns
 
     spark = (session or get_spark)()
-    for group in groups:
-        check_columns(group, spark.createDataFrame([], spark_schema(source_schema(group, repo.root))))
+    for group, schema, keys in unchecked:
+        check_columns(group, spark.createDataFrame([], spark_schema(schema)))
+        checked.update(keys)
+    path = repo.root / WHERE_CHECKS
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_whole(path, json.dumps({"checked": sorted(checked)}, indent=1) + "\n")
 
 
 TAG = "features.source"  # the tag features.stores.feast_objects.to_feast puts on every view it makes
