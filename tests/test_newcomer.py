@@ -5,6 +5,7 @@ against the brute-force reference of docs/semantics.md."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -295,6 +296,28 @@ def test_a_where_spark_accepted_is_not_checked_again_until_it_or_the_schema_chan
     assert starts == ["spark"] * 5
     check_wheres(repo_with("amount > 100"), session)
     assert starts == ["spark"] * 5
+
+
+def test_whether_apply_needs_spark_is_decided_from_recorded_schemas_and_a_stale_record_means_yes(tmp_path: Path):
+    """Before `features apply` records the schemas again it reads no source file, and a record made for another
+    path (the source moved) asks for Spark instead of failing the apply that will record it again."""
+    from dataclasses import replace as replaced
+
+    from features.pipelines.registration import WHERE_CHECKS, _all_checked, _where_keys
+    from features.repo import write_schema_record
+    from features.spec import DType
+
+    base = _group(tmp_path / "events")  # no declared schema, no files: only a record can tell the schema
+    group = replace(base, features=[replaced(base.features[0], where="amount > 100"), *base.features[1:]])
+    repo = Repo(root=tmp_path, config={"project": "p"}, groups={group.name: group})
+    columns = {"user_id": DType.STRING, "amount": DType.FLOAT64, "event_ts": DType.TIMESTAMP}
+    assert not _all_checked(repo)  # no record: Spark is needed
+    (tmp_path / WHERE_CHECKS).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / WHERE_CHECKS).write_text(json.dumps({"checked": _where_keys(group, columns)}))
+    write_schema_record(tmp_path, group.source, columns, files=1)
+    assert _all_checked(repo)
+    write_schema_record(tmp_path, _group(tmp_path / "moved").source, columns, files=1)
+    assert not _all_checked(repo)  # the record is for another path: no ConfigError here, a check again
 
 
 def test_silencing_spark_error_logs_leaves_later_spark_errors_intact() -> None:

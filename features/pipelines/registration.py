@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from features.atomic import write_whole
 from features.errors import ConfigError
-from features.repo import Repo
+from features.repo import Repo, read_schema_record
 from features.spec import DType, FeatureGroup
 from features.version import package_version
 
@@ -72,8 +72,25 @@ def _with_wheres(repo: Repo) -> Iterator[tuple[FeatureGroup, dict[str, DType]]]:
 
 
 def _all_checked(repo: Repo) -> bool:
+    """Whether every `where` passed before against its source's schema as known without reading the source's
+    files (declared, or recorded by an earlier apply): decided before this apply records the schemas again, so
+    that Spark, when it is needed, starts at once, while Feast loads."""
     checked = _checked_wheres(repo.root)
-    return all(set(_where_keys(group, schema)) <= checked for group, schema in _with_wheres(repo))
+    for group in repo.groups.values():
+        if any(f.where is not None for f in group.features):
+            schema = group.source.schema or _recorded(repo.root, group)
+            if schema is None or not set(_where_keys(group, schema)) <= checked:
+                return False
+    return True
+
+
+def _recorded(root: Path, group: FeatureGroup) -> dict[str, DType] | None:
+    if group.source.format != "parquet":
+        return None  # only Parquet sources have a recorded schema; others are read from their files
+    try:
+        return read_schema_record(root, group.source)
+    except ConfigError:
+        return None  # a stale record (another path, an older format): this apply records it again, then checks
 
 
 def _where_keys(group: FeatureGroup, schema: Mapping[str, DType]) -> list[str]:
