@@ -5,9 +5,9 @@
 One bucket of the stream (`--keys` keys, each with an event about every second), a count and a sum over
 `Hop("1h", every="1s")` with a 2m watermark: the pane table holds `--minutes` of 1 s panes for every key, then
 micro-batches of `--events` events, one second of event time each, go through `features.kernel.step` as the
-stream's processor calls it (watermark, eager values), on the pane functions alone (no Spark). Medians of
-`--repeats` batches per size; the baseline is the smallest state's batch: the ratio is what the held panes add to a
-batch of the same events.
+stream's processor calls it (watermark, eager values; not its chunk-aligned pruning), on the pane functions alone
+(no Spark). Medians of `--repeats` batches per size; the baseline is the smallest state's batch: the ratio is what
+the held panes add to a batch of the same events.
 """
 
 from __future__ import annotations
