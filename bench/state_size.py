@@ -1,13 +1,17 @@
-"""A stream's step against the panes it holds: the kernel's time for one micro-batch as the state fills.
+"""A stream's micro-batch against the panes it holds: the processor's Python time per batch as the state fills.
 
     python bench/state_size.py [--keys 5000] [--events 50000] [--minutes 1 10 30 60] [--repeats 5]
 
 One bucket of the stream (`--keys` keys, each with an event about every second), a count and a sum over
-`Hop("1h", every="1s")` with a 2m watermark: the pane table holds `--minutes` of 1 s panes for every key, then
-micro-batches of `--events` events, one second of event time each, go through `features.kernel.step` as the
-stream's processor calls it (watermark, eager values; not its chunk-aligned pruning), on the pane functions alone
-(no Spark). Medians of `--repeats` batches per size; the baseline is the smallest state's batch: the ratio is what
-the held panes add to a batch of the same events.
+`Hop("1h", every="1s")` with a 2m watermark, driven through the stream's own processor
+(`features.engine.stream.PaneProcessor`) with in-memory state handles (tests/state_handles.py) instead of Spark's:
+each batch is what a worker does for the bucket (decode the events, step the pane table, store the chunks it
+changed, emit the rows), without Spark or RocksDB. The state grows a minute of events at a time; at each of
+`--minutes` it has held, `--repeats` batches of `--events` events (one second of event time each) are timed.
+
+Two layouts in the same run: the table stored in chunks of `features.kernel.chunk_length` (a 32nd of the
+window here) and in chunks of an hour (the layout before it, which a batch rewrote whole). Baselines: the same
+layout's batch with the fewest minutes held (what the held panes add), and the hour's chunks at the same state.
 """
 
 from __future__ import annotations
@@ -16,21 +20,26 @@ import argparse
 import statistics
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from results import load, update_section
+from state_handles import MemoryHandle, Timers, packed
 
 import features.kernel as pt
 from features import Entity, EventSource, Feature, FeatureGroup, Hop, agg
+from features.engine import stream as engine
 from features.spec import DType
 
 S = 1_000_000
-T0 = 1_800_000_000  # seconds: the stream's first event time
+HOUR_US = 3600 * S
+T0 = 1_800_000_000 * S  # the stream's first event time, µs
+WATERMARK_US = 120 * S
 TYPES = {"user_id": DType.STRING, "amount": DType.FLOAT64, "event_ts": DType.TIMESTAMP}
 GROUP = FeatureGroup(
     "g",
@@ -41,6 +50,32 @@ GROUP = FeatureGroup(
         Feature("amount_sum_1h", agg.sum("amount"), window=Hop("1h", every="1s")),
     ],
 )
+OUTPUT = {
+    engine.KIND: pa.string(),
+    "user_id": pa.string(),
+    "window_end": pa.int64(),
+    "n_1h": pa.int64(),
+    "amount_sum_1h": pa.float64(),
+    engine.LATEST: pa.bool_(),
+    engine.REASON: pa.string(),
+    engine.RECORD: pa.string(),
+}
+
+
+class _CountingHandle(MemoryHandle):
+    """The in-memory state, counting the bytes of the chunks a batch writes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = 0
+        chunks = self.getMapState("chunks")
+        store = chunks.updateValue
+
+        def counted(key, value) -> None:
+            self.written += len(value[0])
+            store(key, value)
+
+        chunks.updateValue = counted  # type: ignore[method-assign]
 
 
 def main() -> int:
@@ -51,62 +86,87 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--no-save", action="store_true", help="do not update bench/RESULTS.md")
     args = parser.parse_args()
-    plan = replace(pt.Plan.of(GROUP, TYPES), keys=(pt.KEY,))  # the stream's processor sees key codes
-    values = [c.value for c in plan.calcs if c.value is not None]
-    rng = np.random.default_rng(0)
+    plan = pt.Plan.of(GROUP, TYPES)
+    users = np.array([f"user_{i}" for i in range(args.keys)], dtype=object)
 
-    def batch(second: int) -> pd.DataFrame:
-        frame = pd.DataFrame(
+    def events(start_s: int, seconds: int, rng: np.random.Generator) -> pd.DataFrame:
+        n = args.events * seconds
+        return pd.DataFrame(
             {
-                pt.KEY: rng.integers(0, args.keys, args.events),
-                pt.TS: (T0 + second) * S + rng.integers(0, S, args.events),
+                "user_id": users[rng.integers(0, args.keys, n)],
+                pt.TS: T0 + start_s * S + rng.integers(0, seconds * S, n),
+                "fx_v_raw_amount": rng.random(n),
+                engine.REASON: np.full(n, None, dtype=object),
+                engine.RECORD: np.full(n, None, dtype=object),
+                engine.LANDED: np.full(n, 1, dtype=np.int64),
             }
         )
-        for value in values:
-            frame[value] = rng.random(args.events)
-        return frame
 
-    def step(table: pd.DataFrame, second: int) -> pt.Step:
-        # As the stream: the watermark 2 minutes behind, eager values at the newest closed second.
-        return pt.step(
-            plan,
-            table,
-            batch(second),
-            (T0 + second - 121) * S,
-            (T0 + second - 120) * S,
-            eager_at=(T0 + second) * S,
-            eager_after=(T0 + second - 1) * S,
-        )
+    def run(chunk_us: int) -> list[tuple[int, int, float, list[float], float]]:
+        """(minutes held, panes, median s, batch seconds, MB written per batch) at each of `--minutes`."""
+        rng = np.random.default_rng(0)
+        engine._RESIDENT.clear()
+        processor = engine.PaneProcessor(plan, GROUP.name, OUTPUT)
+        processor.chunk_us = chunk_us
+        handle = _CountingHandle()
+        processor.init(handle)
+        held, out = 0, []
+
+        def batch(start_s: int, seconds: int) -> float:
+            frame = packed(events(start_s, seconds, rng))
+            timers = Timers(T0 + (start_s + seconds) * S - WATERMARK_US)
+            began = time.perf_counter()
+            for _ in processor.handleInputRows((0,), iter([frame]), timers):
+                pass
+            return time.perf_counter() - began
+
+        for minutes in args.minutes:
+            while held < minutes * 60:  # a minute of events at a time (not timed)
+                step = min(60, minutes * 60 - held)
+                batch(held, step)
+                held += step
+            times, written = [], []
+            for _ in range(args.repeats):
+                handle.written = 0
+                times.append(batch(held, 1))
+                written.append(handle.written / 1e6)
+                held += 1
+            resident = engine._RESIDENT[(GROUP.name, 0)].table
+            out.append((minutes, len(resident), statistics.median(times), times, statistics.median(written)))
+            print(
+                f"chunks of {chunk_us / S:g} s, {minutes} min: {len(resident):,} panes, "
+                f"median {out[-1][2]:.3f} s, {out[-1][4]:.1f} MB written",
+                flush=True,
+            )
+        return out
 
     load_before = load()
-    rows = []
-    for minutes in args.minutes:
-        seconds = minutes * 60
-        table = pt.combine(plan, [pt.phase1(plan, batch(s)) for s in range(seconds)])
-        table = step(table, seconds).table
-        times = []
-        for i in range(1, args.repeats + 1):
-            began = time.perf_counter()
-            table = step(table, seconds + i).table
-            times.append(time.perf_counter() - began)
-        rows.append((minutes, len(table), statistics.median(times), times))
-        print(f"{minutes} min: {len(table):,} panes, median {rows[-1][2]:.3f} s", flush=True)
-    base = rows[0][2]
+    chunk_us = pt.chunk_length(plan)
+    short, hour = run(chunk_us), run(HOUR_US)
     lines = [
         f"{load_before} at the start, {load()} at the end.",
         "",
         f"`python bench/state_size.py --keys {args.keys} --events {args.events} --repeats {args.repeats}`: one "
         f'bucket of {args.keys:,} keys, a count and a sum over `Hop("1h", every="1s")`, micro-batches of '
-        f"{args.events:,} events (one second of event time) through `features.kernel.step` as the stream calls it, "
-        "with the pane table holding some minutes of 1 s panes of every key; the pane functions alone (no Spark), "
-        f"medians of {args.repeats} batches. Baseline: the batch with {args.minutes[0]} minute(s) of panes held.",
+        f"{args.events:,} events (one second of event time) through the stream's processor "
+        "(`PaneProcessor.handleInputRows`) with in-memory state handles: its Python time per batch (decode, step, "
+        "store the changed chunks, emit), without Spark or RocksDB, medians of "
+        f"{args.repeats} batches, with the pane table holding some minutes of 1 s panes of every key. Two layouts "
+        f"in the same run: chunks of {chunk_us / S:g} s (`chunk_length`: a 32nd of the window) and of one hour "
+        "(the layout before). Baselines: the same layout with the fewest minutes held, and the hour's chunks at the "
+        "same state.",
         "",
-        "| panes held | panes | batch s (median) | batches s | / baseline |",
-        "|---|---|---|---|---|",
+        f"| panes held | panes | chunks of {chunk_us / S:g} s: batch s | MB written | / fewest held "
+        "| chunks of 1 h: batch s | MB written | / fewest held | 1 h / short |",
+        "|---|---|---|---|---|---|---|---|---|",
         *[
-            f"| {m} min | {n:,} | {t:.3f} | {' / '.join(f'{x:.3f}' for x in ts)} | {t / base:.1f}x |"
-            for m, n, t, ts in rows
+            f"| {m} min | {n:,} | {t:.3f} | {w:.1f} | {t / short[0][2]:.1f}x | {th:.3f} | {wh:.1f} | "
+            f"{th / hour[0][2]:.1f}x | {th / t:.1f}x |"
+            for (m, n, t, _, w), (_, _, th, _, wh) in zip(short, hour, strict=True)
         ],
+        "",
+        "Batch seconds (short chunks): "
+        + "; ".join(f"{m} min {' / '.join(f'{x:.3f}' for x in ts)}" for m, _, _, ts, _ in short),
     ]
     print("\n".join(lines))
     if not args.no_save:

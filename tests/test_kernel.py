@@ -57,21 +57,34 @@ def processor_input(plan: pt.Plan, group: FeatureGroup, events: pd.DataFrame) ->
     return frame
 
 
-def run_stream(group: FeatureGroup, events: pd.DataFrame, batches: int, lateness: pd.Timedelta, seed: int):
+def run_stream(
+    group: FeatureGroup, events: pd.DataFrame, batches: int, lateness: pd.Timedelta, seed: int, coded: bool = False
+):
     """Deliver events in batches ordered by time but shuffled within `lateness`; return all emitted rows,
-    the late events and the final watermark."""
+    the late events and the final watermark. `coded`: keys as the stream's key dictionary codes, as the
+    stream's processor hands them to `step` (the rows are decoded back)."""
     plan = pt.Plan.of(group, TYPES)
+    keys = pt.KeyDictionary(group.join_keys)
+    if coded:
+        plan = replace(plan, keys=(pt.KEY,))
     rng = np.random.default_rng(seed)
     jitter = rng.integers(0, int(lateness / pd.Timedelta(microseconds=1)), len(events))
     arrival = np.array([to_micros(t) for t in events["event_ts"]]) + jitter
     order = np.argsort(arrival, kind="stable")
     table, after, emitted, late = pt.empty_table(plan), None, [], []
     max_seen = None
+
+    def encoded(batch: pd.DataFrame) -> pd.DataFrame:
+        if not coded:
+            return batch
+        codes, _ = keys.encode(batch)
+        return batch.drop(columns=list(group.join_keys)).assign(**{pt.KEY: codes})
+
     for part in np.array_split(order, batches):
-        batch = processor_input(plan, group, events.iloc[part])
+        batch = processor_input(pt.Plan.of(group, TYPES), group, events.iloc[part])
         watermark = None if max_seen is None else max_seen - int(lateness / pd.Timedelta(microseconds=1))
         upto = watermark if watermark is not None else np.iinfo(np.int64).min + 1
-        out = pt.step(plan, table, batch, after, upto)
+        out = pt.step(plan, table, encoded(batch), after, upto)
         # through the state store's bytes, as the stream keeps its tables between batches
         table, after = pt.from_bytes(plan, pt.to_bytes(out.table)), upto if watermark is not None else None
         emitted.append(out.rows)
@@ -79,9 +92,13 @@ def run_stream(group: FeatureGroup, events: pd.DataFrame, batches: int, lateness
         seen = int(batch[pt.TS].max())
         max_seen = seen if max_seen is None else max(max_seen, seen)
     final = max_seen + 10**15  # everything expires
-    out = pt.step(plan, table, processor_input(plan, group, events.iloc[:0]), after, final)
+    out = pt.step(plan, table, encoded(processor_input(plan, group, events.iloc[:0])), after, final)
     emitted.append(out.rows)
-    return pd.concat(emitted, ignore_index=True), pd.concat(late), out.next_change
+    rows = pd.concat(emitted, ignore_index=True)
+    if coded:
+        decoded = keys.decode(rows[pt.KEY].to_numpy())
+        rows = rows.drop(columns=[pt.KEY]).assign(**{k: v.to_pandas() for k, v in decoded.items()})
+    return rows, pd.concat(late), out.next_change
 
 
 def check_against_reference(group: FeatureGroup, rows: pd.DataFrame, events: pd.DataFrame) -> None:
@@ -135,6 +152,45 @@ def test_stream_steps_match_the_reference(group: FeatureGroup) -> None:
     rows, late, _ = run_stream(group, EVENTS, batches=7, lateness=H, seed=1)
     assert late.empty  # every event arrived within the watermark
     check_against_reference(group, rows, EVENTS)
+
+
+@pytest.mark.parametrize(
+    "group", [GROUP_AGGS, GROUP_MIXED, GROUP_COMPOSITE, GROUP_NEWER, GROUP_SESSIONS], ids=lambda g: g.name
+)
+def test_stream_steps_on_key_codes_in_small_batches_match_the_reference(group: FeatureGroup) -> None:
+    """As the stream's processor steps: key codes, and batches small beside the panes held, which `step` puts
+    in place in the sorted table instead of sorting the two together."""
+    rows, late, _ = run_stream(group, EVENTS, batches=60, lateness=H, seed=2, coded=True)
+    assert late.empty
+    check_against_reference(group, rows, EVENTS)
+
+
+@pytest.mark.parametrize(
+    "group", [GROUP_AGGS, GROUP_MIXED, GROUP_COMPOSITE, GROUP_NEWER, GROUP_SESSIONS], ids=lambda g: g.name
+)
+def test_a_small_table_put_in_place_in_a_sorted_one_is_the_same_as_both_sorted_together(
+    group: FeatureGroup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Panes of a batch, some of a (key, pane) the table holds and some new, inserted into the table: exactly
+    the table the sort of both gives, row for row."""
+    plan = replace(pt.Plan.of(group, TYPES), keys=(pt.KEY,))
+    keys = pt.KeyDictionary(group.join_keys)
+    events = processor_input(pt.Plan.of(group, TYPES), group, EVENTS.sort_values("event_ts"))
+    codes, _ = keys.encode(events)
+    coded = events.drop(columns=list(group.join_keys)).assign(**{pt.KEY: codes})
+    held = pt.phase1(plan, coded.iloc[: len(coded) * 9 // 10])
+    rng = np.random.default_rng(4)
+    batch = pt.phase1(plan, coded.iloc[rng.choice(len(coded), len(held) // 10, replace=False)])
+    same = pd.MultiIndex.from_frame(batch[[pt.KEY, pt.PANE]]).isin(pd.MultiIndex.from_frame(held[[pt.KEY, pt.PANE]]))
+    assert 0 < same.sum() < len(batch)  # both kinds of row
+    assert pt.table._inserted(plan, held, batch) is not None  # the table is sorted: it is put in place
+    inserted = pt.combine_sorted(plan, [held, batch])
+    monkeypatch.setattr(pt.table, "INSERT_RATIO", 10**12)  # always the sort
+    sorted_together = pt.combine_sorted(plan, [held, batch])
+    pd.testing.assert_frame_equal(inserted.table, sorted_together.table)
+    np.testing.assert_array_equal(inserted.position, sorted_together.position)
+    np.testing.assert_array_equal(inserted.key_code, sorted_together.key_code)
+    assert (inserted.origin, inserted.span) == (sorted_together.origin, sorted_together.span)
 
 
 def test_integer_range_sums_are_exact_when_the_running_sum_wraps() -> None:

@@ -16,6 +16,7 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 from reference import reference_frame, to_micros
+from state_handles import MemoryHandle, Timers, packed
 from test_batch_reference import (
     BASE,
     RANGES,
@@ -30,7 +31,6 @@ from test_batch_reference import (
     make_events,
 )
 from test_kernel import TYPES, processor_input
-from test_stream_state import _Handle, _packed, _Timers
 
 from features import Feature, FeatureGroup, Hop, Lifetime, agg
 from features import kernel as pt
@@ -112,7 +112,7 @@ def _input(plan: pt.Plan, events: pd.DataFrame) -> pd.DataFrame:
     frame[engine.REASON] = np.full(len(frame), None, dtype=object)
     frame[engine.RECORD] = np.full(len(frame), None, dtype=object)
     frame[engine.LANDED] = np.zeros(len(frame), dtype=np.int64)
-    return _packed(frame)
+    return packed(frame)
 
 
 def _as_timestamps(rows: pd.DataFrame) -> pd.DataFrame:
@@ -134,7 +134,7 @@ def streamed() -> dict[str, object]:
     delivered so far, and how many keys the BASE chunk held after each batch and at the end."""
     plan = pt.Plan.of(GROUP, TYPES)
     processor = engine.PaneProcessor(plan, GROUP.name, _output())
-    processor.init(_Handle())
+    processor.init(MemoryHandle())
     rng = np.random.default_rng(11)
     late_us = int(LATENESS / pd.Timedelta(microseconds=1))
     arrival = np.array([to_micros(t) for t in EVENTS["event_ts"]]) + rng.integers(0, late_us, len(EVENTS))
@@ -145,7 +145,7 @@ def streamed() -> dict[str, object]:
         watermark = 0 if newest is None else newest - late_us  # Spark's first watermark is the epoch
         batch = EVENTS.iloc[part]
         delivered = EVENTS.iloc[np.sort(np.concatenate(parts[: n + 1]))]
-        for out in processor.handleInputRows((0,), iter([_input(plan, batch)]), _Timers(watermark)):
+        for out in processor.handleInputRows((0,), iter([_input(plan, batch)]), Timers(watermark)):
             assert not out[engine.KIND].isin([engine.LATE, engine.BAD]).any()
             rows.append(out[out[engine.KIND] == engine.ROW])
             if (out[engine.KIND] == engine.EAGER).any():
@@ -153,7 +153,7 @@ def streamed() -> dict[str, object]:
         newest = max(newest or 0, max(to_micros(t) for t in batch["event_ts"]))
         base_keys.append(_base_keys(processor))
     # The rest of the window ends: the bucket's timer fires with the watermark past every event's expiry.
-    for out in processor.handleExpiredTimer((0,), _Timers(to_micros(RANGES["full"][1])), None):
+    for out in processor.handleExpiredTimer((0,), Timers(to_micros(RANGES["full"][1])), None):
         rows.append(out[out[engine.KIND] == engine.ROW])
     base_keys.append(_base_keys(processor))
     columns = [*GROUP.join_keys, WINDOW_END, *(f.name for f in GROUP.features)]

@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
+from state_handles import MemoryHandle, Timers, packed
 
 from features import Entity, EventSource, Feature, FeatureGroup, Hop, agg, atomic
 from features import kernel as pt
@@ -31,57 +32,6 @@ OUTPUT = {
     engine.REASON: pa.string(),
     engine.RECORD: pa.string(),
 }
-
-
-class _Value:
-    def __init__(self) -> None:
-        self.value = None
-
-    def exists(self) -> bool:
-        return self.value is not None
-
-    def get(self):
-        return self.value
-
-    def update(self, value) -> None:
-        self.value = value
-
-
-class _Map:
-    def __init__(self) -> None:
-        self.items: dict = {}
-
-    def iterator(self):
-        return iter([((k,), (v,)) for k, v in self.items.items()])
-
-    def updateValue(self, key, value) -> None:  # noqa: N802
-        self.items[key[0]] = value[0]
-
-    def removeKey(self, key) -> None:  # noqa: N802
-        del self.items[key[0]]
-
-
-class _Handle:
-    def __init__(self) -> None:
-        self.maps: dict[str, _Map] = {}
-        self.value = _Value()
-
-    def getValueState(self, *args):  # noqa: N802
-        return self.value
-
-    def getMapState(self, name, *args):  # noqa: N802
-        return self.maps.setdefault(name, _Map())
-
-    def registerTimer(self, at) -> None:  # noqa: N802
-        pass
-
-
-class _Timers:
-    def __init__(self, watermark_us: int) -> None:
-        self.ms = watermark_us // 1000
-
-    def getCurrentWatermarkInMs(self) -> int:  # noqa: N802
-        return self.ms
 
 
 def _batches() -> list[pd.DataFrame]:
@@ -111,7 +61,7 @@ def _run(
 ) -> tuple[pd.DataFrame, engine.PaneProcessor]:
     monkeypatch.setattr(engine, "COMPACT_SLACK", slack)
     processor = engine.PaneProcessor(PLAN, GROUP.name, OUTPUT)
-    processor.init(_Handle())
+    processor.init(MemoryHandle())
     rows = []
     for events in _batches():
         if not resident:  # as if each batch ran on another Python worker
@@ -119,7 +69,7 @@ def _run(
         arrow = pa.Table.from_pandas(events, preserve_index=False).to_batches(max_chunksize=150)
         packed = pd.DataFrame({engine.PACK: [engine._ipc(b) for b in arrow]})
         watermark = int(events[pt.TS].max()) - 10 * 60 * 1_000_000
-        for out in processor.handleInputRows((0,), iter([packed]), _Timers(watermark)):
+        for out in processor.handleInputRows((0,), iter([packed]), Timers(watermark)):
             rows.append(out[out[engine.KIND].isin(kinds)])
     return pd.concat(rows, ignore_index=True), processor
 
@@ -158,24 +108,20 @@ def test_a_worker_keeps_no_state_that_the_store_does_not_hold(monkeypatch) -> No
     """A step whose batch Spark then discards (its state store not committed) leaves the worker's copy
     unusable: the next batch reads the store."""
     processor = engine.PaneProcessor(PLAN, GROUP.name, OUTPUT)
-    handle = _Handle()
+    handle = MemoryHandle()
     processor.init(handle)
     batches = _batches()
     for events in batches[:3]:
         committed = (handle.value.value, {n: dict(m.items) for n, m in handle.maps.items()})
-        list(processor.handleInputRows((0,), iter([_packed(events)]), _Timers(int(events[pt.TS].max()))))
+        list(processor.handleInputRows((0,), iter([packed(events)]), Timers(int(events[pt.TS].max()))))
     handle.value.value = committed[0]  # the third batch failed: the store rolls back to the second
     for name, items in committed[1].items():
         handle.maps[name].items = items
     reads = []
     dictionary = engine.PaneProcessor._dictionary
     monkeypatch.setattr(engine.PaneProcessor, "_dictionary", lambda self: reads.append(1) or dictionary(self))
-    list(processor.handleInputRows((0,), iter([_packed(batches[2])]), _Timers(int(batches[2][pt.TS].max()))))
+    list(processor.handleInputRows((0,), iter([packed(batches[2])]), Timers(int(batches[2][pt.TS].max()))))
     assert reads == [1]
-
-
-def _packed(events: pd.DataFrame) -> pd.DataFrame:
-    return pd.DataFrame({engine.PACK: [engine._ipc(pa.RecordBatch.from_pandas(events, preserve_index=False))]})
 
 
 def test_key_dictionary_codes_round_trip() -> None:
@@ -222,3 +168,32 @@ def test_a_checkpoints_definition_is_replaced_whole_or_not_at_all(tmp_path, monk
     monkeypatch.undo()
     engine.save_definition(tmp_path, {"layout": "after"})
     assert engine.saved_definition(tmp_path) == {"layout": "after"}
+
+
+def test_state_stored_in_chunks_of_another_length_continues_and_is_refiled(monkeypatch) -> None:
+    """A bucket's state written in chunks of one hour (by an earlier version of features) read by a processor
+    whose chunks are shorter: the same rows as a stream that always used the shorter chunks, and after the next
+    batch every stored chunk holds its own panes only."""
+    chunk = pt.chunk_length(PLAN)
+    assert chunk < H  # the test's group stores chunks shorter than an hour
+
+    def run(lengths: list[int]) -> tuple[pd.DataFrame, MemoryHandle]:
+        handle, rows = MemoryHandle(), []
+        for events, length in zip(_batches(), lengths, strict=True):
+            engine._RESIDENT.clear()  # each batch reads the store
+            processor = engine.PaneProcessor(PLAN, GROUP.name, OUTPUT)
+            processor.chunk_us = length
+            processor.init(handle)
+            watermark = int(events[pt.TS].max()) - 10 * 60 * 1_000_000
+            for out in processor.handleInputRows((0,), iter([packed(events)]), Timers(watermark)):
+                rows.append(out[out[engine.KIND].isin((engine.ROW, engine.EAGER))])
+        return pd.concat(rows, ignore_index=True), handle
+
+    n = len(_batches())
+    always, _ = run([chunk] * n)
+    upgraded, handle = run([H] * (n // 2) + [chunk] * (n - n // 2))
+    pd.testing.assert_frame_equal(upgraded, always)
+    stored = {c: pt.read_frame(b) for c, b in handle.maps["chunks"].items.items() if c != engine.LAYOUT_CHUNK}
+    assert len(stored) > 2
+    for at, frame in stored.items():
+        assert (pt.chunk_of(frame, chunk) == at).all()

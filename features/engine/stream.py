@@ -87,7 +87,6 @@ PACK = "fx_pack"  # the processor's input: one bucket's events of one Arrow batc
 # On the processor's input: the newest good event time a task of the batch read (µs), sent to every bucket so that
 # each one knows the stream-wide event time of the batch (eager values are taken there, not at a bucket's own).
 NEWEST = "fx_newest"
-CHUNK_US = 3600 * 1_000_000  # pane tables are stored in chunks of one hour of panes
 STATE_FORMAT = 4  # the layout of a bucket's state, saved with the checkpoint (3: no token; 2: DataSketches; 1: by key)
 RESIDENT_BUCKETS = 4  # buckets whose state a Python worker keeps between batches (_Resident)
 COMPACT_SLACK = 1024  # codes of departed keys a bucket's key dictionary may hold beyond twice its live keys
@@ -252,6 +251,7 @@ class PaneProcessor(StatefulProcessor):
         self.labels = frozenset(labels)  # the buckets in use (a rescale leaves state under others: dropped)
         self.eager = eager
         self.coded = replace(plan, keys=(pt.KEY,))  # what the pane table functions see
+        self.chunk_us = pt.chunk_length(plan)  # the pane time each stored chunk of the table holds
         self.group_name = group_name
         self.frames = OutputFrames(output)  # `output`: column -> Arrow type, in the order of the output schema
 
@@ -300,7 +300,7 @@ class PaneProcessor(StatefulProcessor):
         upto = timer_values.getCurrentWatermarkInMs() * 1000
         meta = self.meta.get() if self.meta.exists() else None
         resident = _RESIDENT.pop((self.group_name, bucket), None)  # taken: put back only once the step is stored
-        layout, mark = self.layout, False
+        layout, mark, misfiled = self.layout, False, set()
         if resident is not None and meta is not None and (resident.token, resident.layout) == (meta[2], self.layout):
             tables, stored, keys = [resident.table], resident.sizes, resident.keys
         else:
@@ -313,6 +313,7 @@ class PaneProcessor(StatefulProcessor):
             stored, keys = {c: len(b) for c, b in blobs.items()}, self._dictionary()
             if layout == self.layout:
                 tables = [pt.from_bytes(plan, blob) for blob in blobs.values()]
+                misfiled = self._misfiled(blobs, tables)
             else:
                 if self.upgrade is None or layout != self.upgrade.change.before.id:
                     raise ConfigError(
@@ -346,7 +347,9 @@ class PaneProcessor(StatefulProcessor):
             previous = upto if seen is None else max(upto, plan.closed_end(seen))
             if latest > upto and (len(ts) or previous < latest):
                 eager_at, eager_after = latest, previous
-        step = pt.step(plan, tables, coded, after, upto, align_us=CHUNK_US, eager_at=eager_at, eager_after=eager_after)
+        step = pt.step(
+            plan, tables, coded, after, upto, align_us=self.chunk_us, eager_at=eager_at, eager_after=eager_after
+        )
         # Decoded before a compaction renumbers the keys.
         if len(step.rows):
             eager_keys = None if step.eager is None else step.eager[pt.KEY].to_numpy(dtype=np.int64)
@@ -358,7 +361,7 @@ class PaneProcessor(StatefulProcessor):
             late = pd.DataFrame({**{k: v.to_pandas() for k, v in decoded.items()}, pt.TS: step.late[pt.TS].to_numpy()})
             record = late.to_json(orient="records", lines=True).splitlines()
             yield self.frames.side(LATE, np.full(len(late), "late", dtype=object), np.array(record, dtype=object))
-        touched = set(_chunk_ids(ts - ts % plan.pane_us))
+        touched = misfiled | set(_chunk_ids(ts - ts % plan.pane_us, self.chunk_us))
         if layout != self.layout:  # carried over a definition change: every chunk is rewritten
             touched.update(stored)
         if mark:
@@ -371,6 +374,16 @@ class PaneProcessor(StatefulProcessor):
         if step.next_change is not None:
             self.handle.registerTimer(step.next_change // 1000)
         yield self.frames.stat(bucket, len(table), sum(sizes.values()), upto, n, landed)
+
+    def _misfiled(self, blobs: dict[int, bytes], tables: list[pd.DataFrame]) -> set[int]:
+        """The stored chunks holding panes of other chunks: written with another chunk length (by an earlier
+        version of features, one hour each, or for an earlier definition). Rewritten at this step's store, each
+        with its own panes."""
+        return {
+            chunk
+            for chunk, table in zip(blobs, tables, strict=True)
+            if len(table) and (pt.chunk_of(table, self.chunk_us) != chunk).any()
+        }
 
     def _dictionary(self) -> pt.KeyDictionary:
         segments = sorted((int(k[0]), v[0]) for k, v in self.keys.iterator())
@@ -399,7 +412,7 @@ class PaneProcessor(StatefulProcessor):
     def _store(self, table: pd.DataFrame, stored: dict[int, int], touched: set[int]) -> dict[int, int]:
         """Write the chunks whose rows changed; remove the ones pruned. `stored`: the stored chunks' sizes;
         returns them after the write."""
-        of_row = pt.chunk_of(table, CHUNK_US)
+        of_row = pt.chunk_of(table, self.chunk_us)
         current = set(pd.unique(of_row).tolist())
         sizes = {}
         for chunk in current:
@@ -488,8 +501,8 @@ def _unpack(frames: Iterator[pd.DataFrame]) -> tuple[Any, int | None]:
     return (pa.concat_tables(tables) if tables else None), newest
 
 
-def _chunk_ids(panes: np.ndarray) -> list[int]:
-    return [int(c) for c in pd.unique(panes - panes % CHUNK_US)]
+def _chunk_ids(panes: np.ndarray, chunk_us: int) -> list[int]:
+    return [int(c) for c in pd.unique(panes - panes % chunk_us)]
 
 
 # ---------------------------------------------------------------------------------------------------------

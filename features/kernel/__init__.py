@@ -6,7 +6,7 @@ the stream stores them, `beside` how recomputed features join the table's values
 from features.kernel.beside import beside
 from features.kernel.frames import events_frame
 from features.kernel.plan import BASE, KEY, PANE, TS, Calc, Plan, text_cast, value_column
-from features.kernel.state import chunk_of, from_bytes, read_frame, to_bytes
+from features.kernel.state import chunk_length, chunk_of, from_bytes, read_frame, to_bytes
 from features.kernel.table import (
     KeyDictionary,
     Sorted,
@@ -36,6 +36,7 @@ __all__ = [
     "Sorted",
     "Step",
     "beside",
+    "chunk_length",
     "chunk_of",
     "combine",
     "combine_sorted",

@@ -55,6 +55,19 @@ def _widen(stored: Any) -> np.ndarray:
     return stored
 
 
+HOUR_US = 3600 * 1_000_000
+CHUNKS_PER_WINDOW = 32
+
+
+def chunk_length(plan: Plan) -> int:
+    """How much pane time one stored chunk holds. A micro-batch rewrites the chunks its events fall in, so a
+    chunk is at most a 32nd of the panes the state keeps (the longest window, or a session's gap and `every`),
+    and at most an hour: at 1 s panes and a 1 h window a batch rewrites under 2 minutes of panes, not the hour.
+    At least one pane; the state's oldest chunks are dropped whole (`prune`'s `align_us`)."""
+    kept = max((c.size_us or c.every_us) + (c.gap_us or 0) for c in plan.calcs)
+    return max(plan.pane_us, min(HOUR_US, kept // CHUNKS_PER_WINDOW))
+
+
 def chunk_of(table: pd.DataFrame, chunk_us: int) -> np.ndarray:
     """Each row's chunk: its pane's time rounded down to `chunk_us` (BASE rows form their own chunk)."""
     pane = table[PANE].to_numpy(dtype=np.int64)

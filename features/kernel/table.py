@@ -196,10 +196,11 @@ class Sorted:
         return {p: column_array(self.table[c]) for p, c in sessions.columns(condition).items()}
 
 
-def _positions(plan: Plan, table: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, int, int]:
-    """Each row's key code and (key, pane) position (`Sorted.position`, unsorted), the origin and the span."""
-    codes = _key_codes(plan, table)
-    pane = table[PANE].to_numpy(dtype=np.int64)
+def _positions(plan: Plan, *tables: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """Each row's key code and (key, pane) position (`Sorted.position`, unsorted), the origin and the span: of
+    the rows of `tables` one after the other (key codes then mean the same in each)."""
+    codes = np.concatenate([_key_codes(plan, t) for t in tables]) if len(tables) > 1 else _key_codes(plan, tables[0])
+    pane = np.concatenate([t[PANE].to_numpy(dtype=np.int64) for t in tables])
     real = pane[pane != BASE]
     origin = int(real.min()) if len(real) else 0
     rank = np.where(pane == BASE, 0, (pane - origin) // plan.pane_us + 1)
@@ -245,6 +246,10 @@ def combine(plan: Plan, tables: Sequence[pd.DataFrame]) -> pd.DataFrame:
 def combine_sorted(plan: Plan, tables: Sequence[pd.DataFrame]) -> Sorted:
     """`combine`, sorted for range reductions (one sort serves the merge and the emit)."""
     frames = [t for t in tables if len(t)] or [empty_table(plan)]
+    if len(frames) == 2 and plan.keys == (KEY,) and len(frames[1]) * INSERT_RATIO <= len(frames[0]):
+        inserted = _inserted(plan, frames[0], frames[1])
+        if inserted is not None:
+            return inserted
     table = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
     codes, position, origin, span = _positions(plan, table)
     order = np.argsort(position, kind="stable")
@@ -283,6 +288,70 @@ def combine_sorted(plan: Plan, tables: Sequence[pd.DataFrame]) -> Sorted:
     return Sorted(frame_of(columns), codes[keep], position[starts], origin, span)
 
 
+INSERT_RATIO = 8  # a table this many times smaller than a sorted one is inserted into it instead of sorted with it
+
+
+def _inserted(plan: Plan, big: pd.DataFrame, small: pd.DataFrame) -> Sorted | None:
+    """`combine_sorted` of a table already sorted by (key, pane) with one pane each (a stream's state after its
+    previous step) and a much smaller one (a micro-batch's panes): the small one's rows are put in place, and
+    merged where the big one has their (key, pane), so the big one's columns are copied in order, never sorted
+    or gathered. None if `big` is not so sorted. Key codes must mean the same in both (the stream's)."""
+    codes, position, origin, span = _positions(plan, big, small)
+    n = len(big)
+    held = position[:n]
+    if n > 1 and not (held[1:] > held[:-1]).all():
+        return None
+    order = np.argsort(position[n:], kind="stable")
+    incoming = position[n:][order]
+    if len(incoming) > 1 and not (incoming[1:] > incoming[:-1]).all():
+        return None  # rows of the same (key, pane) in the small one
+    at = np.searchsorted(held, incoming)
+    hit = at < n
+    hit[hit] = held[at[hit]] == incoming[hit]
+    new = order[~hit]
+    slots = at[~hit] + np.arange(len(new))  # the new rows' places in the result
+    placed = np.zeros(n + len(new), dtype=bool)
+    placed[slots] = True
+    kept = ~placed
+    # The big one's rows that got rows of the small one: their places, and the pairs' partials merged.
+    pairs = at[hit]
+    pair_slots = pairs + np.searchsorted(slots - np.arange(len(slots)), pairs, side="right")
+    both = pd.concat([big.iloc[pairs], small.iloc[order[hit]]], ignore_index=True)
+    if len(pairs):
+        interleave = np.ravel(np.c_[np.arange(len(pairs)), len(pairs) + np.arange(len(pairs))])
+        group = Sorted(_renumbered(both.iloc[interleave]), np.repeat(codes[n:][order[hit]], 2), np.zeros(0), 0, 0)
+        partials = _merged_partials(plan, group, np.arange(0, 2 * len(pairs), 2), np.arange(2, 2 * len(pairs) + 1, 2))
+    else:
+        partials = {}
+
+    def spliced(old: Any, added: Any, merged: Any | None) -> Any:
+        if isinstance(old, pd.arrays.ArrowExtensionArray) or isinstance(added, pd.arrays.ArrowExtensionArray):
+            pick = np.empty(len(placed), dtype=np.int64)
+            pick[kept] = np.arange(n)
+            pick[placed] = n + np.arange(len(new))
+            chunks = [pa.array(old), pa.array(added)]
+            if merged is not None:
+                pick[pair_slots] = n + len(new) + np.arange(len(pairs))
+                chunks.append(pa.array(merged))
+            joined = pa.chunked_array([c.cast(chunks[0].type) for c in chunks], chunks[0].type)
+            return pd.arrays.ArrowExtensionArray(joined.take(pa.array(pick)).combine_chunks())
+        out = np.empty(len(placed), dtype=np.result_type(old.dtype, added.dtype))
+        out[kept] = old
+        out[placed] = added
+        if merged is not None:
+            out[pair_slots] = merged
+        return out
+
+    columns = {c: spliced(column_array(big[c]), column_array(small[c])[new], partials.get(c)) for c in big.columns}
+    return Sorted(
+        frame_of(columns),
+        spliced(codes[:n], codes[n:][new], None),
+        spliced(held, position[n:][new], None),
+        origin,
+        span,
+    )
+
+
 def _merged_partials(plan: Plan, s: Sorted, starts: np.ndarray, ends: np.ndarray) -> dict[str, np.ndarray]:
     """Every partial column merged over rows [start, end) of `s`, each range the rows of one (key, pane)."""
     out = {}
@@ -309,12 +378,11 @@ def change_ends(
     rows, ends = [], []
     shapes = dict.fromkeys((c.condition, c.every_us, c.size_us, c.gap_us) for c in plan.calcs)
     for condition, every_us, size_us, gap_us in shapes:
-        has = (s.table[f"fx_n{condition}"].to_numpy(dtype=np.int64) > 0) & (pane != BASE)
-        idx = np.flatnonzero(has)
-        coarse = pane[idx] - pane[idx] % every_us
-        moves = [(idx, coarse + every_us)]
+        counts = s.table[f"fx_n{condition}"].to_numpy(dtype=np.int64)
+        # A pane enters its window at an end in (pane, pane + every] and leaves it `size` later.
+        moves = [_moves(pane, counts, every_us, 0, after_us, upto_us, clamp_us)]
         if size_us is not None:
-            moves.append((idx, coarse + size_us + every_us))
+            moves.append(_moves(pane, counts, every_us, size_us, after_us, upto_us, clamp_us))
         if gap_us is not None:
             calc = next(c for c in plan.calcs if (c.condition, c.every_us, c.gap_us) == (condition, every_us, gap_us))
             moves.append(_runs(s, calc).closes(every_us, gap_us))
@@ -329,6 +397,29 @@ def change_ends(
             rows.append(at[keep])
             ends.append(e[keep])
     return np.concatenate(rows), np.concatenate(ends)
+
+
+def _moves(
+    pane: np.ndarray,
+    counts: np.ndarray,
+    every_us: int,
+    offset_us: int,
+    after_us: int | None,
+    upto_us: int | None,
+    clamp_us: int | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, E): the end `offset` after each pane with rows enters its window, for the panes whose end can fall
+    in (after, upto]. The end lies in (pane + offset, pane + offset + every], so a pane interval is tested first:
+    a step's few panes near the watermark are then all that is read of a table holding a window of them."""
+    near = pane != BASE
+    if upto_us is not None:
+        near &= pane < upto_us - offset_us
+    if after_us is not None and (clamp_us is None or clamp_us <= after_us):
+        near &= pane > after_us - offset_us - every_us
+    idx = np.flatnonzero(near)
+    idx = idx[counts[idx] > 0]
+    at = pane[idx]
+    return idx, at - at % every_us + offset_us + every_us
 
 
 def _runs(s: Sorted, calc: Calc) -> sessions.Runs:
@@ -463,6 +554,10 @@ def prune(plan: Plan, table: pd.DataFrame, upto_us: int, align_us: int | None = 
     for calc in plan.calcs:  # nor carries a Hop's or a Session's data
         if calc.bounded:
             base = _clear(calc, base)
+    if plan.keys == (KEY,) and len(base) * INSERT_RATIO <= len(keep):  # kept sorted for the next step's insert
+        inserted = _inserted(plan, keep, base)
+        if inserted is not None:
+            return inserted.table
     return pd.concat([base, keep], ignore_index=True)
 
 
@@ -526,9 +621,10 @@ def step(
     tables = [table] if isinstance(table, pd.DataFrame) else list(table)
     fresh = events[~late]
     merged = combine_sorted(plan, [*tables, phase1(plan, fresh)])
-    # Every end after `after` where a value may change, found once for the rows, the eager values and the timer
-    # (the panes `prune` drops make no change after `upto`).
-    row, end = change_ends(plan, merged, after, None)
+    # Every end in (after, horizon] where a value may change, found once for the rows, the eager values and the
+    # timer (the panes `prune` drops make no change after `upto`).
+    horizon = upto if eager_at is None else max(upto, eager_at)
+    row, end = change_ends(plan, merged, after, horizon)
     if eager_at is not None and plan.keys == (KEY,):
         # The keys whose values the rows and the eager values read (key codes here: the stream's), so that what
         # they share is built once (`values_at`).
@@ -546,6 +642,8 @@ def step(
         eager = values_of(plan, merged, wanted, eager_at)
     table = prune(plan, merged.table, upto, align_us)
     later = end[end > upto]
+    if not len(later):  # none before the horizon: the first one after it, if any
+        later = change_ends(plan, merged, horizon, None)[1]
     return Step(table, rows, events[late], int(later.min()) if len(later) else None, eager)
 
 
