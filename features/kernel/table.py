@@ -308,14 +308,13 @@ def _inserted(plan: Plan, big: pd.DataFrame, small: pd.DataFrame) -> Sorted | No
     at = np.searchsorted(held, incoming)
     hit = at < n
     hit[hit] = held[at[hit]] == incoming[hit]
-    new = order[~hit]
-    slots = at[~hit] + np.arange(len(new))  # the new rows' places in the result
-    placed = np.zeros(n + len(new), dtype=bool)
-    placed[slots] = True
+    new, before = order[~hit], at[~hit]  # the small one's rows of a new (key, pane), and the big one's row after
+    placed = np.zeros(n + len(new), dtype=bool)  # the result's rows that come from the small one
+    placed[before + np.arange(len(new))] = True
     kept = ~placed
-    # The big one's rows that got rows of the small one: their places, and the pairs' partials merged.
+    # The big one's rows that got rows of the small one: their places in the result, and the pairs merged.
     pairs = at[hit]
-    pair_slots = pairs + np.searchsorted(slots - np.arange(len(slots)), pairs, side="right")
+    pair_slots = pairs + np.searchsorted(before, pairs, side="right")
     both = pd.concat([big.iloc[pairs], small.iloc[order[hit]]], ignore_index=True)
     if len(pairs):
         interleave = np.ravel(np.c_[np.arange(len(pairs)), len(pairs) + np.arange(len(pairs))])
