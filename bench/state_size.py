@@ -7,7 +7,8 @@ One bucket of the stream (`--keys` keys, each with an event about every second),
 (`features.engine.stream.PaneProcessor`) with in-memory state handles (tests/state_handles.py) instead of Spark's:
 each batch is what a worker does for the bucket (decode the events, step the pane table, store the chunks it
 changed, emit the rows), without Spark or RocksDB. The state grows a minute of events at a time; at each of
-`--minutes` it has held, `--repeats` batches of `--events` events (one second of event time each) are timed.
+`--minutes` it has held, `--repeats` batches of `--events` events (one second of event time each) are timed, and
+the bytes of the chunks they write counted (what RocksDB is then handed to write and checkpoint).
 
 Two layouts in the same run: the table stored in chunks of `features.kernel.chunk_length` (a 32nd of the
 window here) and in chunks of an hour (the layout before it, which a batch rewrote whole). Baselines: the same
@@ -38,7 +39,9 @@ from features.spec import DType
 
 S = 1_000_000
 HOUR_US = 3600 * S
-T0 = 1_800_000_000 * S  # the stream's first event time, µs
+# The stream's first event time (µs), 20 minutes into an hour: at each mark the hour layout's newest chunk is
+# partly filled, as it is on average in a stream that runs on (at a whole hour it would be empty).
+T0 = (1_800_000_000 + 20 * 60) * S
 WATERMARK_US = 120 * S
 TYPES = {"user_id": DType.STRING, "amount": DType.FLOAT64, "event_ts": DType.TIMESTAMP}
 GROUP = FeatureGroup(
