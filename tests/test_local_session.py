@@ -99,6 +99,36 @@ def test_the_worker_daemon_drops_only_the_zips_of_the_installed_pyspark(
     assert worker_daemon._installed_pyspark_zips() == []
 
 
+@pytest.mark.parametrize("kept", [True, False], ids=["daemon", "default"])
+def test_the_worker_daemon_keeps_freed_memory_for_the_next_batch(kept: bool) -> None:
+    """The daemon's workers keep a large freed array's memory for the next one (no page faulted in again); a
+    process without the setting returns it to the system at once."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6")
+    except OSError:
+        pytest.skip("not glibc: the setting applies to glibc's malloc only")
+    script = f"""
+import numpy as np
+from features.engine.worker_daemon import keep_freed_memory
+if {kept}:
+    keep_freed_memory()
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1])
+before = rss()
+values = np.ones(50_000_000)
+used = rss() - before
+del values
+print(used, rss() - before)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    used, after = map(int, done.stdout.split())
+    assert used > 90_000  # pages of 4 kB: the array's 400 MB
+    assert (after > used * 0.9) if kept else (after < used * 0.1)
+
+
 def test_the_python_worker_daemon_is_ours_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("FEATURES_PYTHON_DAEMON", raising=False)
     settings, _ = _local_settings(None)

@@ -17,12 +17,14 @@ Nothing else is imported before the daemon forks: the libraries the workers need
 
 from __future__ import annotations
 
+import ctypes
 import importlib.machinery
 import os
 import runpy
 import sys
 
 COMMAND = "features-spark-python"
+M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # glibc's malloc.h
 
 
 def _installed_pyspark_zips() -> list[str]:
@@ -57,8 +59,24 @@ def workers_python() -> str:
     return sys.executable
 
 
+def keep_freed_memory() -> None:
+    """Make freed memory stay in this process's heap for the next allocation (glibc's `mallopt`; nothing elsewhere).
+
+    By default glibc maps every allocation over 32 MB afresh and returns it to the system when freed, so each large
+    array a batch makes faults in every page again: a stream's step copies its whole pane table (hundreds of MB for
+    an hour of 1 s panes), and those faults cost a fifth of it and made every other step up to twice as slow
+    (bench/state_size.py). A worker's memory then stays at its peak between batches, which the next batch reuses."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    libc.mallopt(M_MMAP_MAX, 0)  # glibc still maps when the heap cannot grow
+    libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1)
+
+
 def main() -> None:
     drop_installed_pyspark_zips()
+    keep_freed_memory()  # inherited by every worker the daemon forks
     from pyspark.daemon import manager
 
     manager()
