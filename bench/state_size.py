@@ -6,9 +6,10 @@ One bucket of the stream (`--keys` keys, each with an event about every second),
 `Hop("1h", every="1s")` with a 2m watermark, driven through the stream's own processor
 (`features.engine.stream.PaneProcessor`) with in-memory state handles (tests/state_handles.py) instead of Spark's:
 each batch is what a worker does for the bucket (decode the events, step the pane table, store the chunks it
-changed, emit the rows), without Spark or RocksDB. The state grows a minute of events at a time; at each of
-`--minutes` it has held, `--repeats` batches of `--events` events (one second of event time each) are timed, and
-the bytes of the chunks they write counted (what RocksDB is then handed to write and checkpoint).
+changed, emit the rows), without Spark or RocksDB, in a process that keeps freed memory for reuse as the stream's
+Python workers do (`features.engine.worker_daemon.keep_freed_memory`). The state grows a minute of events at a
+time; at each of `--minutes` it has held, `--repeats` batches of `--events` events (one second of event time each)
+are timed, and the bytes of the chunks they write counted (what RocksDB is then handed to write and checkpoint).
 
 Two layouts in the same run: the table stored in chunks of `features.kernel.chunk_length` (a 32nd of the
 window here) and in chunks of an hour (the layout before it, which a batch rewrote whole). Baselines: the same
@@ -35,6 +36,7 @@ from state_handles import MemoryHandle, Timers, packed
 import features.kernel as pt
 from features import Entity, EventSource, Feature, FeatureGroup, Hop, agg
 from features.engine import stream as engine
+from features.engine.worker_daemon import keep_freed_memory
 from features.spec import DType
 
 S = 1_000_000
@@ -143,6 +145,7 @@ def main() -> int:
             )
         return out
 
+    keep_freed_memory()
     load_before = load()
     chunk_us = pt.chunk_length(plan)
     short, hour = run(chunk_us), run(HOUR_US)
