@@ -183,7 +183,7 @@ def test_a_small_table_put_in_place_in_a_sorted_one_is_the_same_as_both_sorted_t
     batch = pt.phase1(plan, coded.iloc[rng.choice(len(coded), len(held) // 10, replace=False)])
     same = pd.MultiIndex.from_frame(batch[[pt.KEY, pt.PANE]]).isin(pd.MultiIndex.from_frame(held[[pt.KEY, pt.PANE]]))
     assert 0 < same.sum() < len(batch)  # both kinds of row
-    assert pt.table._inserted(plan, held, batch) is not None  # the table is sorted: it is put in place
+    assert pt.table.inserted(plan, held, batch) is not None  # the table is sorted: it is put in place
     inserted = pt.combine_sorted(plan, [held, batch])
     monkeypatch.setattr(pt.table, "INSERT_RATIO", 10**12)  # always the sort
     sorted_together = pt.combine_sorted(plan, [held, batch])

@@ -1,7 +1,7 @@
 """Every aggregation over a Lifetime window against the brute-force reference, in both engines.
 
 The stream keeps a key's pane table only as far back as a later window still reads; what only Lifetime windows
-read any more is folded into one BASE row per key (features.kernel.table.prune), stored as a chunk of its own,
+read any more is folded into one BASE row per key (features.kernel.microbatch.prune), stored as a chunk of its own,
 and merged again with newer panes at each later fold. The events here span 30 hours, far beyond that horizon
 (two to three hours here), so every key's Lifetime values past the first hours come from its BASE row. The stream's
 processor (features.engine.stream.PaneProcessor) runs without Spark, on in-memory state handles, its state read

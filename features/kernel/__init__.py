@@ -1,16 +1,17 @@
 """The phase-2 kernel (docs/internals.md, Two phases), shared by the batch and streaming engines: pure numpy/pandas, no
 Spark. `plan` says what a group computes, `frames` how the engines' Arrow input becomes pandas with every integer
-exact, `aggregations` how each aggregation is reduced, `table` the pane tables and their change points, `state` how
-the stream stores them, `beside` how recomputed features join the table's values of the others."""
+exact, `aggregations` how each aggregation is reduced, `table` the pane tables and their change points,
+`microbatch` the stream's step over them, `state` how the stream stores them, `beside` how recomputed features join
+the table's values of the others."""
 
 from features.kernel.beside import beside
 from features.kernel.frames import events_frame
+from features.kernel.microbatch import Step, prune, step, values_of
 from features.kernel.plan import BASE, KEY, PANE, TS, Calc, Plan, text_cast, value_column
 from features.kernel.state import chunk_length, chunk_of, from_bytes, read_frame, to_bytes
 from features.kernel.table import (
     KeyDictionary,
     Sorted,
-    Step,
     combine,
     combine_sorted,
     emit,
@@ -19,10 +20,7 @@ from features.kernel.table import (
     pane_columns,
     phase1,
     phase1_sorted,
-    prune,
-    step,
     to_arrow,
-    values_of,
 )
 
 __all__ = [

@@ -168,7 +168,7 @@ class Sorted:
     def of(cls, plan: Plan, table: pd.DataFrame) -> Sorted:
         codes, position, origin, span = _positions(plan, table)
         order = np.argsort(position, kind="stable")
-        return cls(_renumbered(table.iloc[order]), codes[order], position[order], origin, span)
+        return cls(renumbered(table.iloc[order]), codes[order], position[order], origin, span)
 
     def locate(self, key_code: np.ndarray, at_us: np.ndarray, plan: Plan) -> np.ndarray:
         """Index of the first row of `key_code` whose pane is >= at (at: multiples of the pane length)."""
@@ -232,7 +232,7 @@ def _key_codes(plan: Plan, table: pd.DataFrame) -> np.ndarray:
     return _factorize(table[list(plan.keys)])[0]
 
 
-def _renumbered(frame: pd.DataFrame) -> pd.DataFrame:
+def renumbered(frame: pd.DataFrame) -> pd.DataFrame:
     """`frame` (a fresh selection of rows) indexed 0..n-1 in place: reset_index would copy every column."""
     frame.index = pd.RangeIndex(len(frame))
     return frame
@@ -247,16 +247,16 @@ def combine_sorted(plan: Plan, tables: Sequence[pd.DataFrame]) -> Sorted:
     """`combine`, sorted for range reductions (one sort serves the merge and the emit)."""
     frames = [t for t in tables if len(t)] or [empty_table(plan)]
     if len(frames) == 2 and plan.keys == (KEY,) and len(frames[1]) * INSERT_RATIO <= len(frames[0]):
-        inserted = _inserted(plan, frames[0], frames[1])
-        if inserted is not None:
-            return inserted
+        put = inserted(plan, frames[0], frames[1])
+        if put is not None:
+            return put
     table = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
     codes, position, origin, span = _positions(plan, table)
     order = np.argsort(position, kind="stable")
     position = position[order]
     first = np.r_[True, np.diff(position) != 0]
     if first.all():
-        return Sorted(_renumbered(table.iloc[order]), codes[order], position, origin, span)
+        return Sorted(renumbered(table.iloc[order]), codes[order], position, origin, span)
     starts = np.flatnonzero(first)
     ends = np.r_[starts[1:], len(position)]
     # Most (key, pane)s got rows from one batch only: each column is taken once, at the first row of each
@@ -265,7 +265,7 @@ def combine_sorted(plan: Plan, tables: Sequence[pd.DataFrame]) -> Sorted:
     lengths = ends[several] - starts[several]
     within = np.repeat(starts[several] - np.r_[0, np.cumsum(lengths)[:-1]], lengths) + np.arange(lengths.sum())
     rows = order[within]
-    group = Sorted(_renumbered(table.iloc[rows]), codes[rows], position[within], origin, span)
+    group = Sorted(renumbered(table.iloc[rows]), codes[rows], position[within], origin, span)
     bounds = np.r_[0, np.cumsum(lengths)]
     partials = _merged_partials(plan, group, bounds[:-1], bounds[1:])
     keep = order[starts]
@@ -291,7 +291,7 @@ def combine_sorted(plan: Plan, tables: Sequence[pd.DataFrame]) -> Sorted:
 INSERT_RATIO = 8  # a table this many times smaller than a sorted one is inserted into it instead of sorted with it
 
 
-def _inserted(plan: Plan, big: pd.DataFrame, small: pd.DataFrame) -> Sorted | None:
+def inserted(plan: Plan, big: pd.DataFrame, small: pd.DataFrame) -> Sorted | None:
     """`combine_sorted` of a table already sorted by (key, pane) with one pane each (a stream's state after its
     previous step) and a much smaller one (a micro-batch's panes): the small one's rows are put in place, and
     merged where the big one has their (key, pane), so the big one's columns are copied in order, never sorted
@@ -318,7 +318,7 @@ def _inserted(plan: Plan, big: pd.DataFrame, small: pd.DataFrame) -> Sorted | No
     both = pd.concat([big.iloc[pairs], small.iloc[order[hit]]], ignore_index=True)
     if len(pairs):
         interleave = np.ravel(np.c_[np.arange(len(pairs)), len(pairs) + np.arange(len(pairs))])
-        group = Sorted(_renumbered(both.iloc[interleave]), np.repeat(codes[n:][order[hit]], 2), np.zeros(0), 0, 0)
+        group = Sorted(renumbered(both.iloc[interleave]), np.repeat(codes[n:][order[hit]], 2), np.zeros(0), 0, 0)
         partials = _merged_partials(plan, group, np.arange(0, 2 * len(pairs), 2), np.arange(2, 2 * len(pairs) + 1, 2))
     else:
         partials = {}
@@ -384,7 +384,7 @@ def change_ends(
             moves.append(_moves(pane, counts, every_us, size_us, after_us, upto_us, clamp_us))
         if gap_us is not None:
             calc = next(c for c in plan.calcs if (c.condition, c.every_us, c.gap_us) == (condition, every_us, gap_us))
-            moves.append(_runs(s, calc).closes(every_us, gap_us))
+            moves.append(session_runs(s, calc).closes(every_us, gap_us))
         for at, e in moves:
             if clamp_us is not None:
                 e = np.maximum(e, clamp_us)
@@ -421,7 +421,7 @@ def _moves(
     return idx, at - at % every_us + offset_us + every_us
 
 
-def _runs(s: Sorted, calc: Calc) -> sessions.Runs:
+def session_runs(s: Sorted, calc: Calc) -> sessions.Runs:
     """The sessions of `s` for a session feature's `where` and gap (shared by the features that have both)."""
     memo = ("runs", calc.condition, calc.gap_us)
     if memo not in s.memo:
@@ -460,7 +460,9 @@ def values_at(plan: Plan, s: Sorted, key_code: np.ndarray, ends: np.ndarray) -> 
             continue
         hi = first_row(calc.every_us, 0)
         if calc.gap_us is not None:
-            lo = _runs(s, calc).ranges(first_row(calc.every_us, None), hi, ends - ends % calc.every_us, calc.gap_us)
+            lo = session_runs(s, calc).ranges(
+                first_row(calc.every_us, None), hi, ends - ends % calc.every_us, calc.gap_us
+            )
         else:
             lo = first_row(calc.every_us, calc.size_us)
         out[calc.name] = kind.window(calc, s.columns(calc), lo, hi, s.key_code)
@@ -488,7 +490,7 @@ def emit(
     step = (end - end.min() + plan.pane_us - 1) // plan.pane_us
     _, first = np.unique(key * (int(step.max()) + 1) + step, return_index=True)
     row, end, key = row[first], end[first], key[first]
-    out = _keys_at(plan, s, row)
+    out = keys_at(plan, s, row)
     out["window_end"] = end
     out.update(values_at(plan, s, key, end))
     return frame_of(out)
@@ -506,7 +508,7 @@ def key_lasts(columns: Sequence[Any]) -> np.ndarray:
     return last
 
 
-def _keys_at(plan: Plan, s: Sorted, rows: np.ndarray) -> dict[str, Any]:
+def keys_at(plan: Plan, s: Sorted, rows: np.ndarray) -> dict[str, Any]:
     """The join keys of rows `rows` of `s`. Text keys are taken in Arrow from each key's first row: converting
     millions of Python strings to Arrow on the way out costs more than most features' values."""
     firsts = s.key_firsts()
@@ -527,137 +529,3 @@ def _upto(changes: tuple[np.ndarray, np.ndarray], upto_us: int) -> tuple[np.ndar
     row, end = changes
     keep = end <= upto_us
     return row[keep], end[keep]
-
-
-def prune(plan: Plan, table: pd.DataFrame, upto_us: int, align_us: int | None = None) -> pd.DataFrame:
-    """Drop panes that no window ending after `upto` reads; fold those only Lifetime windows still read into
-    each key's BASE row. With `align_us`, only whole stretches of that length go (stored chunks)."""
-    cut = min(
-        (upto_us - upto_us % c.every_us) - (c.size_us if c.size_us is not None else c.every_us) for c in plan.calcs
-    )
-    cut = min(cut, _session_cut(plan, table, upto_us))
-    if align_us:
-        cut -= cut % align_us
-    pane = table[PANE].to_numpy(dtype=np.int64)
-    old = pane < cut
-    if not old.any():
-        return table
-    keep = table[~old]
-    if all(c.bounded for c in plan.calcs):
-        return _renumbered(keep)
-    folded = table[old].copy()
-    folded[PANE] = BASE
-    base = combine(plan, [folded])
-    for i in range(len(plan.conditions)):  # the base row never makes a change point, nor is part of a session
-        base[f"fx_n{i}"] = 0
-    for calc in plan.calcs:  # nor carries a Hop's or a Session's data
-        if calc.bounded:
-            base = _clear(calc, base)
-    if plan.keys == (KEY,) and len(base) * INSERT_RATIO <= len(keep):  # kept sorted for the next step's insert
-        inserted = _inserted(plan, keep, base)
-        if inserted is not None:
-            return inserted.table
-    return pd.concat([base, keep], ignore_index=True)
-
-
-def _clear(calc: Calc, table: pd.DataFrame) -> pd.DataFrame:
-    for part, values in KINDS[calc.kind].empty(calc, len(table)).items():
-        table[calc.col(part)] = values
-    return table
-
-
-def _session_cut(plan: Plan, table: pd.DataFrame, upto_us: int) -> int:
-    """The earliest pane a session feature still reads after `upto`: the start of the earliest session that may
-    still be open then (one that a later event can extend), else one gap and one `every` back."""
-    cut = np.iinfo(np.int64).max
-    calcs = [c for c in plan.calcs if c.gap_us is not None]
-    if not calcs:
-        return cut
-    s = Sorted.of(plan, table)
-    pane = s.table[PANE].to_numpy(dtype=np.int64)
-    for calc in calcs:
-        gap = calc.gap_us
-        cut = min(cut, upto_us - upto_us % calc.every_us - gap - calc.every_us)  # type: ignore[operator]
-        live = _runs(s, calc).live_starts(upto_us - upto_us % calc.every_us - calc.every_us, gap)  # type: ignore[arg-type]
-        if len(live):
-            cut = min(cut, int(pane[live].min()))
-    return cut
-
-
-@dataclass(frozen=True)
-class Step:
-    table: pd.DataFrame  # the pane table after the step
-    rows: pd.DataFrame  # change points with window end in (after, upto]
-    late: pd.DataFrame  # input events behind `after`: they would change rows already emitted
-    next_change: int | None  # the first window end after `upto` where a value may change
-    eager: pd.DataFrame | None = None  # the value at `eager_at` of each key the events touched
-
-
-def step(
-    plan: Plan,
-    table: pd.DataFrame | Sequence[pd.DataFrame],
-    events: pd.DataFrame,
-    after: int | None,
-    upto: int,
-    align_us: int | None = None,
-    eager_at: int | None = None,
-    eager_after: int | None = None,
-) -> Step:
-    """One micro-batch for one set of keys: merge the events' pane partials into the table (or its chunks, in
-    any order), emit the change points whose window end the watermark passed, and drop what no later window
-    reads.
-
-    `after` is the watermark the previous step emitted up to: an event before the window end it closed
-    (`Plan.closed_end`) is late (it would change a change point emitted already) and is returned instead of used;
-    one between that end and `after` changes only rows still to come, and is used.
-
-    `eager_at` (a window end ahead of the watermark): also the value there, from the events received so far, of
-    each key the events touched and of each key whose value changes in (`eager_after`, `eager_at`] (a pane of an
-    earlier batch closed, or left a window, since the previous eager value was written)."""
-    late = np.zeros(len(events), dtype=bool)
-    if after is not None:
-        late = events[TS].to_numpy(dtype=np.int64) < plan.closed_end(after)
-    tables = [table] if isinstance(table, pd.DataFrame) else list(table)
-    fresh = events[~late]
-    merged = combine_sorted(plan, [*tables, phase1(plan, fresh)])
-    # Every end in (after, horizon] where a value may change, found once for the rows, the eager values and the
-    # timer (the panes `prune` drops make no change after `upto`).
-    horizon = upto if eager_at is None else max(upto, eager_at)
-    row, end = change_ends(plan, merged, after, horizon)
-    if eager_at is not None and plan.keys == (KEY,):
-        # The keys whose values the rows and the eager values read (key codes here: the stream's), so that what
-        # they share is built once (`values_at`).
-        merged.memo[ASKED] = np.concatenate([fresh[KEY].to_numpy(dtype=np.int64), merged.key_code[row]])
-    if after is None or upto > after:
-        rows = emit(plan, merged, after, upto, changes=(row, end))
-    else:
-        rows = emit(plan, merged.table.iloc[:0], None, 0)
-    eager = None
-    if eager_at is not None and len(merged.table):  # an empty table (every pane pruned) has no value to give
-        wanted = fresh[list(plan.keys)]
-        if eager_after is not None and eager_after < eager_at:
-            changed = row[(end > eager_after) & (end <= eager_at)]
-            wanted = pd.concat([wanted, merged.table[list(plan.keys)].iloc[changed]])
-        eager = values_of(plan, merged, wanted, eager_at)
-    table = prune(plan, merged.table, upto, align_us)
-    later = end[end > upto]
-    if not len(later):  # none before the horizon: the first one after it, if any
-        later = change_ends(plan, merged, horizon, None)[1]
-    return Step(table, rows, events[late], int(later.min()) if len(later) else None, eager)
-
-
-def values_of(plan: Plan, s: Sorted, keys: pd.DataFrame, at_us: int) -> pd.DataFrame:
-    """Rows (keys, `window_end` = at, features): the value at `at` of each key of `keys` that `s` holds."""
-    first = s.key_firsts()
-    held = s.table[list(plan.keys)].iloc[first]
-    wanted = keys.drop_duplicates()
-    if len(plan.keys) == 1:
-        hit = pd.Index(held.iloc[:, 0]).isin(wanted.iloc[:, 0])
-    else:
-        hit = pd.MultiIndex.from_frame(held).isin(pd.MultiIndex.from_frame(wanted))
-    rows = first[hit]
-    ends = np.full(len(rows), at_us, dtype=np.int64)
-    out = _keys_at(plan, s, rows)
-    out["window_end"] = ends
-    out.update(values_at(plan, s, s.key_code[rows], ends))
-    return frame_of(out)
