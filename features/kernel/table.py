@@ -292,7 +292,7 @@ INSERT_RATIO = 8  # a table this many times smaller than a sorted one is inserte
 
 
 def inserted(plan: Plan, big: pd.DataFrame, small: pd.DataFrame) -> Sorted | None:
-    """`combine_sorted` of a table already sorted by (key, pane) with one pane each (a stream's state after its
+    """`combine_sorted` of a table already sorted by (key, pane) with one row each (a stream's state after its
     previous step) and a much smaller one (a micro-batch's panes): the small one's rows are put in place, and
     merged where the big one has their (key, pane), so the big one's columns are copied in order, never sorted
     or gathered. None if `big` is not so sorted. Key codes must mean the same in both (the stream's)."""
