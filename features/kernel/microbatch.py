@@ -14,7 +14,6 @@ from features.kernel.kinds import KINDS
 from features.kernel.plan import BASE, KEY, PANE, TS, Calc, Plan
 from features.kernel.table import (
     ASKED,
-    INSERT_RATIO,
     Sorted,
     change_ends,
     combine,
@@ -54,10 +53,9 @@ def prune(plan: Plan, table: pd.DataFrame, upto_us: int, align_us: int | None = 
     for calc in plan.calcs:  # nor carries a Hop's or a Session's data
         if calc.bounded:
             base = _clear(calc, base)
-    if plan.keys == (KEY,) and len(base) * INSERT_RATIO <= len(keep):  # kept sorted for the next step's insert
-        put = inserted(plan, keep, base)
-        if put is not None:
-            return put.table
+    put = inserted(plan, keep, base)  # kept sorted for the next step's insertion where it applies
+    if put is not None:
+        return put.table
     return pd.concat([base, keep], ignore_index=True)
 
 

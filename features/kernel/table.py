@@ -246,10 +246,8 @@ def combine(plan: Plan, tables: Sequence[pd.DataFrame]) -> pd.DataFrame:
 def combine_sorted(plan: Plan, tables: Sequence[pd.DataFrame]) -> Sorted:
     """`combine`, sorted for range reductions (one sort serves the merge and the emit)."""
     frames = [t for t in tables if len(t)] or [empty_table(plan)]
-    if len(frames) == 2 and plan.keys == (KEY,) and len(frames[1]) * INSERT_RATIO <= len(frames[0]):
-        put = inserted(plan, frames[0], frames[1])
-        if put is not None:
-            return put
+    if len(frames) == 2 and (put := inserted(plan, frames[0], frames[1])) is not None:
+        return put
     table = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
     codes, position, origin, span = _positions(plan, table)
     order = np.argsort(position, kind="stable")
@@ -295,7 +293,10 @@ def inserted(plan: Plan, big: pd.DataFrame, small: pd.DataFrame) -> Sorted | Non
     """`combine_sorted` of a table already sorted by (key, pane) with one row each (a stream's state after its
     previous step) and a much smaller one (a micro-batch's panes): the small one's rows are put in place, and
     merged where the big one has their (key, pane), so the big one's columns are copied in order, never sorted
-    or gathered. None if `big` is not so sorted. Key codes must mean the same in both (the stream's)."""
+    or gathered. None where that does not apply: keys that are not the stream's codes (which mean the same in
+    both), a small one not `INSERT_RATIO` times smaller, or a big one not so sorted."""
+    if plan.keys != (KEY,) or len(small) * INSERT_RATIO > len(big):
+        return None
     codes, position, origin, span = _positions(plan, big, small)
     n = len(big)
     held = position[:n]
@@ -315,8 +316,8 @@ def inserted(plan: Plan, big: pd.DataFrame, small: pd.DataFrame) -> Sorted | Non
     # The big one's rows that got rows of the small one: their places in the result, and the pairs merged.
     pairs = at[hit]
     pair_slots = pairs + np.searchsorted(before, pairs, side="right")
-    both = pd.concat([big.iloc[pairs], small.iloc[order[hit]]], ignore_index=True)
     if len(pairs):
+        both = pd.concat([big.iloc[pairs], small.iloc[order[hit]]], ignore_index=True)
         interleave = np.ravel(np.c_[np.arange(len(pairs)), len(pairs) + np.arange(len(pairs))])
         group = Sorted(renumbered(both.iloc[interleave]), np.repeat(codes[n:][order[hit]], 2), np.zeros(0), 0, 0)
         partials = _merged_partials(plan, group, np.arange(0, 2 * len(pairs), 2), np.arange(2, 2 * len(pairs) + 1, 2))
