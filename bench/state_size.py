@@ -11,7 +11,7 @@ Python workers do (`features.engine.worker_daemon.keep_freed_memory`). The state
 time; at each of `--minutes` it has held, `--repeats` batches of `--events` events (one second of event time each)
 are timed, and the bytes of the chunks they write counted (what RocksDB is then handed to write and checkpoint).
 
-Two layouts in the same run: the table stored in chunks of `features.kernel.chunk_length` (a 32nd of the
+Two layouts in the same run: the table stored in chunks of `features.kernel.chunk_length` (a 256th of the
 window here) and in chunks of an hour (the layout before it, which a batch rewrote whole). Baselines: the same
 layout's batch with the fewest minutes held (what the held panes add), and the hour's chunks at the same state.
 """
@@ -158,7 +158,7 @@ def main() -> int:
         "(`PaneProcessor.handleInputRows`) with in-memory state handles: its Python time per batch (decode, step, "
         "store the changed chunks, emit), without Spark or RocksDB, medians of "
         f"{args.repeats} batches, with the pane table holding some minutes of 1 s panes of every key. Two layouts "
-        f"in the same run: chunks of {chunk_us / S:g} s (`chunk_length`: a 32nd of the window) and of one hour "
+        f"in the same run: chunks of {chunk_us / S:g} s (`chunk_length`: a 256th of the window) and of one hour "
         "(the layout before). Baselines: the same layout with the fewest minutes held, and the hour's chunks at the "
         "same state.",
         "",
