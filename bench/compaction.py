@@ -4,12 +4,14 @@
 
 One date partition of a Delta table takes `--appends` appends of `--rows` rows each (a stream's micro-batches
 writing to its live day: eight columns of random values, 2.6 MB a file at the default 40,000 rows), with a
-compaction round every 16 appends (features.stores.compaction.StreamCompaction, the stream's settings), twice in the
-same session, the order alternating by round: (a) the stream's rounds, which leave the files of `--full-mb` or more
-as they are, and (b) the same rounds with Delta's OPTIMIZE as it is by default (every file under 1 GiB is rewritten:
-the live day's whole compacted file each round). `--full-mb` stands in for the stream's 128 MB so that the day
-outgrows it in minutes.
-Prints the seconds of each table's rounds early and late in the day and in all, and the ratio (a) / (b).
+compaction round every 16 appends (features.stores.compaction.StreamCompaction, the stream's settings), three times
+in the same session, the order rotating by round: (a) the stream's rounds, which leave the files of `--full-mb` or
+more as they are (deltalake's compaction in the driver), (b) the same rounds with Delta's OPTIMIZE, its
+`minFileSize` set to the bound (the stream's rounds before deltalake did them), and (c) rounds that rewrite every
+file, as Delta's OPTIMIZE does by default (every file under 1 GiB: the live day's whole compacted file each
+round). `--full-mb` stands in for the stream's 128 MB so that the day outgrows it in minutes.
+Prints the seconds of each table's rounds early and late in the day and in all, and the ratios (a) / (c) and
+(b) / (a).
 """
 
 from __future__ import annotations
@@ -24,7 +26,29 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results import load, update_section
 
 WORK = Path(__file__).resolve().parent / "work" / "compaction"
-UNBOUNDED = 2**62  # no file counts as full: every file under Delta's minFileSize is rewritten
+UNBOUNDED = 2**62  # no file counts as full: every file is rewritten
+BOUNDED, OPTIMIZE, EVERY = "(a) full files left", "(b) full files left, Delta's OPTIMIZE", "(c) every file rewritten"
+
+
+class OptimizeRounds:
+    """The stream's rounds as they ran before deltalake did them: Delta's OPTIMIZE of the dates holding more than
+    `above` files under `full` bytes, every `every` appends, its minFileSize set to `full`."""
+
+    def __init__(self, table: str, full: int, above: int, every: int) -> None:
+        self.table, self.full, self.above, self.every, self.appends = table, full, above, every, 0
+
+    def after_append(self, spark) -> dict:
+        from features.session_conf import session_setting
+        from features.stores.offline import DATE, files_per_date
+
+        self.appends += 1
+        crowded = {d: n for d, n in files_per_date(self.table, self.full).items() if n > self.above}
+        if self.appends % self.every or not crowded:
+            return {}
+        days = ", ".join(f"'{d.isoformat()}'" for d in crowded)
+        with session_setting(spark, "spark.databricks.delta.optimize.minFileSize", str(self.full)):
+            spark.sql(f"OPTIMIZE delta.`{self.table}` WHERE {DATE} IN ({days})").collect()
+        return crowded
 
 
 def main() -> None:
@@ -36,27 +60,28 @@ def main() -> None:
     from pyspark.sql import functions as F
 
     from features.engine.session import get_spark
-    from features.stores.compaction import EVERY_APPENDS, StreamCompaction
+    from features.stores.compaction import COMPACT_ABOVE, EVERY_APPENDS, StreamCompaction
     from features.stores.offline import DATE, files_per_date
 
     began = load()
     shutil.rmtree(WORK, ignore_errors=True)
     spark = get_spark(app_name="bench-compaction")
     full = args.full_mb * 1024 * 1024
-    tables = {"full files left": str(WORK / "bounded"), "Delta's default": str(WORK / "unbounded")}
+    tables = {BOUNDED: str(WORK / "bounded"), OPTIMIZE: str(WORK / "optimize"), EVERY: str(WORK / "unbounded")}
     rounds = {
-        name: StreamCompaction(table, full_bytes=full if name == "full files left" else UNBOUNDED)
-        for name, table in tables.items()
+        BOUNDED: StreamCompaction(tables[BOUNDED], full_bytes=full).after_append,
+        OPTIMIZE: OptimizeRounds(tables[OPTIMIZE], full, COMPACT_ABOVE, EVERY_APPENDS).after_append,
+        EVERY: StreamCompaction(tables[EVERY], full_bytes=UNBOUNDED).after_append,
     }
     seconds: dict[str, list[float]] = {name: [] for name in tables}
     columns = [F.rand(seed=i).alias(f"f{i}") for i in range(8)]
     for i in range(args.appends):
         batch = spark.range(args.rows).select(F.col("id").alias("key"), *columns, F.lit("2026-01-01").alias(DATE))
-        order = list(tables) if (i // EVERY_APPENDS) % 2 == 0 else list(reversed(tables))
-        for name in order:
+        shift = (i // EVERY_APPENDS) % len(tables)
+        for name in [*tables][shift:] + [*tables][:shift]:
             batch.write.format("delta").mode("append").partitionBy(DATE).save(tables[name])
             start = time.perf_counter()
-            if rounds[name].after_append(spark):
+            if rounds[name](spark):
                 seconds[name].append(time.perf_counter() - start)
     day_mb = {name: sum(_sizes(t)) / 2**20 for name, t in tables.items()}
     lines = [
@@ -64,9 +89,11 @@ def main() -> None:
         "",
         f"`python bench/compaction.py --appends {args.appends} --rows {args.rows} --full-mb {args.full_mb}`: one date "
         f"partition of a Delta table, {args.appends} appends of {args.rows:,} rows (8 random columns), a round every "
-        f"{EVERY_APPENDS} appends, both tables in one local session (2 cores), the order alternating by round; "
-        f"(a) files of {args.full_mb} MB or more left as they are (the stream's rounds, whose bound is 128 MB), "
-        "(b) Delta's OPTIMIZE by default (files under 1 GiB rewritten).",
+        f"{EVERY_APPENDS} appends, the three tables in one local session (2 cores), the order rotating by round; "
+        f"(a) files of {args.full_mb} MB or more left as they are (the stream's rounds, whose bound is 128 MB: "
+        "deltalake's compaction in the driver), (b) the same rounds with Delta's OPTIMIZE (its minFileSize set to "
+        "the bound: the stream's rounds before), (c) every file rewritten (as Delta's OPTIMIZE by default: files "
+        "under 1 GiB).",
         "",
         "| rounds | day's data, MB | files in the day | first 3 rounds, s | last 3 rounds, s | all rounds, s |",
         "|---|---|---|---|---|---|",
@@ -75,11 +102,13 @@ def main() -> None:
         s = seconds[name]
         files = sum(files_per_date(table).values())
         lines.append(f"| {name} | {day_mb[name]:.0f} | {files} | {sum(s[:3]):.1f} | {sum(s[-3:]):.1f} | {sum(s):.1f} |")
-    ratio = sum(seconds["full files left"]) / sum(seconds["Delta's default"])
-    late = sum(seconds["full files left"][-3:]) / sum(seconds["Delta's default"][-3:])
+    ratio = sum(seconds[BOUNDED]) / sum(seconds[EVERY])
+    late = sum(seconds[BOUNDED][-3:]) / sum(seconds[EVERY][-3:])
+    engine = sum(seconds[OPTIMIZE]) / sum(seconds[BOUNDED])
     lines += [
         "",
-        f"All rounds, (a) / (b): **{ratio:.2f}x**; the last 3 rounds: **{late:.2f}x**.",
+        f"All rounds, (a) / (c): **{ratio:.2f}x**; the last 3 rounds: **{late:.2f}x**. Delta's OPTIMIZE / deltalake "
+        f"for the same rounds, (b) / (a): **{engine:.1f}x**.",
         "",
         f"{load()} at the end.",
     ]

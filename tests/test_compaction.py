@@ -17,8 +17,16 @@ from deltalake import DeltaTable
 from test_offline_table import T0, M, assert_once, cli_group, rows, table_rows
 
 from features.spec import WINDOW_END
+from features.stores import compaction as compaction_module
 from features.stores import offline
-from features.stores.compaction import COMPACT_ABOVE, EVERY_APPENDS, StreamCompaction, compact, vacuum
+from features.stores.compaction import (
+    COMPACT_ABOVE,
+    EVERY_APPENDS,
+    FULL_FILE_BYTES,
+    StreamCompaction,
+    compact,
+    vacuum,
+)
 from features.stores.offline import files_per_date
 
 pytestmark = pytest.mark.spark
@@ -60,33 +68,40 @@ def test_a_streams_date_partition_holds_at_most_above_plus_every_files(spark, tm
     assert compaction.vacuumed == 3600.0
 
 
-def test_a_streams_rounds_leave_full_files_and_rewrite_only_the_small_ones(spark, tmp_path: Path) -> None:
+def active_files(table: str) -> dict[str, int]:
+    actions = pa.table(DeltaTable(table).get_add_actions(flatten=True)).to_pydict()
+    return dict(zip(actions["path"], actions["size_bytes"], strict=True))
+
+
+@pytest.mark.parametrize("features", [False, True], ids=["plain table", "table features"])
+def test_a_streams_rounds_leave_full_files_and_rewrite_only_the_small_ones(spark, tmp_path: Path, features) -> None:
     """Delta's OPTIMIZE would rewrite a live day's compacted file with every round's few new files (all under its 1 GiB
-    default): a round rewrites only the files under `full_bytes`, and a full file stays, its rows once."""
+    default): a round rewrites only the files under `full_bytes`, and a full file stays, its rows once. A plain
+    table's rounds run on deltalake, one of a higher protocol (the change data feed here) on Delta's OPTIMIZE."""
     table = str(tmp_path / "g")
-    compaction = StreamCompaction(table, every=4, above=2, vacuum_every_s=math.inf)
-    stream_batches(spark, table, 4, compaction)
-
-    def active() -> dict[str, int]:
-        actions = pa.table(DeltaTable(table).get_add_actions(flatten=True)).to_pydict()
-        return dict(zip(actions["path"], actions["size_bytes"], strict=True))
-
-    [(first, size)] = active().items()  # the first round's file, of 4 appends' rows
-    compaction.full_bytes = size  # full from now on; one append's file is smaller
-    assert files_per_date(table, size) == {}
-    assert stream_batches(spark, table, 4, compaction, first=4) == [2, 3, 4, 2]
-    files = active()
-    assert first in files and len(files) == 2  # the full file as it was, and the 4 new appends in one
+    log = offline.StreamLog(table, "s1")
+    offline.append_batch(spark, rows(spark, T0, 400), log, 0)  # 1,200 rows: a file many appends' size
+    if features:
+        spark.sql(f"ALTER TABLE delta.`{table}` SET TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true')")
+    assert compaction_module.plain(table) is not features
+    [(full, size)] = active_files(table).items()
+    compaction = StreamCompaction(table, every=4, above=2, full_bytes=size, vacuum_every_s=math.inf)
+    assert stream_batches(spark, table, 4, compaction, first=300) == [2, 3, 4, 2]
+    files = active_files(table)
+    assert full in files and len(files) == 2  # the full file as it was, and the 4 new appends in one
     got = table_rows(table)
     assert_once(got)
-    assert len(got) == 8 * 2 * 3
+    assert len(got) == 1200 + 4 * 2 * 3
     assert spark.conf.get("spark.databricks.delta.optimize.minFileSize", None) is None  # the session as it was
     # `features compact` (no bound) still makes one file of the date.
     assert compact(spark, table) == {T0.date(): 2}
     assert files_per_date(table) == {T0.date(): 1}
 
 
-def test_readers_never_see_a_row_missing_or_doubled_while_a_compaction_commits(spark, tmp_path: Path) -> None:
+@pytest.mark.parametrize("full_bytes", [None, FULL_FILE_BYTES], ids=["features compact", "a stream's round"])
+def test_readers_never_see_a_row_missing_or_doubled_while_a_compaction_commits(
+    spark, tmp_path: Path, full_bytes
+) -> None:
     table = str(tmp_path / "g")
     stream_batches(spark, table, 6, None)
     expected = len(table_rows(table))
@@ -101,7 +116,7 @@ def test_readers_never_see_a_row_missing_or_doubled_while_a_compaction_commits(s
     reader = threading.Thread(target=read)
     reader.start()
     try:
-        assert compact(spark, table) == {T0.date(): 6}
+        assert compact(spark, table, 1, full_bytes) == {T0.date(): 6}
         spark_rows = offline.read_table(spark, table).count()
     finally:
         stop.set()

@@ -403,7 +403,14 @@ def _without_delta(exc: Exception) -> Exception:
 def is_conflict(exc: BaseException) -> bool:
     """Whether `exc` is Delta refusing a commit because another one came first (retrying it is safe)."""
     text = f"{type(exc).__name__} {exc}"
-    marks = ("DELTA_CONCURRENT", "ConcurrentAppend", "ConcurrentDelete", "DELTA_METADATA_CHANGED", "ProtocolChanged")
+    marks = (
+        "DELTA_CONCURRENT",
+        "ConcurrentAppend",
+        "ConcurrentDelete",
+        "DELTA_METADATA_CHANGED",
+        "ProtocolChanged",
+        "CommitFailedError",  # deltalake's (a stream's compaction round, features.stores.compaction)
+    )
     return any(mark in text for mark in marks)
 
 
