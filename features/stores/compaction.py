@@ -53,13 +53,13 @@ VACUUM_EVERY_S = 3600.0
 
 def compact(spark: SparkSession, table: str, above: int = 1, full_bytes: int | None = None) -> dict[date, int]:
     """Rewrite the files of each date partition holding more than `above` files as one file (one commit that
-    changes no row); with `full_bytes`, only the files smaller than that count and are rewritten. Returns the
-    files each compacted date held before (those counted).
+    changes no row); with `full_bytes`, only the files smaller than that count and are rewritten, into files of
+    at most about `full_bytes`. Returns the files each compacted date held before (those counted).
 
-    A stream's rounds (`full_bytes`) run inside a micro-batch: there deltalake's own compaction merges them in the
-    driver, where Delta's OPTIMIZE, five Spark jobs, took 1.3-2.0 s for 16 appends of 25,000 rows and deltalake
-    0.1 s, and the stream's next batch waited for it. A table with Delta table features (which deltalake may not
-    write, e.g. deletion vectors on Databricks) and `features compact` use Delta's OPTIMIZE."""
+    A stream's rounds (`full_bytes`) run inside a micro-batch, which waits for them: there deltalake's compaction
+    merges the files in the driver, where Delta's OPTIMIZE, five Spark jobs, took 1.3-2.0 s for 16 appends of
+    25,000 rows and deltalake 0.1 s. A table of a higher Delta protocol (table features deltalake may not write)
+    and `features compact` use Delta's OPTIMIZE."""
     crowded = {day: n for day, n in files_per_date(table, full_bytes).items() if n > above}
     if not crowded:
         return crowded
@@ -67,9 +67,7 @@ def compact(spark: SparkSession, table: str, above: int = 1, full_bytes: int | N
         from deltalake import DeltaTable
 
         days = [day.isoformat() for day in crowded]
-        DeltaTable(table).optimize.compact(
-            partition_filters=[(DATE, "in", days)], target_size=full_bytes, max_concurrent_tasks=1
-        )
+        DeltaTable(table).optimize.compact(partition_filters=[(DATE, "in", days)], target_size=full_bytes)
         return crowded
     days_sql = ", ".join(f"'{day.isoformat()}'" for day in crowded)
     optimize = f"OPTIMIZE delta.`{_sql_path(table)}` WHERE {DATE} IN ({days_sql})"
