@@ -183,7 +183,15 @@ def _tree_rss(pid: int) -> tuple[int, int]:
 
 
 def _folder_bytes(folder: Path) -> int:
-    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) if folder.exists() else 0
+    """The bytes of the files under `folder`, read while the stream writes there: a temporary file it renames or
+    deletes between the listing and its size counts nothing."""
+    total = 0
+    for f in folder.rglob("*") if folder.exists() else []:
+        try:
+            total += f.stat().st_size if f.is_file() else 0
+        except FileNotFoundError:
+            continue
+    return total
 
 
 def _max_files(table: Path) -> int:
