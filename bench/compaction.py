@@ -38,16 +38,15 @@ class OptimizeRounds:
         self.table, self.full, self.above, self.every, self.appends = table, full, above, every, 0
 
     def after_append(self, spark) -> dict:
-        from features.session_conf import session_setting
-        from features.stores.offline import DATE, files_per_date
+        from features.stores.compaction import optimize
+        from features.stores.offline import files_per_date
 
         self.appends += 1
-        crowded = {d: n for d, n in files_per_date(self.table, self.full).items() if n > self.above}
-        if self.appends % self.every or not crowded:
+        if self.appends % self.every:
             return {}
-        days = ", ".join(f"'{d.isoformat()}'" for d in crowded)
-        with session_setting(spark, "spark.databricks.delta.optimize.minFileSize", str(self.full)):
-            spark.sql(f"OPTIMIZE delta.`{self.table}` WHERE {DATE} IN ({days})").collect()
+        crowded = {d: n for d, n in files_per_date(self.table, self.full).items() if n > self.above}
+        if crowded:
+            optimize(spark, self.table, list(crowded), self.full)
         return crowded
 
 

@@ -83,7 +83,7 @@ def test_a_streams_rounds_leave_full_files_and_rewrite_only_the_small_ones(spark
     offline.append_batch(spark, rows(spark, T0, 400), log, 0)  # 1,200 rows: a file many appends' size
     if features:
         spark.sql(f"ALTER TABLE delta.`{table}` SET TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true')")
-    assert compaction_module.plain(table) is not features
+    assert compaction_module.plain(DeltaTable(table)) is not features
     [(full, size)] = active_files(table).items()
     compaction = StreamCompaction(table, every=4, above=2, full_bytes=size, vacuum_every_s=math.inf)
     assert stream_batches(spark, table, 4, compaction, first=300) == [2, 3, 4, 2]

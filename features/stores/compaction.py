@@ -39,6 +39,7 @@ from features.session_conf import session_setting
 from features.stores.offline import DATE, MAX_FILES, exists, files_per_date, is_conflict
 
 if TYPE_CHECKING:
+    from deltalake import DeltaTable
     from pyspark.sql import SparkSession
 
 logger = logging.getLogger(__name__)
@@ -63,29 +64,35 @@ def compact(spark: SparkSession, table: str, above: int = 1, full_bytes: int | N
     crowded = {day: n for day, n in files_per_date(table, full_bytes).items() if n > above}
     if not crowded:
         return crowded
-    if full_bytes is not None and plain(table):
+    if full_bytes is not None:
         from deltalake import DeltaTable
 
-        days = [day.isoformat() for day in crowded]
-        DeltaTable(table).optimize.compact(partition_filters=[(DATE, "in", days)], target_size=full_bytes)
-        return crowded
-    days_sql = ", ".join(f"'{day.isoformat()}'" for day in crowded)
-    optimize = f"OPTIMIZE delta.`{_sql_path(table)}` WHERE {DATE} IN ({days_sql})"
-    if full_bytes is None:
-        spark.sql(optimize).collect()
-        return crowded
-    # For this command only: a stream passes its query's own session (each query has one).
-    with session_setting(spark, MIN_FILE_SIZE, str(full_bytes)):
-        spark.sql(optimize).collect()
+        delta = DeltaTable(table)
+        if plain(delta):
+            days = [day.isoformat() for day in crowded]
+            delta.optimize.compact(partition_filters=[(DATE, "in", days)], target_size=full_bytes)
+            return crowded
+    optimize(spark, table, list(crowded), full_bytes)
     return crowded
 
 
-def plain(table: str) -> bool:
+def optimize(spark: SparkSession, table: str, days: list[date], full_bytes: int | None = None) -> None:
+    """Delta's OPTIMIZE of the date partitions `days`; with `full_bytes`, only the files smaller than that are
+    rewritten (its `minFileSize`, set for this command only)."""
+    days_sql = ", ".join(f"'{day.isoformat()}'" for day in days)
+    command = f"OPTIMIZE delta.`{_sql_path(table)}` WHERE {DATE} IN ({days_sql})"
+    if full_bytes is None:
+        spark.sql(command).collect()
+        return
+    # A stream passes its query's own session (each query has one).
+    with session_setting(spark, MIN_FILE_SIZE, str(full_bytes)):
+        spark.sql(command).collect()
+
+
+def plain(delta: DeltaTable) -> bool:
     """Whether the table uses no Delta table feature (reader version 1, writer version 2 at most), as the tables
     features creates do: deltalake writes every such table."""
-    from deltalake import DeltaTable
-
-    protocol = DeltaTable(table).protocol()
+    protocol = delta.protocol()
     return protocol.min_reader_version <= 1 and protocol.min_writer_version <= 2
 
 
