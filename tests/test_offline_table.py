@@ -162,6 +162,29 @@ def test_a_stream_and_a_backfill_of_the_same_days_at_once(spark, table: str) -> 
     assert (got.loc[got[WINDOW_END] >= day + 60 * M, "v"] >= 1000).all()
 
 
+def test_a_stream_appends_in_the_driver_unless_its_columns_changed(spark, table: str) -> None:
+    """deltalake writes an append whose columns are the table's (no Spark job); an added column goes through Delta's
+    mergeSchema, and a column of another type is refused there, never cast (features.stores.driver_writes)."""
+    from deltalake import DeltaTable
+    from pyspark.sql import functions as F
+
+    offline.replace_range(spark, rows(spark, T0, 1, latest=False), table, T0, T0 + M)
+    log = offline.StreamLog(table, "s1")
+    wider = [rows(spark, T0 + m * M, 2).withColumn("w", F.lit(1)) for m in (3, 5)]  # w is not null, as no column of
+    # the table is
+    for batch, appended in enumerate([rows(spark, T0 + M, 2), *wider]):
+        log.refresh()
+        assert offline.append_batch(spark, appended, log, batch) == 6
+    engines = [entry["engineInfo"].split(":")[0].split("/")[0] for entry in DeltaTable(table).history(3)]
+    assert engines == ["delta-rs", "Apache-Spark", "delta-rs"]  # newest first
+    log.refresh()
+    with pytest.raises(Exception, match="DELTA_FAILED_TO_MERGE_FIELDS"):
+        offline.append_batch(spark, rows(spark, T0 + 9 * M, 1).withColumn("v", F.lit("text")), log, 3)
+    got = table_rows(table)
+    assert_once(got)
+    assert len(got) == 3 + 3 * 6 and got["w"].notna().sum() == 12
+
+
 def test_a_reset_removes_what_streams_wrote(spark, table: str) -> None:
     offline.replace_range(spark, rows(spark, T0, 30, latest=False), table, T0, T0 + 30 * M)
     log = offline.StreamLog(table, "s1")

@@ -36,10 +36,10 @@ from typing import TYPE_CHECKING
 
 from features.errors import ConfigError
 from features.session_conf import session_setting
+from features.stores.driver_writes import plain
 from features.stores.offline import DATE, MAX_FILES, exists, files_per_date, is_conflict
 
 if TYPE_CHECKING:
-    from deltalake import DeltaTable
     from pyspark.sql import SparkSession
 
 logger = logging.getLogger(__name__)
@@ -87,13 +87,6 @@ def optimize(spark: SparkSession, table: str, days: list[date], full_bytes: int 
     # A stream passes its query's own session (each query has one).
     with session_setting(spark, MIN_FILE_SIZE, str(full_bytes)):
         spark.sql(command).collect()
-
-
-def plain(delta: DeltaTable) -> bool:
-    """Whether the table uses no Delta table feature (reader version 1, writer version 2 at most), as the tables
-    features creates do: deltalake writes every such table."""
-    protocol = delta.protocol()
-    return protocol.min_reader_version <= 1 and protocol.min_writer_version <= 2
 
 
 def vacuum(spark: SparkSession, table: str, retention: timedelta | None = None) -> None:

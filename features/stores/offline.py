@@ -13,7 +13,8 @@ part of one, on a local disk and an object store alike (docs/table-format.md):
 
 What each commit wrote is in its commit info (`userMetadata`): the writer, the range or the batch, and what the
 caller adds (the group, its definition hash). The log is read with `deltalake` (the library Feast reads the
-table with), the data written and read with Spark.
+table with), the data written and read with Spark; a stream's appends are written by deltalake where it may
+(features.stores.driver_writes).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from pyspark.sql import functions as F
 from features.errors import ConfigError, EnvironmentProblem
 from features.parallel import beside
 from features.spec import WINDOW_END
+from features.stores import driver_writes
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -345,9 +347,11 @@ def _replace(rows: DataFrame, table: str, condition: str, meta: Mapping[str, Any
 
 def _writer(rows: DataFrame, meta: Mapping[str, Any]) -> Any:
     """A Delta writer of `rows` whose commit records `meta`; a feature added to the group adds its column."""
-    return (
-        rows.write.format("delta").option("userMetadata", json.dumps({KEY: dict(meta)})).option("mergeSchema", "true")
-    )
+    return rows.write.format("delta").option("userMetadata", _user_metadata(meta)).option("mergeSchema", "true")
+
+
+def _user_metadata(meta: Mapping[str, Any]) -> str:
+    return json.dumps({KEY: dict(meta)})
 
 
 def create_table(rows: DataFrame, table: str, meta: Mapping[str, Any]) -> None:
@@ -513,12 +517,12 @@ def append_batch(spark: SparkSession, rows: DataFrame, log: StreamLog, batch_id:
 
 
 def _append(rows: DataFrame, table: str, meta: Mapping[str, Any]) -> None:
-    """One task writes a micro-batch (small): one file per date, which features.stores.compaction counts on."""
-    writer = _writer(_dated(rows).coalesce(1), meta)
-    if exists(table):
-        writer.mode("append").save(table)
-    else:
-        _create(writer, table)
+    """A micro-batch (small) written as one file per date, which features.stores.compaction counts on: by
+    deltalake in the driver where it may (features.stores.driver_writes), else by one Spark task."""
+    if not exists(table):
+        _create(_writer(_dated(rows).coalesce(1), meta), table)
+    elif not driver_writes.append(table, _dated(rows), _user_metadata(meta)):
+        _writer(_dated(rows).coalesce(1), meta).mode("append").save(table)
 
 
 def _take_out(spark: SparkSession, appended: DataFrame, table: str, span: tuple[datetime, datetime]) -> None:
