@@ -170,8 +170,8 @@ def test_a_stream_appends_in_the_driver_unless_its_columns_changed(spark, table:
 
     offline.replace_range(spark, rows(spark, T0, 1, latest=False), table, T0, T0 + M)
     log = offline.StreamLog(table, "s1")
-    wider = [rows(spark, T0 + m * M, 2).withColumn("w", F.lit(1)) for m in (3, 5)]  # w is not null, as no column of
-    # the table is
+    # A literal column is not null, where the table's columns are nullable: appended all the same.
+    wider = [rows(spark, T0 + m * M, 2).withColumn("w", F.lit(1)) for m in (3, 5)]
     for batch, appended in enumerate([rows(spark, T0 + M, 2), *wider]):
         log.refresh()
         assert offline.append_batch(spark, appended, log, batch) == 6
