@@ -170,19 +170,21 @@ def test_a_stream_appends_in_the_driver_unless_its_columns_changed(spark, table:
 
     offline.replace_range(spark, rows(spark, T0, 1, latest=False), table, T0, T0 + M)
     log = offline.StreamLog(table, "s1")
-    # A literal column is not null, where the table's columns are nullable: appended all the same.
+    # A literal column is not null, where the table's columns are nullable: appended all the same. The last batch
+    # lacks `w` (a feature removed): null there.
     wider = [rows(spark, T0 + m * M, 2).withColumn("w", F.lit(1)) for m in (3, 5)]
-    for batch, appended in enumerate([rows(spark, T0 + M, 2), *wider]):
+    for batch, appended in enumerate([rows(spark, T0 + M, 2), *wider, rows(spark, T0 + 7 * M, 2)]):
         log.refresh()
         assert offline.append_batch(spark, appended, log, batch) == 6
-    engines = [entry["engineInfo"].split(":")[0].split("/")[0] for entry in DeltaTable(table).history(3)]
-    assert engines == ["delta-rs", "Apache-Spark", "delta-rs"]  # newest first
+    engines = [entry["engineInfo"].split(":")[0].split("/")[0] for entry in DeltaTable(table).history(4)]
+    assert engines == ["delta-rs", "delta-rs", "Apache-Spark", "delta-rs"]  # newest first
     log.refresh()
     with pytest.raises(Exception, match="DELTA_FAILED_TO_MERGE_FIELDS"):
-        offline.append_batch(spark, rows(spark, T0 + 9 * M, 1).withColumn("v", F.lit("text")), log, 3)
+        offline.append_batch(spark, rows(spark, T0 + 9 * M, 1).withColumn("v", F.lit("text")), log, 4)
     got = table_rows(table)
     assert_once(got)
-    assert len(got) == 3 + 3 * 6 and got["w"].notna().sum() == 12
+    assert len(got) == 3 + 4 * 6
+    assert got["w"].notna().sum() == 12 and got.loc[got[WINDOW_END] >= T0 + 7 * M, "w"].isna().all()
 
 
 def test_a_reset_removes_what_streams_wrote(spark, table: str) -> None:

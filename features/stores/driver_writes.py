@@ -5,9 +5,9 @@ log, its commit), through deltalake 0.07 s.
 
 deltalake writes only the tables it fully supports: a plain protocol (reader version 1, writer version 2, as the
 tables features creates are). Everything else goes through Spark: a table a user upgraded to table features,
-and an append whose columns differ from the table's (a feature added or changed by a definition upgrade), where
-Delta's `mergeSchema` adds a column or refuses an incompatible type; deltalake would cast a double into a long
-column without a word.
+and an append with a column the table lacks or has with another type (a feature added or changed by a definition
+upgrade), where Delta's `mergeSchema` adds the column or refuses the type; deltalake would cast a double into a
+long column without a word.
 """
 
 from __future__ import annotations
@@ -28,18 +28,25 @@ def plain(delta: DeltaTable) -> bool:
 
 def append(table: str, rows: DataFrame, user_metadata: str) -> bool:
     """Append `rows` (small: they are collected to the driver) in one commit recording `user_metadata`, when
-    deltalake may: the table is plain and `rows` has its columns with its types. False, and nothing written,
-    otherwise."""
+    deltalake may: the table is plain and each column of `rows` is one of its columns, of its type. The table's
+    other columns (a feature removed from the group) are null in the rows appended, as Spark appends them. False,
+    and nothing written, otherwise."""
     import json
 
+    import pyarrow as pa
     from deltalake import CommitProperties, DeltaTable, write_deltalake
 
     delta = DeltaTable(table)
-    if not plain(delta) or _columns(json.loads(delta.schema().to_json())) != _columns(rows.schema.jsonValue()):
+    columns = _columns(json.loads(delta.schema().to_json()))
+    if not plain(delta) or any(columns.get(name) != kind for name, kind in _columns(rows.schema.jsonValue()).items()):
         return False
+    arrow = rows.toArrow()
+    schema = pa.schema(delta.schema().to_arrow())
+    for name in (name for name in columns if name not in arrow.column_names):
+        arrow = arrow.append_column(schema.field(name), pa.nulls(arrow.num_rows, schema.field(name).type))
     write_deltalake(
         delta,
-        rows.toArrow(),
+        arrow,
         mode="append",
         commit_properties=CommitProperties(custom_metadata={"userMetadata": user_metadata}),
     )
