@@ -37,13 +37,14 @@ def append(table: str, rows: DataFrame, user_metadata: str) -> bool:
     from deltalake import CommitProperties, DeltaTable, write_deltalake
 
     delta = DeltaTable(table)
-    columns = _columns(json.loads(delta.schema().to_json()))
+    schema = delta.schema()
+    columns = _columns(json.loads(schema.to_json()))
     if not plain(delta) or any(columns.get(name) != kind for name, kind in _columns(rows.schema.jsonValue()).items()):
         return False
     arrow = rows.toArrow()
-    schema = pa.schema(delta.schema().to_arrow())
+    fields = pa.schema(schema.to_arrow())
     for name in (name for name in columns if name not in arrow.column_names):
-        arrow = arrow.append_column(schema.field(name), pa.nulls(arrow.num_rows, schema.field(name).type))
+        arrow = arrow.append_column(fields.field(name), pa.nulls(arrow.num_rows, fields.field(name).type))
     write_deltalake(
         delta,
         arrow,

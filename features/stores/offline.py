@@ -519,10 +519,11 @@ def append_batch(spark: SparkSession, rows: DataFrame, log: StreamLog, batch_id:
 def _append(rows: DataFrame, table: str, meta: Mapping[str, Any]) -> None:
     """A micro-batch (small) written as one file per date, which features.stores.compaction counts on: by
     deltalake in the driver where it may (features.stores.driver_writes), else by one Spark task."""
+    dated = _dated(rows)
     if not exists(table):
-        _create(_writer(_dated(rows).coalesce(1), meta), table)
-    elif not driver_writes.append(table, _dated(rows), _user_metadata(meta)):
-        _writer(_dated(rows).coalesce(1), meta).mode("append").save(table)
+        _create(_writer(dated.coalesce(1), meta), table)
+    elif not driver_writes.append(table, dated, _user_metadata(meta)):
+        _writer(dated.coalesce(1), meta).mode("append").save(table)
 
 
 def _take_out(spark: SparkSession, appended: DataFrame, table: str, span: tuple[datetime, datetime]) -> None:
