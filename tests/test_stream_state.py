@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 from state_handles import MemoryHandle, Timers, packed
 
-from features import Entity, EventSource, Feature, FeatureGroup, Hop, agg, atomic
+from features import Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, agg, atomic
 from features import kernel as pt
 from features.engine import stream as engine
 from features.spec import DType
@@ -122,6 +122,51 @@ def test_a_worker_keeps_no_state_that_the_store_does_not_hold(monkeypatch) -> No
     monkeypatch.setattr(engine.PaneProcessor, "_dictionary", lambda self: reads.append(1) or dictionary(self))
     list(processor.handleInputRows((0,), iter([packed(batches[2])]), Timers(int(batches[2][pt.TS].max()))))
     assert reads == [1]
+
+
+def test_a_batch_rewrites_the_lifetime_base_chunk_only_when_it_folded_panes() -> None:
+    """The BASE chunk holds a row for every key the stream has seen (its Lifetime partials): rewritten at every
+    batch, it made a live stream's state store write, and keep a changelog of, all its keys each second. A live
+    stream of a batch a minute: the BASE chunk is written only at the batches whose watermark dropped a chunk of
+    panes (every 10 minutes here), and after every batch the store holds exactly the worker's table."""
+    group = FeatureGroup(
+        "base_writes",
+        GROUP.entity,
+        GROUP.source,
+        [Feature("n_life", agg.count(), Lifetime("10m")), Feature("n_1h", agg.count(), Hop("1h", "10m"))],
+    )
+    plan = pt.Plan.of(group, {"user_id": DType.STRING, "ts": DType.INT64})
+    output = {name: t for name, t in OUTPUT.items() if name not in ("n_2h", "total_2h")}
+    processor = engine.PaneProcessor(plan, group.name, {**output, "n_life": pa.int64(), "n_1h": pa.int64()})
+    handle = MemoryHandle()
+    processor.init(handle)
+    chunks = handle.maps["chunks"]
+    base_writes = []
+    write = chunks.updateValue
+    chunks.updateValue = lambda key, value: (base_writes.append(1) if key[0] == pt.BASE else None, write(key, value))
+    rng = np.random.default_rng(5)
+    minute, batches = 60 * 1_000_000, 150
+    for i in range(batches):
+        n = 30
+        events = pd.DataFrame(
+            {
+                "user_id": rng.choice([f"u{k}" for k in range(50)], n),
+                pt.TS: 10 * H + i * minute + rng.integers(0, minute, n),
+                engine.REASON: np.full(n, None, dtype=object),
+                engine.RECORD: np.full(n, None, dtype=object),
+                engine.LANDED: np.full(n, 1, dtype=np.int64),
+            }
+        )
+        list(processor.handleInputRows((0,), iter([packed(events)]), Timers(10 * H + i * minute - 5 * minute)))
+        stored = [pt.read_frame(b) for c, b in chunks.items.items() if c != engine.LAYOUT_CHUNK]
+        held = engine._RESIDENT[(group.name, 0)].table
+        order = [pt.KEY, pt.PANE]
+        want = held.sort_values(order, ignore_index=True)
+        pd.testing.assert_frame_equal(pd.concat(stored).sort_values(order, ignore_index=True), want)
+    assert pt.BASE in chunks.items
+    # A stretch of 10 minutes of panes leaves the hour each time the watermark (5 minutes behind the batch)
+    # passes 70, 80, ..., 140 minutes: 8 of the 150 batches.
+    assert len(base_writes) == 8
 
 
 def test_key_dictionary_codes_round_trip() -> None:

@@ -362,6 +362,8 @@ class PaneProcessor(StatefulProcessor):
             record = late.to_json(orient="records", lines=True).splitlines()
             yield self.frames.side(LATE, np.full(len(late), "late", dtype=object), np.array(record, dtype=object))
         touched = misfiled | set(_chunk_ids(ts - ts % plan.pane_us, self.chunk_us))
+        if step.folded:  # the BASE chunk holds a row per key ever seen: rewritten only when its rows changed
+            touched.add(pt.BASE)
         if layout != self.layout:  # carried over a definition change: every chunk is rewritten
             touched.update(stored)
         if mark:
@@ -416,7 +418,7 @@ class PaneProcessor(StatefulProcessor):
         current = set(pd.unique(of_row).tolist())
         sizes = {}
         for chunk in current:
-            if chunk not in stored or chunk in touched or chunk == pt.BASE:
+            if chunk not in stored or chunk in touched:
                 blob = pt.to_bytes(table[of_row == chunk])
                 self.chunks.updateValue((chunk,), (blob,))
                 sizes[chunk] = len(blob)

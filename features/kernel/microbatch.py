@@ -32,6 +32,11 @@ from features.kernel.table import (
 def prune(plan: Plan, table: pd.DataFrame, upto_us: int, align_us: int | None = None) -> pd.DataFrame:
     """Drop panes that no window ending after `upto` reads; fold those only Lifetime windows still read into
     each key's BASE row. With `align_us`, only whole stretches of that length go (stored chunks)."""
+    return _pruned(plan, table, upto_us, align_us)[0]
+
+
+def _pruned(plan: Plan, table: pd.DataFrame, upto_us: int, align_us: int | None) -> tuple[pd.DataFrame, bool]:
+    """`prune`, and whether it folded panes into BASE rows."""
     cut = min(
         (upto_us - upto_us % c.every_us) - (c.size_us if c.size_us is not None else c.every_us) for c in plan.calcs
     )
@@ -39,12 +44,12 @@ def prune(plan: Plan, table: pd.DataFrame, upto_us: int, align_us: int | None = 
     if align_us:
         cut -= cut % align_us
     pane = table[PANE].to_numpy(dtype=np.int64)
-    old = pane < cut
-    if not old.any():
-        return table
+    old = pane < cut  # BASE rows among them: each fold merges the newly old panes into them
+    if not (old & (pane != BASE)).any():
+        return table, False
     keep = table[~old]
     if all(c.bounded for c in plan.calcs):
-        return renumbered(keep)
+        return renumbered(keep), False
     folded = table[old].copy()
     folded[PANE] = BASE
     base = combine(plan, [folded])
@@ -55,8 +60,8 @@ def prune(plan: Plan, table: pd.DataFrame, upto_us: int, align_us: int | None = 
             base = _clear(calc, base)
     put = inserted(plan, keep, base)  # kept sorted for the next step's insertion where it applies
     if put is not None:
-        return put.table
-    return pd.concat([base, keep], ignore_index=True)
+        return put.table, True
+    return pd.concat([base, keep], ignore_index=True), True
 
 
 def _clear(calc: Calc, table: pd.DataFrame) -> pd.DataFrame:
@@ -90,6 +95,7 @@ class Step:
     late: pd.DataFrame  # input events behind `after`: they would change rows already emitted
     next_change: int | None  # the first window end after `upto` where a value may change
     eager: pd.DataFrame | None = None  # the value at `eager_at` of each key the events touched
+    folded: bool = False  # panes were folded into BASE rows: the keys' Lifetime partials changed
 
 
 def step(
@@ -138,11 +144,11 @@ def step(
             changed = row[(end > eager_after) & (end <= eager_at)]
             wanted = pd.concat([wanted, merged.table[list(plan.keys)].iloc[changed]])
         eager = values_of(plan, merged, wanted, eager_at)
-    table = prune(plan, merged.table, upto, align_us)
+    table, folded = _pruned(plan, merged.table, upto, align_us)
     later = end[end > upto]
     if not len(later):  # none before the horizon: the first one after it, if any
         later = change_ends(plan, merged, horizon, None)[1]
-    return Step(table, rows, events[late], int(later.min()) if len(later) else None, eager)
+    return Step(table, rows, events[late], int(later.min()) if len(later) else None, eager, folded)
 
 
 def values_of(plan: Plan, s: Sorted, keys: pd.DataFrame, at_us: int) -> pd.DataFrame:
