@@ -111,7 +111,7 @@ def main() -> int:
         """(minutes held, panes, median s, batch seconds, MB written per batch) at each of `--minutes`."""
         rng = np.random.default_rng(0)
         engine._RESIDENT.clear()
-        processor = engine.PaneProcessor(plan, GROUP.name, OUTPUT)
+        processor = engine.PaneProcessor(plan, GROUP.name, OUTPUT, delay_us=WATERMARK_US)
         processor.chunk_us = chunk_us
         handle = _CountingHandle()
         processor.init(handle)

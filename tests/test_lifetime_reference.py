@@ -133,7 +133,7 @@ def streamed() -> dict[str, object]:
     read back from its bytes at every batch. The change points, each batch's eager values with the events
     delivered so far, and how many keys the BASE chunk held after each batch and at the end."""
     plan = pt.Plan.of(GROUP, TYPES)
-    processor = engine.PaneProcessor(plan, GROUP.name, _output())
+    processor = engine.PaneProcessor(plan, GROUP.name, _output(), delay_us=int(LATENESS / pd.Timedelta(microseconds=1)))
     processor.init(MemoryHandle())
     rng = np.random.default_rng(11)
     late_us = int(LATENESS / pd.Timedelta(microseconds=1))

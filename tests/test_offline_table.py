@@ -87,6 +87,31 @@ def test_a_replayed_batch_is_not_written_twice(spark, table: str) -> None:
     assert len(got) == 18
 
 
+def test_a_batch_replayed_by_a_later_version_appends_only_the_rows_after_what_its_commit_reached(
+    spark, table: str
+) -> None:
+    """A stream killed after batch 7's commit, before Spark's, and started by a version of features that emits
+    further (up to the watermark the batch's own events set, where earlier versions emitted up to the one Spark
+    handed the batch): the replay appends the rows after what the commit reached, each row once. A commit of an
+    earlier version records no watermark: it reached the one Spark handed the batch."""
+    us = lambda t: int(t.timestamp() * 1e6)  # noqa: E731
+    log = offline.StreamLog(table, "s1")
+    log.refresh()
+    assert offline.append_batch(spark, rows(spark, T0, 5), log, 7) == 15  # as an earlier version: no watermark
+    restarted = offline.StreamLog(table, "s1")
+    restarted.refresh()
+    replay = rows(spark, T0, 8)  # emitted up to T0 + 7 minutes, where Spark handed the batch T0 + 4
+    assert offline.append_batch(spark, replay, restarted, 7, 24, us(T0 + 7 * M), us(T0 + 4 * M)) == 9
+    # Replayed again by this version: its commit says how far it reached.
+    again = offline.StreamLog(table, "s1")
+    again.refresh()
+    assert again.last_upto == us(T0 + 7 * M)
+    assert offline.append_batch(spark, replay, again, 7, 24, us(T0 + 7 * M), us(T0 + 4 * M)) == 0
+    got = table_rows(table)
+    assert_once(got)
+    assert len(got) == 24
+
+
 def test_a_restarted_stream_knows_backfills_older_than_its_own_recent_batches(spark, tmp_path: Path) -> None:
     """The first look at the log reads all of it: a backfill committed before many of the stream's batches still
     owns its range (its commits are written here by deltalake, another Delta writer, to be quick)."""

@@ -170,9 +170,12 @@ def assert_batch_engine_rows(
 
 
 def test_offline_rows_equal_the_batch_engine(spark, streamed) -> None:
+    """Each micro-batch emits up to the watermark its own events set: one batch per landed file, none without
+    events after them to emit the last rows."""
     repo, events, run = streamed
     progress = {p.group: p for p in run.progress()}
     for group in STREAMED:
+        assert [p.numInputRows > 0 for p in run.queries[group.name].recentProgress] == [True] * FILES
         watermark = pd.Timestamp(progress[group.name].watermark)
         got = offline_rows(spark, repo, group)
         assert_batch_engine_rows(spark, group, got, events, watermark)

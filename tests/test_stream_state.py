@@ -21,6 +21,7 @@ GROUP = FeatureGroup(
     EventSource("events", path="unused", timestamp="ts", watermark="10m"),
     [Feature("n_2h", agg.count(), Hop("2h", "10m")), Feature("total_2h", agg.sum("amount"), Hop("2h", "10m"))],
 )
+DELAY_US = GROUP.source.watermark_s * 1_000_000
 PLAN = pt.Plan.of(GROUP, {"user_id": DType.STRING, "ts": DType.INT64, "amount": DType.INT64})
 OUTPUT = {
     engine.KIND: pa.string(),
@@ -60,7 +61,7 @@ def _run(
     monkeypatch, slack: int, resident: bool = True, kinds: tuple[str, ...] = (engine.ROW,)
 ) -> tuple[pd.DataFrame, engine.PaneProcessor]:
     monkeypatch.setattr(engine, "COMPACT_SLACK", slack)
-    processor = engine.PaneProcessor(PLAN, GROUP.name, OUTPUT)
+    processor = engine.PaneProcessor(PLAN, GROUP.name, OUTPUT, delay_us=DELAY_US)
     processor.init(MemoryHandle())
     rows = []
     for events in _batches():
@@ -107,7 +108,7 @@ def test_state_kept_in_the_worker_gives_what_the_state_store_gives(monkeypatch, 
 def test_a_worker_keeps_no_state_that_the_store_does_not_hold(monkeypatch) -> None:
     """A step whose batch Spark then discards (its state store not committed) leaves the worker's copy
     unusable: the next batch reads the store."""
-    processor = engine.PaneProcessor(PLAN, GROUP.name, OUTPUT)
+    processor = engine.PaneProcessor(PLAN, GROUP.name, OUTPUT, delay_us=DELAY_US)
     handle = MemoryHandle()
     processor.init(handle)
     batches = _batches()
@@ -137,7 +138,9 @@ def test_a_batch_rewrites_the_lifetime_base_chunk_only_when_it_folded_panes() ->
     )
     plan = pt.Plan.of(group, {"user_id": DType.STRING, "ts": DType.INT64})
     output = {name: t for name, t in OUTPUT.items() if name not in ("n_2h", "total_2h")}
-    processor = engine.PaneProcessor(plan, group.name, {**output, "n_life": pa.int64(), "n_1h": pa.int64()})
+    processor = engine.PaneProcessor(
+        plan, group.name, {**output, "n_life": pa.int64(), "n_1h": pa.int64()}, delay_us=DELAY_US
+    )
     handle = MemoryHandle()
     processor.init(handle)
     chunks = handle.maps["chunks"]
@@ -167,6 +170,43 @@ def test_a_batch_rewrites_the_lifetime_base_chunk_only_when_it_folded_panes() ->
     # A stretch of 10 minutes of panes leaves the hour each time the watermark (5 minutes behind the batch)
     # passes 70, 80, ..., 140 minutes: 8 of the 150 batches.
     assert len(base_writes) == 8
+
+
+def _emitted_per_batch(delay_us: int, inputs: list[pd.DataFrame | None], newest: list[int]) -> list[pd.DataFrame]:
+    """One bucket's change points after each batch (`inputs`: its events, None for none; `newest`: the batch's
+    newest event time, which every bucket is told), handed Spark's watermark (the batches before less the 10
+    minutes), then after Spark's batch without events that fires the timers the last watermark passed."""
+    engine._RESIDENT.clear()
+    processor = engine.PaneProcessor(PLAN, GROUP.name, OUTPUT, delay_us=delay_us)
+    processor.init(MemoryHandle())
+    columns = ["user_id", "window_end", "n_2h", "total_2h"]
+    emitted, spark_watermark = [], 0
+    for events, top in zip(inputs, newest, strict=True):
+        frame = pd.DataFrame({engine.PACK: [None]}) if events is None else packed(events)
+        frame[engine.NEWEST] = top
+        out = list(processor.handleInputRows((0,), iter([frame]), Timers(spark_watermark)))
+        emitted.append(pd.concat([o[o[engine.KIND] == engine.ROW][columns] for o in out], ignore_index=True))
+        spark_watermark = top - DELAY_US
+    out = list(processor.handleExpiredTimer((0,), Timers(spark_watermark), None))
+    emitted.append(pd.concat([o[o[engine.KIND] == engine.ROW][columns] for o in out] or [emitted[0][:0]]))
+    return [e.reset_index(drop=True) for e in emitted]
+
+
+def test_a_batch_emits_up_to_the_watermark_its_own_events_set() -> None:
+    """Spark hands a batch the watermark the batches before it set, and fires timers past a newer one only in a
+    batch without events after it. The processor emits each batch's rows up to the watermark the batch's own
+    events set: the rows a processor that waits for Spark's watermark emits a batch later, and nothing is left
+    for the batch without events. So for a bucket without events, told only the batch's newest event time: its
+    keys' rows as their panes leave the windows."""
+    batches = _batches()
+    newest = [int(b[pt.TS].max()) for b in batches]
+    never = 10**15  # a delay no event time reaches: the processor emits only as Spark's watermark passes
+    for inputs in (batches, [batches[0], *[None] * (len(batches) - 1)]):
+        now, later = _emitted_per_batch(DELAY_US, inputs, newest), _emitted_per_batch(never, inputs, newest)
+        assert len(now[-1]) == 0 and len(later[0]) == 0
+        for i in range(len(batches)):
+            pd.testing.assert_frame_equal(now[i], later[i + 1])
+        assert sum(map(len, now)) > 100
 
 
 def test_key_dictionary_codes_round_trip() -> None:
@@ -226,7 +266,7 @@ def test_state_stored_in_chunks_of_another_length_continues_and_is_refiled(monke
         handle, rows = MemoryHandle(), []
         for events, length in zip(_batches(), lengths, strict=True):
             engine._RESIDENT.clear()  # each batch reads the store
-            processor = engine.PaneProcessor(PLAN, GROUP.name, OUTPUT)
+            processor = engine.PaneProcessor(PLAN, GROUP.name, OUTPUT, delay_us=DELAY_US)
             processor.chunk_us = length
             processor.init(handle)
             watermark = int(events[pt.TS].max()) - 10 * 60 * 1_000_000
@@ -242,3 +282,23 @@ def test_state_stored_in_chunks_of_another_length_continues_and_is_refiled(monke
     assert len(stored) > 2
     for at, frame in stored.items():
         assert (pt.chunk_of(frame, chunk) == at).all()
+
+
+def test_the_watermark_a_batch_emitted_is_the_recorded_one_else_sparks(tmp_path) -> None:
+    """Spark's offsets hold the watermark it handed each batch, a batch behind what the batch emitted; the stream
+    records its last batch's. A batch it has no record for (one without events, or a checkpoint of an earlier
+    version of features) falls back to Spark's, which is never later than what the batch emitted."""
+    from features.engine.upgrade import EMITTED, last_commit, record_emitted, watermark_at
+
+    (tmp_path / "offsets").mkdir()
+    (tmp_path / "commits").mkdir()
+    for batch, ms in ((0, 0), (1, 5_000)):
+        (tmp_path / "offsets" / str(batch)).write_text(f'v1\n{{"batchWatermarkMs":{ms}}}\n')
+        (tmp_path / "commits" / str(batch)).write_text("v1\n{}\n")
+    assert last_commit(tmp_path) == (1, 5_000_000)  # no record: Spark's
+    record_emitted(tmp_path, 1, 9_000_000)
+    assert last_commit(tmp_path) == (1, 9_000_000)
+    assert watermark_at(tmp_path, 0) is None  # Spark's first watermark, the epoch: none yet
+    record_emitted(tmp_path, 2, 12_000_000)  # batch 2's rows written, its commit not (a kill in between)
+    assert last_commit(tmp_path) == (1, 5_000_000)
+    assert [p.name for p in tmp_path.iterdir() if p.is_file()] == [EMITTED]

@@ -14,8 +14,10 @@ handles all its keys with vectorized pandas (features.kernel). Why packed: PySpa
 transformWithStateInPandas its input row by row in Python (itertuples, then a DataFrame of the tuples),
 which cost more than the processor itself; a bucket's events arrive instead as a few Arrow IPC blobs,
 read back column by column. Each bucket keeps its pane table in
-a MapState split into time chunks, so a batch rewrites only the chunks it touched; one event-time timer per
-bucket wakes it when its next change point is due, so expiry rows come out for keys without new events.
+a MapState split into time chunks, so a batch rewrites only the chunks it touched. Every bucket is told each
+batch's newest event time (NEWEST), also one whose keys had no event, and emits in that batch up to the watermark
+it sets, expiry rows of keys without new events included; Spark would apply that watermark a batch later. (An
+event-time timer per bucket is still set: it drops the state of a bucket a rescale left unused.)
 
 Why the timestamp leaves the projection as a number: Spark drops rows behind the watermark before a stateful
 operator when the operator's input carries the watermark column. Here the processor decides lateness itself
@@ -240,12 +242,15 @@ class PaneProcessor(StatefulProcessor):
         plan: pt.Plan,
         group_name: str,
         output: dict[str, Any],
+        *,
+        delay_us: int,
         eager: bool = True,
         layout: str = "",
         upgrade: PendingUpgrade | None = None,
         labels: tuple[int, ...] = (),
     ) -> None:
         self.plan = plan
+        self.delay_us = delay_us  # the source's watermark delay
         self.layout = layout  # the current definition's Layout.id
         self.upgrade = upgrade  # a definition change some buckets may not have applied yet
         self.labels = frozenset(labels)  # the buckets in use (a rescale leaves state under others: dropped)
@@ -338,6 +343,11 @@ class PaneProcessor(StatefulProcessor):
         seen = None if meta is None else meta[1]
         times = [t for t in (seen, stream_newest, int(ts.max()) if len(ts) else None) if t is not None]
         newest = max(times) if times else None
+        if newest is not None:
+            # The watermark Spark sets for the next batch from this one's events (ms, as Spark counts): every
+            # bucket learns the batch's newest event time (NEWEST), so each emits up to it now, a batch sooner,
+            # and no batch without events has to follow to emit (stream_query turns those off).
+            upto = max(upto, (newest // 1000 * 1000) - self.delay_us)
         # Eager: values at the newest window end that has closed in event time (every event before it counts, as
         # far as received), when it is ahead of what the change points reach, for the touched keys and for every
         # key whose value changed since the previous eager end (its pane closed, or a pane left a window).

@@ -4,7 +4,8 @@ against the checkpoint."""
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -43,6 +44,7 @@ def stateful_query(
         projection.plan,
         group.name,
         output,
+        delay_us=group.source.watermark_s * 1_000_000,
         eager=group.online == "eager",
         layout=layout,
         upgrade=upgrade,
@@ -54,10 +56,18 @@ def stateful_query(
     return events, projection, out
 
 
-def shuffle_partitions(spark: SparkSession, partitions: int) -> AbstractContextManager[None]:
-    """Start a query with its own shuffle partitions: a streaming query copies the session's settings when it
-    starts (and its stateful operator keeps the count in the checkpoint from then on)."""
-    return session_setting(spark, "spark.sql.shuffle.partitions", str(partitions))
+@contextmanager
+def query_settings(spark: SparkSession, partitions: int) -> Iterator[None]:
+    """Start a group's query with its own settings (a streaming query copies the session's when it starts): its
+    shuffle partitions (which its stateful operator keeps in the checkpoint from then on), and no micro-batch
+    without events. Spark runs one after a batch that moved the watermark, to fire the event-time timers it
+    passed; the processor already emitted up to that watermark in the batch that moved it
+    (`PaneProcessor._advance`), so such a batch would find nothing to do, at the cost of a job."""
+    with (
+        session_setting(spark, "spark.sql.shuffle.partitions", str(partitions)),
+        session_setting(spark, "spark.sql.streaming.noDataMicroBatches.enabled", "false"),
+    ):
+        yield
 
 
 def can_repartition_state(spark: SparkSession) -> bool:

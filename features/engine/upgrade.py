@@ -26,6 +26,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from features import kernel
+from features.atomic import write_whole
 from features.engine.inputs import bucket_of, kernel_inputs
 from features.engine.kafka import OffsetRange, read_kafka
 from features.engine.schema import CORRUPT, FILE, LANDED, MARK, schema_of, source_columns
@@ -74,8 +75,32 @@ def _iso(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="seconds")
 
 
+EMITTED = "features-emitted.json"  # in the query's checkpoint folder, which a `--reset` removes with the logs
+
+
+def record_emitted(query_checkpoint: Path, batch: int, watermark_us: int) -> None:
+    """Note the watermark micro-batch `batch` emitted up to, once its rows are written. Its buckets emit up to the
+    watermark the batch's own events set (features.engine.stream.PaneProcessor), which Spark writes into the
+    offsets of the next batch only; this is where a stopped stream's last batch keeps it."""
+    write_whole(query_checkpoint / EMITTED, json.dumps({"batch": batch, "watermark_us": watermark_us}))
+
+
 def watermark_at(query_checkpoint: Path, batch: int) -> int | None:
-    """The watermark (µs) micro-batch `batch` emitted up to: its offsets' batchWatermarkMs."""
+    """The watermark (µs) micro-batch `batch` emitted up to: the one recorded for it (`record_emitted`), else
+    its offsets' batchWatermarkMs, the watermark Spark gave it. That one is never later than what the batch
+    emitted (a batch without events emits nothing new; a batch of an earlier version of features emitted up to
+    it), so an upgrade that builds the lookback from it reads a little more, never less."""
+    recorded = query_checkpoint / EMITTED
+    if recorded.exists():
+        noted = json.loads(recorded.read_text())
+        if noted["batch"] == batch:
+            return int(noted["watermark_us"])
+    return handed_watermark(query_checkpoint, batch)
+
+
+def handed_watermark(query_checkpoint: Path, batch: int) -> int | None:
+    """The watermark (µs) Spark handed micro-batch `batch` (its offsets' batchWatermarkMs): what an earlier
+    version of features emitted the batch up to. None before Spark's first watermark."""
     ms = _offsets_metadata(query_checkpoint, batch).get("batchWatermarkMs")
     return ms * 1000 if ms else None
 

@@ -36,7 +36,7 @@ from features.engine.savepoint import (
 )
 from features.engine.schema import schema_of
 from features.engine.session import cores
-from features.engine.stream_query import shuffle_partitions, stateful_query
+from features.engine.stream_query import query_settings, stateful_query
 from features.engine.upgrade import PendingUpgrade, Position, committed_position, last_commit
 from features.errors import ConfigError
 from features.kernel.migrate import Change, Layout
@@ -315,7 +315,7 @@ def _seed(
     _, _, out = stateful_query(spark, group, str(empty), labels, layout=layout, upgrade=None, nanoseconds=nanoseconds)
     # The batch must run its plan for the state stores to commit: Spark's no-op sink runs it and keeps nothing.
     writer = out.writeStream.foreachBatch(_run_plan).trigger(availableNow=True)
-    with shuffle_partitions(spark, partitions):
+    with query_settings(spark, partitions):
         query = writer.option("checkpointLocation", str(checkpoint / "query")).start()
     query.awaitTermination()
     shutil.rmtree(empty)

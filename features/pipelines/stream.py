@@ -34,8 +34,8 @@ from features.engine.session import cores, is_connect, session_soon
 from features.engine.source_log import Pruning
 from features.engine.stream_query import (
     can_repartition_state,
+    query_settings,
     repartition_state,
-    shuffle_partitions,
     stateful_query,
 )
 from features.engine.upgrade import PendingUpgrade, last_commit, state_partitions
@@ -72,6 +72,7 @@ class StreamRun:
     rollups: list[MetricRollup] = field(default_factory=list)  # the batches' metrics not logged yet, per group
     archives: dict[str, StreamingQuery] = field(default_factory=dict)  # per Kafka source archived: its query
     carried: dict[str, stream_upgrade.Carried] = field(default_factory=dict)  # groups whose definition changed
+    changing: list[stream_upgrade.Finish] = field(default_factory=list)  # their pending changes, settled at the end
     stopping: bool = False
     _finishing: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -79,6 +80,8 @@ class StreamRun:
         """End the MLflow run once, after the metrics of the last batches: FINISHED, or FAILED with the error."""
         with self._finishing:  # stop() and a waiting thread may both get here
             tracking, self._tracking = self._tracking, None
+            for change in self.changing:  # the last batch, which stepped every bucket, committed after its sink
+                change.settle()
         if tracking is not None:
             for rollup in self.rollups:
                 rollup.flush()
@@ -259,17 +262,19 @@ def stream(
             aside = SetAside(repo, group, spark, projection.record_schema, rollup, keep_s, resumed.nanoseconds)
             sink = BatchSink(repo, group, writer_of, validate, run, show, spark, aside, rollup)
             sink.stream_id = resumed.stream_id
+            sink.query_checkpoint = checkpoint / "query"
             if group.source.kafka is None:
                 sink.source_log = Pruning(checkpoint / "query")
             if resumed.upgrade is not None:
                 sink.finish_upgrade = stream_upgrade.Finish(checkpoint, len(labels))
+                run.changing.append(sink.finish_upgrade)
             writer = out.writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint / "query"))
             writer = writer.queryName(f"features_{group.name}")
             writer = writer.trigger(**trigger_of)
             # Until its first batch reports, a run stands at the watermark its checkpoint's last batch emitted up to.
             run.latest[group.name] = StreamProgress(group.name, watermark=emitted_watermark(checkpoint / "query"))
             run.tracker.ready()  # a tracking store that cannot start stops the stream before its first batch
-            with shuffle_partitions(spark, resumed.partitions):
+            with query_settings(spark, resumed.partitions):
                 run.queries[group.name] = writer.start()
             sink.query = run.queries[group.name]
             source = group.source

@@ -13,6 +13,7 @@ import time
 from dataclasses import replace
 from datetime import UTC, datetime
 from functools import partial, reduce
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import DataFrame, SparkSession
@@ -22,6 +23,7 @@ from features import quality
 from features.engine import stream as engine
 from features.engine.online_rows import write_online
 from features.engine.source_log import Pruning
+from features.engine.upgrade import handed_watermark, record_emitted
 from features.ml.runs import validation_metrics, validation_prefix
 from features.parallel import beside
 from features.pipelines.rollup import MetricRollup
@@ -83,6 +85,7 @@ class BatchSink:
         self.quarantined = 0  # batches that failed validation
         self.finish_upgrade: Any = None  # a stream_upgrade.Finish while a definition change is pending
         self.source_log: Pruning | None = None  # a file source's log, kept to what Spark still needs
+        self.query_checkpoint: Path | None = None  # where the watermark each batch emitted up to is noted
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         try:
@@ -107,21 +110,27 @@ class BatchSink:
             screens = screen_kinds(self.group, batch, self.validate)
             counts = {k: s.rows for k, s in screens.items()}
             stats = _stats(batch)
+            # The watermark (µs) the buckets emitted up to; None when no bucket ran (a batch of bad records only).
+            upto = max((r["watermark"] for r in stats), default=0) or None
             eager = bool(counts.get(engine.EAGER)) and self._eager_valid(batch, batch_id, screens[engine.EAGER])
             rows = rows_of(self.group, batch, engine.ROW)
             final = bool(counts.get(engine.ROW)) and self._rows_valid(rows, batch_id, screens[engine.ROW])
             rows_out = counts[engine.ROW] if final else 0
-            self._publish(batch, batch_id, rows if final else None, eager, rows_out)
+            self._publish(batch, batch_id, rows if final else None, eager, rows_out, upto)
             late, bad = self.aside.write(batch, batch_id, counts)
         finally:
             batch.unpersist()
-        self._report(batch_id, stats, rows_out, late, bad, time.perf_counter() - began)
+        self._report(batch_id, stats, upto, rows_out, late, bad, time.perf_counter() - began)
+        if upto is not None and self.query_checkpoint is not None:
+            record_emitted(self.query_checkpoint, batch_id, upto)
         self.aside.sweep(batch_id)
         pruned = self.source_log.after_batch() if self.source_log is not None else None
         if pruned is not None:
             self.rollup.add({"source_log_entries_dropped": pruned.entries}, batch_id, self.group.name)
 
-    def _publish(self, batch: DataFrame, batch_id: int, rows: DataFrame | None, eager: bool, count: int) -> None:
+    def _publish(
+        self, batch: DataFrame, batch_id: int, rows: DataFrame | None, eager: bool, count: int, upto: int | None
+    ) -> None:
         """The valid change points appended to the offline table (Spark's work) beside the online store's write
         (mostly Python's) of each key's newest final row and the valid eager rows."""
         kind = F.col(engine.KIND)
@@ -137,7 +146,7 @@ class BatchSink:
             # Eager values are ahead of the final rows, and newer-or-equal wins: one write takes both.
             newest = batch.where(reduce(operator.or_, online)).select(*feature_columns(self.group))
             write = partial(write_online, self.writer, newest)
-        beside(partial(self._write_offline, rows, batch_id, count) if rows is not None else None, write)
+        beside(partial(self._write_offline, rows, batch_id, count, upto) if rows is not None else None, write)
 
     def _rows_valid(self, rows: DataFrame, batch_id: int, screened: Screen) -> bool:
         """Validate the change points; False when they were quarantined (the policy "fail" raises)."""
@@ -157,15 +166,20 @@ class BatchSink:
         self.quarantined += 1
         return False
 
-    def _write_offline(self, rows: DataFrame, batch_id: int, count: int) -> None:
-        """Append the batch's change points, and compact the table when a round is due (features.stores.compaction)."""
+    def _write_offline(self, rows: DataFrame, batch_id: int, count: int, upto: int | None) -> None:
+        """Append the batch's change points, and compact the table when a round is due (features.stores.compaction).
+        `upto`: the watermark (µs) the batch emitted up to, which the commit records: a replay of the batch by a
+        later version of features may emit further, and appends what is beyond it (`offline.append_batch`)."""
         if self.offline_log is None:
             table = self.repo.offline_path(self.group)
             spans = offline.completed_days(table, self.group.name)
             self.offline_log = offline.StreamLog(table, self.stream_id, spans=spans)
             self.compaction = StreamCompaction(table)
         self.offline_log.refresh()
-        if offline.append_batch(self.spark, rows, self.offline_log, batch_id, count) and self.compaction is not None:
+        query = self.query_checkpoint
+        handed = None if query is None else handed_watermark(query, batch_id)
+        appended = offline.append_batch(self.spark, rows, self.offline_log, batch_id, count, upto, handed)
+        if appended and self.compaction is not None:
             compacted = self.compaction.after_append(rows.sparkSession)  # the query's own session
             if compacted:
                 self.rollup.add({"compacted_files": sum(compacted.values())}, batch_id, self.group.name)
@@ -181,17 +195,22 @@ class BatchSink:
         return report.success
 
     def _report(
-        self, batch_id: int, stats: list[dict[str, Any]], rows_out: int, late: int, bad: int, seconds: float
+        self,
+        batch_id: int,
+        stats: list[dict[str, Any]],
+        watermark: int | None,
+        rows_out: int,
+        late: int,
+        bad: int,
+        seconds: float,
     ) -> None:
         events = 0
-        watermark = None
         landed = [r["landed"] for r in stats if r["landed"] is not None]
         if self.finish_upgrade is not None:
             self.finish_upgrade.observe(batch_id, len(stats))
         for r in stats:
             self.state[r["bucket"]] = (r["state_rows"], r["state_bytes"])
             events += r["events"]
-            watermark = max(watermark or 0, r["watermark"])
         # Landing to online: how long the batch's oldest landed event waited until the batch's rows were written.
         freshness = time.time() - min(landed) / 1e6 if landed else None
         before = self.run.latest[self.group.name]

@@ -285,8 +285,9 @@ def check_carriable(repo: Repo, group: FeatureGroup, checkpoint: Path, saved: di
 
 @dataclass
 class Finish:
-    """Ends a pending change once every bucket has applied it: after a micro-batch that stepped every bucket has
-    committed (the next batch runs only then), its built panes go and the saved definition forgets it."""
+    """Ends a pending change once every bucket has applied it: once a micro-batch that stepped every bucket has
+    committed (found at a later batch, or when the run ends), its built panes go and the saved definition forgets
+    it."""
 
     checkpoint: Path
     buckets: int
@@ -294,16 +295,21 @@ class Finish:
     done: bool = False
 
     def observe(self, batch_id: int, stepped: int) -> None:
-        if self.done:
-            return
-        if self.stepped_in is not None and batch_id > self.stepped_in:
-            saved = engine.saved_definition(self.checkpoint)
-            if saved is not None and saved.get("upgrade"):
-                folders = [saved["upgrade"].get(k) for k in ("folder", "state")]
-                saved["upgrade"] = None
-                engine.save_definition(self.checkpoint, saved)
-                for folder in filter(None, folders):
-                    shutil.rmtree(folder, ignore_errors=True)
-            self.done = True
-        elif self.stepped_in is None and stepped >= self.buckets:
+        if self.stepped_in is None and stepped >= self.buckets:
             self.stepped_in = batch_id
+        self.settle()
+
+    def settle(self) -> None:
+        """Finish the change if the batch that stepped every bucket is in Spark's commit log."""
+        if self.done or self.stepped_in is None:
+            return
+        if not (self.checkpoint / "query" / "commits" / str(self.stepped_in)).exists():
+            return
+        saved = engine.saved_definition(self.checkpoint)
+        if saved is not None and saved.get("upgrade"):
+            folders = [saved["upgrade"].get(k) for k in ("folder", "state")]
+            saved["upgrade"] = None
+            engine.save_definition(self.checkpoint, saved)
+            for folder in filter(None, folders):
+                shutil.rmtree(folder, ignore_errors=True)
+        self.done = True

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from features.spec import WINDOW_END
 from features.stores import offline
+from features.stores.earlier_tables import earlier_files, earlier_stream_file, filesystem
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -17,7 +18,7 @@ def needs_migration(table: str) -> bool:
     """Whether `table` holds Parquet folders an earlier version of features wrote (and no Delta table)."""
     from deltalake import DeltaTable
 
-    return not DeltaTable.is_deltatable(table) and bool(offline.earlier_files(table))
+    return not DeltaTable.is_deltatable(table) and bool(earlier_files(table))
 
 
 def migrate(spark: SparkSession, table: str) -> int:
@@ -29,14 +30,14 @@ def migrate(spark: SparkSession, table: str) -> int:
     backfill's. Interrupted before its commit, it can be run again; after it, the old files are ignored."""
     from deltalake import DeltaTable
 
-    files = [] if DeltaTable.is_deltatable(table) else offline.earlier_files(table)  # one listing of the folder
+    files = [] if DeltaTable.is_deltatable(table) else earlier_files(table)  # one listing of the folder
     if not files:
         return 0
     ranges = [[lo.isoformat(), hi.isoformat()] for lo, hi in offline.merge_spans(_backfill_ranges(table, files))]
     old = spark.read.option("basePath", table).option("mergeSchema", "true").parquet(*files)
     rows = old.drop(offline.DATE).localCheckpoint()
     offline.create_table(rows, table, {"writer": offline.MIGRATED, "ranges": ranges})
-    fs, _ = offline.filesystem(table)
+    fs, _ = filesystem(table)
     for path in files:
         fs.delete_file(path)
     return len(files)
@@ -46,10 +47,10 @@ def _backfill_ranges(table: str, files: list[str]) -> list[tuple[datetime, datet
     """[first, last] window end of each backfill file, as [first, last + 1 microsecond)."""
     import pyarrow.parquet as pq
 
-    fs, _ = offline.filesystem(table)
+    fs, _ = filesystem(table)
     out = []
     for path in files:
-        if offline.earlier_stream_file(path.rsplit("/", 1)[-1]):
+        if earlier_stream_file(path.rsplit("/", 1)[-1]):
             continue
         with fs.open_input_file(path) as handle:
             meta = pq.ParquetFile(handle).metadata

@@ -35,13 +35,13 @@ from features.errors import ConfigError, EnvironmentProblem
 from features.parallel import beside
 from features.spec import WINDOW_END
 from features.stores import driver_writes
+from features.stores.earlier_tables import earlier_files
 
 if TYPE_CHECKING:
     import pandas as pd
     from deltalake import DeltaTable
 
 DATE = "date"
-EARLIER_BACKFILL_FILE = "part-0.parquet"  # the one file per date of a backfill before the table was Delta
 # A staged row's flag (engine.batch sets it): true on a copy of each key's newest row, its value as of the range end
 # for the online store.
 LATEST = "fx_latest"
@@ -432,6 +432,7 @@ class StreamLog:
     version: int = -1
     spans: list[tuple[datetime, datetime]] = field(default_factory=list)
     last_batch: int | None = None
+    last_upto: int | None = None  # the watermark (µs) the last batch's commits emitted up to, where they say
 
     def refresh(self) -> list[Commit]:
         """Read the commits made since the last refresh, oldest first (the first time, all the log holds: every
@@ -449,7 +450,11 @@ class StreamLog:
         for commit in new:
             self.spans.extend(commit.spans())
             if commit.writer == STREAM and commit.info.get("stream") == self.stream:
-                self.last_batch = max(self.last_batch or -1, int(commit.info["batch"]))
+                batch, upto = int(commit.info["batch"]), commit.info.get("upto_us")
+                if self.last_batch is None or batch > self.last_batch:
+                    self.last_batch, self.last_upto = batch, upto
+                elif batch == self.last_batch and upto is not None:
+                    self.last_upto = max(self.last_upto or upto, upto)
         if new:
             self.version = new[-1].version
         return new
@@ -486,14 +491,29 @@ def merge_spans(spans: list[tuple[datetime, datetime]]) -> list[tuple[datetime, 
     return out
 
 
-def append_batch(spark: SparkSession, rows: DataFrame, log: StreamLog, batch_id: int, count: int | None = None) -> int:
-    """Append one micro-batch's change points (those outside the ranges `log` knows backfills own) in one commit
-    that records the stream and `batch_id`; nothing when the log shows this batch committed already (a replay
-    after a restart). Returns the rows appended. Call `log.refresh()` first: a backfill that committed after
-    that refresh and before this append is found afterwards, and this batch's rows in its range taken out.
-    `count`: the rows' count when the caller knows it (the stream's screen counted them)."""
-    if log.last_batch is not None and batch_id <= log.last_batch:
+def append_batch(
+    spark: SparkSession,
+    rows: DataFrame,
+    log: StreamLog,
+    batch_id: int,
+    count: int | None = None,
+    upto_us: int | None = None,
+    handed_us: int | None = None,
+) -> int:
+    """Append one micro-batch's change points (outside the ranges `log` knows backfills own) in one commit that
+    records the stream, `batch_id` and the watermark the batch emitted up to (`upto_us`); returns the rows
+    appended. A replay of the batch the log shows committed last (a restart) appends only its rows after the
+    watermark that commit reached: none, unless a later version of features emits further (that commit's record,
+    else `handed_us`, the watermark Spark handed the batch, up to which earlier versions emitted). Call
+    `log.refresh()` first: a backfill that committed after it and before this append is found afterwards, and
+    this batch's rows in its range taken out. `count`: the rows' count if the caller knows it."""
+    if log.last_batch is not None and batch_id < log.last_batch:
         return 0
+    if log.last_batch == batch_id:
+        reached = log.last_upto if log.last_upto is not None else handed_us
+        if upto_us is None or reached is None or upto_us <= reached:
+            return 0
+        rows, count = rows.where(F.col(WINDOW_END) > F.lit(datetime.fromtimestamp(reached / 1e6, UTC))), None
     # Without backfilled ranges to leave out, rows the caller counted are written as they are; else the rows
     # kept are cached and counted, so that an empty batch makes no commit and a late correction reads them again.
     cached = count is None or bool(log.spans)
@@ -503,13 +523,15 @@ def append_batch(spark: SparkSession, rows: DataFrame, log: StreamLog, batch_id:
             count = kept.count()
         if count:
             meta = {"writer": STREAM, "stream": log.stream, "batch": batch_id}
+            if upto_us is not None:
+                meta["upto_us"] = upto_us
             _retried(lambda: _append(kept, log.table, meta))
             after = log.refresh()
             mine = next((c.version for c in after if dict(c.info) == meta), None)
             for commit in after:
                 for span in commit.spans() if mine is not None and commit.version < mine else []:
                     _take_out(spark, kept, log.table, span)
-        log.last_batch = batch_id
+        log.last_batch, log.last_upto = batch_id, upto_us
         return count
     finally:
         if cached:
@@ -553,40 +575,3 @@ def remove_stream_rows(spark: SparkSession, table: str, spans: list[tuple[dateti
     condition = f"NOT ({inside})" if inside else "true"
     empty = spark.read.format("delta").load(table).limit(0).drop(DATE)
     _retried(lambda: _replace(empty, table, condition, {"writer": STREAM, "reset": True}))
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Tables of earlier versions (features.stores.migration converts them)
-
-
-def filesystem(table: str) -> tuple[Any, str]:
-    """The pyarrow file system of `table` and its path there."""
-    import pyarrow.fs as pafs
-
-    if "://" in table:
-        return pafs.FileSystem.from_uri(table)
-    return pafs.LocalFileSystem(), table
-
-
-def earlier_files(table: str) -> list[str]:
-    """The files of an earlier version's table: a backfill's `part-0.parquet` and a stream's `stream-b*.parquet` in
-    `date=` folders. By name, because a first Delta commit writes its data files (`part-00000-<uuid>...`) before its
-    log: a reader then sees a table with nothing written yet, not one to migrate."""
-    import pyarrow.fs as pafs
-
-    try:
-        fs, root = filesystem(table)
-        found = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True, recursive=True))
-    except (OSError, ValueError):
-        return []
-    return sorted(
-        f.path
-        for f in found
-        if f.is_file
-        and f"/{DATE}=" in f.path
-        and (f.base_name == EARLIER_BACKFILL_FILE or earlier_stream_file(f.base_name))
-    )
-
-
-def earlier_stream_file(name: str) -> bool:
-    return name.startswith("stream-b") and name.endswith(".parquet")
