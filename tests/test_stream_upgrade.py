@@ -126,6 +126,59 @@ def test_a_changed_group_continues_from_its_checkpoint_and_a_new_key_does_not(sp
         stream(define(root, rekeyed), available_now=True, progress=False, tracking=False)
 
 
+def wait_for(done, what: str, seconds: float = 180) -> None:
+    deadline = time.monotonic() + seconds
+    while not done():
+        assert time.monotonic() < deadline, f"waited {seconds:g}s for {what}"
+        time.sleep(0.05)
+
+
+def test_a_live_stream_takes_up_an_applied_change_between_batches(spark, tmp_path, capsys, monkeypatch) -> None:
+    """`features apply` of the changed group while a live stream runs it: the stream swaps its query for one on the
+    new definition in the same process (no restart, no `--reset`), and what it writes after is the batch engine's.
+    An apply that leaves the definition as it is swaps nothing; one that a start would refuse (another key) is
+    said, and the stream goes on with the definition it ran."""
+    from features.pipelines import stream_reload
+
+    monkeypatch.setattr(stream_reload, "POLL_S", 0.05)
+    root = tmp_path / "repo"
+    events, rest, checkpoint, changed_at = streamed_before(root)
+    run = stream(Repo.load(root), trigger="1s", max_files_per_trigger=1, progress=False, tracking=False)
+    try:
+        before = run.queries[AFTER.name]
+        repo = define(root, AFTER)  # the apply: written while the stream runs
+        wait_for(lambda: run.queries[AFTER.name] is not before and run.queries[AFTER.name].isActive, "the swap")
+        assert before.isActive is False and not run.errors
+        swapped = run.queries[AFTER.name]
+        land(root, arrival_order(rest, pd.Timedelta(minutes=20), seed=2), 3, start_index=3)
+        wait_for(lambda: sum(p.events for p in run.history) >= len(rest), "the landed files' batches")
+        define(root, AFTER)  # applied again, the same definition: nothing to take up
+        time.sleep(0.5)
+        assert run.queries[AFTER.name] is swapped and swapped.isActive
+        err = capsys.readouterr().err
+        assert "a `features apply` of a changed definition is taken up between batches" in err
+        assert err.count("a changed definition was applied; the stream continues with it from its checkpoint") == 1
+        assert "kept amount_sum_1h, status_last" in err and "built failed_4h, qty_sum_2h, n_lifetime" in err
+
+        rows = offline_rows(spark, repo, AFTER)
+        after = rows[rows[WINDOW_END] > changed_at].reset_index(drop=True)
+        assert_batch_engine_rows(spark, AFTER, after, events, rows[WINDOW_END].max(), since=changed_at)
+        check_sample(AFTER, after, events)
+        assert json.loads((checkpoint / "features-definition.json").read_text())["upgrade"] is None
+        names = ["failed_4h", "qty_sum_2h", "n_lifetime"]
+        assert_online_reference(repo, AFTER, events, after["user_id"].unique(), names)
+
+        rekeyed = FeatureGroup("user_changing", Entity("card", join_keys=["card_id"]), SOURCE, AFTER.features)
+        define(root, rekeyed)
+        wait_for(lambda: run.queries[AFTER.name] is not swapped and run.queries[AFTER.name].isActive, "the refusal")
+        assert not run.errors and run.sinks[AFTER.name].group == AFTER
+        err = capsys.readouterr().err
+        assert "the applied definition is not taken up; the stream goes on with the one it runs" in err
+        assert "every key is new" in err
+    finally:
+        run.stop()
+
+
 def test_a_stream_rescaled_moves_its_state_and_replays_nothing(spark, tmp_path, capsys, monkeypatch) -> None:
     """--buckets doubled on a cluster of more cores, then brought down to one: each time the keys' state moves to
     their new buckets (read from the checkpoint, not the source), Spark spreads the state over one partition per

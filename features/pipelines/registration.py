@@ -18,6 +18,7 @@ from features.atomic import write_whole
 from features.errors import ConfigError
 from features.repo import Repo, read_schema_record
 from features.spec import DType, FeatureGroup
+from features.spec.fingerprint import definition_hash
 from features.version import package_version
 
 if TYPE_CHECKING:
@@ -55,7 +56,28 @@ def apply(repo_path: str, *, prune: bool = False) -> list[str]:
     check_wheres(repo, session)
     with _in_dir(repo.root):
         apply_repo(repo)
+    record_applied(repo)
     return list(repo.groups)
+
+
+# Where `features apply` records each group's definition as it registered it (its hash): a live stream watches it
+# to take a changed definition up between micro-batches (features.pipelines.stream_reload).
+APPLIED = Path("data") / "applied.json"
+
+
+def record_applied(repo: Repo) -> None:
+    path = repo.root / APPLIED
+    path.parent.mkdir(parents=True, exist_ok=True)
+    hashes = {name: definition_hash(group) for name, group in sorted(repo.groups.items())}
+    write_whole(path, json.dumps({"groups": hashes}, indent=1) + "\n")
+
+
+def read_applied(root: Path) -> dict[str, str]:
+    """Each group's definition hash as the last `features apply` registered it ({} before one recorded any)."""
+    try:
+        return dict(json.loads((root / APPLIED).read_text())["groups"])
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        return {}  # unreadable: a live stream keeps the definitions it runs, until the next apply
 
 
 # Where `features apply` records the `where`s Spark accepted, against which schema, with which versions.

@@ -41,7 +41,7 @@ from features.engine.stream_query import (
 from features.engine.upgrade import PendingUpgrade, last_commit, state_partitions
 from features.errors import ConfigError, EnvironmentProblem, ValidationFailed
 from features.ml import tracking as mlflow_tracking
-from features.pipelines import savepoint, stream_upgrade
+from features.pipelines import savepoint, stream_reload, stream_upgrade
 from features.pipelines.backfill import ready_writer
 from features.pipelines.retention import DEFAULT_KEEP
 from features.pipelines.rollup import MetricRollup
@@ -58,6 +58,8 @@ from features.stores import offline
 if TYPE_CHECKING:
     from pyspark.sql.streaming import StreamingQuery
 
+    from features.stores.online import OnlineWriter
+
 
 @dataclass
 class StreamRun:
@@ -73,7 +75,10 @@ class StreamRun:
     archives: dict[str, StreamingQuery] = field(default_factory=dict)  # per Kafka source archived: its query
     carried: dict[str, stream_upgrade.Carried] = field(default_factory=dict)  # groups whose definition changed
     changing: list[stream_upgrade.Finish] = field(default_factory=list)  # their pending changes, settled at the end
+    sinks: dict[str, BatchSink] = field(default_factory=dict)  # each group's, as its query runs
     stopping: bool = False
+    # Held while a group's query is swapped for one on its new definition: a wait or a stop then sees the new one.
+    swapping: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _finishing: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def _finish(self, error: BaseException | None) -> None:
@@ -119,29 +124,42 @@ class StreamRun:
         """Wait for every query to stop (available-now runs stop by themselves); re-raise a query's failure
         as the features error that caused it when there is one."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        for name, query in {**self.archives, **self.queries}.items():
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            try:
-                done = query.awaitTermination(None if left is None else left)
-            except Exception as exc:
-                if self.stopping:  # stopped by `stop()`: whatever the stop cut short is not a failure of the run
-                    self._finish(None)
-                    return True
-                error = self.errors.get(name, exc)
-                self._finish(error)
-                raise error from None
-            if done is False:
-                return False
+        waits = [(self.archives, name) for name in self.archives] + [(self.queries, name) for name in self.queries]
+        for queries, name in waits:
+            while True:
+                query = queries[name]
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                try:
+                    done = query.awaitTermination(None if left is None else left)
+                except Exception as exc:
+                    if self.stopping:  # stopped by `stop()`: whatever the stop cut short is not a failure of the run
+                        self._finish(None)
+                        return True
+                    if self._replaced(queries, name, query):
+                        continue
+                    error = self.errors.get(name, exc)
+                    self._finish(error)
+                    raise error from None
+                if done is False:
+                    return False
+                if not self._replaced(queries, name, query):
+                    break
             if name in self.errors:
                 self._finish(self.errors[name])
                 raise self.errors[name]
         self._finish(None)
         return True
 
+    def _replaced(self, queries: dict[str, StreamingQuery], name: str, query: StreamingQuery) -> bool:
+        """Whether `query` stopped because its group runs on in a new query (a definition change taken up)."""
+        with self.swapping:  # a swap under way ends first
+            return queries[name] is not query
+
     def stop(self) -> None:
         self.stopping = True
-        for query in [*self.queries.values(), *self.archives.values()]:
-            query.stop()
+        with self.swapping:
+            for query in [*self.queries.values(), *self.archives.values()]:
+                query.stop()
         self._finish(None)
 
     def await_or_interrupt(self) -> bool:
@@ -223,70 +241,113 @@ def stream(
         )
     writers = {g.name: ready_writer(repo, g) for g in selected} if online else {}
     session = session_soon(spark, long_running=not available_now)  # the JVM starts while the MLflow run is made
-    show = shown_by_default() if progress is None else progress  # a terminal or a notebook
     run = StreamRun({}, {})
     params = {"trigger": "available-now" if available_now else trigger, "buckets": buckets, "online": online}
     run._tracking = mlflow_tracking.start_run(repo, "stream", selected, params, enabled=tracking, background=True)
     run.tracker = run._tracking.__enter__()
-    trigger_of: dict[str, Any] = {"availableNow": True} if available_now else {"processingTime": f"{every_s} seconds"}
+    starter = GroupStarter(
+        repo,
+        run,
+        online=online,
+        validate=validate,
+        show=shown_by_default() if progress is None else progress,  # a terminal or a notebook
+        trigger={"availableNow": True} if available_now else {"processingTime": f"{every_s} seconds"},
+        checkpoint_root=checkpoint_root,
+        max_files_per_trigger=max_files_per_trigger,
+        metrics_s=metrics_s,
+        keep_s=keep_s,
+    )
     try:
-        spark = session()
-        _check_not_connect(spark)
-        engine.configure(spark)
+        starter.spark = session()
+        _check_not_connect(starter.spark)
+        engine.configure(starter.spark)
         for group in selected:
-            checkpoint = Path(repo.checkpoint_path(group, checkpoint_root))
-            path = repo.source_path(group)
-            if from_savepoint is not None:
-                restored = savepoint.restore(spark, repo, group, checkpoint, from_savepoint, buckets)
-                print(restored.line(), file=sys.stderr, flush=True)
-                run.carried[group.name] = restored
-            savepoint.check_restored(checkpoint, group)
-            resumed = _check_checkpoint(repo, group, checkpoint, buckets, reset, spark)
-            if resumed.carried is not None:
-                print(resumed.carried.line(), file=sys.stderr, flush=True)
-                run.carried[group.name] = resumed.carried
-            labels = resumed.labels
-            events, projection, out = stateful_query(
-                spark,
-                group,
-                path,
-                labels,
-                layout=stream_upgrade.layout(group, len(labels)).id,
-                upgrade=resumed.upgrade,
-                nanoseconds=resumed.nanoseconds,
-                max_files_per_trigger=max_files_per_trigger,
-            )
-            writer_of = writers.get(group.name)
-            rollup = MetricRollup(partial(_log_metrics, run.tracker), metrics_s)
-            run.rollups.append(rollup)
-            aside = SetAside(repo, group, spark, projection.record_schema, rollup, keep_s, resumed.nanoseconds)
-            sink = BatchSink(repo, group, writer_of, validate, run, show, spark, aside, rollup)
-            sink.stream_id = resumed.stream_id
-            sink.query_checkpoint = checkpoint / "query"
-            if group.source.kafka is None:
-                sink.source_log = Pruning(checkpoint / "query")
-            if resumed.upgrade is not None:
-                sink.finish_upgrade = stream_upgrade.Finish(checkpoint, len(labels))
-                run.changing.append(sink.finish_upgrade)
-            writer = out.writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint / "query"))
-            writer = writer.queryName(f"features_{group.name}")
-            writer = writer.trigger(**trigger_of)
-            # Until its first batch reports, a run stands at the watermark its checkpoint's last batch emitted up to.
-            run.latest[group.name] = StreamProgress(group.name, watermark=emitted_watermark(checkpoint / "query"))
-            run.tracker.ready()  # a tracking store that cannot start stops the stream before its first batch
-            with query_settings(spark, resumed.partitions):
-                run.queries[group.name] = writer.start()
-            sink.query = run.queries[group.name]
-            source = group.source
-            if source.kafka is not None and source.kafka.archive and source.name not in run.archives:
-                checkpoint = Path(repo.checkpoint_path(group, checkpoint_root)).parent / f"_archive_{source.name}"
-                run.archives[source.name] = _archive(group, events, path, checkpoint, trigger_of)
+            starter.start(group, writers.get(group.name), buckets=buckets, reset=reset, from_savepoint=from_savepoint)
     except BaseException as exc:
         for query in [*run.queries.values(), *run.archives.values()]:
             query.stop()
         run._finish(exc)
         raise
+    if not available_now:
+        stream_reload.watch(run, starter, selected)  # takes up `features apply` of a changed definition
     return run
+
+
+@dataclass
+class GroupStarter:
+    """Starts a group's query into a run: at the run's start, and again when a live stream takes up a changed
+    definition (features.pipelines.stream_reload)."""
+
+    repo: Repo
+    run: StreamRun
+    online: bool
+    validate: bool
+    show: bool
+    trigger: dict[str, Any]
+    checkpoint_root: str | None
+    max_files_per_trigger: int | None
+    metrics_s: float
+    keep_s: float | None
+    spark: Any = None  # the session, once started
+
+    def start(
+        self,
+        group: FeatureGroup,
+        writer: OnlineWriter | None,
+        *,
+        buckets: int | None = None,
+        reset: bool = False,
+        from_savepoint: str | None = None,
+    ) -> None:
+        """Continue `group` from its checkpoint (carrying its state over a changed definition or a new `buckets`),
+        or start it from a savepoint, or over from the source (`reset`), and put its query in the run."""
+        spark, repo, run = self.spark, self.repo, self.run
+        checkpoint = Path(repo.checkpoint_path(group, self.checkpoint_root))
+        path = repo.source_path(group)
+        if from_savepoint is not None:
+            restored = savepoint.restore(spark, repo, group, checkpoint, from_savepoint, buckets)
+            print(restored.line(), file=sys.stderr, flush=True)
+            run.carried[group.name] = restored
+        savepoint.check_restored(checkpoint, group)
+        resumed = _check_checkpoint(repo, group, checkpoint, buckets, reset, spark)
+        if resumed.carried is not None:
+            print(resumed.carried.line(), file=sys.stderr, flush=True)
+            run.carried[group.name] = resumed.carried
+        labels = resumed.labels
+        events, projection, out = stateful_query(
+            spark,
+            group,
+            path,
+            labels,
+            layout=stream_upgrade.layout(group, len(labels)).id,
+            upgrade=resumed.upgrade,
+            nanoseconds=resumed.nanoseconds,
+            max_files_per_trigger=self.max_files_per_trigger,
+        )
+        rollup = MetricRollup(partial(_log_metrics, run.tracker), self.metrics_s)
+        run.rollups.append(rollup)
+        aside = SetAside(repo, group, spark, projection.record_schema, rollup, self.keep_s, resumed.nanoseconds)
+        sink = BatchSink(repo, group, writer, self.validate, run, self.show, spark, aside, rollup)
+        sink.stream_id = resumed.stream_id
+        sink.query_checkpoint = checkpoint / "query"
+        if group.source.kafka is None:
+            sink.source_log = Pruning(checkpoint / "query")
+        if resumed.upgrade is not None:
+            sink.finish_upgrade = stream_upgrade.Finish(checkpoint, len(labels))
+            run.changing.append(sink.finish_upgrade)
+        query = out.writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint / "query"))
+        query = query.queryName(f"features_{group.name}").trigger(**self.trigger)
+        if group.name not in run.latest:
+            # Until its first batch reports, a run stands at the watermark its checkpoint's last batch emitted up to.
+            run.latest[group.name] = StreamProgress(group.name, watermark=emitted_watermark(checkpoint / "query"))
+        run.tracker.ready()  # a tracking store that cannot start stops the stream before its first batch
+        with query_settings(spark, resumed.partitions):
+            run.queries[group.name] = sink.query = query.start()
+        run.sinks[group.name] = sink
+        source = group.source
+        if source.kafka is not None and source.kafka.archive and source.name not in run.archives:
+            archived = Path(repo.checkpoint_path(group, self.checkpoint_root)).parent / f"_archive_{source.name}"
+            run.archives[source.name] = _archive(group, events, path, archived, self.trigger)
 
 
 CONNECT_UNSUPPORTED = (

@@ -86,12 +86,13 @@ class BatchSink:
         self.finish_upgrade: Any = None  # a stream_upgrade.Finish while a definition change is pending
         self.source_log: Pruning | None = None  # a file source's log, kept to what Spark still needs
         self.query_checkpoint: Path | None = None  # where the watermark each batch emitted up to is noted
+        self.retiring = False  # its query is being stopped for one on a new definition (stream_reload)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         try:
             self._batch(batch, batch_id)
         except Exception as exc:
-            if self.run.stopping:
+            if self.run.stopping or self.retiring:
                 raise StoppedInBatch(STOPPED_IN_BATCH) from None
             self.run.errors[self.group.name] = exc
             raise

@@ -183,7 +183,8 @@ OPERATIONS: dict[AggKind, Operation] = {
         inputs=NUMBERS,
         cast="double",
         expect=(Expect.FINITE,),
-        sql="skewness({col}) * sqrt(count({col}) * (count({col}) - 1)) / (count({col}) - 2)",
+        # try_divide: under ANSI mode (Spark 4's default) a window of 2 values would divide by zero.
+        sql="try_divide(skewness({col}) * sqrt(count({col}) * (count({col}) - 1)), count({col}) - 2)",
         cost="count, mean, M2, M3, min, max",
     ),
     AggKind.KURTOSIS: Operation(
@@ -193,8 +194,8 @@ OPERATIONS: dict[AggKind, Operation] = {
         cast="double",
         expect=(Expect.FINITE,),
         sql=(
-            "((count({col}) + 1) * kurtosis({col}) + 6) * (count({col}) - 1)"
-            " / ((count({col}) - 2) * (count({col}) - 3))"
+            "try_divide(((count({col}) + 1) * kurtosis({col}) + 6) * (count({col}) - 1),"
+            " (count({col}) - 2) * (count({col}) - 3))"
         ),
         cost="count, mean, M2, M3, M4, min, max",
     ),

@@ -1,0 +1,133 @@
+"""A live stream takes up `features apply` of a changed definition between micro-batches, in the same process.
+
+`features apply` records each group's definition hash (features.pipelines.registration.APPLIED). A live run
+(`features stream` without `--available-now`) looks at that record once a second; when a group it runs was applied
+with another definition, it loads the repo's definitions again, stops that group's query between two batches and
+starts it again on the new definition, exactly as a restart would (features.pipelines.stream_upgrade: unchanged
+features keep their state, an added one is built over its lookback), with the JVM, the session and the MLflow
+run it already has. What a restart costs beyond that (a new JVM, imports, a new query's first batch on a cold
+JVM) is not paid. A change a start would refuse (a key column changed: `--reset` is the least it takes) is said
+with the same error, and the group goes on with the definition it ran."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from features.errors import FeaturesError
+from features.pipelines.backfill import ready_writer
+from features.pipelines.registration import APPLIED, read_applied
+from features.repo import Repo
+from features.spec import FeatureGroup
+from features.spec.fingerprint import definition_hash
+
+if TYPE_CHECKING:
+    from pyspark.sql.streaming import StreamingQuery
+
+    from features.pipelines.stream import GroupStarter, StreamRun
+    from features.pipelines.stream_sink import BatchSink
+
+POLL_S = 1.0  # how often a live run looks at the applied definitions
+BATCH_END_WAIT_S = 60.0  # how long a swap waits for a batch under way to end before it stops the query in it
+
+
+def watch(run: StreamRun, starter: GroupStarter, groups: Iterable[FeatureGroup]) -> None:
+    """Start the thread that takes up applied definition changes of `groups` while `run` goes on."""
+    running = {g.name: definition_hash(g) for g in groups}
+    for name in running:
+        print(
+            f"{name}: streaming; a `features apply` of a changed definition is taken up between batches",
+            file=sys.stderr,
+            flush=True,
+        )
+    threading.Thread(target=_watch, args=(run, starter, running), name="features-stream-reload", daemon=True).start()
+
+
+def _watch(run: StreamRun, starter: GroupStarter, running: dict[str, str]) -> None:
+    seen = _stamp(starter)
+    while not run.stopping and not run.errors and any(q.isActive for q in run.queries.values()):
+        time.sleep(POLL_S)
+        stamp = _stamp(starter)
+        if stamp == seen:
+            continue
+        seen = stamp
+        applied = read_applied(starter.repo.root)
+        changed = [name for name, known in running.items() if applied.get(name, known) != known]
+        if changed:
+            take_up(run, starter, changed, applied, running)
+
+
+def _stamp(starter: GroupStarter) -> tuple[int, int] | None:
+    try:
+        status = (starter.repo.root / APPLIED).stat()
+    except FileNotFoundError:
+        return None
+    return status.st_mtime_ns, status.st_size
+
+
+def take_up(
+    run: StreamRun,
+    starter: GroupStarter,
+    names: list[str],
+    applied: dict[str, str],
+    running: dict[str, str],
+) -> None:
+    """Continue each named group on the definition applied for it (`applied`: group -> definition hash), updating
+    `running`. A repo whose definitions no longer load, or no longer match what was applied (edited since), is
+    reported and the groups go on as they are, until the next apply."""
+    try:
+        repo = Repo.load(starter.repo.root)
+    except FeaturesError as exc:
+        for name in names:
+            _not_taken_up(name, str(exc))
+        return
+    for name in names:
+        group = repo.groups.get(name)
+        if group is None or definition_hash(group) != applied[name]:
+            _not_taken_up(name, "the repo's definitions changed since `features apply` (or no longer define it)")
+            continue
+        try:
+            writer = ready_writer(repo, group) if starter.online else None
+        except FeaturesError as exc:
+            _not_taken_up(name, str(exc))
+            continue
+        with run.swapping:
+            if run.stopping:
+                return
+            _say(f"{name}: a changed definition was applied; the stream continues with it from its checkpoint")
+            running_sink = run.sinks[name]
+            _stop_between_batches(run.queries[name], running_sink)
+            try:
+                starter.repo = repo
+                try:
+                    starter.start(group, writer)
+                except FeaturesError as exc:  # as a start would stop: said, and the group goes on as it ran
+                    _not_taken_up(name, str(exc))
+                    starter.repo = running_sink.repo
+                    starter.start(running_sink.group, running_sink.writer)
+                    continue
+            except Exception as exc:  # the run ends with it (a wait raises it)
+                run.errors[name] = exc
+                return
+        running[name] = applied[name]
+
+
+def _stop_between_batches(query: StreamingQuery, sink: BatchSink) -> None:
+    """Stop `query` once no batch is under way (or after BATCH_END_WAIT_S: a batch cut short runs again in the new
+    query, as after any stop; its sink then ends it as a stop, not a failure)."""
+    deadline = time.monotonic() + BATCH_END_WAIT_S
+    while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    sink.retiring = True
+    query.stop()
+
+
+def _not_taken_up(name: str, why: str) -> None:
+    _say(f"{name}: the applied definition is not taken up; the stream goes on with the one it runs: {why}")
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
