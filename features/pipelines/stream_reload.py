@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from features.errors import FeaturesError
 from features.pipelines.backfill import ready_writer
@@ -27,8 +27,28 @@ from features.spec.fingerprint import definition_hash
 if TYPE_CHECKING:
     from pyspark.sql.streaming import StreamingQuery
 
-    from features.pipelines.stream import GroupStarter, StreamRun
     from features.pipelines.stream_sink import BatchSink
+    from features.stores.online import OnlineWriter
+
+
+class StreamRun(Protocol):
+    """What a swap changes of the run (features.pipelines.stream.StreamRun)."""
+
+    queries: dict[str, StreamingQuery]
+    sinks: dict[str, BatchSink]
+    errors: dict[str, BaseException]
+    stopping: bool
+    swapping: threading.Lock
+
+
+class GroupStarter(Protocol):
+    """What starts a group's query into the run (features.pipelines.stream.GroupStarter)."""
+
+    repo: Repo
+    online: bool
+
+    def start(self, group: FeatureGroup, writer: OnlineWriter | None) -> None: ...
+
 
 POLL_S = 1.0  # how often a live run looks at the applied definitions
 BATCH_END_WAIT_S = 60.0  # how long a swap waits for a batch under way to end before it stops the query in it
