@@ -13,9 +13,10 @@ their own, as a scheduler runs them:
     floor of any stream that continues, so reset / restart is the most an upgrade could reach on this history
 Rounds alternate the three; the medians are compared, and the events the upgrade read are checked against the new
 feature's lookback plus the new day. Then the same change made to a running stream (`features stream --trigger 1s`,
-started beforehand and idle): from `features apply` until the stream has taken it up in its own process and
-processed the next day, against that day's batch alone on the unchanged definition (required: the reset >= 5x the
-running stream's upgrade; a scheduled restart pays a new JVM and a cold first batch on top, see reset / restart).
+started a day short of the same state, that day streamed as it landed, then idle): from `features apply` until the
+stream has taken it up in its own process and processed the next day, against that day's batch alone on the
+unchanged definition (required: the reset >= 5x the running stream's upgrade; a scheduled restart pays a new JVM and
+a cold first batch on top, see reset / restart).
 
 The same for a rescale (`--buckets` doubled) and for a savepoint restored into a new checkpoint folder
 (`features savepoint`, then `features stream --from-savepoint`), each against `--reset` over the same next day.
@@ -38,6 +39,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -53,6 +55,7 @@ from features.repo import Repo
 
 ROOT = Path(__file__).resolve().parents[1]
 WORK = Path(__file__).resolve().parent / "work-upgrade"
+LIVE = WORK / "snapshot-live"  # the state a day short of the snapshot's, for the running stream's runs
 GROUP = "user_transactions"
 # The last landed day is today, so that the days before it are complete for `--since-last`.
 TODAY = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
@@ -86,12 +89,15 @@ def set_up(days: int, per_day: int, users: int) -> Path:
     repo = WORK / "repo"
     shutil.copytree(ROOT / "feature_repo", repo, ignore=shutil.ignore_patterns("data", "__pycache__"))
     source = repo / "data" / "transactions"
-    for day in range(days):
+    for day in range(days - 1):
         write_events(_day(day, days, per_day, users), source, n_files=1, start_index=day)
     _run("apply", "--repo", str(repo))
+    tracking.client_for(Repo.load(repo))  # the MLflow store a running deployment has (its first run makes it)
+    _run("stream", "--repo", str(repo), "--group", GROUP, "--available-now", "--no-tracking")
+    shutil.copytree(repo, LIVE)  # a day short: the live runs stream it first, as a running stream has
+    write_events(_day(days - 1, days, per_day, users), source, n_files=1, start_index=days - 1)
     _run("stream", "--repo", str(repo), "--group", GROUP, "--available-now", "--no-tracking")
     _run("backfill", "--repo", str(repo), "--group", GROUP, "--since-last", "--no-tracking")
-    tracking.client_for(Repo.load(repo))  # the MLflow store a running deployment has (its first run makes it)
     shutil.copytree(repo, WORK / "snapshot")
     return WORK / "snapshot"
 
@@ -170,8 +176,8 @@ class LiveStream:
         for line in self.process.stderr:
             self.lines.put((time.perf_counter(), line.rstrip("\n")))
 
-    def until(self, done, what: str, timeout: float = 600):  # type: ignore[no-untyped-def]
-        """The time of the first line after which `done(lines seen so far)` holds."""
+    def until(self, done: Callable[[str], bool], what: str, timeout: float = 600) -> float:
+        """The time of the first line `done` holds for (every line is given to it in turn)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
@@ -181,7 +187,7 @@ class LiveStream:
                     break
                 continue
             self.seen.append(line)
-            if done(self.seen):
+            if done(line):
                 return at
         self.stop()
         raise RuntimeError(f"the live stream never showed {what}:\n" + "\n".join(self.seen[-40:]))
@@ -194,38 +200,52 @@ class LiveStream:
             self.process.kill()
 
 
-def live_round(snapshot: Path, days: int, per_day: int, users: int, change: bool) -> tuple[float, int, int]:
-    """A live `features stream` of the snapshot's state, started beforehand and idle (not timed). Timed: with
-    `change`, from `features apply` of the added feature to the stream having processed the next day (the
-    running stream takes the change up in its own process; the day lands once it has); without, from the day
-    landing to its batch done. Returns the seconds, the events the batches read, the events the new feature was
-    built from."""
-    repo = _restored(snapshot, add=False)
+def live_round(days: int, per_day: int, users: int, change: bool) -> tuple[float, int, int]:
+    """A live `features stream` that has been running: started on the state a day short of the snapshot's, it
+    streams that day (not timed) and is idle. Timed: with `change`, from `features apply` of the added feature to
+    the stream having processed the next day (the running stream takes the change up in its own process; the day
+    lands once it has); without, from the day landing to its batch done. Returns the seconds, the events the timed
+    batches read, the events the new feature was built from."""
+    repo = _restored(LIVE, add=False)
     staged = WORK / "staged"
     shutil.rmtree(staged, ignore_errors=True)
-    write_events(_day(days, days, per_day, users), staged, n_files=1, start_index=days)
+    for day in (days - 1, days):
+        write_events(_day(day, days, per_day, users), staged / str(day), n_files=1, start_index=day)
     stream = LiveStream(repo)
-    stream.until(lambda seen: "taken up between batches" in seen[-1], "its start")
+    stream.until(lambda line: "taken up between batches" in line, "its start")
+    _land(staged / str(days - 1), repo)
+    stream.until(DayStreamed(per_day), "the day before's batches")
     time.sleep(2)  # idle: no batch without new files
     began = time.perf_counter()
     if change:
         definitions = repo / "fraud.py"
         definitions.write_text(definitions.read_text().replace(ANCHOR, ANCHOR + ADDED))
         _run("apply", "--repo", str(repo))
-        stream.until(lambda seen: CARRIED.search(seen[-1]) is not None, "the change taken up")
-    for file in staged.iterdir():
-        os.replace(file, repo / "data" / "transactions" / file.name)
-    counts = [0]
-
-    def day_done(seen: list[str]) -> bool:
-        if (m := BATCH.match(seen[-1])) is not None:
-            counts[0] += int(m.group(1).replace(",", ""))
-        return counts[0] >= per_day
-
-    ended = stream.until(day_done, "the day's batches")
+        stream.until(lambda line: CARRIED.search(line) is not None, "the change taken up")
+    _land(staged / str(days), repo)
+    done = DayStreamed(per_day)
+    ended = stream.until(done, "the day's batches")
     stream.stop()
     built = next((CARRIED.search(line) for line in stream.seen if CARRIED.search(line)), None)
-    return ended - began, counts[0], 0 if built is None else int(built.group(1).replace(",", ""))
+    return ended - began, done.events, 0 if built is None else int(built.group(1).replace(",", ""))
+
+
+class DayStreamed:
+    """Whether the batch lines given so far add up to a day's events (`until`'s test)."""
+
+    def __init__(self, per_day: int) -> None:
+        self.per_day, self.events = per_day, 0
+
+    def __call__(self, line: str) -> bool:
+        if (m := BATCH.match(line)) is not None:
+            self.events += int(m.group(1).replace(",", ""))
+        return self.events >= self.per_day
+
+
+def _land(staged: Path, repo: Path) -> None:
+    """The staged day's file moved into the landing folder at once."""
+    for file in staged.iterdir():
+        os.replace(file, repo / "data" / "transactions" / file.name)
 
 
 def backfill_round(snapshot: Path, alone: bool) -> float:
@@ -301,18 +321,17 @@ def main() -> int:
     lives: dict[str, list[tuple[float, int, int]]] = {"live upgrade": [], "live, unchanged": []}
     for _ in range(args.rounds):
         for kind in lives:
-            lives[kind].append(
-                live_round(snapshot, args.days, args.events_per_day, args.users, kind != "live, unchanged")
-            )
+            lives[kind].append(live_round(args.days, args.events_per_day, args.users, kind != "live, unchanged"))
     live, idle = (float(np.median([r[0] for r in series])) for series in lives.values())
     live_built, live_streamed = lives["live upgrade"][0][2], lives["live upgrade"][0][1]
     lines += [
         "",
-        "A running stream: `features stream --trigger 1s` of the same state, started beforehand (its own process, "
-        "idle: not timed). Timed: `features apply` of the added feature (a process), until the running stream has "
-        "taken the change up in its own process (its query stopped between batches and started again on the new "
-        "definition, the state carried over and the new feature built) and processed the next day, landed once "
-        "the change was taken up; unchanged: from the day landing to its batch done.",
+        "A running stream: `features stream --trigger 1s` (its own process) started on the state a day short and "
+        "streaming that day as it lands, then idle (not timed): the same state, in a stream that has been running. "
+        "Timed: `features apply` of the added feature (a process), until the running stream has taken the change "
+        "up in its own process (its query stopped between batches and started again on the new definition, the "
+        "state carried over and the new feature built) and processed the next day, landed once the change was "
+        "taken up; unchanged: from the day landing to its batch done.",
         "",
         "| run | seconds (each round) | median |",
         "|---|---|---|",
