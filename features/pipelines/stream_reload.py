@@ -57,12 +57,6 @@ BATCH_END_WAIT_S = 60.0  # how long a swap waits for a batch under way to end be
 def watch(run: StreamRun, starter: GroupStarter, groups: Iterable[FeatureGroup]) -> None:
     """Start the thread that takes up applied definition changes of `groups` while `run` goes on."""
     running = {g.name: definition_hash(g) for g in groups}
-    for name in running:
-        print(
-            f"{name}: streaming; a `features apply` of a changed definition is taken up between batches",
-            file=sys.stderr,
-            flush=True,
-        )
     threading.Thread(target=_watch, args=(run, starter, running), name="features-stream-reload", daemon=True).start()
 
 
