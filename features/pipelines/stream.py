@@ -346,7 +346,7 @@ class GroupStarter:
         run.sinks[group.name] = sink
         source = group.source
         if source.kafka is not None and source.kafka.archive and source.name not in run.archives:
-            archived = Path(repo.checkpoint_path(group, self.checkpoint_root)).parent / f"_archive_{source.name}"
+            archived = checkpoint.parent / f"_archive_{source.name}"
             run.archives[source.name] = _archive(group, events, path, archived, self.trigger)
 
 
