@@ -1,0 +1,58 @@
+"""What a live stream says when an applied definition cannot be taken up, before it touches its queries
+(docs/streaming.md, "A live stream takes the apply up"). No Spark: both cases end before a query is stopped;
+tests/test_stream_upgrade.py runs the take-up itself on a live stream."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+from conftest import build_feast_repo
+
+from features import Entity, EventSource, Feature, FeatureGroup, Hop, agg
+from features.pipelines import stream_reload
+from features.pipelines.registration import read_applied, record_applied
+from features.repo import Repo
+from features.spec.fingerprint import definition_hash
+
+SOURCE = EventSource("transactions", path="data/transactions", timestamp="event_ts")
+GROUP = FeatureGroup(
+    "live", Entity("user", join_keys=["user_id"]), SOURCE, [Feature("n_1h", agg.count(), window=Hop("1h", "5m"))]
+)
+
+
+def idle_run() -> SimpleNamespace:
+    """A run with no query: a take-up that reached one would fail on the missing names."""
+    return SimpleNamespace(stopping=False, errors={}, swapping=threading.Lock())
+
+
+def test_apply_records_each_groups_definition_hash(tmp_path: Path) -> None:
+    repo = Repo.load(build_feast_repo(tmp_path / "repo", [GROUP], apply=False))
+    assert read_applied(repo.root) == {}  # before any apply recorded one
+    record_applied(repo)
+    assert read_applied(repo.root) == {"live": definition_hash(GROUP)}
+    (repo.root / stream_reload.APPLIED).write_text("{not json")
+    assert read_applied(repo.root) == {}  # unreadable: the stream keeps what it runs
+
+
+def test_a_definition_edited_again_after_the_apply_is_not_taken_up(tmp_path: Path, capsys) -> None:
+    repo = Repo.load(build_feast_repo(tmp_path / "repo", [GROUP], apply=False))
+    running = {"live": "the hash it runs"}
+    applied = {"live": "the hash applied, which the files no longer give"}
+    stream_reload.take_up(idle_run(), SimpleNamespace(repo=repo, online=False), ["live"], applied, running)
+    err = capsys.readouterr().err
+    assert "live: the applied definition is not taken up; the stream goes on with the one it runs" in err
+    assert "the repo's definitions changed since `features apply`" in err
+    assert running == {"live": "the hash it runs"}
+
+
+def test_definitions_that_no_longer_load_are_not_taken_up(tmp_path: Path, capsys) -> None:
+    repo = Repo.load(build_feast_repo(tmp_path / "repo", [GROUP], apply=False))
+    (repo.root / "broken.py").write_text("def broken(:\n")
+    running = {"live": definition_hash(GROUP)}
+    stream_reload.take_up(idle_run(), SimpleNamespace(repo=repo, online=False), ["live"], {"live": "new"}, running)
+    err = capsys.readouterr().err
+    assert "live: the applied definition is not taken up; the stream goes on with the one it runs" in err
+    assert "broken.py" in err and "SyntaxError" in err
+    assert running == {"live": definition_hash(GROUP)}
