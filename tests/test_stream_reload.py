@@ -23,8 +23,10 @@ GROUP = FeatureGroup(
 
 
 def idle_run() -> SimpleNamespace:
-    """A run with no query: a take-up that reached one would fail on the missing names."""
-    return SimpleNamespace(stopping=False, errors={}, swapping=threading.Lock())
+    """A run of GROUP with no query: a take-up that reached one would fail on the missing names."""
+    return SimpleNamespace(
+        stopping=False, errors={}, swapping=threading.Lock(), sinks={"live": SimpleNamespace(group=GROUP)}
+    )
 
 
 def test_apply_records_each_groups_definition_hash(tmp_path: Path) -> None:
@@ -38,21 +40,21 @@ def test_apply_records_each_groups_definition_hash(tmp_path: Path) -> None:
 
 def test_a_definition_edited_again_after_the_apply_is_not_taken_up(tmp_path: Path, capsys) -> None:
     repo = Repo.load(build_feast_repo(tmp_path / "repo", [GROUP], apply=False))
-    running = {"live": "the hash it runs"}
+    run = idle_run()
     applied = {"live": "the hash applied, which the files no longer give"}
-    stream_reload.take_up(idle_run(), SimpleNamespace(repo=repo, online=False), ["live"], applied, running)
+    stream_reload.take_up(run, SimpleNamespace(repo=repo, online=False), ["live"], applied)
     err = capsys.readouterr().err
     assert "live: the applied definition is not taken up; the stream goes on with the one it runs" in err
     assert "the repo's definitions changed since `features apply`" in err
-    assert running == {"live": "the hash it runs"}
+    assert run.sinks["live"].group is GROUP and not run.errors
 
 
 def test_definitions_that_no_longer_load_are_not_taken_up(tmp_path: Path, capsys) -> None:
     repo = Repo.load(build_feast_repo(tmp_path / "repo", [GROUP], apply=False))
     (repo.root / "broken.py").write_text("def broken(:\n")
-    running = {"live": definition_hash(GROUP)}
-    stream_reload.take_up(idle_run(), SimpleNamespace(repo=repo, online=False), ["live"], {"live": "new"}, running)
+    run = idle_run()
+    stream_reload.take_up(run, SimpleNamespace(repo=repo, online=False), ["live"], {"live": "new"})
     err = capsys.readouterr().err
     assert "live: the applied definition is not taken up; the stream goes on with the one it runs" in err
     assert "broken.py" in err and "SyntaxError" in err
-    assert running == {"live": definition_hash(GROUP)}
+    assert run.sinks["live"].group is GROUP and not run.errors

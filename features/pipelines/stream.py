@@ -269,7 +269,7 @@ def stream(
         run._finish(exc)
         raise
     if not available_now:
-        stream_reload.watch(run, starter, selected)  # takes up `features apply` of a changed definition
+        stream_reload.watch(run, starter)  # takes up `features apply` of a changed definition
     return run
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Iterable
 from typing import TYPE_CHECKING, Protocol
 
 from features.errors import FeaturesError
@@ -54,13 +53,12 @@ POLL_S = 1.0  # how often a live run looks at the applied definitions
 BATCH_END_WAIT_S = 60.0  # how long a swap waits for a batch under way to end before it stops the query in it
 
 
-def watch(run: StreamRun, starter: GroupStarter, groups: Iterable[FeatureGroup]) -> None:
-    """Start the thread that takes up applied definition changes of `groups` while `run` goes on."""
-    running = {g.name: definition_hash(g) for g in groups}
-    threading.Thread(target=_watch, args=(run, starter, running), name="features-stream-reload", daemon=True).start()
+def watch(run: StreamRun, starter: GroupStarter) -> None:
+    """Start the thread that takes up applied definition changes of the run's groups while it goes on."""
+    threading.Thread(target=_watch, args=(run, starter), name="features-stream-reload", daemon=True).start()
 
 
-def _watch(run: StreamRun, starter: GroupStarter, running: dict[str, str]) -> None:
+def _watch(run: StreamRun, starter: GroupStarter) -> None:
     seen = _stamp(starter)
     while not run.stopping and not run.errors and any(q.isActive for q in run.queries.values()):
         time.sleep(POLL_S)
@@ -69,9 +67,10 @@ def _watch(run: StreamRun, starter: GroupStarter, running: dict[str, str]) -> No
             continue
         seen = stamp
         applied = read_applied(starter.repo.root)
+        running = {name: definition_hash(sink.group) for name, sink in run.sinks.items()}
         changed = [name for name, known in running.items() if applied.get(name, known) != known]
         if changed:
-            take_up(run, starter, changed, applied, running)
+            take_up(run, starter, changed, applied)
 
 
 def _stamp(starter: GroupStarter) -> tuple[int, int] | None:
@@ -87,11 +86,10 @@ def take_up(
     starter: GroupStarter,
     names: list[str],
     applied: dict[str, str],
-    running: dict[str, str],
 ) -> None:
-    """Continue each named group on the definition applied for it (`applied`: group -> definition hash), updating
-    `running`. A repo whose definitions no longer load, or no longer match what was applied (edited since), is
-    reported and the groups go on as they are, until the next apply."""
+    """Continue each named group on the definition applied for it (`applied`: group -> definition hash). A repo
+    whose definitions no longer load, or no longer match what was applied (edited since), is reported and the groups
+    go on as they are, until the next apply."""
     try:
         repo = Repo.load(starter.repo.root)
     except FeaturesError as exc:
@@ -126,7 +124,6 @@ def take_up(
             except Exception as exc:  # the run ends with it (a wait raises it)
                 run.errors[name] = exc
                 return
-        running[name] = applied[name]
 
 
 def _stop_between_batches(query: StreamingQuery, sink: BatchSink) -> None:
