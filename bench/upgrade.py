@@ -18,8 +18,9 @@ stream has taken it up in its own process and processed the next day, against th
 unchanged definition (required: the reset >= 5x the running stream's upgrade; a scheduled restart pays a new JVM and
 a cold first batch on top, see reset / restart).
 
-The same for a rescale (`--buckets` doubled) and for a savepoint restored into a new checkpoint folder
-(`features savepoint`, then `features stream --from-savepoint`), each against `--reset` over the same next day.
+The same for a rescale (`--buckets` doubled from the set-up's 4: handed to the running stream by `features stream
+--buckets 8`, and as a scheduled process) and for a savepoint restored into a new checkpoint folder (`features
+savepoint`, then `features stream --from-savepoint`), each against `--reset` over the same next day.
 
 The same for backfills: the `--days` backfilled by `features backfill --since-last` (set-up), the feature added,
 then `features backfill --since-last --only-changed` (computes the added feature alone, beside the table's values
@@ -61,6 +62,7 @@ GROUP = "user_transactions"
 TODAY = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
 ADDED = '        Feature("amount_max_6h", agg.max("amount"), window=Hop("6h", every="5m")),\n'
 ANCHOR = '        Feature("txn_count_lifetime", agg.count(), window=Lifetime(every="1h")),\n'
+BUCKETS = 4  # the state's at set-up; the rescale doubles them
 CARRIED = re.compile(r"built .* from ([\d,]+) events")
 BATCH = re.compile(r"^\S+ batch \d+: ([\d,]+) events")
 
@@ -93,7 +95,8 @@ def set_up(days: int, per_day: int, users: int) -> Path:
         write_events(_day(day, days, per_day, users), source, n_files=1, start_index=day)
     _run("apply", "--repo", str(repo))
     tracking.client_for(Repo.load(repo))  # the MLflow store a running deployment has (its first run makes it)
-    _run("stream", "--repo", str(repo), "--group", GROUP, "--available-now", "--no-tracking")
+    first = ["--available-now", "--no-tracking", "--buckets", str(BUCKETS)]
+    _run("stream", "--repo", str(repo), "--group", GROUP, *first)
     shutil.copytree(repo, LIVE)  # a day short: the live runs stream it first, as a running stream has
     write_events(_day(days - 1, days, per_day, users), source, n_files=1, start_index=days - 1)
     _run("stream", "--repo", str(repo), "--group", GROUP, "--available-now", "--no-tracking")
@@ -200,12 +203,13 @@ class LiveStream:
             self.process.kill()
 
 
-def live_round(days: int, per_day: int, users: int, change: bool) -> tuple[float, int, int]:
+def live_round(days: int, per_day: int, users: int, kind: str, buckets: int = 0) -> tuple[float, int, int]:
     """A live `features stream` that has been running: started on the state a day short of the snapshot's, it
-    streams that day (not timed) and is idle. Timed: with `change`, from `features apply` of the added feature to
-    the stream having processed the next day (the running stream takes the change up in its own process; the day
-    lands once it has); without, from the day landing to its batch done. Returns the seconds, the events the timed
-    batches read, the events the new feature was built from."""
+    streams that day (not timed) and is idle. Timed, by `kind`: "upgrade", from `features apply` of the added
+    feature to the stream having processed the next day (the running stream takes the change up in its own process;
+    the day lands once it has); "rescale", the same from `features stream --buckets N` (another process, which hands
+    the rescale to the running one and ends once it is done); "unchanged", from the day landing to its batch done.
+    Returns the seconds, the events the timed batches read, the events the new feature was built from."""
     repo = _restored(LIVE, add=False)
     staged = WORK / "staged"
     shutil.rmtree(staged, ignore_errors=True)
@@ -216,11 +220,15 @@ def live_round(days: int, per_day: int, users: int, change: bool) -> tuple[float
     stream.until(DayStreamed(per_day), "the day before's batches")
     time.sleep(2)  # idle: no batch without new files
     began = time.perf_counter()
-    if change:
+    if kind == "upgrade":
         definitions = repo / "fraud.py"
         definitions.write_text(definitions.read_text().replace(ANCHOR, ANCHOR + ADDED))
         _run("apply", "--repo", str(repo))
         stream.until(lambda line: CARRIED.search(line) is not None, "the change taken up")
+    elif kind == "rescale":
+        output = _run("stream", "--repo", str(repo), "--group", GROUP, "--buckets", str(buckets))
+        if "moved to their new buckets" not in output:
+            raise RuntimeError(f"the running stream did not move its state:\n{output[-3000:]}")
     _land(staged / str(days), repo)
     done = DayStreamed(per_day)
     ended = stream.until(done, "the day's batches")
@@ -319,8 +327,8 @@ def main() -> int:
     ]
     lives: dict[str, list[tuple[float, int, int]]] = {"live upgrade": [], "live, unchanged": []}
     for _ in range(args.rounds):
-        for kind in lives:
-            lives[kind].append(live_round(args.days, args.events_per_day, args.users, kind != "live, unchanged"))
+        for label, kind in zip(lives, ("upgrade", "unchanged"), strict=True):
+            lives[label].append(live_round(args.days, args.events_per_day, args.users, kind))
     live, idle = (float(np.median([r[0] for r in series])) for series in lives.values())
     live_built, live_streamed = lives["live upgrade"][0][2], lives["live upgrade"][0][1]
     lines += [
@@ -346,23 +354,29 @@ def main() -> int:
     ]
     saved = json.loads((snapshot / "data" / "checkpoints" / GROUP / "features-definition.json").read_text())
     buckets = 2 * int(saved["buckets"])
-    rescales: dict[str, list[float]] = {"rescale": [], "reset": []}
+    rescales: dict[str, list[float]] = {"live rescale": [], "rescale, scheduled": [], "reset": []}
     for _ in range(args.rounds):
         for kind in rescales:
-            rescales[kind].append(
-                rescale_round(snapshot, args.days, args.events_per_day, args.users, buckets, kind == "reset")
-            )
-    moved, replayed = (float(np.median(v)) for v in rescales.values())
+            if kind == "live rescale":
+                took = live_round(args.days, args.events_per_day, args.users, "rescale", buckets)[0]
+            else:
+                took = rescale_round(snapshot, args.days, args.events_per_day, args.users, buckets, kind == "reset")
+            rescales[kind].append(took)
+    live_moved, moved, replayed = (float(np.median(v)) for v in rescales.values())
     lines += [
         "",
-        f"Rescale: `features stream --buckets {buckets} --available-now` over the next day, from the state of "
-        f"{saved['buckets']} buckets (moved) or with `--reset` (replayed):",
+        f"Rescale from {saved['buckets']} to {buckets} buckets over the next day. Live: the running stream above "
+        f"(`--trigger 1s`), asked by `features stream --group {GROUP} --buckets {buckets}` (another process, which "
+        "hands the rescale to it and ends once the state has moved), then the day landed; timed from that command "
+        f"to the day streamed. Scheduled: `features stream --buckets {buckets} --available-now` over the landed day, "
+        "the state moved, or with `--reset` (replayed into the new buckets):",
         "",
         "| run | seconds (each round) | median |",
         "|---|---|---|",
         *[f"| {k} | {', '.join(f'{t:.1f}' for t in v)} | {float(np.median(v)):.1f} |" for k, v in rescales.items()],
         "",
-        f"- reset / rescale: **{replayed / moved:.1f}x** (required >= 5x)",
+        f"- reset / live rescale: **{replayed / live_moved:.1f}x** (required >= 5x); reset / scheduled rescale: "
+        f"{replayed / moved:.1f}x (a new process's floor, see reset / restart above)",
     ]
     _restored(snapshot, add=False)
     taken = time.perf_counter()
@@ -411,7 +425,7 @@ def main() -> int:
     print("\n".join(lines))
     if not args.no_save:
         update_section("Definition upgrade (bench/upgrade.py)", "\n".join(lines))
-    met = reset / live >= 5 and max(read, live_built + live_streamed) <= allowed
+    met = min(reset / live, replayed / live_moved) >= 5 and max(read, live_built + live_streamed) <= allowed
     return 0 if met else 1
 
 

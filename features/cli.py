@@ -116,7 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     stream.add_argument(
         "--buckets",
         type=int,
-        help="hash buckets of keys the state is split into (default: one per shuffle partition, fixed per checkpoint)",
+        help="hash buckets of keys the state is split into (default: one per shuffle partition); on a saved state, "
+        "it moves there; a live stream of the group takes the rescale up in its own process",
     )
     stream.add_argument("--no-online", action="store_true", help="write the offline table only")
     stream.add_argument("--no-tracking", action="store_true", help="do not record the run in MLflow")
@@ -423,13 +424,23 @@ def _backfill_json(args: argparse.Namespace) -> int:
 def _stream(args: argparse.Namespace) -> int:
     """`features stream`: run until stopped (Ctrl-C stops cleanly) or, with --available-now, until done."""
     from features.errors import ValidationFailed
-    from features.pipelines.stream import stream
+    from features.pipelines import stream_handoff
     from features.repo import Repo
 
     if args.max_files_per_trigger is not None and args.max_files_per_trigger < 1:
         raise ConfigError(f"--max-files-per-trigger: {args.max_files_per_trigger} is not a positive number of files")
+    repo = Repo.load(args.repo)
+    if args.buckets is not None and not args.reset and args.from_savepoint is None:
+        # Every group named runs in a live stream: each takes the rescale up in its own process.
+        held = stream_handoff.live_holders(repo, args.group, args.checkpoint_dir)
+        for name, checkpoint in (held or {}).items():
+            print(stream_handoff.ask_rescale(name, checkpoint, args.buckets), file=sys.stderr, flush=True)
+        if held:
+            return 0
+    from features.pipelines.stream import stream  # Spark, for a stream this process runs
+
     run = stream(
-        Repo.load(args.repo),
+        repo,
         args.group,
         trigger=args.trigger,
         available_now=args.available_now,

@@ -178,6 +178,64 @@ def test_a_live_stream_takes_up_an_applied_change_between_batches(spark, tmp_pat
         run.stop()
 
 
+def features_cli(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "features.cli", *args, "--repo", str(root)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300)
+
+
+def test_a_live_stream_takes_up_a_rescale_another_process_hands_it(spark, tmp_path, capsys, monkeypatch) -> None:
+    """`features stream --buckets N` while a live stream runs the group: the live stream moves its state to N
+    buckets between two batches in its own process, and the asking process prints its line and ends. Refused while
+    a definition change is still pending (the stream goes on as it ran); another stream of the group is refused
+    while the live one runs. The rows after the changes are the batch engine's."""
+    from features.pipelines import stream_reload
+
+    monkeypatch.setattr(stream_reload, "POLL_S", 0.05)
+    root = tmp_path / "repo"
+    events, rest, checkpoint, changed_at = streamed_before(root)
+    saved = lambda: json.loads((checkpoint / "features-definition.json").read_text())  # noqa: E731
+    buckets = 2 * saved()["buckets"]
+    run = stream(Repo.load(root), trigger="1s", max_files_per_trigger=1, progress=False, tracking=False)
+    try:
+        first = run.queries[AFTER.name]
+        repo = define(root, AFTER)
+        wait_for(lambda: run.queries[AFTER.name] is not first and run.queries[AFTER.name].isActive, "the apply")
+        changing = run.queries[AFTER.name]
+        refused = features_cli(root, "stream", "--group", AFTER.name, "--buckets", str(buckets))
+        assert refused.returncode == 2, refused.stderr
+        assert "is still applying a previous change" in refused.stderr
+        wait_for(lambda: run.queries[AFTER.name] is not changing and run.queries[AFTER.name].isActive, "the restart")
+        assert not run.errors and saved()["buckets"] == buckets // 2
+
+        other = features_cli(root, "stream", "--group", AFTER.name, "--available-now")
+        assert other.returncode == 2
+        assert f"is being streamed by a live `features stream` (process {os.getpid()} on" in other.stderr
+        assert f"`features stream --repo {root} --group {AFTER.name} --buckets N` hands it the rescale" in other.stderr
+
+        later = arrival_order(rest, pd.Timedelta(minutes=20), seed=2)
+        half = len(later) // 2
+        land(root, later.iloc[:half], 3, start_index=3)
+        wait_for(lambda: saved()["upgrade"] is None, "the definition change done")
+        moved = features_cli(root, "stream", "--group", AFTER.name, "--buckets", str(buckets))
+        assert moved.returncode == 0, moved.stderr
+        assert f"--buckets {buckets // 2} -> {buckets}" in moved.stderr and "moved to their new buckets" in moved.stderr
+        assert saved()["buckets"] == buckets and not run.errors and run.queries[AFTER.name].isActive
+        land(root, later.iloc[half:], 2, start_index=6)
+        wait_for(lambda: sum(p.events for p in run.history) >= len(rest), "the landed files' batches")
+        again = features_cli(root, "stream", "--group", AFTER.name, "--buckets", str(buckets))
+        assert again.returncode == 0 and f"already in {buckets} buckets; nothing moved" in again.stderr
+        err = capsys.readouterr().err
+        assert err.count(f"--buckets {buckets} was asked for; the stream moves its state between batches") == 2
+        assert f"--buckets {buckets} is not taken up; the stream goes on as it ran" in err
+    finally:
+        run.stop()
+    assert not (checkpoint / "live.json").exists()
+    rows = offline_rows(spark, repo, AFTER)
+    after = rows[rows[WINDOW_END] > changed_at].reset_index(drop=True)
+    assert_batch_engine_rows(spark, AFTER, after, events, rows[WINDOW_END].max(), since=changed_at)
+    check_sample(AFTER, after, events)
+
+
 def test_a_stream_rescaled_moves_its_state_and_replays_nothing(spark, tmp_path, capsys, monkeypatch) -> None:
     """--buckets doubled on a cluster of more cores, then brought down to one: each time the keys' state moves to
     their new buckets (read from the checkpoint, not the source), Spark spreads the state over one partition per

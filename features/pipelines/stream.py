@@ -41,7 +41,7 @@ from features.engine.stream_query import (
 from features.engine.upgrade import PendingUpgrade, last_commit, state_partitions
 from features.errors import ConfigError, EnvironmentProblem, ValidationFailed
 from features.ml import tracking as mlflow_tracking
-from features.pipelines import savepoint, stream_reload, stream_upgrade
+from features.pipelines import savepoint, stream_handoff, stream_reload, stream_upgrade
 from features.pipelines.backfill import ready_writer
 from features.pipelines.retention import DEFAULT_KEEP
 from features.pipelines.rollup import MetricRollup
@@ -87,6 +87,7 @@ class StreamRun:
             tracking, self._tracking = self._tracking, None
             for change in self.changing:  # the last batch, which stepped every bucket, committed after its sink
                 change.settle()
+            stream_reload.release(self)
         if tracking is not None:
             for rollup in self.rollups:
                 rollup.flush()
@@ -239,6 +240,8 @@ def stream(
         raise ConfigError(
             "--from-savepoint: a savepoint starts one group in a new checkpoint: name it with --group, without --reset"
         )
+    for group in selected:  # two processes writing one checkpoint would corrupt it
+        stream_handoff.check_free(repo, group.name, Path(repo.checkpoint_path(group, checkpoint_root)))
     writers = {g.name: ready_writer(repo, g) for g in selected} if online else {}
     session = session_soon(spark, long_running=not available_now)  # the JVM starts while the MLflow run is made
     run = StreamRun({}, {})
@@ -268,8 +271,8 @@ def stream(
             query.stop()
         run._finish(exc)
         raise
-    if not available_now:
-        stream_reload.watch(run, starter)  # takes up `features apply` of a changed definition
+    # Keeps the run's mark on its checkpoints; a live run takes up `features apply` and `--buckets` handed to it.
+    stream_reload.watch(run, starter, live=not available_now)
     return run
 
 
@@ -298,12 +301,14 @@ class GroupStarter:
         buckets: int | None = None,
         reset: bool = False,
         from_savepoint: str | None = None,
-    ) -> None:
+    ) -> stream_upgrade.Carried | None:
         """Continue `group` from its checkpoint (carrying its state over a changed definition or a new `buckets`),
-        or start it from a savepoint, or over from the source (`reset`), and put its query in the run."""
+        or start it from a savepoint, or over from the source (`reset`), and put its query in the run. Returns what
+        was carried over, if anything was."""
         spark, repo, run = self.spark, self.repo, self.run
         checkpoint = Path(repo.checkpoint_path(group, self.checkpoint_root))
         path = repo.source_path(group)
+        restored = None
         if from_savepoint is not None:
             restored = savepoint.restore(spark, repo, group, checkpoint, from_savepoint, buckets)
             print(restored.line(), file=sys.stderr, flush=True)
@@ -329,7 +334,7 @@ class GroupStarter:
         aside = SetAside(repo, group, spark, projection.record_schema, rollup, self.keep_s, resumed.nanoseconds)
         sink = BatchSink(repo, group, writer, self.validate, run, self.show, spark, aside, rollup)
         sink.stream_id = resumed.stream_id
-        sink.query_checkpoint = checkpoint / "query"
+        sink.checkpoint, sink.query_checkpoint = checkpoint, checkpoint / "query"
         if group.source.kafka is None:
             sink.source_log = Pruning(checkpoint / "query")
         if resumed.upgrade is not None:
@@ -344,10 +349,12 @@ class GroupStarter:
         with query_settings(spark, resumed.partitions):
             run.queries[group.name] = sink.query = query.start()
         run.sinks[group.name] = sink
+        stream_handoff.hold(checkpoint, live="processingTime" in self.trigger)
         source = group.source
         if source.kafka is not None and source.kafka.archive and source.name not in run.archives:
             archived = checkpoint.parent / f"_archive_{source.name}"
             run.archives[source.name] = _archive(group, events, path, archived, self.trigger)
+        return resumed.carried or restored
 
 
 CONNECT_UNSUPPORTED = (

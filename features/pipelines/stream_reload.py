@@ -7,16 +7,23 @@ starts it again on the new definition, exactly as a restart would (features.pipe
 features keep their state, an added one is built over its lookback), with the JVM, the session and the MLflow
 run it already has. What a restart costs beyond that (a new JVM, imports, a new query's first batch on a cold
 JVM) is not paid. A change a start would refuse (a key column changed: `--reset` is the least it takes) is said
-with the same error, and the group goes on with the definition it ran."""
+with the same error, and the group goes on with the definition it ran.
+
+The same thread keeps the run's mark on its groups' checkpoints fresh and takes up a rescale another process hands
+it (features.pipelines.stream_handoff): the state moved to the new buckets between two batches, as a restart with
+`--buckets` would, and the answer written back."""
 
 from __future__ import annotations
 
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from features.engine import stream as engine
 from features.errors import FeaturesError
+from features.pipelines import stream_handoff
 from features.pipelines.backfill import ready_writer
 from features.pipelines.registration import APPLIED, read_applied
 from features.repo import Repo
@@ -27,6 +34,7 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming import StreamingQuery
 
     from features.pipelines.stream_sink import BatchSink
+    from features.pipelines.stream_upgrade import Carried
     from features.stores.online import OnlineWriter
 
 
@@ -46,22 +54,33 @@ class GroupStarter(Protocol):
     repo: Repo
     online: bool
 
-    def start(self, group: FeatureGroup, writer: OnlineWriter | None) -> None: ...
+    def start(
+        self, group: FeatureGroup, writer: OnlineWriter | None, *, buckets: int | None = None
+    ) -> Carried | None: ...
 
 
 POLL_S = 1.0  # how often a live run looks at the applied definitions
 BATCH_END_WAIT_S = 60.0  # how long a swap waits for a batch under way to end before it stops the query in it
 
 
-def watch(run: StreamRun, starter: GroupStarter) -> None:
-    """Start the thread that takes up applied definition changes of the run's groups while it goes on."""
-    threading.Thread(target=_watch, args=(run, starter), name="features-stream-reload", daemon=True).start()
+def watch(run: StreamRun, starter: GroupStarter, live: bool) -> None:
+    """Start the thread that keeps the run's checkpoints marked as streamed by it and, in a `live` run, takes up
+    applied definition changes and rescales handed to it while the run goes on."""
+    threading.Thread(target=_watch, args=(run, starter, live), name="features-stream-reload", daemon=True).start()
 
 
-def _watch(run: StreamRun, starter: GroupStarter) -> None:
+def _watch(run: StreamRun, starter: GroupStarter, live: bool) -> None:
     seen = _stamp(starter)
     while not run.stopping and not run.errors and any(q.isActive for q in run.queries.values()):
         time.sleep(POLL_S)
+        checkpoints = _checkpoints(run)
+        for checkpoint in checkpoints.values():
+            stream_handoff.refresh(checkpoint)
+        if not live:
+            continue
+        for name, checkpoint in checkpoints.items():
+            if (request := stream_handoff.pending(checkpoint)) is not None:
+                rescale(run, starter, name, checkpoint, request)
         stamp = _stamp(starter)
         if stamp == seen:
             continue
@@ -124,6 +143,49 @@ def take_up(
             except Exception as exc:  # the run ends with it (a wait raises it)
                 run.errors[name] = exc
                 return
+
+
+def _checkpoints(run: StreamRun) -> dict[str, Path]:
+    return {name: sink.checkpoint for name, sink in list(run.sinks.items()) if sink.checkpoint is not None}
+
+
+def release(run: StreamRun) -> None:
+    """The run's groups no longer marked as streamed by it (the run has ended)."""
+    for checkpoint in _checkpoints(run).values():
+        stream_handoff.release(checkpoint)
+
+
+def rescale(
+    run: StreamRun, starter: GroupStarter, name: str, checkpoint: Path, request: stream_handoff.Request
+) -> None:
+    """Move the group's state to the buckets another process asked for, between two batches, and answer it: the
+    line a restart with `--buckets` prints, or why not (the group then goes on as it ran)."""
+    sink = run.sinks[name]
+    if (engine.saved_definition(checkpoint) or {}).get("buckets") == request.buckets:
+        line = f"{name}: already in {request.buckets} buckets; nothing moved"
+        stream_handoff.answer(checkpoint, request, line=line)
+        return
+    with run.swapping:
+        if run.stopping:
+            stream_handoff.answer(checkpoint, request, error=f"{name}: the stream is stopping; nothing moved")
+            return
+        _say(f"{name}: --buckets {request.buckets} was asked for; the stream moves its state between batches")
+        _stop_between_batches(run.queries[name], sink)
+        starter.repo = sink.repo
+        try:
+            try:
+                carried = starter.start(sink.group, sink.writer, buckets=request.buckets)
+            except FeaturesError as exc:  # as a restart would stop: answered, and the group goes on as it ran
+                stream_handoff.answer(checkpoint, request, error=str(exc))
+                _say(f"{name}: --buckets {request.buckets} is not taken up; the stream goes on as it ran: {exc}")
+                starter.start(sink.group, sink.writer)
+                return
+        except Exception as exc:  # the run ends with it (a wait raises it)
+            stream_handoff.answer(checkpoint, request, error=f"{name}: the stream failed in the rescale: {exc}")
+            run.errors[name] = exc
+            return
+    line = carried.line() if carried is not None else f"{name}: now in {request.buckets} buckets (no state to move)"
+    stream_handoff.answer(checkpoint, request, line=line)
 
 
 def _stop_between_batches(query: StreamingQuery, sink: BatchSink) -> None:

@@ -85,6 +85,7 @@ class BatchSink:
         self.quarantined = 0  # batches that failed validation
         self.finish_upgrade: Any = None  # a stream_upgrade.Finish while a definition change is pending
         self.source_log: Pruning | None = None  # a file source's log, kept to what Spark still needs
+        self.checkpoint: Path | None = None  # the group's checkpoint folder
         self.query_checkpoint: Path | None = None  # where the watermark each batch emitted up to is noted
         self.retiring = False  # its query is being stopped for one on a new definition (stream_reload)
 

@@ -1,0 +1,187 @@
+"""Which process streams a group, and a rescale handed to it while it runs (docs/streaming.md, "Changing a running
+group").
+
+While a run streams a group, the group's checkpoint folder holds `live.json`: the host and process, since when, and
+whether the run is live (`features stream` without `--available-now`). The run refreshes the file's time every
+second and removes it when it ends; a file whose process is gone, or that has not been refreshed for FRESH_S, holds
+nothing (a process killed without removing it).
+
+Another process's `features stream` of a held group is refused: two processes writing one checkpoint would
+corrupt it. One request is taken instead: `features stream --group G --buckets N` while a live run streams G asks
+that run to rescale. The asking process writes `rescale-request.json` beside the marker and waits; the live run
+sees it within a second, moves the state to N buckets between two micro-batches, exactly as a restart with
+`--buckets N` would (features.pipelines.stream_upgrade), and writes `rescale-answer.json` with the line a restart
+prints, or the reason it refused. The JVM, the session and the queries' warm state stay: a rescale costs the move
+and the next batch, not a new process (features.pipelines.stream_reload takes the request up).
+
+No Spark here: the asking process starts none.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from features.atomic import write_whole
+from features.errors import ConfigError, EnvironmentProblem
+from features.repo import Repo
+
+MARKER = "live.json"
+REQUEST = "rescale-request.json"
+ANSWER = "rescale-answer.json"
+FRESH_S = 15.0  # a marker older than this is a process that ended without removing it
+ANSWER_WAIT_S = 600.0  # the longest a rescale (a batch under way, the move) is waited for
+ASK_POLL_S = 0.1
+
+
+@dataclass(frozen=True)
+class Holder:
+    """The process streaming a group."""
+
+    pid: int
+    host: str
+    since: str
+    live: bool
+
+    def describe(self) -> str:
+        kind = "a live `features stream`" if self.live else "a `features stream --available-now` run"
+        return f"{kind} (process {self.pid} on {self.host}, since {self.since})"
+
+
+def hold(checkpoint: Path, live: bool) -> None:
+    """Mark `checkpoint` as streamed by this process."""
+    since = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    record = {"pid": os.getpid(), "host": socket.gethostname(), "since": since, "live": live}
+    checkpoint.mkdir(parents=True, exist_ok=True)
+    write_whole(checkpoint / MARKER, json.dumps(record))
+
+
+def refresh(checkpoint: Path) -> None:
+    # Gone: a swap under way (a `--reset` removes the folder), whose start marks it again.
+    with contextlib.suppress(FileNotFoundError):
+        os.utime(checkpoint / MARKER)
+
+
+def release(checkpoint: Path) -> None:
+    """Remove the marker if this process wrote it."""
+    marker = _read(checkpoint / MARKER)
+    if marker is not None and marker.get("pid") == os.getpid() and marker.get("host") == socket.gethostname():
+        (checkpoint / MARKER).unlink(missing_ok=True)
+
+
+def holder(checkpoint: Path) -> Holder | None:
+    """The other process streaming this checkpoint, if one is (None: free, or held by this process)."""
+    path = checkpoint / MARKER
+    marker = _read(path)
+    if marker is None:
+        return None
+    try:
+        age = time.time() - path.stat().st_mtime
+    except FileNotFoundError:
+        return None
+    pid, host = int(marker["pid"]), str(marker["host"])
+    here = host == socket.gethostname()
+    if age > FRESH_S or (here and (pid == os.getpid() or not _alive(pid))):
+        return None
+    return Holder(pid, host, str(marker["since"]), bool(marker["live"]))
+
+
+def check_free(repo: Repo, group: str, checkpoint: Path) -> None:
+    """Refuse to stream a group another process streams."""
+    other = holder(checkpoint)
+    if other is None:
+        return
+    fix = "stop it first (Ctrl-C in its terminal, or SIGTERM)"
+    if other.live:
+        fix += (
+            f"; to change its buckets while it runs, `features stream --repo {repo.root} --group {group} --buckets N` "
+            "hands it the rescale"
+        )
+    else:
+        fix = "run this again once it has ended (it stops once it has processed what landed)"
+    raise ConfigError(f"{group}: its checkpoint {checkpoint} is being streamed by {other.describe()}: {fix}")
+
+
+def live_holders(repo: Repo, names: list[str] | None, checkpoint_root: str | None) -> dict[str, Path] | None:
+    """Each selected group's checkpoint when a live run streams every one of them, else None."""
+    held = {}
+    for group in repo.select(names):
+        checkpoint = Path(repo.checkpoint_path(group, checkpoint_root))
+        other = holder(checkpoint)
+        if other is None or not other.live:
+            return None
+        held[group.name] = checkpoint
+    return held
+
+
+def ask_rescale(group: str, checkpoint: Path, buckets: int, wait_s: float = ANSWER_WAIT_S) -> str:
+    """Hand `--buckets` to the live run streaming `group` and wait for its answer: the line it printed, or a
+    ConfigError with the reason it refused."""
+    if buckets < 1:
+        raise ConfigError(f"--buckets: {buckets} is not a positive number of hash buckets")
+    other = holder(checkpoint)
+    if other is None:
+        raise EnvironmentProblem(f"{group}: no live stream runs it any more; start it with `--buckets {buckets}`")
+    ask = uuid.uuid4().hex
+    (checkpoint / ANSWER).unlink(missing_ok=True)
+    write_whole(checkpoint / REQUEST, json.dumps({"id": ask, "buckets": buckets}))
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        answer = _read(checkpoint / ANSWER)
+        if answer is not None and answer.get("id") == ask:
+            (checkpoint / ANSWER).unlink(missing_ok=True)
+            if answer.get("error"):
+                raise ConfigError(str(answer["error"]))
+            return str(answer["line"])
+        if holder(checkpoint) is None:
+            break
+        time.sleep(ASK_POLL_S)
+    (checkpoint / REQUEST).unlink(missing_ok=True)
+    raise EnvironmentProblem(
+        f"{group}: the live stream ({other.describe()}) did not take `--buckets {buckets}` up within {wait_s:.0f}s or "
+        "ended first: see its output; the state is as it was"
+    )
+
+
+@dataclass(frozen=True)
+class Request:
+    id: str
+    buckets: int
+
+
+def pending(checkpoint: Path) -> Request | None:
+    """A rescale asked of this run for the group streamed in `checkpoint`, taken (removed) once read."""
+    record = _read(checkpoint / REQUEST)
+    if record is None:
+        return None
+    (checkpoint / REQUEST).unlink(missing_ok=True)
+    return Request(str(record["id"]), int(record["buckets"]))
+
+
+def answer(checkpoint: Path, request: Request, line: str | None = None, error: str | None = None) -> None:
+    write_whole(checkpoint / ANSWER, json.dumps({"id": request.id, "line": line, "error": error}))
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):  # absent, or not written whole by another tool
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
