@@ -273,8 +273,10 @@ def test_jobs_json_then_status_shows_days_runs_and_the_stream(spark, feast_repo,
     stream = group["stream"]
     assert stream["watermark"] is not None and stream["newest_event"] is not None
     assert stream["lag_seconds"] is not None and stream["lag_seconds"] >= 0
+    assert stream["streamed_by"] is None  # the stream has ended
     assert [r["kind"] for r in group["runs"]][:3] == ["verify", "stream", "backfill"]
     assert all(r["status"] == "FINISHED" and r["seconds"] >= 0 for r in group["runs"])
     status, out, _ = run(capsys, "status", "--repo", str(root))
     assert "  stream     watermark 2026-03-0" in out and "behind the newest event" in out
+    assert "; no process streams it now" in out
     assert "  run        backfill FINISHED" in out

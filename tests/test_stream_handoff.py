@@ -39,6 +39,8 @@ def test_a_checkpoint_is_held_by_a_live_other_process_only(tmp_path, other_proce
     assert handoff.holder(checkpoint) is None
     handoff.hold(checkpoint, live=True)
     assert handoff.holder(checkpoint) is None  # this process's own: Spark refuses a second query here itself
+    mine = handoff.holder(checkpoint, include_self=True)  # as `features status` shows it
+    assert mine is not None and mine.pid == os.getpid() and mine.describe().startswith("a live `features stream` (")
     held_by(checkpoint, other_process)
     other = handoff.holder(checkpoint)
     assert other is not None and other.pid == other_process and other.live

@@ -207,6 +207,8 @@ def test_a_live_stream_takes_up_a_rescale_another_process_hands_it(spark, tmp_pa
         wait_for(lambda: run.queries[AFTER.name] is not changing and run.queries[AFTER.name].isActive, "the restart")
         assert not run.errors and saved()["buckets"] == buckets // 2
 
+        shown = features_cli(root, "status", "--group", AFTER.name)
+        assert f"; streamed now by a live `features stream` (process {os.getpid()} on" in shown.stdout, shown.stderr
         other = features_cli(root, "stream", "--group", AFTER.name, "--available-now")
         assert other.returncode == 2
         assert f"is being streamed by a live `features stream` (process {os.getpid()} on" in other.stderr

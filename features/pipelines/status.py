@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from features.errors import ConfigError
+from features.pipelines import stream_handoff
 from features.repo import Repo
 from features.spec import FeatureGroup
 from features.stores.manifest import SetAside, now_utc, read_manifest, set_aside_by_day
@@ -56,6 +57,7 @@ class StreamInfo:
     last_batch_at: datetime | None  # when the last micro-batch committed: how fresh the stream is
     newest_event: datetime | None  # the newest event time in the source (Parquet sources only)
     lag_seconds: float | None  # newest_event - watermark
+    streamed_by: str | None = None  # the process streaming it now (features.pipelines.stream_handoff), if one is
 
 
 @dataclass(frozen=True)
@@ -169,7 +171,9 @@ def _stream_info(repo: Repo, group: FeatureGroup, checkpoint_root: str | None) -
     last_at = None if last is None else datetime.fromtimestamp((query / "commits" / str(last)).stat().st_mtime, UTC)
     newest = newest_event(repo, group)
     lag = None if newest is None or watermark is None else max(0.0, (newest - watermark).total_seconds())
-    return StreamInfo(str(query.parent), watermark, last_at, newest, lag)
+    running = stream_handoff.holder(query.parent, include_self=True)
+    by = None if running is None else running.describe()
+    return StreamInfo(str(query.parent), watermark, last_at, newest, lag, by)
 
 
 def newest_event(repo: Repo, group: FeatureGroup) -> datetime | None:
@@ -301,7 +305,7 @@ def _stream_line(s: StreamInfo) -> str:
         text += f", {s.lag_seconds:,.0f}s behind the newest event"
     if s.last_batch_at is not None:
         text += f", last batch {s.last_batch_at:%Y-%m-%d %H:%M:%S} UTC"
-    return text
+    return text + (f"; streamed now by {s.streamed_by}" if s.streamed_by else "; no process streams it now")
 
 
 def jsonable(value: Any) -> Any:

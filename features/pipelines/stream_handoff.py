@@ -77,8 +77,9 @@ def release(checkpoint: Path) -> None:
         (checkpoint / MARKER).unlink(missing_ok=True)
 
 
-def holder(checkpoint: Path) -> Holder | None:
-    """The other process streaming this checkpoint, if one is (None: free, or held by this process)."""
+def holder(checkpoint: Path, include_self: bool = False) -> Holder | None:
+    """The other process streaming this checkpoint, if one is (None: free, or held by this process unless
+    `include_self`)."""
     path = checkpoint / MARKER
     marker = _read(path)
     if marker is None:
@@ -89,7 +90,7 @@ def holder(checkpoint: Path) -> Holder | None:
         return None
     pid, host = int(marker["pid"]), str(marker["host"])
     here = host == socket.gethostname()
-    if age > FRESH_S or (here and (pid == os.getpid() or not _alive(pid))):
+    if age > FRESH_S or (here and ((pid == os.getpid() and not include_self) or not _alive(pid))):
         return None
     return Holder(pid, host, str(marker["since"]), bool(marker["live"]))
 
