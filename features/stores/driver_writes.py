@@ -28,9 +28,11 @@ def plain(delta: DeltaTable) -> bool:
 
 def append(table: str, rows: DataFrame, user_metadata: str) -> bool:
     """Append `rows` (small: they are collected to the driver) in one commit recording `user_metadata`, when
-    deltalake may: the table is plain and each column of `rows` is one of its columns, of its type. The table's
-    other columns (a feature removed from the group) are null in the rows appended, as Spark appends them. False,
-    and nothing written, otherwise."""
+    deltalake may: the table is plain and each column of `rows` the table has is of its type. The table's other
+    columns (a feature removed from the group) are null in the rows appended, as Spark appends them; a column the
+    table lacks (a feature added) is added to its schema, nullable, as Spark's `mergeSchema` adds it (without the
+    Spark jobs that replay the table's log in a JVM that has not read it yet). False, and nothing written,
+    otherwise."""
     import json
 
     import pyarrow as pa
@@ -39,16 +41,21 @@ def append(table: str, rows: DataFrame, user_metadata: str) -> bool:
     delta = DeltaTable(table)
     schema = delta.schema()
     columns = _columns(json.loads(schema.to_json()))
-    if not plain(delta) or any(columns.get(name) != kind for name, kind in _columns(rows.schema.jsonValue()).items()):
+    appended = _columns(rows.schema.jsonValue())
+    if not plain(delta) or any(name in columns and columns[name] != kind for name, kind in appended.items()):
         return False
     arrow = rows.toArrow()
     fields = pa.schema(schema.to_arrow())
     for name in (name for name in columns if name not in arrow.column_names):
         arrow = arrow.append_column(fields.field(name), pa.nulls(arrow.num_rows, fields.field(name).type))
+    added = [name for name in appended if name not in columns]
+    if added:  # the rows before hold no value for them
+        arrow = arrow.cast(pa.schema([f.with_nullable(True) if f.name in added else f for f in arrow.schema]))
     write_deltalake(
         delta,
         arrow,
         mode="append",
+        schema_mode="merge" if added else None,
         commit_properties=CommitProperties(custom_metadata={"userMetadata": user_metadata}),
     )
     return True
