@@ -2,14 +2,14 @@
 group").
 
 While a run streams a group, the group's checkpoint folder holds `live.json`: the host and process, since when, and
-whether the run is live (`features stream` without `--available-now`). The run refreshes the file's time every
+whether the run is live (`features stream` without `--available-now`). The run refreshes the file's time four times a
 second and removes it when it ends; a file whose process is gone, or that has not been refreshed for FRESH_S, holds
 nothing (a process killed without removing it).
 
 Another process's `features stream` of a held group is refused: two processes writing one checkpoint would
 corrupt it. One request is taken instead: `features stream --group G --buckets N` while a live run streams G asks
 that run to rescale. The asking process writes `rescale-request.json` beside the marker and waits; the live run
-sees it within a second, moves the state to N buckets between two micro-batches, exactly as a restart with
+sees it within a quarter of a second, moves the state to N buckets between two micro-batches, exactly as a restart with
 `--buckets N` would (features.pipelines.stream_upgrade), and writes `rescale-answer.json` with the line a restart
 prints, or the reason it refused. The JVM, the session and the queries' warm state stay: a rescale costs the move
 and the next batch, not a new process (features.pipelines.stream_reload takes the request up).

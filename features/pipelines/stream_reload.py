@@ -1,7 +1,7 @@
 """A live stream takes up `features apply` of a changed definition between micro-batches, in the same process.
 
 `features apply` records each group's definition hash (features.pipelines.registration.APPLIED). A live run
-(`features stream` without `--available-now`) looks at that record once a second; when a group it runs was applied
+(`features stream` without `--available-now`) looks at that record four times a second; when a group it runs was applied
 with another definition, it loads the repo's definitions again, stops that group's query between two batches and
 starts it again on the new definition, exactly as a restart would (features.pipelines.stream_upgrade: unchanged
 features keep their state, an added one is built over its lookback), with the JVM, the session and the MLflow
@@ -59,7 +59,7 @@ class GroupStarter(Protocol):
     ) -> Carried | None: ...
 
 
-POLL_S = 1.0  # how often a live run looks at the applied definitions
+POLL_S = 0.25  # how often a live run looks at the applied definitions and for a rescale asked of it
 BATCH_END_WAIT_S = 60.0  # how long a swap waits for a batch under way to end before it stops the query in it
 
 
