@@ -1,10 +1,13 @@
 """What a live stream says when an applied definition cannot be taken up, before it touches its queries
-(docs/streaming.md, "A live stream takes the apply up"). No Spark: both cases end before a query is stopped;
-tests/test_stream_upgrade.py runs the take-up itself on a live stream."""
+(docs/streaming.md, "A live stream takes the apply up"), and how a run keeps its checkpoints marked as streamed by it.
+No Spark: both refusals end before a query is stopped; tests/test_stream_upgrade.py runs the take-up itself on a live
+stream."""
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -58,3 +61,29 @@ def test_definitions_that_no_longer_load_are_not_taken_up(tmp_path: Path, capsys
     assert "live: the applied definition is not taken up; the stream goes on with the one it runs" in err
     assert "broken.py" in err and "SyntaxError" in err
     assert run.sinks["live"].group is GROUP and not run.errors
+
+
+def test_a_run_keeps_its_mark_fresh_through_a_swap_and_not_after_it_ended(tmp_path: Path, monkeypatch) -> None:
+    """The mark on a run's checkpoints (features.pipelines.stream_handoff) is refreshed while a query runs and while
+    a swap has none running (a long take-up must not let it go stale), and no longer once no query runs."""
+    monkeypatch.setattr(stream_reload, "POLL_S", 0.02)
+    query = SimpleNamespace(isActive=True)
+    run = SimpleNamespace(stopping=False, errors={}, swapping=threading.Lock(), queries={"live": query})
+    run.sinks = {"live": SimpleNamespace(checkpoint=tmp_path)}
+    marker = tmp_path / "live.json"
+    marker.write_text("{}")
+
+    def refreshed() -> bool:
+        os.utime(marker, (0, 0))
+        time.sleep(0.2)
+        return marker.stat().st_mtime > 0
+
+    thread = threading.Thread(target=stream_reload._keep_marked, args=(run,))
+    thread.start()
+    assert refreshed()
+    with run.swapping:  # a swap under way: its query stopped, the new one not started yet
+        query.isActive = False
+        assert refreshed()
+    thread.join(timeout=5)
+    assert not thread.is_alive()  # no query and no swap: the run has ended
+    assert not refreshed()

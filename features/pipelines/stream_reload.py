@@ -64,21 +64,33 @@ BATCH_END_WAIT_S = 60.0  # how long a swap waits for a batch under way to end be
 
 
 def watch(run: StreamRun, starter: GroupStarter, live: bool) -> None:
-    """Start the thread that keeps the run's checkpoints marked as streamed by it and, in a `live` run, takes up
-    applied definition changes and rescales handed to it while the run goes on."""
-    threading.Thread(target=_watch, args=(run, starter, live), name="features-stream-reload", daemon=True).start()
+    """Start the thread that keeps the run's checkpoints marked as streamed by it and, in a `live` run, the one that
+    takes up applied definition changes and rescales handed to it while the run goes on. Apart, so that a take-up
+    that runs long (a Lifetime feature built over all of history) does not let the marks go stale."""
+    threading.Thread(target=_keep_marked, args=(run,), name="features-stream-mark", daemon=True).start()
+    if live:
+        threading.Thread(target=_watch, args=(run, starter), name="features-stream-reload", daemon=True).start()
 
 
-def _watch(run: StreamRun, starter: GroupStarter, live: bool) -> None:
+def _keep_marked(run: StreamRun) -> None:
+    idle = 0
+    while not run.stopping and not run.errors:
+        time.sleep(POLL_S)
+        # A swap holds the lock from before it stops a query to after its new one started: twice in a row with
+        # neither, the run has ended.
+        busy = run.swapping.locked() or any(q.isActive for q in list(run.queries.values()))
+        idle = 0 if busy else idle + 1
+        if idle >= 2:
+            return
+        for checkpoint in _checkpoints(run).values():
+            stream_handoff.refresh(checkpoint)
+
+
+def _watch(run: StreamRun, starter: GroupStarter) -> None:
     seen = _stamp(starter)
     while not run.stopping and not run.errors and any(q.isActive for q in run.queries.values()):
         time.sleep(POLL_S)
-        checkpoints = _checkpoints(run)
-        for checkpoint in checkpoints.values():
-            stream_handoff.refresh(checkpoint)
-        if not live:
-            continue
-        for name, checkpoint in checkpoints.items():
+        for name, checkpoint in _checkpoints(run).items():
             if (request := stream_handoff.pending(checkpoint)) is not None:
                 rescale(run, starter, name, checkpoint, request)
         stamp = _stamp(starter)
