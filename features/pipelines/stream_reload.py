@@ -141,19 +141,11 @@ def take_up(
             if run.stopping:
                 return
             _say(f"{name}: a changed definition was applied; the stream continues with it from its checkpoint")
-            running_sink = run.sinks[name]
-            _stop_between_batches(run.queries[name], running_sink)
             try:
-                starter.repo = repo
-                try:
-                    starter.start(group, writer)
-                except FeaturesError as exc:  # as a start would stop: said, and the group goes on as it ran
-                    _not_taken_up(name, str(exc))
-                    starter.repo = running_sink.repo
-                    starter.start(running_sink.group, running_sink.writer)
-                    continue
-            except Exception as exc:  # the run ends with it (a wait raises it)
-                run.errors[name] = exc
+                _swap(run, starter, name, repo, group, writer)
+            except _Refused as exc:
+                _not_taken_up(name, str(exc))
+            except _RunEnded:
                 return
 
 
@@ -182,22 +174,53 @@ def rescale(
             stream_handoff.answer(checkpoint, request, error=f"{name}: the stream is stopping; nothing moved")
             return
         _say(f"{name}: --buckets {request.buckets} was asked for; the stream moves its state between batches")
-        _stop_between_batches(run.queries[name], sink)
-        starter.repo = sink.repo
         try:
-            try:
-                carried = starter.start(sink.group, sink.writer, buckets=request.buckets)
-            except FeaturesError as exc:  # as a restart would stop: answered, and the group goes on as it ran
-                stream_handoff.answer(checkpoint, request, error=str(exc))
-                _say(f"{name}: --buckets {request.buckets} is not taken up; the stream goes on as it ran: {exc}")
-                starter.start(sink.group, sink.writer)
-                return
-        except Exception as exc:  # the run ends with it (a wait raises it)
+            carried = _swap(run, starter, name, sink.repo, sink.group, sink.writer, request.buckets)
+        except _Refused as exc:
+            stream_handoff.answer(checkpoint, request, error=str(exc))
+            _say(f"{name}: --buckets {request.buckets} is not taken up; the stream goes on as it ran: {exc}")
+            return
+        except _RunEnded as exc:
             stream_handoff.answer(checkpoint, request, error=f"{name}: the stream failed in the rescale: {exc}")
-            run.errors[name] = exc
             return
     line = carried.line() if carried is not None else f"{name}: now in {request.buckets} buckets (no state to move)"
     stream_handoff.answer(checkpoint, request, line=line)
+
+
+class _Refused(Exception):
+    """The new start refused (as a restart would stop); the group runs on as it ran."""
+
+
+class _RunEnded(Exception):
+    """A start failed otherwise: the run ends with the error (in its `errors`, which a wait raises)."""
+
+
+def _swap(
+    run: StreamRun,
+    starter: GroupStarter,
+    name: str,
+    repo: Repo,
+    group: FeatureGroup,
+    writer: OnlineWriter | None,
+    buckets: int | None = None,
+) -> Carried | None:
+    """Stop the group's query between two batches and start it again on `group` of `repo` (and `buckets`), under
+    the run's swap lock. A refusal starts the group again as it ran."""
+    sink = run.sinks[name]
+    _stop_between_batches(run.queries[name], sink)
+    try:
+        starter.repo = repo
+        try:
+            return starter.start(group, writer, buckets=buckets)
+        except FeaturesError as exc:
+            starter.repo = sink.repo
+            starter.start(sink.group, sink.writer)
+            raise _Refused(str(exc)) from None
+    except _Refused:
+        raise
+    except Exception as exc:
+        run.errors[name] = exc
+        raise _RunEnded(str(exc)) from exc
 
 
 def _stop_between_batches(query: StreamingQuery, sink: BatchSink) -> None:
