@@ -230,8 +230,7 @@ def stream(
     `from_savepoint`: start the one selected group from a savepoint (features.pipelines.savepoint), in a new
     checkpoint."""
 
-    if buckets is not None and buckets < 1:
-        raise ConfigError(f"--buckets: {buckets} is not a positive number of hash buckets")
+    stream_handoff.check_buckets(buckets)
     every_s = parse_duration(trigger, "--trigger")
     metrics_s = parse_duration(metrics_every, "--metrics-every")
     keep_s = None if retention is None else parse_duration(retention, "--retention")
@@ -334,7 +333,7 @@ class GroupStarter:
         aside = SetAside(repo, group, spark, projection.record_schema, rollup, self.keep_s, resumed.nanoseconds)
         sink = BatchSink(repo, group, writer, self.validate, run, self.show, spark, aside, rollup)
         sink.stream_id = resumed.stream_id
-        sink.checkpoint, sink.query_checkpoint = checkpoint, checkpoint / "query"
+        sink.checkpoint = checkpoint
         if group.source.kafka is None:
             sink.source_log = Pruning(checkpoint / "query")
         if resumed.upgrade is not None:

@@ -123,11 +123,15 @@ def live_holders(repo: Repo, names: list[str] | None, checkpoint_root: str | Non
     return held
 
 
+def check_buckets(buckets: int | None) -> None:
+    if buckets is not None and buckets < 1:
+        raise ConfigError(f"--buckets: {buckets} is not a positive number of hash buckets")
+
+
 def ask_rescale(group: str, checkpoint: Path, buckets: int, wait_s: float = ANSWER_WAIT_S) -> str:
     """Hand `--buckets` to the live run streaming `group` and wait for its answer: the line it printed, or a
     ConfigError with the reason it refused."""
-    if buckets < 1:
-        raise ConfigError(f"--buckets: {buckets} is not a positive number of hash buckets")
+    check_buckets(buckets)
     other = holder(checkpoint)
     if other is None:
         raise EnvironmentProblem(f"{group}: no live stream runs it any more; start it with `--buckets {buckets}`")

@@ -1,17 +1,17 @@
 """A live stream takes up `features apply` of a changed definition between micro-batches, in the same process.
 
 `features apply` records each group's definition hash (features.pipelines.registration.APPLIED). A live run
-(`features stream` without `--available-now`) looks at that record four times a second; when a group it runs was applied
-with another definition, it loads the repo's definitions again, stops that group's query between two batches and
+(`features stream` without `--available-now`) looks at that record four times a second; when a group it runs was
+applied with another definition, it loads the repo's definitions again, stops that group's query between two batches and
 starts it again on the new definition, exactly as a restart would (features.pipelines.stream_upgrade: unchanged
 features keep their state, an added one is built over its lookback), with the JVM, the session and the MLflow
 run it already has. What a restart costs beyond that (a new JVM, imports, a new query's first batch on a cold
 JVM) is not paid. A change a start would refuse (a key column changed: `--reset` is the least it takes) is said
 with the same error, and the group goes on with the definition it ran.
 
-The same thread keeps the run's mark on its groups' checkpoints fresh and takes up a rescale another process hands
-it (features.pipelines.stream_handoff): the state moved to the new buckets between two batches, as a restart with
-`--buckets` would, and the answer written back."""
+The same thread takes up a rescale another process hands the run (features.pipelines.stream_handoff): the state
+moved to the new buckets between two batches, as a restart with `--buckets` would, and the answer written back. A
+thread of its own, in every run, keeps the run's mark on its groups' checkpoints fresh."""
 
 from __future__ import annotations
 

@@ -86,8 +86,12 @@ class BatchSink:
         self.finish_upgrade: Any = None  # a stream_upgrade.Finish while a definition change is pending
         self.source_log: Pruning | None = None  # a file source's log, kept to what Spark still needs
         self.checkpoint: Path | None = None  # the group's checkpoint folder
-        self.query_checkpoint: Path | None = None  # where the watermark each batch emitted up to is noted
         self.retiring = False  # its query is being stopped for one on a new definition (stream_reload)
+
+    @property
+    def query_checkpoint(self) -> Path | None:
+        """The query's checkpoint, where the watermark each batch emitted up to is noted."""
+        return None if self.checkpoint is None else self.checkpoint / "query"
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         try:
