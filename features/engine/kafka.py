@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from features.engine import json_values
 from features.engine.schema import CORRUPT, FILE, LANDED, UNPARSEABLE_AVRO, declared_spark_schema
 from features.engine.session import cores
 from features.errors import EnvironmentProblem
@@ -120,10 +119,7 @@ def read_kafka(
         F.lit("/"),
         F.col("offset").cast("string"),
     )
-    if topic.value_format in AVRO_FORMATS:
-        decoded, corrupt = _avro(topic)
-    else:
-        raw, decoded, corrupt = _json(declared, raw, ["value", "topic", "partition", "offset", "timestamp", *keep])
+    decoded, corrupt = _avro(topic) if topic.value_format in AVRO_FORMATS else _json(declared, raw)
     # Decoded once, in a projection of its own: the fields below read the struct (Spark does not inline an
     # expensive expression into each of its uses).
     try:
@@ -148,22 +144,16 @@ def read_kafka(
     return records.select(*columns, corrupt.alias(CORRUPT), landed.alias(LANDED), F.col(FILE), *keep)
 
 
-def _json(declared: StructType, raw: DataFrame, columns: list[str]) -> tuple[DataFrame, Column, Column]:
-    """Each value parsed as a JSON object (features.engine.json_values: pyarrow where its meaning is Spark's,
-    Spark's `from_json` for the rest), and the text of one that does not parse (else null); with the frame both
-    are columns of."""
+def _json(declared: StructType, raw: DataFrame) -> tuple[Column, Column]:
+    """Each value parsed as a JSON object, and the text of one that does not parse (else null)."""
     from pyspark.sql import types as T
 
+    with_corrupt = T.StructType([*declared.fields, T.StructField(CORRUPT, T.StringType())])
     text = F.col("value").cast("string")
-    fast = json_values.decode(raw, declared, CORRUPT, columns)
-    if fast is not None:
-        raw, parsed = fast
-    else:
-        with_corrupt = T.StructType([*declared.fields, T.StructField(CORRUPT, T.StringType())])
-        parsed = F.from_json(text, with_corrupt, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})
+    parsed = F.from_json(text, with_corrupt, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})
     # A value that is not a JSON object at all parses to null, not to a corrupt record: its text is kept all the same.
     corrupt = F.when(F.col("r").isNull(), F.coalesce(text, F.lit(""))).otherwise(F.col(f"r.{CORRUPT}"))
-    return raw, parsed, corrupt
+    return parsed, corrupt
 
 
 def _avro(topic: KafkaTopic) -> tuple[Column, Column]:
