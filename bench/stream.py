@@ -19,7 +19,9 @@ session, so only ratios within this run compare:
     partitions, once as JSON values and once as Avro values (`--kafka-formats`), the full group streamed from each
     in as many batches as there are files (required: >= 0.8 of the file source's steady events/s). Each round
     runs the Kafka runs beside the file source's (before it in odd rounds), and the ratio is the median of the
-    rounds' own ratios, so that the machine's drift over the run does not fall between the two.
+    rounds' own ratios, so that the machine's drift over the run does not fall between the two. With JSON values,
+    each round also streams the same events landed as JSON-lines files (`format="json"`): Kafka JSON / JSON files
+    is what the Kafka source costs beside a file source that decodes the same text.
 """
 
 from __future__ import annotations
@@ -125,6 +127,16 @@ def land(name: str, events: int, users: int, days: float, files: int) -> Path:
     folder = WORK / name
     frame = generate_transactions(events, users, START, days, seed=11)
     write_events(frame, folder, n_files=files)
+    return folder
+
+
+def as_json_lines(events: Path) -> Path:
+    """The landed Parquet files again as JSON-lines files of the same names' order (what a JSON producer sends)."""
+    import pandas as pd
+
+    folder = WORK / "events_json"
+    for i, file in enumerate(sorted(events.glob("*.parquet"))):
+        write_events(pd.read_parquet(file), folder, format="json", start_index=i)
     return folder
 
 
@@ -325,10 +337,12 @@ def main() -> int:
     formats = [f for f in args.kafka_formats.split(",") if f] if args.kafka else []
     label = {"json": "JSON", "avro": "Avro"}
     from_kafka = {f: f"{full}, from Kafka ({KAFKA_PARTITIONS} partitions, {label[f]} values)" for f in formats}
+    json_files = f"{full}, from JSON-lines files"
     floor = f"floor: bare Structured Streaming, one count per key (no windows), {args.users:,} keys"
     required = {one: 150_000, five_s: 200_000, full: 150_000, sessions: 100_000}
     produced: dict[str, float] = {}
     ratios: dict[str, list[float]] = {f: [] for f in formats}  # per round: from Kafka / from files, steady events/s
+    json_ratios: list[float] = []  # per round: Kafka JSON values / JSON-lines files
 
     def report() -> None:
         """Print (and save) what has run so far: a long run that is stopped still leaves its figures."""
@@ -371,6 +385,12 @@ def main() -> int:
                     f"| {label[fmt]} records encoded and produced per second (confluent-kafka, one Python thread) "
                     f"| {produced[fmt]:,.0f} | |"
                 )
+        if json_ratios:
+            each = " / ".join(f"{r:.2f}" for r in json_ratios)
+            lines.append(
+                f"| from Kafka (JSON values) / from JSON-lines files, steady events/s, the median of the rounds' "
+                f"ratios ({each}) | {statistics.median(json_ratios):.2f}x | |"
+            )
         if naive is not None:
             lines.append(
                 f"| ours 24h/5m / Spark's streaming groupBy(window 24h/5m), both on the first {naive['events']:,} "
@@ -394,6 +414,8 @@ def main() -> int:
         )
         if folder in args.configs.split(",")
     ]
+    streams_full = any(folder == "full" for _, folder, _ in configurations)
+    json_events = as_json_lines(events) if "json" in formats and streams_full else None
     sources = {}  # per Kafka value format: the source's definition, over a topic produced once
     for fmt in formats:
         topic = f"bench_stream_{fmt}_{int(time.time())}"
@@ -420,11 +442,17 @@ def main() -> int:
         tries.setdefault(floor, []).append(run_floor(spark, events, f"floor_{i}"))
         for name, folder, group in configurations:
             tries.setdefault(name, []).append(run_ours(make_repo(f"{folder}_{i}", events, group)))
+        if json_events is not None:
+            json_source = f", format='json', schema={SCHEMA!r}"
+            repo = make_repo(f"json_files_{i}", json_events, FULL_GROUP.format(name="user_transactions"), json_source)
+            tries.setdefault(json_files, []).append(run_ours(repo))
         if not kafka_first:
             from_topic = kafka_runs(i)
         if full in tries:  # this round's file run of the same group
             for fmt, rate in from_topic.items():
                 ratios[fmt].append(rate / tries[full][-1]["steady_rate"])
+        if json_events is not None and "json" in from_topic:
+            json_ratios.append(from_topic["json"] / tries[json_files][-1]["steady_rate"])
         runs.update({name: median_run(t) for name, t in tries.items()})
         report()
     if args.naive_events:

@@ -50,12 +50,30 @@ def assert_once(got: pd.DataFrame) -> None:
     assert not got.duplicated(["user_id", WINDOW_END]).any(), got[got.duplicated(["user_id", WINDOW_END], keep=False)]
 
 
-def test_a_backfill_replaces_its_range_in_one_commit_and_keeps_the_rest(spark, table: str) -> None:
+def replaced(spark, frame, table: str, start: datetime, end: datetime, in_driver: bool, info=None) -> int:
+    """A backfill's publish of `frame` (rows flagged LATEST false) over [start, end): by Spark's Delta writer, or
+    `in_driver` by deltalake (a local session's backfill of a size validation counted)."""
+    if not in_driver:
+        return offline.replace_range(spark, frame, table, start, end, info)
+    with offline.Staged(frame, table, start, end, in_driver=True) as staged:
+        return staged.publish(info, count=frame.count())
+
+
+def engines(table: str, newest: int) -> list[str]:
+    """Which engine made each of the table's `newest` commits, newest first ("delta-rs" or "Apache-Spark")."""
+    from deltalake import DeltaTable
+
+    return [entry["engineInfo"].split(":")[0].split("/")[0] for entry in DeltaTable(table).history(newest)]
+
+
+@pytest.mark.parametrize("in_driver", [False, True], ids=["spark", "driver"])
+def test_a_backfill_replaces_its_range_in_one_commit_and_keeps_the_rest(spark, table: str, in_driver: bool) -> None:
     day = T0
-    assert offline.replace_range(spark, rows(spark, day, 60, latest=False), table, day, day + 60 * M) == 180
+    assert replaced(spark, rows(spark, day, 60, latest=False), table, day, day + 60 * M, in_driver) == 180
     # A later range starting mid-day: the rows before it stay, those in it are replaced.
     later = rows(spark, day + 30 * M, 60, value=100.0, latest=False)
-    offline.replace_range(spark, later, table, day + 30 * M, day + 90 * M, info={"group": "g"})
+    assert replaced(spark, later, table, day + 30 * M, day + 90 * M, in_driver, info={"group": "g"}) == 180
+    assert engines(table, 2) == ["delta-rs" if in_driver else "Apache-Spark"] * 2
     got = table_rows(table)
     assert_once(got)
     assert len(got) == 90 * 3
@@ -158,11 +176,13 @@ def test_a_backfill_committed_just_before_an_append_keeps_its_range(spark, table
     assert stale.spans == [(T0, T0 + 30 * M)]
 
 
-def test_a_stream_and_a_backfill_of_the_same_days_at_once(spark, table: str) -> None:
-    """No lock between them: Delta refuses a backfill commit that a stream's append came before, the backfill
-    commits again on the new version, and the stream leaves the range the backfill owns. Every row once."""
+@pytest.mark.parametrize("in_driver", [False, True], ids=["spark", "driver"])
+def test_a_stream_and_a_backfill_of_the_same_days_at_once(spark, table: str, in_driver: bool) -> None:
+    """No lock between them: Delta (Spark's writer or deltalake) refuses a backfill commit that a stream's append
+    came before, the backfill commits again on the new version, and the stream leaves the range the backfill owns.
+    Every row once."""
     day = T0
-    offline.replace_range(spark, rows(spark, day, 1, latest=False), table, day, day + M)  # the table exists
+    replaced(spark, rows(spark, day, 1, latest=False), table, day, day + M, in_driver)  # the table exists
     errors: list[BaseException] = []
 
     def streaming() -> None:
@@ -177,7 +197,7 @@ def test_a_stream_and_a_backfill_of_the_same_days_at_once(spark, table: str) -> 
     thread = threading.Thread(target=streaming)
     thread.start()
     for _ in range(3):
-        offline.replace_range(spark, rows(spark, day, 60, users=3, latest=False), table, day, day + 60 * M)
+        replaced(spark, rows(spark, day, 60, users=3, latest=False), table, day, day + 60 * M, in_driver)
     thread.join()
     assert not errors, errors
     got = table_rows(table)
@@ -185,6 +205,54 @@ def test_a_stream_and_a_backfill_of_the_same_days_at_once(spark, table: str) -> 
     assert len(got) == 120 * 3  # 60 backfilled minutes, then the stream's
     assert (got.loc[got[WINDOW_END] < day + 60 * M, "v"] < 1000).all()
     assert (got.loc[got[WINDOW_END] >= day + 60 * M, "v"] >= 1000).all()
+
+
+def test_a_backfill_in_the_driver_makes_the_table_spark_makes_and_leaves_changed_columns_to_spark(
+    spark, table: str
+) -> None:
+    """A local backfill's first commit makes the table as Spark's writer does (partitioned by date, the table's
+    properties, nullable columns, the commit's info), Spark reads and writes it after; rows whose columns differ
+    from the table's (a feature added, or retyped) go to Spark's writer, which merges or refuses them."""
+    from deltalake import DeltaTable
+    from pyspark.sql import functions as F
+
+    assert replaced(spark, rows(spark, T0, 10, latest=False), table, T0, T0 + 10 * M, True, {"group": "g"}) == 30
+    delta = DeltaTable(table)
+    assert engines(table, 1) == ["delta-rs"] and delta.metadata().partition_columns == ["date"]
+    assert delta.metadata().configuration == offline.TABLE_CONF
+    assert all(f.nullable for f in delta.schema().fields)
+    [commit] = offline.commits(table)
+    assert commit.info["group"] == "g" and commit.spans() == [(T0, T0 + 10 * M)]
+    assert offline.read_table(spark, table).count() == 30
+    assert offline.rows_by_date(table) == {T0.date(): 30}
+    # Spark's writer on the table deltalake made.
+    assert replaced(spark, rows(spark, T0 + 5 * M, 10, value=50.0, latest=False), table, T0 + 5 * M, T0 + 15 * M, False)
+    # A feature added: the rows have a column the table lacks.
+    wider = rows(spark, T0 + 10 * M, 10, value=70.0, latest=False).withColumn("w", F.lit(1))
+    assert replaced(spark, wider, table, T0 + 10 * M, T0 + 20 * M, True) == 30
+    assert engines(table, 1) == ["Apache-Spark"] and "w" in DeltaTable(table).schema().to_arrow().names
+    got = table_rows(table)
+    assert_once(got)
+    assert len(got) == 60 and got["w"].notna().sum() == 30
+    retyped = rows(spark, T0 + 20 * M, 1, latest=False).withColumn("v", F.lit("text"))
+    with pytest.raises(Exception, match="DELTA_FAILED_TO_MERGE_FIELDS"):
+        replaced(spark, retyped, table, T0 + 20 * M, T0 + 21 * M, True)
+
+
+def test_a_backfill_larger_than_the_driver_takes_goes_to_spark(spark, table: str, monkeypatch) -> None:
+    """Rows over DRIVER_CELLS (rows x columns), or of a count not known (no validation), are written by Spark."""
+    monkeypatch.setattr(offline, "DRIVER_CELLS", 3 * 10 * 3 - 1)  # 3 users x 10 minutes x 3 columns
+    frame = rows(spark, T0, 10, latest=False)
+    with offline.Staged(frame, table, T0, T0 + 10 * M, in_driver=True) as staged:
+        assert staged.publish(count=30) == 30
+    assert engines(table, 1) == ["Apache-Spark"]
+    with offline.Staged(frame, table, T0, T0 + 10 * M, in_driver=True) as staged:
+        assert staged.publish() == 30
+    assert engines(table, 1) == ["Apache-Spark"]
+    monkeypatch.setattr(offline, "DRIVER_CELLS", 3 * 10 * 3)
+    with offline.Staged(frame, table, T0, T0 + 10 * M, in_driver=True) as staged:
+        assert staged.publish(count=30) == 30
+    assert engines(table, 1) == ["delta-rs"] and len(table_rows(table)) == 30
 
 
 def test_a_stream_appends_in_the_driver_unless_its_columns_changed(spark, table: str) -> None:
@@ -202,8 +270,7 @@ def test_a_stream_appends_in_the_driver_unless_its_columns_changed(spark, table:
     for batch, appended in enumerate([rows(spark, T0 + M, 2), *wider, rows(spark, T0 + 7 * M, 2)]):
         log.refresh()
         assert offline.append_batch(spark, appended, log, batch) == 6
-    engines = [entry["engineInfo"].split(":")[0].split("/")[0] for entry in DeltaTable(table).history(4)]
-    assert engines == ["delta-rs"] * 4
+    assert engines(table, 4) == ["delta-rs"] * 4
     assert DeltaTable(table).schema().fields[-1].name == "w" and DeltaTable(table).schema().fields[-1].nullable
     log.refresh()
     with pytest.raises(Exception, match="DELTA_FAILED_TO_MERGE_FIELDS"):

@@ -90,6 +90,12 @@ def is_connect(spark: SparkSession) -> bool:
     return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
+def is_local(spark: SparkSession) -> bool:
+    """Whether `spark` is a classic session in local mode: its driver is the machine that computes, so rows
+    collected there crossed no network, and a table's path is the driver's own."""
+    return not is_connect(spark) and spark.sparkContext.master.startswith("local")
+
+
 def is_stopped(spark: SparkSession) -> bool:
     """Whether `spark` was stopped since (a notebook may stop the session a helper thread started)."""
     if is_connect(spark):

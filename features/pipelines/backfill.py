@@ -17,7 +17,7 @@ from features.engine.batch import TableRows, change_points, read_lower_bound
 from features.engine.files import SetAsideFile, file_days
 from features.engine.online_rows import write_online
 from features.engine.schema import FILE_REASONS
-from features.engine.session import session_soon
+from features.engine.session import is_local, session_soon
 from features.engine.source import observed_count, quarantine_counts, read_source
 from features.errors import ConfigError
 from features.progress import spark_progress
@@ -287,7 +287,7 @@ def backfill_group(
             computed = change_points(computing, events, micros(start), micros(end), observe=True, beside=beside)
             rows = computed.with_latest
             # stage -> validate -> publish (the online store beside the offline commit), or quarantine
-            with Staged(rows, table, start, end) as staged:
+            with Staged(rows, table, start, end, in_driver=is_local(spark)) as staged:
                 # Spark computes the rows when they are first needed: in the validation's screen (one pass that
                 # also caches them for both stores), or without validation in the offline commit.
                 lap("plan")
@@ -308,7 +308,8 @@ def backfill_group(
                         "definition_hash": definition_hash(group),
                         "features": feature_hashes(group),
                     }
-                    rows_out = staged.publish(info, alongside=write_newest_online)
+                    count = None if report is None else report.rows
+                    rows_out = staged.publish(info, alongside=write_newest_online, count=count)
                     swapped = staged.days
     except Exception as exc:  # the bad records are set aside whatever else failed
         try:

@@ -13,8 +13,8 @@ part of one, on a local disk and an object store alike (docs/table-format.md):
 
 What each commit wrote is in its commit info (`userMetadata`): the writer, the range or the batch, and what the
 caller adds (the group, its definition hash). The log is read with `deltalake` (the library Feast reads the
-table with), the data written and read with Spark; a stream's appends are written by deltalake where it may
-(features.stores.driver_writes).
+table with), the data written and read with Spark; a stream's appends, and a local session's backfills, are written
+by deltalake where it may (features.stores.driver_writes).
 """
 
 from __future__ import annotations
@@ -50,8 +50,13 @@ BACKFILL, STREAM, MIGRATED = "backfill", "stream", "migrate"
 MAX_FILES = 32  # a date's files from one write (its tasks) at most, and a stream's small files between compactions
 ATTEMPTS = 5  # commits tried before a conflict is raised (each after the other writer's commit)
 CHECKPOINT_INTERVAL = "100"  # commits between Delta's checkpoints (its default of 10 is one per 10 s at a 1 s trigger)
-# Each data file's statistics cover the window end alone, the column readers filter on (a training set's range,
-# Feast's time bounds): statistics of every column cost the demo backfill's commits 0.2-0.4 s each.
+# The table's properties, set by its first commit. Each data file's statistics cover the window end alone, the column
+# readers filter on (a training set's range, Feast's time bounds): statistics of every column cost the demo
+# backfill's commits 0.2-0.4 s each.
+TABLE_CONF = {"delta.checkpointInterval": CHECKPOINT_INTERVAL, "delta.dataSkippingStatsColumns": WINDOW_END}
+# The largest backfill (rows x columns) written from the driver in a local session: 50M cells are about 1 GB of
+# Arrow in the driver's Python process.
+DRIVER_CELLS = 50_000_000
 
 
 def dates_between(start: datetime, end: datetime) -> list[date]:
@@ -221,7 +226,7 @@ class Staged:
     with window ends in [start, end] (the newest rows at `end` included, as the online store gets them).
     `newest` is each key's newest row as of `end`, the online store's value."""
 
-    def __init__(self, rows: DataFrame, table: str, start: datetime, end: datetime) -> None:
+    def __init__(self, rows: DataFrame, table: str, start: datetime, end: datetime, *, in_driver: bool = False) -> None:
         start_ts, end_ts = F.lit(start).cast("timestamp"), F.lit(end).cast("timestamp")
         latest = F.col(LATEST)
         in_range = (F.col(WINDOW_END) >= start_ts) & (F.col(WINDOW_END) < end_ts)
@@ -233,10 +238,12 @@ class Staged:
         self.newest = self._kept.where(latest >= F.lit(True)).drop(LATEST)
         # One filter, not a union of the two: a screen of them then reads the cached rows once.
         self.rows = self._kept.where(~latest | (F.col(WINDOW_END) == end_ts)).drop(LATEST)
+        self._in_driver = in_driver
         # Before a commit can write, Delta reads the table's log and its list of files (small Spark jobs, and
         # driver time between them): read now, beside the computation of the rows, the commit finds them cached.
+        # Not for rows the driver will likely write (a read of the log that deltalake makes in milliseconds).
         self._warming = ThreadPoolExecutor(1, thread_name_prefix="features-delta-log")
-        self._warmed = self._warming.submit(_read_log, rows.sparkSession, table)
+        self._warmed = self._warming.submit(lambda: None if in_driver else _read_log(rows.sparkSession, table))
 
     @property
     def days(self) -> list[date]:
@@ -244,16 +251,29 @@ class Staged:
         return dates_between(self.start, self.end)
 
     def publish(
-        self, info: Mapping[str, Any] | None = None, alongside: Callable[[DataFrame], None] | None = None
+        self,
+        info: Mapping[str, Any] | None = None,
+        alongside: Callable[[DataFrame], None] | None = None,
+        count: int | None = None,
     ) -> int:
         """One commit replaces the range with the rows, while `alongside` gets `newest` in this thread (the online
         store's write: Python work beside the commit's Spark jobs); an error of either is raised once both are
-        done. Returns the rows written to the table."""
+        done. Returns the rows written to the table.
+
+        `count`: at least the rows' count (validation's); when it is known and small (`DRIVER_CELLS`) in a session
+        made `in_driver`, deltalake writes the rows collected to the driver (features.stores.driver_writes)."""
         self._warmed.result()
         meta = {**(info or {}), "writer": BACKFILL, "start": self.start.isoformat(), "end": self.end.isoformat()}
         condition = _range_condition(self.start, self.end)
-        commit = partial(_retried, lambda: _replace(self._new_rows, self.table, condition, meta))
-        beside(commit, partial(alongside, self.newest) if alongside is not None else None)
+        small = self._in_driver and count is not None and count * len(self._new_rows.columns) <= DRIVER_CELLS
+        written: list[int | None] = [None]
+
+        def commit() -> None:
+            written[0] = _replace(self._new_rows, self.table, condition, meta, in_driver=small)
+
+        beside(partial(_retried, commit), partial(alongside, self.newest) if alongside is not None else None)
+        if written[0] is not None:
+            return written[0]
         count = _rows_written(self.table, meta)
         if count is None:  # the log no longer shows the commit (a burst of other writers): count the rows
             count = self._new_rows.count()
@@ -333,16 +353,27 @@ def _midnight(day: date) -> datetime:
     return datetime.combine(day, datetime.min.time(), UTC)
 
 
-def _replace(rows: DataFrame, table: str, condition: str, meta: Mapping[str, Any]) -> None:
-    """One commit: the rows matching `condition` become `rows` (the table is made if there is none). Each of the
-    rows' partitions writes a file per date it holds: as many as the pass had tasks (at most MAX_FILES), sized by
-    Spark's adaptive execution on a cluster; a shuffle to one file per date cost the demo's backfill 0.3 s per
-    group and would funnel a day through one task."""
+def _replace(
+    rows: DataFrame, table: str, condition: str, meta: Mapping[str, Any], in_driver: bool = False
+) -> int | None:
+    """One commit: the rows matching `condition` become `rows` (the table is made if there is none). `in_driver`:
+    by deltalake where it may (features.stores.driver_writes), returning the rows written; else, and otherwise, by
+    Spark (None). Spark writes a file per date from each of the rows' partitions: as many as the pass had tasks
+    (at most MAX_FILES), sized by its adaptive execution on a cluster; a shuffle to one file per date cost the demo's
+    backfill 0.3 s per group and would funnel a day through one task."""
+    made = exists(table)  # first: an earlier version's folders are refused
+    if in_driver:
+        written = driver_writes.replace(
+            table, _dated(rows), condition, _user_metadata(meta), partition_by=[DATE], configuration=TABLE_CONF
+        )
+        if written is not None:
+            return written
     writer = _writer(_dated(rows).coalesce(MAX_FILES), meta)
-    if exists(table):
+    if made:
         writer.mode("overwrite").option("replaceWhere", condition).save(table)
     else:
         _create(writer, table)
+    return None
 
 
 def _writer(rows: DataFrame, meta: Mapping[str, Any]) -> Any:
@@ -360,13 +391,7 @@ def create_table(rows: DataFrame, table: str, meta: Mapping[str, Any]) -> None:
 
 
 def _create(writer: Any, table: str) -> None:
-    (
-        writer.mode("append")
-        .partitionBy(DATE)
-        .option("delta.checkpointInterval", CHECKPOINT_INTERVAL)
-        .option("delta.dataSkippingStatsColumns", WINDOW_END)
-        .save(table)
-    )
+    writer.mode("append").partitionBy(DATE).options(**TABLE_CONF).save(table)
 
 
 def _dated(rows: DataFrame) -> DataFrame:
