@@ -260,11 +260,14 @@ class Staged:
         store's write: Python work beside the commit's Spark jobs); an error of either is raised once both are
         done. Returns the rows written to the table.
 
-        `count`: at least the rows' count (validation's); when it is known and small (`DRIVER_CELLS`) in a session
-        made `in_driver`, deltalake writes the rows collected to the driver (features.stores.driver_writes)."""
+        `count`: at least the rows' count, if known (validation's). In a session made `in_driver`, rows of at most
+        `DRIVER_CELLS` values are collected to the driver and written by deltalake (features.stores.driver_writes);
+        counted first (a job over the cached rows) when `count` is not given."""
         self._warmed.result()
         meta = {**(info or {}), "writer": BACKFILL, "start": self.start.isoformat(), "end": self.end.isoformat()}
         condition = _range_condition(self.start, self.end)
+        if self._in_driver and count is None:
+            count = self._kept.count()
         small = self._in_driver and count is not None and count * len(self._new_rows.columns) <= DRIVER_CELLS
         written: list[int | None] = [None]
 
