@@ -1,9 +1,9 @@
 """Commits to the offline table made in the driver with `deltalake`, no Spark job: a stream's micro-batch appends
 (features.stores.offline.append_batch), its compaction rounds (features.stores.compaction), and a local backfill's
 range (features.stores.offline.Staged). A live stream's batch waits for the first two; through Spark an append of
-25,000 rows took 0.2-0.3 s (a job, Delta's snapshot of the log, its commit), through deltalake 0.07 s. A backfill's
-4M rows replaced through Spark took 5-7 s in a warm session (Delta's writer, its snapshot and statistics jobs),
-collected and written by deltalake 2 s; only where the driver is the machine that computed them (a local session).
+25,000 rows took 0.2-0.3 s (a job, Delta's snapshot of the log, its commit), through deltalake 0.07 s. A nightly
+backfill's 2M rows took 3.9 s through Spark in a fresh process, collected and written by deltalake 1.1 s
+(bench/startup.py); only where the driver is the machine that computed them (a local session).
 
 deltalake writes only the tables it fully supports: a plain protocol (reader version 1, writer version 2, as the
 tables features creates are). Everything else goes through Spark: a table a user upgraded to table features,
