@@ -239,6 +239,14 @@ def test_a_backfill_in_the_driver_makes_the_table_spark_makes_and_leaves_changed
         replaced(spark, retyped, table, T0 + 20 * M, T0 + 21 * M, True)
 
 
+def test_a_local_session_commits_backfills_in_the_driver_except_on_databricks(spark, monkeypatch) -> None:
+    from features.engine.session import is_local
+
+    assert is_local(spark)
+    monkeypatch.setenv("DATABRICKS_RUNTIME_VERSION", "17.3")  # a single-node cluster's master is local[...] too
+    assert not is_local(spark)
+
+
 def test_a_backfill_larger_than_the_driver_takes_goes_to_spark(spark, table: str, monkeypatch) -> None:
     """Rows over DRIVER_CELLS (rows x columns), as validation counted them or else as counted before the commit,
     are written by Spark."""

@@ -91,9 +91,12 @@ def is_connect(spark: SparkSession) -> bool:
 
 
 def is_local(spark: SparkSession) -> bool:
-    """Whether `spark` is a classic session in local mode: its driver is the machine that computes, so rows
-    collected there crossed no network, and a table's path is the driver's own."""
-    return not is_connect(spark) and spark.sparkContext.master.startswith("local")
+    """Whether `spark` is a classic session in local mode on a machine of its own: its driver is the machine that
+    computes, so rows collected there crossed no network, and a table's path is on the driver's own disk. Not on
+    Databricks, whose single-node clusters run in local mode over cloud storage mounted in the driver."""
+    if is_connect(spark) or "DATABRICKS_RUNTIME_VERSION" in os.environ:
+        return False
+    return spark.sparkContext.master.startswith("local")
 
 
 def is_stopped(spark: SparkSession) -> bool:

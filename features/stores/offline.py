@@ -50,13 +50,10 @@ BACKFILL, STREAM, MIGRATED = "backfill", "stream", "migrate"
 MAX_FILES = 32  # a date's files from one write (its tasks) at most, and a stream's small files between compactions
 ATTEMPTS = 5  # commits tried before a conflict is raised (each after the other writer's commit)
 CHECKPOINT_INTERVAL = "100"  # commits between Delta's checkpoints (its default of 10 is one per 10 s at a 1 s trigger)
-# The table's properties, set by its first commit. Each data file's statistics cover the window end alone, the column
-# readers filter on (a training set's range, Feast's time bounds): statistics of every column cost the demo
-# backfill's commits 0.2-0.4 s each.
+# Set by the table's first commit. Statistics of the window end alone, the column readers filter on (a training set's
+# range, Feast's time bounds): statistics of every column cost the demo backfill's commits 0.2-0.4 s each.
 TABLE_CONF = {"delta.checkpointInterval": CHECKPOINT_INTERVAL, "delta.dataSkippingStatsColumns": WINDOW_END}
-# The largest backfill (rows x columns) written from the driver in a local session: 50M cells are about 1 GB of
-# Arrow in the driver's Python process.
-DRIVER_CELLS = 50_000_000
+DRIVER_CELLS = 50_000_000  # a local backfill's most values (rows x columns) collected to the driver: about 1 GB
 
 
 def dates_between(start: datetime, end: datetime) -> list[date]:
@@ -239,9 +236,8 @@ class Staged:
         # One filter, not a union of the two: a screen of them then reads the cached rows once.
         self.rows = self._kept.where(~latest | (F.col(WINDOW_END) == end_ts)).drop(LATEST)
         self._in_driver = in_driver
-        # Before a commit can write, Delta reads the table's log and its list of files (small Spark jobs, and
-        # driver time between them): read now, beside the computation of the rows, the commit finds them cached.
-        # Not for rows the driver will likely write (a read of the log that deltalake makes in milliseconds).
+        # Before a commit can write, Delta reads the table's log and its list of files (small Spark jobs, and driver
+        # time between them): read now, beside the computation of the rows (not for deltalake's commit in the driver).
         self._warming = ThreadPoolExecutor(1, thread_name_prefix="features-delta-log")
         self._warmed = self._warming.submit(lambda: None if in_driver else _read_log(rows.sparkSession, table))
 
@@ -260,23 +256,23 @@ class Staged:
         store's write: Python work beside the commit's Spark jobs); an error of either is raised once both are
         done. Returns the rows written to the table.
 
-        `count`: at least the rows' count, if known (validation's). In a session made `in_driver`, rows of at most
-        `DRIVER_CELLS` values are collected to the driver and written by deltalake (features.stores.driver_writes);
-        counted first (a job over the cached rows) when `count` is not given."""
+        `in_driver`: rows of at most `DRIVER_CELLS` values, by `count` (validation's) or else counted in the cache,
+        are collected to the driver and written by deltalake (features.stores.driver_writes)."""
         self._warmed.result()
         meta = {**(info or {}), "writer": BACKFILL, "start": self.start.isoformat(), "end": self.end.isoformat()}
         condition = _range_condition(self.start, self.end)
         if self._in_driver and count is None:
             count = self._kept.count()
         small = self._in_driver and count is not None and count * len(self._new_rows.columns) <= DRIVER_CELLS
-        written: list[int | None] = [None]
+        written: int | None = None  # by deltalake; Spark's commit records its count in the log
 
         def commit() -> None:
-            written[0] = _replace(self._new_rows, self.table, condition, meta, in_driver=small)
+            nonlocal written
+            written = _replace(self._new_rows, self.table, condition, meta, in_driver=small)
 
         beside(partial(_retried, commit), partial(alongside, self.newest) if alongside is not None else None)
-        if written[0] is not None:
-            return written[0]
+        if written is not None:
+            return written
         count = _rows_written(self.table, meta)
         if count is None:  # the log no longer shows the commit (a burst of other writers): count the rows
             count = self._new_rows.count()
@@ -359,11 +355,10 @@ def _midnight(day: date) -> datetime:
 def _replace(
     rows: DataFrame, table: str, condition: str, meta: Mapping[str, Any], in_driver: bool = False
 ) -> int | None:
-    """One commit: the rows matching `condition` become `rows` (the table is made if there is none). `in_driver`:
-    by deltalake where it may (features.stores.driver_writes), returning the rows written; else, and otherwise, by
-    Spark (None). Spark writes a file per date from each of the rows' partitions: as many as the pass had tasks
-    (at most MAX_FILES), sized by its adaptive execution on a cluster; a shuffle to one file per date cost the demo's
-    backfill 0.3 s per group and would funnel a day through one task."""
+    """One commit: the rows matching `condition` become `rows` (the table is made if there is none), `in_driver` by
+    deltalake where it may (returning the rows written), else by Spark (None), a file per date from each of the
+    rows' partitions: as many as the pass had tasks (at most MAX_FILES), sized by its adaptive execution on a
+    cluster; a shuffle to one file per date cost the demo 0.3 s per group and would funnel a day through one task."""
     made = exists(table)  # first: an earlier version's folders are refused
     if in_driver:
         written = driver_writes.replace(
