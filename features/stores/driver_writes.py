@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from deltalake import DeltaTable
+    from deltalake import DeltaTable, Schema
     from pyspark.sql import DataFrame
 
 
@@ -35,14 +35,12 @@ def append(table: str, rows: DataFrame, user_metadata: str) -> bool:
     table lacks (a feature added) is added to its schema, nullable, as Spark's `mergeSchema` adds it (without the
     Spark jobs that replay the table's log in a JVM that has not read it yet). False, and nothing written,
     otherwise."""
-    import json
-
     import pyarrow as pa
-    from deltalake import CommitProperties, DeltaTable, write_deltalake
+    from deltalake import DeltaTable, write_deltalake
 
     delta = DeltaTable(table)
     schema = delta.schema()
-    columns = _columns(json.loads(schema.to_json()))
+    columns = _table_columns(schema)
     appended = _columns(rows.schema.jsonValue())
     if not plain(delta) or any(name in columns and columns[name] != kind for name, kind in appended.items()):
         return False
@@ -58,53 +56,62 @@ def append(table: str, rows: DataFrame, user_metadata: str) -> bool:
         arrow,
         mode="append",
         schema_mode="merge" if added else None,
-        commit_properties=CommitProperties(custom_metadata={"userMetadata": user_metadata}),
+        commit_properties=_recording(user_metadata),
     )
     return True
 
 
-def replace(
-    table: str,
-    rows: DataFrame,
-    predicate: str,
-    user_metadata: str,
-    *,
-    partition_by: list[str],
-    configuration: dict[str, str],
-) -> int | None:
+def create(
+    table: str, rows: DataFrame, user_metadata: str, *, partition_by: list[str], configuration: dict[str, str]
+) -> int:
+    """The table made of `rows` (collected to the driver) in one commit recording `user_metadata`, partitioned by
+    `partition_by`, with `configuration`, every column nullable as Spark makes them; returns the rows written."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    arrow = rows.toArrow()
+    arrow = arrow.cast(pa.schema([f.with_nullable(True) for f in arrow.schema]))
+    write_deltalake(
+        table,
+        arrow,
+        mode="append",
+        partition_by=partition_by,
+        configuration=configuration,
+        commit_properties=_recording(user_metadata),
+    )
+    return arrow.num_rows
+
+
+def replace(table: str, rows: DataFrame, predicate: str, user_metadata: str) -> int | None:
     """The table's rows matching `predicate` replaced by `rows` (collected to the driver) in one commit recording
-    `user_metadata`, or the table made of them (partitioned by `partition_by`, with `configuration`, every column
-    nullable as Spark makes them); returns the rows written. Only when deltalake may: no table yet, or a plain one
-    whose columns are exactly those of `rows`, of the same types. None, and nothing written, otherwise (a feature
-    added, removed or changed goes to Spark's writer, whose `mergeSchema` adds a column or refuses a type).
+    `user_metadata`; returns the rows written. Only when deltalake may: the table is plain and its columns are
+    exactly those of `rows`, of the same types. None, and nothing written, otherwise (a feature added, removed or
+    changed goes to Spark's writer, whose `mergeSchema` adds a column or refuses a type).
 
     A commit another writer made since the table was read is detected as Delta's Spark writer detects it (a
     concurrent append into the replaced range: `CommitFailedError`), for the caller to make the commit again."""
-    import json
+    from deltalake import DeltaTable, write_deltalake
 
-    import pyarrow as pa
-    from deltalake import CommitProperties, DeltaTable, write_deltalake
-
-    properties = CommitProperties(custom_metadata={"userMetadata": user_metadata})
-    if not DeltaTable.is_deltatable(table):
-        arrow = rows.toArrow()
-        arrow = arrow.cast(pa.schema([f.with_nullable(True) for f in arrow.schema]))
-        write_deltalake(
-            table,
-            arrow,
-            mode="append",
-            partition_by=partition_by,
-            configuration=configuration,
-            commit_properties=properties,
-        )
-        return arrow.num_rows
     delta = DeltaTable(table)
-    columns = _columns(json.loads(delta.schema().to_json()))
+    columns = _table_columns(delta.schema())
     if not plain(delta) or columns != _columns(rows.schema.jsonValue()):
         return None
     arrow = rows.select(*columns).toArrow()
-    write_deltalake(delta, arrow, mode="overwrite", predicate=predicate, commit_properties=properties)
+    write_deltalake(delta, arrow, mode="overwrite", predicate=predicate, commit_properties=_recording(user_metadata))
     return arrow.num_rows
+
+
+def _recording(user_metadata: str) -> Any:
+    """A commit's properties that record `user_metadata` as Spark's `userMetadata` option does."""
+    from deltalake import CommitProperties
+
+    return CommitProperties(custom_metadata={"userMetadata": user_metadata})
+
+
+def _table_columns(schema: Schema) -> dict[str, Any]:
+    import json
+
+    return _columns(json.loads(schema.to_json()))
 
 
 def _columns(schema: dict[str, Any]) -> dict[str, Any]:

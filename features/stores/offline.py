@@ -356,14 +356,14 @@ def _replace(
     rows: DataFrame, table: str, condition: str, meta: Mapping[str, Any], in_driver: bool = False
 ) -> int | None:
     """One commit: the rows matching `condition` become `rows` (the table is made if there is none), `in_driver` by
-    deltalake where it may (returning the rows written), else by Spark (None), a file per date from each of the
-    rows' partitions: as many as the pass had tasks (at most MAX_FILES), sized by its adaptive execution on a
-    cluster; a shuffle to one file per date cost the demo 0.3 s per group and would funnel a day through one task."""
+    deltalake where it may (returning the rows written), else by Spark (None), a file per date from each partition
+    (at most MAX_FILES): a shuffle to one file per date cost the demo 0.3 s a group and funnels a day through a task."""
     made = exists(table)  # first: an earlier version's folders are refused
     if in_driver:
-        written = driver_writes.replace(
-            table, _dated(rows), condition, _user_metadata(meta), partition_by=[DATE], configuration=TABLE_CONF
-        )
+        dated, recorded = _dated(rows), _user_metadata(meta)
+        if not made:
+            return driver_writes.create(table, dated, recorded, partition_by=[DATE], configuration=TABLE_CONF)
+        written = driver_writes.replace(table, dated, condition, recorded)
         if written is not None:
             return written
     writer = _writer(_dated(rows).coalesce(MAX_FILES), meta)
