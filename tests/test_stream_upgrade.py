@@ -169,9 +169,18 @@ def test_a_live_stream_takes_up_an_applied_change_between_batches(spark, tmp_pat
 
         rekeyed = FeatureGroup("user_changing", Entity("card", join_keys=["card_id"]), SOURCE, AFTER.features)
         define(root, rekeyed)
-        wait_for(lambda: run.queries[AFTER.name] is not swapped and run.queries[AFTER.name].isActive, "the refusal")
+        said: list[str] = []
+
+        def refused() -> bool:
+            """The group runs again on its old definition, and the refusal was said (it is said after that start)."""
+            if run.queries[AFTER.name] is swapped or not run.queries[AFTER.name].isActive:
+                return False
+            said.append(capsys.readouterr().err)
+            return "is not taken up" in "".join(said)
+
+        wait_for(refused, "the refusal")
         assert not run.errors and run.sinks[AFTER.name].group == AFTER
-        err = capsys.readouterr().err
+        err = "".join(said)
         assert "the applied definition is not taken up; the stream goes on with the one it runs" in err
         assert "every key is new" in err
     finally:
