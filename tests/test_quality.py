@@ -263,8 +263,8 @@ def test_clean_rows_pass_in_one_spark_job(spark) -> None:
 @pytest.mark.spark
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_the_screen_counts_duplicate_window_ends_exactly(spark, seed: int) -> None:
-    """The screen's uniqueness count (window ends as bits per key and block of slots) against a brute-force
-    count: ends on the grid over several blocks and words, repeated ends, null ends and null keys."""
+    """The screen's uniqueness count (window ends as bits per hash of the key and block of slots) against a
+    brute-force count: ends on the grid over many blocks, repeated ends, null ends and null keys."""
     import numpy as np
 
     from features.quality.checks import derived_checks
@@ -273,7 +273,7 @@ def test_the_screen_counts_duplicate_window_ends_exactly(spark, seed: int) -> No
     rng = np.random.default_rng(seed)
     n = 3000
     keys = rng.choice(["a", "b", "c", "d", None], size=n, p=[0.3, 0.3, 0.2, 0.15, 0.05])
-    # 5 minutes is the grid's slot; 3000 slots span 6 blocks of 512; before 1970 too.
+    # 5 minutes is the grid's slot; 3000 slots span 47 blocks of 64; before 1970 too.
     ends = pd.Timestamp("1969-12-31 12:00", tz="UTC") + pd.to_timedelta(rng.integers(0, 3000, n) * 5, unit="min")
     frame = pd.DataFrame({"user_id": keys, WINDOW_END: ends})
     frame.loc[rng.choice(n, 20, replace=False), WINDOW_END] = pd.NaT

@@ -2,12 +2,12 @@
 instead of the dozens of jobs Great Expectations runs for a suite. features.quality reports what it finds, and
 hands a batch to Great Expectations when anything fails.
 
-Uniqueness of (join keys, window_end) needs no hashing of the rows: they are grouped by the join keys (and a
-block of window-end slots, see `_screen_plan`), and each group counts its rows and its distinct window ends,
-with the row conditions counted alongside; the groups' counts are then summed. A null in the combination
-counts as a duplicate, which only ever raises a false alarm that Great Expectations clears. A uniqueness check
-of a single column counts distinct 64-bit hashes in a job of its own (a hash collision, about n^2 / 2^65, is
-such a false alarm too).
+Uniqueness of (join keys, window_end) is counted in the same aggregation, without a job of its own: the rows are
+grouped by a 64-bit hash of their join keys and block of window-end slots (see `_screen_plan`), each group counts
+its rows and its distinct window ends, with the row conditions counted alongside, and the groups' counts are then
+summed. A null window end, or two groups of one hash, counts as a duplicate, which only ever raises a
+false alarm that Great Expectations clears. A uniqueness check of a single column counts distinct 64-bit hashes
+in a job of its own (a hash collision, about n^2 / 2^65, is such a false alarm too).
 """
 
 from __future__ import annotations
@@ -21,9 +21,6 @@ from features.spec import WINDOW_END
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
-
-SLOT_WORDS = 8  # 64-bit words of window-end slots per key and block in the screen's uniqueness count
-
 
 @dataclass(frozen=True)
 class _ScreenPlan:
@@ -48,23 +45,19 @@ def _screen_plan(checks: list[DerivedCheck]) -> _ScreenPlan:
         distinct = F.size(F.array_distinct(F.collect_list(F.col(last)))).alias("_distinct")
         return _ScreenPlan(by, [F.count(F.lit(1)).alias("_rows"), distinct, *counted], grouped, conditions)
 
-    # Window ends as bits, grouped by key and block of SLOT_WORDS * 64 slots (slot = window end / slot length):
-    # each word a bit_or of its slots, the distinct ends of a (key, block) its bits set. Only integer
-    # aggregates, which Spark hashes, where collecting the ends in arrays falls back to sorting every row. Two
-    # ends in one slot (an end off the grid) look like a duplicate: a false alarm, which Great Expectations clears.
+    # Window ends as bits, grouped by a 64-bit hash of the join keys and a block of 64 slots (slot = window end /
+    # slot length): the distinct ends of a group are the bits its bit_or sets. One long as the grouping key and
+    # one integer aggregate, which Spark hashes, where collecting the ends in arrays falls back to sorting every
+    # row, and grouping by the key columns themselves hashes and copies strings: the screen took 0.30 s instead of
+    # 0.40 s on the cached rows of bench/quality.py. Two ends in one slot (an end off the grid) or two groups of
+    # one hash (about g^2 / 2^65 for g groups) look like a duplicate: a false alarm, which Great Expectations clears.
     def floor_div(x: str, y: int) -> str:  # `div` rounds toward zero: before 1970, two slots would share one
         return f"(({x}) - pmod({x}, {y})) div {y}"
 
     slot = floor_div(f"unix_micros({quoted(WINDOW_END)})", grouped.slot_us)
-    bit = f"pmod({slot}, {64 * SLOT_WORDS})"
-    words = [
-        f"coalesce(bit_count(bit_or(CASE WHEN {bit} div 64 = {w} THEN shiftleft(1L, int(pmod({bit}, 64))) END)), 0)"
-        for w in range(SLOT_WORDS)
-    ]
-    distinct = F.expr(" + ".join(words)).alias("_distinct")
-    block = F.expr(floor_div(slot, 64 * SLOT_WORDS)).alias("_block")
-    keys = [F.col(quoted(k)) for k in by]
-    return _ScreenPlan([*keys, block], [F.count(F.lit(1)).alias("_rows"), distinct, *counted], grouped, conditions)
+    distinct = F.expr(f"bit_count(bit_or(shiftleft(1L, int(pmod({slot}, 64)))))").alias("_distinct")
+    group_hash = F.xxhash64(*[F.col(quoted(k)) for k in by], F.expr(floor_div(slot, 64))).alias("_group")
+    return _ScreenPlan([group_hash], [F.count(F.lit(1)).alias("_rows"), distinct, *counted], grouped, conditions)
 
 
 @dataclass(frozen=True)
