@@ -22,6 +22,7 @@ from features.spec import WINDOW_END
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
+
 @dataclass(frozen=True)
 class _ScreenPlan:
     """The one-pass screen's aggregation: per group of `by` (none: the whole batch), `aggregates`."""
