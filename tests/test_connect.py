@@ -255,6 +255,7 @@ def test_notebook_01_runs_on_connect(connect_url: str, tmp_path: Path, monkeypat
     import shutil
 
     import nbformat
+    from kernels import ipc_config
     from nbclient import NotebookClient
 
     checkout = Path(__file__).resolve().parents[1]
@@ -265,7 +266,14 @@ def test_notebook_01_runs_on_connect(connect_url: str, tmp_path: Path, monkeypat
     notebook.cells.append(nbformat.v4.new_code_cell("print('session:', type(spark).__module__)"))
     monkeypatch.setenv("SPARK_REMOTE", connect_url)  # the kernel inherits this process's environment
     folder = str(tmp_path / "notebooks")
-    NotebookClient(notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": folder}}).execute()
+    client = NotebookClient(
+        notebook,
+        timeout=600,
+        kernel_name="python3",
+        resources={"metadata": {"path": folder}},
+        config=ipc_config(tmp_path),
+    )
+    client.execute()
     printed = "".join(o.get("text", "") for cell in notebook.cells for o in cell.get("outputs", []))
     assert "session: pyspark.sql.connect.session" in printed
     assert "same as the repository's definition: True" in printed and "change points for" in printed

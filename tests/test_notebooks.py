@@ -25,6 +25,7 @@ import nbformat
 import pytest
 from IPython.core.inputtransformer2 import TransformerManager
 from jupyter_client.manager import KernelManager
+from kernels import ipc
 from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -182,13 +183,13 @@ def test_stored_outputs_show_every_cell_without_machine_paths(name: str) -> None
 
 
 @pytest.fixture(scope="module")
-def kernel(checkout: Path) -> Iterator[KernelManager]:
+def kernel(checkout: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KernelManager]:
     """One Jupyter kernel for the notebooks, run in order, each in a namespace of its own: as notebooks attached
     to one Databricks cluster share its Spark driver, the Spark session one starts is the next one's (and a JVM
     start per notebook is spared). The kernel gets this environment but the repository's own MLflow store and no
     Databricks."""
     hidden = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "DATABRICKS_RUNTIME_VERSION")
-    manager = KernelManager(kernel_name="python3")
+    manager = KernelManager(kernel_name="python3", **ipc(tmp_path_factory.mktemp("kernel")))
     env = {k: v for k, v in os.environ.items() if k not in hidden}
     manager.start_kernel(cwd=str(checkout / "notebooks"), env=env)
     yield manager

@@ -15,9 +15,11 @@ import struct
 import subprocess
 import sys
 import termios
+from pathlib import Path
 
 import nbformat
 import pytest
+from kernels import ipc_config
 from nbclient import NotebookClient
 
 SCRIPT = """\
@@ -60,9 +62,9 @@ def test_a_bar_on_a_terminal() -> None:
     assert "3/3" in final and "1,234 rows" in final, shown
 
 
-def test_a_bar_in_a_jupyter_kernel() -> None:
+def test_a_bar_in_a_jupyter_kernel(tmp_path: Path) -> None:
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(SCRIPT)])
-    NotebookClient(notebook, timeout=120, kernel_name="python3").execute()
+    NotebookClient(notebook, timeout=120, kernel_name="python3", config=ipc_config(tmp_path)).execute()
     outputs = notebook.cells[0].outputs
     stdout = "".join(o.get("text", "") for o in outputs if o.get("name") == "stdout")
     stderr = "".join(o.get("text", "") for o in outputs if o.get("name") == "stderr")
@@ -86,13 +88,13 @@ with PartitionProgress(1, "schedule") as outer:
 """
 
 
-def test_a_notebooks_text_output_shows_one_bar_at_a_time() -> None:
+def test_a_notebooks_text_output_shows_one_bar_at_a_time(tmp_path: Path) -> None:
     """Text in a notebook cannot move the cursor back up to the outer bar: a Spark-task bar would print a new
     line at every redraw, so beneath a schedule's bar it stays off (widgets, with ipywidgets, do stack)."""
     if importlib.util.find_spec("ipywidgets") is not None:
         pytest.skip("with ipywidgets the bars are widgets, which stack")
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(NESTED)])
-    NotebookClient(notebook, timeout=120, kernel_name="python3").execute()
+    NotebookClient(notebook, timeout=120, kernel_name="python3", config=ipc_config(tmp_path)).execute()
     stderr = "".join(o.get("text", "") for o in notebook.cells[0].outputs if o.get("name") == "stderr")
     assert "schedule" in stderr and "1/1" in stderr and "7 rows" in stderr, stderr
     assert "tasks beneath" not in stderr
