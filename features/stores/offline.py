@@ -358,15 +358,15 @@ def _replace(
     """One commit: the rows matching `condition` become `rows` (the table is made if there is none), `in_driver` by
     deltalake where it may (returning the rows written), else by Spark (None), a file per date from each partition
     (at most MAX_FILES): a shuffle to one file per date cost the demo 0.3 s a group and funnels a day through a task."""
-    made = exists(table)  # first: an earlier version's folders are refused
+    made, dated = exists(table), _dated(rows)  # exists first: an earlier version's folders are refused
     if in_driver:
-        dated, recorded = _dated(rows), _user_metadata(meta)
+        recorded = _user_metadata(meta)
         if not made:
             return driver_writes.create(table, dated, recorded, partition_by=[DATE], configuration=TABLE_CONF)
         written = driver_writes.replace(table, dated, condition, recorded)
         if written is not None:
             return written
-    writer = _writer(_dated(rows).coalesce(MAX_FILES), meta)
+    writer = _writer(dated.coalesce(MAX_FILES), meta)
     if made:
         writer.mode("overwrite").option("replaceWhere", condition).save(table)
     else:
