@@ -110,7 +110,7 @@ def test_other_spark_versions_fail_naming_the_range_the_version_and_the_runtimes
     message = str(raised.value)
     assert message.startswith("features needs PySpark >= 4.1, < 5.0; this environment has PySpark ")
     assert version in message
-    assert "18.x (Spark 4.1) or 19.x (Spark 4.2)" in message and "features[local]" in message
+    assert "18.x (Spark 4.1) or 19.x (Spark 4.2)" in message and "windowed-features[local]" in message
 
 
 def test_databricks_runtimes_map_to_their_spark() -> None:
@@ -126,7 +126,7 @@ def test_the_installed_pyspark_passes_and_a_missing_one_says_how_to_install_it(
 ) -> None:
     runtime.check_pyspark()  # the test environment's PySpark (the `local` extra)
     monkeypatch.setitem(sys.modules, "pyspark", None)  # `import pyspark` now raises ImportError
-    with pytest.raises(EnvironmentProblem, match=r"PySpark is not installed.*pip install 'features\[local\]'"):
+    with pytest.raises(EnvironmentProblem, match=r"PySpark is not installed.*pip install 'windowed-features\[local\]'"):
         runtime.check_pyspark()
 
 
@@ -172,7 +172,7 @@ def test_the_bundle_has_the_fields_the_databricks_cli_requires() -> None:
             if "spark_python_task" in task:
                 assert task["spark_python_task"]["python_file"], name
             else:
-                assert task["python_wheel_task"]["package_name"] == "features", name
+                assert task["python_wheel_task"]["package_name"] == "windowed-features", name
     schedule = jobs()["features_nightly_backfill"]["schedule"]
     assert schedule["quartz_cron_expression"] and schedule["timezone_id"] == "UTC"
     assert "schedule" not in jobs()["features_stream"] and "continuous" in jobs()["features_stream"]
@@ -329,7 +329,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.slow
 def test_the_wheel_holds_the_package_and_requires_no_pyspark(wheel: Path) -> None:
-    assert wheel.name.startswith("features-") and wheel.name.endswith("-py3-none-any.whl")
+    assert wheel.name.startswith("windowed_features-") and wheel.name.endswith("-py3-none-any.whl")
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
         [metadata] = [n for n in names if n.endswith(".dist-info/METADATA")]
@@ -352,7 +352,7 @@ def _cluster_site(root: Path, *, pyspark_registered: bool) -> Path:
     site = Path(sysconfig.get_paths()["purelib"])
     root.mkdir(parents=True)
     skipped = re.compile(
-        r"^(features[-.]|__editable__|_distutils_hack|pip|setuptools|pkg_resources|__pycache__)|\.pth$"
+        r"^(windowed_features[-.]|__editable__|_distutils_hack|pip|setuptools|pkg_resources|__pycache__)|\.pth$"
         + ("" if pyspark_registered else r"|^pyspark-[\d.]+\.dist-info$")
     )
     for entry in site.iterdir():

@@ -12,7 +12,7 @@ from features.errors import EnvironmentProblem
 
 
 def test_a_spark_without_listed_packages_names_the_fix() -> None:
-    with pytest.raises(EnvironmentProblem, match=r"Spark 9\.9 .*pip install 'features\[local\]'"):
+    with pytest.raises(EnvironmentProblem, match=r"Spark 9\.9 .*pip install 'windowed-features\[local\]'"):
         jars.packages_for((9, 9))
 
 

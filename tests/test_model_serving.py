@@ -1,6 +1,6 @@
 """A logged model (features.ml.model.log_model) loads and predicts outside this environment.
 
-- The model folder ships the `features` wheel (`code/features-<version>-py3-none-any.whl`, no declared
+- The model folder ships the `features` wheel (`code/windowed_features-<version>-py3-none-any.whl`, no declared
   dependencies); its requirements.txt names that wheel and pins what loading and `predict` import (MLflow,
   cloudpickle, Feast with the DuckDB extra its offline store config needs, pandas, numpy, pyarrow, pyyaml,
   scikit-learn for the classifier): no pyspark, no Great Expectations, no path of this machine.
@@ -223,7 +223,7 @@ def test_a_wheel_of_the_same_source_is_built_once(tmp_path: Path, monkeypatch: p
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     first = model.build_wheel(tmp_path / "one")
-    [cached] = (tmp_path / "cache" / "features" / "wheels").glob("*/features-*.whl")
+    [cached] = (tmp_path / "cache" / "features" / "wheels").glob("*/windowed_features-*.whl")
 
     def no_pip(*args: object, **kwargs: object) -> None:
         raise AssertionError("pip ran for a wheel of a source built before")

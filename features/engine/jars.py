@@ -20,6 +20,7 @@ from pathlib import Path
 from features.cache import user_cache
 from features.errors import EnvironmentProblem
 from features.stores.locks import held
+from features.version import DISTRIBUTION
 
 ENV = "FEATURES_JARS"
 
@@ -89,7 +90,7 @@ def packages_for(spark_version: tuple[int, int]) -> tuple[Package, ...]:
         known = ", ".join(f"{major}.{minor}" for major, minor in sorted(PACKAGES))
         raise EnvironmentProblem(
             f"features has no Delta Lake and Kafka packages listed for Spark {spark_version[0]}.{spark_version[1]} "
-            f"(it has them for Spark {known}). Fix: `pip install 'features[local]'` for the PySpark it runs on"
+            f"(it has them for Spark {known}). Fix: `pip install '{DISTRIBUTION}[local]'` for the PySpark it runs on"
         )
     return packages
 

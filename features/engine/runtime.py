@@ -1,8 +1,8 @@
 """Which Spark the package runs on, checked when a session starts.
 
 PySpark is not a hard dependency of the package: a cluster (Databricks, `spark-submit`) brings its own, and an
-install that pulled another PySpark on top would replace or shadow it. `pip install 'features[local]'` brings the
-PySpark the tests run on, for a local session. Whatever PySpark is there must be one whose Spark has every API
+install that pulled another PySpark on top would replace or shadow it. `pip install 'windowed-features[local]'`
+brings the PySpark the tests run on, for a local session. Whatever PySpark is there must be one whose Spark has every API
 the engines use: `check_pyspark` says so in one error when it is not (docs/deployment.md, Databricks).
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 
 from features.errors import EnvironmentProblem
+from features.version import DISTRIBUTION
 
 # The oldest Spark with every API the package uses. Spark 4.0.0 brought transformWithStateInPandas with its
 # StatefulProcessor, MapState and event-time timers (features/engine/stream.py), GroupedData.applyInArrow
@@ -65,8 +66,8 @@ def version_problem(version: str) -> str | None:
     return (
         f"features needs PySpark {needed}; this environment has PySpark {version}. "
         f"Fix: on Databricks use a runtime with Spark {_text(MIN_SPARK)} or newer, {databricks}; elsewhere install "
-        f"a Spark in that range, or `pip install 'features[local]'` (PySpark {_text(TESTED_SPARK)}) for a local "
-        "session"
+        f"a Spark in that range, or `pip install '{DISTRIBUTION}[local]'` (PySpark {_text(TESTED_SPARK)}) for a "
+        "local session"
     )
 
 
@@ -84,7 +85,7 @@ def check_pyspark() -> None:
     except ImportError:
         raise EnvironmentProblem(
             "PySpark is not installed, and features needs PySpark >= "
-            f"{_text(MIN_SPARK)}, < {_text(BELOW_SPARK)}. Fix: `pip install 'features[local]'` for a local "
+            f"{_text(MIN_SPARK)}, < {_text(BELOW_SPARK)}. Fix: `pip install '{DISTRIBUTION}[local]'` for a local "
             "session, or run where Spark is installed (spark-submit, a Databricks cluster)"
         ) from None
     check_spark_version(pyspark.__version__)

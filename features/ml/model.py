@@ -60,6 +60,7 @@ from features.repo import ONLINE_STORE_TYPES
 from features.spec import DType
 from features.spec.aggregations import Empty
 from features.stores.feature_refs import FeatureColumn, fill_empty, join_keys, resolve_features
+from features.version import DISTRIBUTION, WHEEL_PREFIX
 
 if TYPE_CHECKING:
     from feast import FeatureStore
@@ -86,7 +87,7 @@ requires = ["setuptools>=68"]
 build-backend = "setuptools.build_meta"
 
 [project]
-name = "features"
+name = "{distribution}"
 version = "{version}"
 description = "features as shipped with a logged model; the model's requirements.txt pins what it needs"
 requires-python = ">=3.11"
@@ -260,7 +261,7 @@ def model_distributions(model: Any) -> list[str]:
     names: list[str] = []
     for obj in objects:
         for name in providers.get(type(obj).__module__.partition(".")[0], []):
-            if name not in names and _canonical(name) != "features":  # shipped as the wheel, not a pin
+            if name not in names and _canonical(name) != DISTRIBUTION:  # shipped as the wheel, not a pin
                 names.append(name)
     return names
 
@@ -275,20 +276,20 @@ def build_wheel(wheel_dir: str | Path) -> Path:
     brings neither Spark nor Great Expectations: the model's requirements pin what serving needs. A wheel of
     the same source was built before (the digest of every file and the version): a copy of it, without pip."""
     try:
-        version = metadata.version("features")
+        version = metadata.version(DISTRIBUTION)
     except metadata.PackageNotFoundError:  # imported from a source folder (sys.path), never installed
         version = "0+source"
     out = Path(wheel_dir)
     package = Path(__file__).resolve().parents[1]  # features/, this module being features/ml/model.py
     cached = user_cache("wheels") / source_digest(package, version)
-    made = sorted(cached.glob("features-*.whl")) if cached.is_dir() else []
+    made = sorted(cached.glob(f"{WHEEL_PREFIX}-*.whl")) if cached.is_dir() else []
     if made:
         out.mkdir(parents=True, exist_ok=True)
         return Path(shutil.copy2(made[0], out / made[0].name))
     with tempfile.TemporaryDirectory(prefix="features-wheel-") as tmp:
         project = Path(tmp)
         shutil.copytree(package, project / "features", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        (project / "pyproject.toml").write_text(_WHEEL_PYPROJECT.format(version=version))
+        (project / "pyproject.toml").write_text(_WHEEL_PYPROJECT.format(distribution=DISTRIBUTION, version=version))
         command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--disable-pip-version-check", "--quiet"]
         done = subprocess.run(
             [*command, "--wheel-dir", str(out), str(project)], capture_output=True, text=True, check=False
@@ -299,7 +300,7 @@ def build_wheel(wheel_dir: str | Path) -> Path:
             f"\n{(done.stdout + done.stderr)[-4000:]}\nFix: pip needs setuptools>=68 to build it, from the package "
             "index or its cache"
         )
-    wheel = next(out.glob("features-*.whl"))
+    wheel = next(out.glob(f"{WHEEL_PREFIX}-*.whl"))
     _keep(wheel, cached)
     return wheel
 
