@@ -2,8 +2,8 @@
 
 PySpark is not a hard dependency of the package: a cluster (Databricks, `spark-submit`) brings its own, and an
 install that pulled another PySpark on top would replace or shadow it. `pip install 'windowed-features[local]'`
-brings the PySpark the tests run on, for a local session. Whatever PySpark is there must be one whose Spark has every API
-the engines use: `check_pyspark` says so in one error when it is not (docs/deployment.md, Databricks).
+brings the PySpark the tests run on, for a local session. Whatever PySpark is there must be one whose Spark has
+every API the engines use: `check_pyspark` says so in one error when it is not (docs/deployment.md, Databricks).
 """
 
 from __future__ import annotations
