@@ -43,6 +43,7 @@ from features.stores.offline import current_version, read_pandas, rows_by_date
 ROOT = Path(__file__).resolve().parents[1]
 D1, D2, D3, D4, D5 = (date(2026, 3, d) for d in range(1, 6))
 NOW = datetime(2026, 3, 4, 0, 30, tzinfo=UTC)  # D3 is the last complete day (10m watermark)
+FAR_AHEAD = datetime(2026, 4, 1, tzinfo=UTC)  # an event past every day the plans look at
 
 SOURCE = EventSource(
     "transactions",
@@ -168,7 +169,11 @@ def test_late_event_times_in_any_timestamp_unit_or_as_text(tmp_path: Path) -> No
 
 @pytest.fixture
 def repo(tmp_path: Path) -> Repo:
-    return make_repo(tmp_path / "repo", [HOP, LIFE])
+    """A repo whose source already holds an event far past the days the plans look at: the clock, not the data,
+    decides which of them are complete (test_completeness.py tests the data's side)."""
+    made = make_repo(tmp_path / "repo", [HOP, LIFE])
+    write_events(late_rows([FAR_AHEAD]), made.source_path(HOP))
+    return made
 
 
 def test_since_last_computes_new_days_and_what_late_events_made_stale(repo: Repo) -> None:
@@ -472,7 +477,11 @@ def test_job_ends_an_unexpected_error_with_one_reason_line(tmp_path: Path) -> No
 
 
 def events_for(days: int = 3, n: int = 1_500, seed: int = 4) -> pd.DataFrame:
-    return generate_transactions(n, 30, at(D1), days, seed=seed)
+    """`days` of transactions from D1, and one event far ahead: the clock, not the data, decides which days are
+    complete (none of the days computed here holds a window the far event is in)."""
+    events = generate_transactions(n, 30, at(D1), days, seed=seed)
+    far = events.iloc[:1].assign(event_ts=pd.Timestamp(FAR_AHEAD).as_unit("us"), txn_id="far-ahead")
+    return pd.concat([events, far], ignore_index=True)
 
 
 def offline(repo: Repo, group: FeatureGroup) -> pd.DataFrame:
@@ -702,10 +711,11 @@ def test_since_last_days_around_midnight() -> None:
 @pytest.mark.slow
 def test_nightly_job_end_to_end(tmp_path: Path) -> None:
     """jobs/backfill.py as a scheduler runs it, on the real clock: a first --since-last computes every day of
-    the source up to yesterday, the next finds nothing to do and starts no Spark. A run whose batches pass
+    the source whose data is in, the next finds nothing to do and starts no Spark. A run whose batches pass
     imports neither Feast nor Great Expectations (seconds each, cold)."""
     today = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
-    events = generate_transactions(600, 20, today - timedelta(days=3), 2, seed=8)
+    # Events up to just before today: yesterday waits for data one watermark past its end (today 00:10).
+    events = generate_transactions(600, 20, today - timedelta(days=3), 3, seed=8)
     first_day = (today - timedelta(days=3)).date()
     repo = make_repo(tmp_path / "repo", [HOP], events, apply=True)
     options = ["--since-last", "--days-per-run", "7", "--no-tracking"]
@@ -717,17 +727,13 @@ def test_nightly_job_end_to_end(tmp_path: Path) -> None:
     assert not imported & {"feast", "great_expectations"}, "a passing nightly run imported Feast or Great Expectations"
     assert "online" in first.stdout, first.stdout
     days = read_manifest(repo.offline_path(HOP), "hop").completed()
-    assert days in since_last_days(first_day, before, after), (days, before, after)
-    assert len(days) >= 2  # the source's first day is complete from 00:10 on the third day after it
+    assert days == [first_day, first_day + timedelta(days=1)], (days, before, after)
     assert f"hop: {len(days)} partitions to compute: {spans(days)} (not computed yet)" in first.stdout
+    assert f"hop: waiting for data: the source ends {(today - timedelta(days=1)):%Y-%m-%d} 23:" in first.stdout
     assert f"done: {len(days)} partitions of 1 group" in first.stdout
     before = datetime.now(UTC)
     again = run_job("--repo", str(repo.root), "--since-last", "--no-online", "--no-tracking", cwd=tmp_path)
     after = datetime.now(UTC)
     assert again.returncode == 0, again.stdout + again.stderr
-    # Nothing to do, unless yesterday became complete since the first run (then it, only).
-    said = {
-        "hop: up to date" if not new else f"hop: 1 partition to compute: {spans(new)}"
-        for new in since_last_days(days[-1] + timedelta(days=1), before, after)
-    }
-    assert any(line in again.stdout for line in said), (said, again.stdout)
+    # Nothing to do: yesterday still waits for its data.
+    assert "hop: up to date" in again.stdout, again.stdout

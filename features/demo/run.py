@@ -39,8 +39,9 @@ SHOW_TRANSACTIONS = 10
 
 def run_demo(repo: str, *, events: int, users: int, days: float) -> None:
     """Run the whole loop on `repo` (normally the example `feature_repo/`) and print what each step gives."""
-    from features.pipelines.backfill import backfill
     from features.pipelines.registration import apply
+    from features.pipelines.schedule import execute
+    from features.pipelines.schedule_plan import plan, request
 
     check_sizes(events, users, days)
     loaded = Repo.load(repo)
@@ -61,8 +62,9 @@ def run_demo(repo: str, *, events: int, users: int, days: float) -> None:
     print(f"   feature views: {', '.join(names)}")
 
     _step(3, f"Backfilling [{START:%Y-%m-%d %H:%M}, {end:%Y-%m-%d %H:%M}) UTC with Spark (two-phase, pane partials)")
-    for result in backfill(loaded, START, end):
-        print(f"   {result.summary()}")
+    # As `features backfill --start --end` does: the days it computes are recorded as completed, so that the
+    # nightly `--since-last` after the demo finds nothing left to do.
+    execute(loaded, plan(loaded, request(start=START, end=end)), say=lambda line: print(f"   {line}"))
 
     store = loaded.feature_store()
     refs = [f"{group.name}:{feat.name}" for feat in group.features]
@@ -88,7 +90,7 @@ def run_demo(repo: str, *, events: int, users: int, days: float) -> None:
     root = shown(loaded.root)
     print(
         f"\nNext: change the definitions in {root}/*.py, then run `features apply --repo {root}` and "
-        f"`features backfill --repo {root} --start {_iso(START)} --end {_iso(end)}`."
+        f"`features backfill --repo {root} --since-last` (it recomputes the days the change made stale)."
     )
 
 
@@ -186,10 +188,6 @@ def print_table(frame: pd.DataFrame) -> None:
         "display.width", 250, "display.max_columns", None, "display.max_colwidth", 60, "display.precision", 2
     ):
         print("\n".join("   " + line for line in frame.to_string(index=False).splitlines()), flush=True)
-
-
-def _iso(t: datetime) -> str:
-    return t.strftime("%Y-%m-%d" if t == t.replace(hour=0, minute=0, second=0, microsecond=0) else "%Y-%m-%dT%H:%M")
 
 
 def shown(path: Path | str) -> str:

@@ -24,6 +24,8 @@ import pandas as pd
 
 import features
 from features.demo.datagen import generate_transactions
+from features.errors import EnvironmentProblem
+from features.version import DISTRIBUTION
 
 if TYPE_CHECKING:
     from features.pipelines.backfill import BackfillResult
@@ -81,6 +83,7 @@ def labelled_rows(transactions: pd.DataFrame) -> pd.DataFrame:
 
 def classifier(seed: int = 0) -> Any:
     """Gradient-boosted trees: they take the features' nulls (no row yet, an empty max) as they are."""
+    require_scikit_learn()
     from sklearn.ensemble import HistGradientBoostingClassifier
 
     return HistGradientBoostingClassifier(
@@ -91,6 +94,18 @@ def classifier(seed: int = 0) -> Any:
         l2_regularization=1.0,
         random_state=seed,
     )
+
+
+def require_scikit_learn() -> None:
+    """The demo's model is scikit-learn's, which the package installs only with its `demo` extra (a cluster
+    library stays small without it)."""
+    try:
+        import sklearn  # noqa: F401
+    except ImportError:
+        raise EnvironmentProblem(
+            f"the demo's model needs scikit-learn, which is not installed. Fix: `pip install '{DISTRIBUTION}[demo]'` "
+            "(or scikit-learn itself)"
+        ) from None
 
 
 def feature_columns(frame: pd.DataFrame) -> list[str]:
@@ -140,6 +155,7 @@ def compare(
 ) -> Comparison:
     """Split a training set by time (the last `test_fraction` of its span is held out; the first `warmup`,
     when users have no history yet, is left out) and compare the two models' ROC AUC on the held-out part."""
+    require_scikit_learn()
     from sklearn.metrics import roc_auc_score
 
     times = pd.to_datetime(frame[TIMESTAMP], utc=True)

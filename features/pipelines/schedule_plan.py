@@ -10,7 +10,9 @@ Three ways to say what `features backfill` computes:
     --since-last    every day after the last completed one, up to the last complete day; also days missing
                     between completed ones, and from the source's first day when none is completed yet
 
-A day is complete once it ended at least one source watermark ago (the stream takes no more events for it).
+A day is complete once its data is in (features.pipelines.completeness): the group's stream, or for a group that
+only backfills its source, has gone one source watermark past the day's end. A day whose data has not landed yet is
+reported as waiting, not computed empty.
 `--date` and `--since-last` also recompute every stale partition:
 
 - computed with another definition of the group: the manifest keeps the definition and feature hashes of
@@ -31,13 +33,14 @@ the bad one are completed and the error names the bad date.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING
 
 from features.errors import ConfigError
-from features.pipelines.days import DAY, days_from, last_complete_day, midnight, spans
+from features.pipelines.completeness import DataHorizon, data_horizon
+from features.pipelines.days import DAY, days_from, midnight, spans
 from features.pipelines.stale import DAY_US, EPOCH, changed_features, new_late_batches, stale_partitions
 from features.repo import Repo
 from features.spec import FeatureGroup
@@ -177,6 +180,7 @@ class Run:
 @dataclass
 class GroupPlan:
     group: FeatureGroup
+    horizon: DataHorizon  # how far the group's data is in: its last complete day
     todo: dict[date, str] = field(default_factory=dict)  # day -> why it is computed
     runs: list[Run] = field(default_factory=list)
     skipped: dict[date, PartitionRecord] = field(default_factory=dict)  # completed, current: left alone
@@ -240,13 +244,13 @@ class Plan:
     def describe(self) -> str:
         head = f"backfill {self.request.describe()}: {plural(self.partitions, 'partition')} to compute"
         if self.request.mode == "since-last":
-            ends = {g.group.name: last_complete_day(g.group, self.now).isoformat() for g in self.groups}
+            ends = {g.group.name: _day(g.horizon.last_day) for g in self.groups}
             shown = (
                 next(iter(ends.values()))
                 if len(set(ends.values())) == 1
                 else ", ".join(f"{day} ({name})" for name, day in ends.items())
             )
-            head += f", up to {shown} (the last complete day: it ended one source watermark ago)"
+            head += f", up to {shown} (the last complete day: the data is in one source watermark past its end)"
         lines = [head] + ["  " + line for g in self.groups for line in g.lines()]
         one_day_runs = sum(len(g.runs) for g in self.groups)
         if self.request.mode != "range" and self.request.days_per_run == 1 and one_day_runs > MANY_RUNS:
@@ -264,56 +268,64 @@ def plan(
     *,
     now: datetime | None = None,
     spark: SparkSession | None = None,
+    scan: bool = True,
 ) -> Plan:
-    """What a backfill will compute and why, from each group's manifest and the stream's late batches.
+    """What a backfill will compute and why, from each group's manifest, the stream's late batches and how far
+    each group's data is in (features.pipelines.completeness).
 
     Changes nothing. Spark starts only to find the source's first day, for a `--since-last` of a group with
-    no completed partition yet."""
+    no completed partition yet, and the newest event of a source that is not Parquet (not at all without `scan`,
+    which takes the clock's word for such a source)."""
     now = (now or now_utc()).astimezone(UTC)
     selected = repo.select(list(groups) if groups else None)
+    horizons = {g.name: data_horizon(repo, g, now, spark, scan=scan) for g in selected}
     if req.day is not None:
-        _check_complete(selected, req.day, now)
+        _check_complete(horizons.values(), req.day)
     plans = []
     for group in selected:
         manifest = read_manifest(repo.offline_path(group), group.name)
-        gp = GroupPlan(group, new_late=new_late_batches(repo, group, manifest, now))
+        gp = GroupPlan(group, horizons[group.name], new_late=new_late_batches(repo, group, manifest, now))
         stale = stale_partitions(group, manifest, gp.new_late)
         if req.mode == "range":
-            _plan_range(gp, req, stale, now)
+            _plan_range(gp, req, stale)
         elif req.mode == "date":
             _plan_date(gp, req, manifest, stale)
         else:
-            _plan_since_last(gp, repo, req, manifest, stale, now, spark)
+            _plan_since_last(gp, repo, req, manifest, stale, spark)
         _compute_only_changes(gp, manifest, req.only_changed)
         plans.append(gp)
     return Plan(req, plans, now)
 
 
-def _check_complete(groups: Sequence[FeatureGroup], day: date, now: datetime) -> None:
-    for group in groups:
-        if day > last_complete_day(group, now):
-            done_at = midnight(day + DAY) + timedelta(seconds=group.source.watermark_s)
+def _check_complete(horizons: Iterable[DataHorizon], day: date) -> None:
+    for horizon in horizons:
+        if not horizon.complete(day):
             raise ConfigError(
-                f"--date: {day.isoformat()} is not complete yet for {group.name!r} (complete at "
-                f"{done_at:%Y-%m-%d %H:%M} UTC, one source watermark after it ends); pick an earlier day, or "
-                "compute the part so far with --start/--end"
+                f"--date: {day.isoformat()} is not complete yet for {horizon.group.name!r}: it is complete "
+                f"{horizon.complete_at(day)} ({horizon.waiting().removeprefix('waiting for data: ')}); pick an "
+                "earlier day, or compute the part so far with --start/--end"
             )
 
 
-def _plan_range(gp: GroupPlan, req: Request, stale: dict[date, str], now: datetime) -> None:
+def _day(day: date | None) -> str:
+    return "no day" if day is None else day.isoformat()
+
+
+def _plan_range(gp: GroupPlan, req: Request, stale: dict[date, str]) -> None:
     from features.stores.offline import dates_between
 
     assert req.start is not None and req.end is not None
     days = dates_between(req.start, req.end)
-    last = last_complete_day(gp.group, now)
-    whole = tuple(d for d in days if req.start <= midnight(d) and midnight(d + DAY) <= req.end and d <= last)
+    whole = tuple(
+        d for d in days if req.start <= midnight(d) and midnight(d + DAY) <= req.end and gp.horizon.complete(d)
+    )
     gp.todo = dict.fromkeys(days, RANGE)
     gp.runs = [Run(gp.group.name, req.start, req.end, tuple(days), whole)]
     partial = [d for d in days if d not in whole]
     if partial:
         gp.notes.append(
             f"{spans(partial)} not recorded as completed (the range covers only part of the day, or the day "
-            "is not complete yet)"
+            f"is not complete yet: {gp.horizon.waiting()})"
         )
     outside = sorted(d for d in stale if d not in whole)
     if outside:
@@ -371,21 +383,24 @@ def _plan_since_last(
     req: Request,
     manifest: Manifest,
     stale: dict[date, str],
-    now: datetime,
     spark: SparkSession | None,
 ) -> None:
-    last = last_complete_day(gp.group, now)
+    last = gp.horizon.last_day
     completed = manifest.completed()
     todo = dict(stale)
-    first = completed[0] if completed else source_first_day(repo, gp.group, spark, now)
-    if first is None:
+    first = None
+    if last is not None:
+        first = completed[0] if completed else source_first_day(repo, gp.group, spark, gp.horizon.now)
+    if gp.horizon.newest_event is None and not gp.horizon.streamed:
         gp.notes.append("the source has no events yet")
-    elif first <= last:
+    elif first is not None and last is not None and first <= last:
         todo.update({d: NEW for d in days_from(first, last) if d not in manifest.partitions})
         if not completed:
             gp.notes.append(f"no partition completed yet: starting at the source's first day, {first.isoformat()}")
     if completed and not todo:
         gp.notes.append(f"up to date (completed up to {completed[-1].isoformat()})")
+    if gp.horizon.behind_clock:
+        gp.notes.append(gp.horizon.waiting())
     _set_runs(gp, todo, req.days_per_run)
 
 

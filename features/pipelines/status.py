@@ -78,6 +78,9 @@ class GroupStatus:
     # days not completed that --since-last would compute, as (first, last) ranges of consecutive days
     to_compute: list[tuple[date, date]] = field(default_factory=list)
     set_aside: dict[date, SetAside] = field(default_factory=dict)
+    newest_event: datetime | None = None  # the newest event time in the source (None: none, or not a Parquet one)
+    last_complete: date | None = None  # the last day whose data is in (features.pipelines.completeness)
+    waiting: str | None = None  # why the next day is not complete yet, when the data (not the clock) holds it back
     table: TableInfo | None = None
     stream: StreamInfo | None = None
     runs: list[RunInfo] = field(default_factory=list)
@@ -118,7 +121,7 @@ def status(
 
 
 def _group_status(repo: Repo, group: FeatureGroup, now: datetime) -> GroupStatus:
-    from features.pipelines.days import last_complete_day
+    from features.pipelines.completeness import data_horizon
     from features.pipelines.schedule_plan import NEW, Request, plan
 
     table = repo.offline_path(group)
@@ -126,13 +129,16 @@ def _group_status(repo: Repo, group: FeatureGroup, now: datetime) -> GroupStatus
     gs = GroupStatus(group.name, len(completed), *((completed[0], completed[-1]) if completed else (None, None)))
     gs.set_aside = set_aside_by_day(table, group.name)
     gs.table = _table_info(table)
+    horizon = data_horizon(repo, group, now, scan=False)
+    gs.newest_event, gs.last_complete = horizon.newest_event, horizon.last_day
+    gs.waiting = horizon.waiting() if horizon.behind_clock else None
     if not completed:
+        upto = "" if horizon.last_day is None else f" up to {horizon.last_day.isoformat()}"
         gs.notes.append(
-            "no day completed yet: `features backfill --since-last` computes every day from the source's first "
-            f"up to {last_complete_day(group, now).isoformat()}"
+            f"no day completed yet: `features backfill --since-last` computes every day from the source's first{upto}"
         )
         return gs
-    [planned] = plan(repo, Request(since_last=True), [group.name], now=now).groups
+    [planned] = plan(repo, Request(since_last=True), [group.name], now=now, scan=False).groups
     gs.stale = {day: why for day, why in planned.todo.items() if why != NEW}
     gs.to_compute = day_ranges([day for day, why in planned.todo.items() if why == NEW])
     return gs
@@ -161,6 +167,7 @@ def day_ranges(days: list[date]) -> list[tuple[date, date]]:
 
 def _stream_info(repo: Repo, group: FeatureGroup, checkpoint_root: str | None) -> StreamInfo | None:
     from features.engine.upgrade import last_commit
+    from features.pipelines.completeness import newest_event
     from features.pipelines.stream_progress import emitted_watermark
 
     query = Path(repo.checkpoint_path(group, checkpoint_root)) / "query"
@@ -174,56 +181,6 @@ def _stream_info(repo: Repo, group: FeatureGroup, checkpoint_root: str | None) -
     running = stream_handoff.holder(query.parent, include_self=True)
     by = None if running is None else running.describe()
     return StreamInfo(str(query.parent), watermark, last_at, newest, lag, by)
-
-
-def newest_event(repo: Repo, group: FeatureGroup) -> datetime | None:
-    """The newest event time in the group's Parquet source, from the files' footers where they hold statistics
-    (None for other formats, or a source without events)."""
-    import pyarrow.parquet as pq
-
-    folder = Path(repo.source_path(group))
-    if group.source.format != "parquet" or not folder.is_dir():
-        return None
-    newest: datetime | None = None
-    for file in sorted(folder.rglob("*.parquet")):
-        if any(p.startswith((".", "_")) for p in file.relative_to(folder).parts):
-            continue
-        found = _footer_max(pq.ParquetFile(file), group.source.timestamp)
-        if found is None:  # no statistics (or a string column): read the column of this one file
-            found = _column_max(file, group.source.timestamp)
-        if found is not None and (newest is None or found > newest):
-            newest = found
-    return newest
-
-
-def _column_max(file: Path, column: str) -> datetime | None:
-    import pandas as pd
-    import pyarrow.parquet as pq
-
-    if column not in pq.ParquetFile(file).schema_arrow.names:
-        return None
-    values = pd.to_datetime(pq.read_table(file, columns=[column]).column(0).to_pandas(), utc=True, errors="coerce")
-    newest = values.max()
-    return None if pd.isna(newest) else newest.to_pydatetime()
-
-
-def _footer_max(parquet: Any, column: str) -> datetime | None:
-    import pyarrow as pa
-
-    schema = parquet.schema_arrow
-    if column not in schema.names or not pa.types.is_timestamp(schema.field(column).type):
-        return None
-    index = parquet.schema_arrow.get_field_index(column)
-    meta = parquet.metadata
-    found = None
-    for i in range(meta.num_row_groups):
-        stats = meta.row_group(i).column(index).statistics
-        if stats is None or not stats.has_min_max:
-            return None
-        value = stats.max
-        value = value if value.tzinfo is not None else value.replace(tzinfo=UTC)
-        found = value if found is None or value > found else found
-    return found
 
 
 def _runs(repo: Repo, groups: list[FeatureGroup], limit: int) -> tuple[dict[str, list[RunInfo]], str]:
@@ -278,6 +235,10 @@ def status_lines(report: Status) -> list[str]:
         if g.to_compute:
             days = [d for first, last in g.to_compute for d in days_from(first, last)]
             lines.append(f"  to compute {spans(days)} (not computed yet)")
+        if g.newest_event is not None and g.stream is None:
+            lines.append(f"  source     newest event {g.newest_event:%Y-%m-%d %H:%M:%S} UTC")
+        if g.waiting:
+            lines.append(f"  waiting    {g.waiting.removeprefix('waiting for data: ')}")
         if g.set_aside:
             total = sum(s.total_events for s in g.set_aside.values())
             lines.append(f"  set aside  {total:,} events on {spans(g.set_aside)} (`features retention` lists them)")
