@@ -217,6 +217,79 @@ def test_plan_compares_with_the_registry_before_any_backfill_and_names_removed_g
     assert any("`features apply --prune` removes them" in line for line in lines)
 
 
+def test_apply_and_plan_leave_out_feasts_project_note_and_nothing_else(feast_repo, capsys) -> None:
+    root = feast_repo([HOP], events(), apply=False)
+    status, out, err = run(capsys, "apply", "--repo", str(root))
+    assert status == 0, err
+    assert "Created feature view hop" in out  # Feast's own notes stay
+    assert "No project found" not in out + err
+    redefine(root, [HOP, OTHER])
+    for json_flag in ([], ["--json"]):
+        status, out, err = run(capsys, "plan", "--repo", str(root), *json_flag)
+        assert status == 0, err
+        assert "No project found" not in out + err
+
+
+def test_the_project_note_is_left_out_whole_lines_only() -> None:
+    from contextlib import redirect_stdout
+    from io import StringIO
+
+    from features.pipelines.registration import PROJECT_NOTE, without_project_note
+
+    out, note = StringIO(), PROJECT_NOTE.format("p")
+    with redirect_stdout(out), without_project_note("p"):
+        print("before")
+        print(note[:10], end="")  # a line written in parts
+        print(note[10:] + "\nafter")
+        print(PROJECT_NOTE.format("another project"))
+        print(note + " and more")
+        print("last, no newline", end="")
+    other = PROJECT_NOTE.format("another project")
+    assert out.getvalue() == f"before\nafter\n{other}\n{note} and more\nlast, no newline"
+
+
+@pytest.mark.spark
+def test_plan_refuses_a_where_apply_would_refuse_with_apply_s_error(spark, feast_repo, capsys) -> None:
+    from features.pipelines.registration import WHERE_CHECKS
+
+    root = feast_repo([HOP], events())
+    good = Feature("big_count_1h", agg.count(), window=Hop("1h", every="5m"), where="amount > 100")
+    redefine(root, [FeatureGroup("hop", USER, SOURCE, [*HOP.features, good])])
+    status, out, err = run(capsys, "plan", "--repo", str(root))
+    assert status == 0, err
+    assert "group changed: hop: added big_count_1h (against the Feast registry)" in out.splitlines()
+    assert not (root / WHERE_CHECKS).exists()  # planning records nothing, the checks neither
+
+    typo = Feature("big_count_1h", agg.count(), window=Hop("1h", every="5m"), where="amout > 100")
+    redefine(root, [FeatureGroup("hop", USER, SOURCE, [*HOP.features, typo])])
+    status, out, planned = run(capsys, "plan", "--repo", str(root))
+    assert status == 2 and out == ""
+    assert planned.startswith("error: Feature('big_count_1h').where: Spark cannot use 'amout > 100': "), planned
+    assert "`amout` cannot be resolved" in planned and "Fix: write a Spark SQL condition" in planned
+    status, _, applied = run(capsys, "apply", "--repo", str(root))
+    assert status == 2 and applied == planned
+
+
+@pytest.mark.spark
+def test_plan_checks_a_where_against_the_schema_apply_would_record(spark, feast_repo, capsys) -> None:
+    """A source that declares no schema: apply infers it from all the files and records it before it checks the
+    `where`s, so a column that only newer files have is known to the check; plan infers it alike."""
+    from features.pipelines.registration import WHERE_CHECKS
+
+    inferred = EventSource("transactions", path="data/transactions", timestamp="event_ts", watermark="10m")
+    root = feast_repo([FeatureGroup("hop", USER, inferred, [COUNT_1H])], events())
+    newer = events(days=1, n=40).assign(country="FR")
+    newer.to_parquet(root / "data" / "transactions" / "part-99999.parquet")
+    by_country = Feature("fr_count_1h", agg.count(), window=Hop("1h", every="5m"), where="country = 'FR'")
+    redefine(root, [FeatureGroup("hop", USER, inferred, [COUNT_1H, by_country])])
+    status, out, err = run(capsys, "plan", "--repo", str(root))
+    assert status == 0, err
+    assert "group changed: hop: added fr_count_1h (against the Feast registry)" in out.splitlines()
+    status, _, err = run(capsys, "apply", "--repo", str(root))
+    assert status == 0, err
+    assert (root / WHERE_CHECKS).exists()
+
+
 # ---------------------------------------------------------------------------------------------------------
 # --json of the jobs without Spark: a dry run
 

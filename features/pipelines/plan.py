@@ -12,6 +12,9 @@
   `--date`) recomputes them (features.pipelines.schedule_plan);
 - the Feast objects (entities, data sources, feature views) whose registered spec differs from the repo's,
   from Feast's own dry run of the apply (`FeatureStore.plan`), which writes nothing to the registry.
+
+Before that, each `where` gets the check `features apply` makes (Spark's analyzer, against the source's schema):
+one that apply would refuse fails the plan with the same error.
 """
 
 from __future__ import annotations
@@ -95,9 +98,11 @@ class ApplyPlan:
 
 
 def plan_apply(repo: Repo) -> ApplyPlan:
-    """What `features apply` on `repo` would change (see the module docstring); changes nothing."""
-    from features.pipelines.registration import removed_groups
+    """What `features apply` on `repo` would change (see the module docstring); changes nothing. A `where` that
+    `features apply` would refuse raises its SchemaError here (`check_wheres_unapplied`)."""
+    from features.pipelines.registration import check_wheres_unapplied, removed_groups
 
+    check_wheres_unapplied(repo)
     the_plan = ApplyPlan(str(repo.root))
     registered = _registered_views(repo)
     for group in repo.groups.values():
@@ -188,15 +193,17 @@ def feast_changes(repo: Repo) -> list[FeastChange]:
 
 def _desired_contents(repo: Repo, config: Any) -> Any:
     """The repo's objects as `features apply` assembles them (features.stores.feast_objects.apply_repo), without the
-    apply. Feast imports the modules from the repo folder and prints notes on stdout: both kept in check."""
+    apply. Feast imports the modules from the repo folder and prints notes on stdout: both kept in check (the notes
+    go to stderr, but for the one every such repo gets, `without_project_note`)."""
     import os
 
+    from features.pipelines.registration import without_project_note
     from features.stores.feast_objects import repo_contents
 
     before = os.getcwd()
     try:
         os.chdir(repo.root)
-        with contextlib.redirect_stdout(sys.stderr):
+        with contextlib.redirect_stdout(sys.stderr), without_project_note(repo.project):
             return repo_contents(repo, config)
     finally:
         os.chdir(before)

@@ -6,13 +6,14 @@ of them import downwards."""
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import sys
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 from features.atomic import write_whole
 from features.errors import ConfigError
@@ -23,6 +24,52 @@ from features.version import package_version
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+
+# What Feast prints (with print, on stdout) on every apply and plan of a repo whose modules define no
+# feast.Project: a repo of this package takes its project from feature_store.yaml, so there is nothing to act on.
+PROJECT_NOTE = "No project found in the repository. Using project name {} defined in feature_store.yaml"
+
+
+class _LinesWithout(io.TextIOBase):
+    """A text stream passing each complete line on to `out`, except the line `dropped` (print writes a line in
+    more than one call: lines are put together before they are compared)."""
+
+    def __init__(self, out: TextIO, dropped: str) -> None:
+        super().__init__()
+        self.out, self.dropped, self.partial = out, dropped, ""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        *lines, self.partial = (self.partial + text).split("\n")
+        kept = [line for line in lines if line != self.dropped]
+        if kept:
+            self.out.write("\n".join(kept) + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        self.out.flush()
+
+    def finish(self) -> None:
+        """Pass on what is left of a last line without its newline."""
+        if self.partial and self.partial != self.dropped:
+            self.out.write(self.partial)
+        self.partial = ""
+        self.out.flush()
+
+
+@contextmanager
+def without_project_note(project: str) -> Iterator[None]:
+    """Everything Feast prints meanwhile, except its `PROJECT_NOTE` for `project`, to the stdout of the moment (a
+    caller's redirect stands)."""
+    filtered = _LinesWithout(sys.stdout, PROJECT_NOTE.format(project))
+    try:
+        with redirect_stdout(filtered):
+            yield
+    finally:
+        filtered.finish()
 
 
 @contextmanager
@@ -54,7 +101,7 @@ def apply(repo_path: str, *, prune: bool = False) -> list[str]:
     for warning in record_source_schemas(repo):
         print(f"warning: {warning}", file=sys.stderr)
     check_wheres(repo, session)
-    with _in_dir(repo.root):
+    with _in_dir(repo.root), without_project_note(repo.project):
         apply_repo(repo)
     record_applied(repo)
     return list(repo.groups)
@@ -84,13 +131,15 @@ def read_applied(root: Path) -> dict[str, str]:
 WHERE_CHECKS = Path("data") / "where_checks.json"
 
 
-def _with_wheres(repo: Repo) -> Iterator[tuple[FeatureGroup, dict[str, DType]]]:
-    """Each group with a `where`, and its source's schema."""
+def _with_wheres(
+    repo: Repo, inferred: Mapping[str, Mapping[str, DType]]
+) -> Iterator[tuple[FeatureGroup, dict[str, DType]]]:
+    """Each group with a `where`, and its source's schema (`inferred`'s for the sources it has)."""
     from features.stores.feast_objects import source_schema
 
     for group in repo.groups.values():
         if any(f.where is not None for f in group.features):
-            yield group, source_schema(group, repo.root)
+            yield group, source_schema(group, repo.root, inferred.get(group.source.name))
 
 
 def _all_checked(repo: Repo) -> bool:
@@ -133,13 +182,20 @@ def _checked_wheres(root: Path) -> set[str]:
         return set()  # an unreadable record only costs a check again
 
 
-def check_wheres(repo: Repo, session: Callable[[], SparkSession] | None = None) -> None:
+def check_wheres(
+    repo: Repo,
+    session: Callable[[], SparkSession] | None = None,
+    *,
+    inferred: Mapping[str, Mapping[str, DType]] | None = None,
+    record: bool = True,
+) -> None:
     """Spark's parser and analyzer on each `where`, over an empty frame with the source's schema. Spark starts
     only when some `where` has not passed this check before against the same schema, Spark and package versions
     (recorded in the repo, `WHERE_CHECKS`: an apply that changes no `where` needs no JVM). `session`: gives the
-    session (default: `get_spark`)."""
+    session (default: `get_spark`). `inferred`: source name -> the schema to check against instead of the
+    recorded one; `record`: whether to record the `where`s that passed."""
     checked, unchecked = _checked_wheres(repo.root), []
-    for group, schema in _with_wheres(repo):
+    for group, schema in _with_wheres(repo, inferred or {}):
         group.check_schema(schema)  # the columns it reads, also when its `where`s passed before
         if not set(keys := _where_keys(group, schema)) <= checked:
             unchecked.append((group, schema, keys))
@@ -153,9 +209,18 @@ def check_wheres(repo: Repo, session: Callable[[], SparkSession] | None = None) 
     for group, schema, keys in unchecked:
         check_columns(group, spark.createDataFrame([], spark_schema(schema)))
         checked.update(keys)
+    if not record:
+        return
     path = repo.root / WHERE_CHECKS
     path.parent.mkdir(parents=True, exist_ok=True)
     write_whole(path, json.dumps({"checked": sorted(checked)}, indent=1) + "\n")
+
+
+def check_wheres_unapplied(repo: Repo) -> None:
+    """The check `apply` makes of each `where` (`check_wheres`), against the schemas apply would record (the
+    source's files as they are now), recording nothing: `features plan` refuses what `features apply` would,
+    with the same error, and changes nothing in the repo. Spark starts for a `where` that no apply checked."""
+    check_wheres(repo, inferred=inferred_schemas(repo), record=False)
 
 
 TAG = "features.source"  # the tag features.stores.feast_objects.to_feast puts on every view it makes
@@ -197,12 +262,7 @@ def record_source_schemas(repo: Repo) -> list[str]:
     from features.stores.feast_objects import infer_parquet_schema
 
     warnings: list[str] = []
-    sources: dict[str, list[FeatureGroup]] = {}
-    for group in repo.groups.values():
-        source = group.source
-        if source.schema is None and source.format == "parquet" and "://" not in repo.source_path(group):
-            sources.setdefault(source.name, []).append(group)
-    for name, groups in sources.items():
+    for name, groups in _inferred_sources(repo).items():
         source = groups[0].source
         where = f"EventSource({name!r})"
         inferred = infer_parquet_schema(repo.source_path(groups[0]), where)
@@ -227,3 +287,28 @@ def record_source_schemas(repo: Repo) -> list[str]:
             ],
         )
     return warnings
+
+
+def _inferred_sources(repo: Repo) -> dict[str, list[FeatureGroup]]:
+    """The Parquet sources on this machine that declare no schema (apply infers and records theirs), by name,
+    with the groups reading each."""
+    sources: dict[str, list[FeatureGroup]] = {}
+    for group in repo.groups.values():
+        source = group.source
+        if source.schema is None and source.format == "parquet" and "://" not in repo.source_path(group):
+            sources.setdefault(source.name, []).append(group)
+    return sources
+
+
+def inferred_schemas(repo: Repo) -> dict[str, dict[str, DType]]:
+    """Per source of a group with a `where`, the schema `record_source_schemas` would record now, unrecorded
+    (sources without files, declared or remote ones are left out: apply records none for them)."""
+    from features.stores.feast_objects import infer_parquet_schema
+
+    schemas = {}
+    for name, groups in _inferred_sources(repo).items():
+        if any(f.where is not None for g in groups for f in g.features):
+            inferred = infer_parquet_schema(repo.source_path(groups[0]), f"EventSource({name!r})")
+            if inferred is not None:
+                schemas[name] = dict(inferred.columns)
+    return schemas
