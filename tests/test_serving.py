@@ -74,6 +74,16 @@ class Server:
             if connection is None:
                 conn.close()
 
+    def post_bytes(self, path: str, data: bytes, content_type: str = "application/json") -> tuple[int, dict]:
+        """A body as sent, not necessarily JSON."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        try:
+            conn.request("POST", path, data, {"Content-Type": content_type})
+            response = conn.getresponse()
+            return response.status, json.loads(response.read() or b"null")
+        finally:
+            conn.close()
+
     def online(self, group, entities: dict[str, list]) -> dict[str, list]:
         """Feature name -> values, from the server's JSON answer."""
         body = {"features": [f"{group.name}:{f.name}" for f in group.features], "entities": entities}
@@ -321,6 +331,93 @@ def test_the_fix_names_what_exists(served: Server) -> None:
     assert f"'{USER.name}'" in answer["fix"] and f"'{CARD_MERCHANT.name}'" in answer["fix"]
     _, answer = served.post(ONLINE, {"features": [TXN_COUNT], "entities": {"card_id": ["u1"]}})
     assert '"user_id": [...]' in answer["fix"]
+
+
+# A body Feast's request model refuses (FastAPI answers 422 with pydantic's errors): 400, naming the field
+
+ONLINE_FIX = 'send a JSON object like {"features": ["<view>:<feature>", ...]'
+# name -> (path, body, content type, what the error says, what the fix says)
+INVALID = {
+    "malformed JSON": (ONLINE, b'{"features": [', "application/json", "body: not valid JSON (", ONLINE_FIX),
+    "no body": (ONLINE, b"", "application/json", "body: missing", ONLINE_FIX),
+    "a JSON list": (ONLINE, b"[1, 2]", "application/json", "body: not a JSON object (got [1, 2])", ONLINE_FIX),
+    "not sent as JSON": (ONLINE, b"{}", "text/plain", "body: not read as JSON (its Content-Type", "Content-Type"),
+    "features not a list": (
+        ONLINE,
+        json.dumps({"features": TXN_COUNT, "entities": {"user_id": ["u1"]}}).encode(),
+        "application/json",
+        f'features: should be a valid list, got "{TXN_COUNT}"',
+        'send "features" as a list of',
+    ),
+    "a feature not a string": (
+        ONLINE,
+        b'{"features": [1], "entities": {"user_id": ["u1"]}}',
+        "application/json",
+        "features.0: should be a valid string, got 1",
+        'send "features" as a list of',
+    ),
+    "entities not an object": (
+        ONLINE,
+        json.dumps({"features": [TXN_COUNT], "entities": ["u1"]}).encode(),
+        "application/json",
+        'entities: should be a valid dictionary, got ["u1"]',
+        'send "entities" as an object of join key -> list of values',
+    ),
+    "a key's values not a list": (
+        ONLINE,
+        json.dumps({"features": [TXN_COUNT], "entities": {"user_id": "u1"}}).encode(),
+        "application/json",
+        'entities.user_id: should be a valid list, got "u1"',
+        'send "entities" as an object',
+    ),
+    "no entities": (
+        ONLINE,
+        json.dumps({"features": [TXN_COUNT]}).encode(),
+        "application/json",
+        "entities: missing",
+        'send "entities" as an object',
+    ),
+    "full_feature_names not a boolean": (
+        ONLINE,
+        json.dumps({"features": [TXN_COUNT], "entities": {"user_id": ["u1"]}, "full_feature_names": "yes!"}).encode(),
+        "application/json",
+        "full_feature_names: should be a valid boolean",
+        'send "full_feature_names" as true or false',
+    ),
+    "malformed JSON to another endpoint": (
+        "/push",
+        b"{",
+        "application/json",
+        "body: not valid JSON (",
+        "send a JSON object as /push takes (https://docs.feast.dev/",
+    ),
+    "a wrong type to another endpoint": (
+        "/push",
+        b'{"push_source_name": 1, "df": {}}',
+        "application/json",
+        "push_source_name: should be a valid string, got 1",
+        "correct push_source_name to the type /push takes",
+    ),
+}
+
+
+@pytest.mark.parametrize("mistake", list(INVALID))
+def test_a_body_the_request_model_refuses_is_a_400_naming_the_field(served: Server, mistake: str) -> None:
+    path, data, content_type, error, fix = INVALID[mistake]
+    status, answer = served.post_bytes(path, data, content_type)
+    assert status == 400, answer
+    assert set(answer) == {"error", "fix"} and answer["error"].startswith(error) and fix in answer["fix"], answer
+    log = served.log.read_text()
+    assert f"400 {path}: {answer['error']}" in log  # one line in the server's log
+    assert "Traceback" not in log, log[-3000:]
+    assert served.online(USER, {"user_id": ["u1"]})["txn_count"] == [3]
+
+
+def test_every_field_refused_is_named(served: Server) -> None:
+    status, answer = served.post(ONLINE, {"features": "x", "entities": [], "full_feature_names": "?"})
+    assert status == 400
+    assert answer["error"].count(": should be a valid") == 3, answer
+    assert {"features:", "entities:", "full_feature_names:"} <= set(answer["error"].split()), answer
 
 
 # ---------------------------------------------------------------------------------------------------------

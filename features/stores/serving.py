@@ -7,7 +7,8 @@ What `serve` adds to Feast's server:
 - a client's mistake in a request (an unknown feature or feature view, a join key missing, key lists of
   different lengths) is answered 400 or 404 with a JSON body `{"error": ..., "fix": ...}` and one log line,
   where Feast answers 500 with a traceback in the log, or for a composite key given in part 200 with every
-  value NOT_FOUND (`features.stores.serving_requests.RequestErrors`);
+  value NOT_FOUND (`features.stores.serving_requests.RequestErrors`); so is a body that is not JSON or has a
+  field of the wrong type (400, where FastAPI answers 422 with pydantic's errors);
 - Ctrl-C (SIGINT) stops it within a second: gunicorn sends its workers SIGQUIT, which Feast's uvicorn worker
   ignores, so gunicorn waited 30 s and then SIGKILLed them;
 - a broken feature_store.yaml, a port in use or a registry with nothing applied is one `error:` line (exit 2).
@@ -141,7 +142,7 @@ def check_port(host: str, port: int) -> None:
 
 
 def _run_server(store: FeatureStore, host: str, port: int, options: dict[str, Any]) -> None:
-    """Feast's `start_server` (its gunicorn branch), with `RequestErrors` around Feast's app and workers that
+    """Feast's `start_server` (its gunicorn branch), with `with_request_errors` on Feast's app and workers that
     stop on gunicorn's SIGQUIT; blocks until the server stops."""
     from feast.feature_server import start_server
 
@@ -180,7 +181,7 @@ def _run_server(store: FeatureStore, host: str, port: int, options: dict[str, An
 
 
 def _application_class() -> type:
-    """Feast's gunicorn application with `RequestErrors` and `StoppingWorker` (classes made here: importing
+    """Feast's gunicorn application with `with_request_errors` and `StoppingWorker` (classes made here: importing
     gunicorn and uvicorn is left to the server)."""
     import asyncio
     import signal
@@ -190,7 +191,7 @@ def _application_class() -> type:
     from uvicorn.server import Server
     from uvicorn_worker import UvicornWorker
 
-    from features.stores.serving_requests import RequestErrors
+    from features.stores.serving_requests import with_request_errors
 
     class WorkerServer(Server):
         """uvicorn's server, except that a signal only stops it: uvicorn raises the signal again once stopped,
@@ -225,7 +226,7 @@ def _application_class() -> type:
     class Application(FeastServeApplication):
         def __init__(self, store: FeatureStore, **options: Any) -> None:
             super().__init__(store, **options)
-            self._app.add_middleware(RequestErrors, store=store, registry_ttl_s=options["registry_ttl_sec"])
+            with_request_errors(self._app, store, options["registry_ttl_sec"])
 
         def load_config(self) -> None:
             super().load_config()

@@ -1,6 +1,8 @@
 """The feature server's answers to a client's mistakes: a request to `POST /get-online-features` that names an
 unknown feature or view, or whose entity keys are missing or uneven, gets a 4xx answer with a JSON body saying
-what was wrong and the fix (features.stores.serving runs the server with this middleware in front of Feast's app)."""
+what was wrong and the fix (features.stores.serving runs the server with this middleware in front of Feast's app).
+So does a body Feast's request model refuses, on any endpoint (not JSON, or a field of the wrong type): 400 where
+FastAPI answers 422 with its own body (`with_request_errors`)."""
 
 from __future__ import annotations
 
@@ -8,11 +10,13 @@ import json
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from fastapi import FastAPI, Request, Response
+    from fastapi.exceptions import RequestValidationError
     from feast import FeatureStore
 
 
@@ -31,6 +35,15 @@ class RequestProblem:
 
     def body(self) -> bytes:
         return json.dumps({"error": self.error, "fix": self.fix}).encode()
+
+
+def with_request_errors(app: FastAPI, store: FeatureStore, registry_ttl_s: float) -> None:
+    """Feast's app, with `RequestErrors` in front of it and `invalid_request` answering what its request models
+    refuse."""
+    from fastapi.exceptions import RequestValidationError
+
+    app.add_middleware(RequestErrors, store=store, registry_ttl_s=registry_ttl_s)
+    app.add_exception_handler(RequestValidationError, invalid_request)
 
 
 class RequestErrors:
@@ -132,7 +145,7 @@ def request_problem(store: FeatureStore, body: bytes) -> RequestProblem | None:
     try:
         request = json.loads(body)
     except ValueError:
-        return None  # FastAPI answers a body that is not JSON itself (422)
+        return None  # Feast's request model refuses it: `invalid_request` answers
     if not isinstance(request, dict):
         return None
     wanted = _requested_features(store, request)
@@ -203,8 +216,8 @@ def _example_ref(views: Mapping[str, Any]) -> str:
 
 def _entities_problem(entities: Any, keys: Mapping[str, list[str]]) -> RequestProblem | None:
     """The problem with the request's `entities` for views with these join keys, if any."""
-    if not isinstance(entities, dict):
-        return None  # Feast's own request model answers that (422)
+    if not isinstance(entities, dict) or not all(isinstance(values, list) for values in entities.values()):
+        return None  # Feast's request model refuses it: `invalid_request` answers, naming the field
     needed = {key: view for view, view_keys in keys.items() for key in view_keys}
     missing = [key for key in needed if key not in entities]
     if missing:
@@ -230,6 +243,81 @@ def _entities_problem(entities: Any, keys: Mapping[str, list[str]]) -> RequestPr
             400, "entities: no rows (the key lists are empty)", "send at least one value per join key"
         )
     return None
+
+
+async def invalid_request(request: Request, exc: RequestValidationError) -> Response:
+    """FastAPI's answer to a body the endpoint's request model refuses (422, pydantic's errors as its body), as
+    400 with `{"error": ..., "fix": ...}` naming the field, and one log line."""
+    from fastapi.responses import Response
+
+    problem = validation_problem(request.url.path, exc.errors())
+    LOG.info("%s %s: %s", problem.status, request.url.path, problem.error)
+    return Response(problem.body(), status_code=problem.status, media_type="application/json")
+
+
+_FEAST_API = "https://docs.feast.dev/reference/feature-servers/python-feature-server"
+_ONLINE_FIXES = {
+    "features": 'send "features" as a list of "<feature view>:<feature>" strings',
+    "entities": 'send "entities" as an object of join key -> list of values, e.g. {"user_id": ["u1", "u2"]}',
+    "feature_service": 'send "feature_service" as the name of a feature service (a string)',
+    "full_feature_names": 'send "full_feature_names" as true or false',
+    "include_feature_view_version_metadata": 'send "include_feature_view_version_metadata" as true or false',
+}
+_SHOWN_ERRORS = 3  # the fields named in one answer; the rest are counted
+
+
+def validation_problem(path: str, errors: Sequence[Mapping[str, Any]]) -> RequestProblem:
+    """A 400 naming each field pydantic refused (`errors`: `RequestValidationError.errors()`) and the fix for
+    the first."""
+    described = [_described(error) for error in errors] or ["body: refused by the request model"]
+    more = len(described) - _SHOWN_ERRORS
+    error = "; ".join(described[:_SHOWN_ERRORS]) + (f"; and {more} more" if more > 0 else "")
+    first = errors[0] if errors else {}
+    return RequestProblem(400, error, _validation_fix(path, _field(first), first))
+
+
+def _field(error: Mapping[str, Any]) -> str:
+    """pydantic's location of the error as the field's path in the body (`entities.user_id`, `features.0`);
+    "body" for the body as a whole (JSON that does not parse: its location ends with the character), and a query
+    or header parameter's name prefixed by where it is."""
+    parts = [str(part) for part in error.get("loc", ())]
+    if error.get("type") == "json_invalid":
+        return "body"
+    if parts[:1] == ["body"]:
+        return ".".join(parts[1:]) or "body"
+    return ".".join(parts) or "body"
+
+
+def _described(error: Mapping[str, Any]) -> str:
+    kind, loc, given = error.get("type"), error.get("loc", ()), error.get("input")
+    if kind == "json_invalid":
+        at = f" at character {loc[1]}" if len(loc) > 1 else ""
+        return f"body: not valid JSON ({error.get('ctx', {}).get('error', 'decode error')}{at})"
+    field = _field(error)
+    if kind == "missing":
+        return "body: missing (the request has no JSON body)" if field == "body" else f"{field}: missing"
+    if field == "body":
+        if isinstance(given, bytes):
+            return "body: not read as JSON (its Content-Type is not application/json)"
+        return f"body: not a JSON object (got {_shown(given)})"
+    message = str(error.get("msg", "refused")).removeprefix("Input ").rstrip(".")
+    return f"{field}: {message}, got {_shown(given)}"
+
+
+def _shown(value: Any, most: int = 60) -> str:
+    text = json.dumps(value, default=repr) if not isinstance(value, bytes) else repr(value)
+    return text if len(text) <= most else text[: most - 3] + "..."
+
+
+def _validation_fix(path: str, field: str, error: Mapping[str, Any]) -> str:
+    if field == "body":
+        sent = "" if error.get("type") == "json_invalid" else " with Content-Type: application/json"
+        example = f"like {_EXAMPLE_REQUEST}" if path == ONLINE_PATH else f"as {path} takes ({_FEAST_API})"
+        return f"send a JSON object {example}{sent}"
+    if path == ONLINE_PATH:
+        top = field.split(".", 1)[0]
+        return _ONLINE_FIXES.get(top, f"send a body like {_EXAMPLE_REQUEST}")
+    return f"correct {field} to the type {path} takes ({_FEAST_API})"
 
 
 async def _whole_request(receive: Any) -> list[dict[str, Any]]:
