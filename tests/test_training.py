@@ -511,6 +511,22 @@ def test_no_active_run_logs_nothing(repo: Repo, events: pd.DataFrame, no_fluent_
     assert frame.attrs["features.lineage"]["features"] == ["user_transactions:failed_count_24h"]
 
 
+def test_a_pandas_training_set_carries_its_lineage_pinned_or_not(spark, repo: Repo, events: pd.DataFrame):
+    """Read at a pinned version (joined in Spark), or from Spark rows asked for as pandas, a pandas training set
+    holds the lineage the Feast path's holds, with the versions read."""
+    rows = random_rows(events, 10, 9)
+    refs = ["user_transactions:failed_count_24h", "card_merchant:txn_count_1h"]
+    lineage = training_set(rows, refs, repo, timestamp_column="t", log_lineage=False).attrs["features.lineage"]
+    assert set(lineage["table_versions"]) == {"user_transactions", "card_merchant"}
+    versions = lineage["table_versions"]
+    pinned = training_set(rows, refs, repo, timestamp_column="t", as_of_version=versions, log_lineage=False)
+    assert pinned.attrs["features.lineage"] == lineage
+    at_time = training_set(rows, refs, repo, timestamp_column="t", as_of=datetime.now(UTC), log_lineage=False)
+    assert at_time.attrs["features.lineage"] == lineage
+    collected = training_set(spark_frame(spark, rows), refs, repo, timestamp_column="t", spark=False, log_lineage=False)
+    assert collected.attrs["features.lineage"] == lineage
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Mistakes
 

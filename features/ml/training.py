@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from features.errors import ConfigError
-from features.ml.lineage import lineage_from, lineage_of
+from features.ml.lineage import Lineage, lineage_from, lineage_of
 from features.repo import Repo
 from features.spec import DType, FeatureGroup
 from features.spec.fingerprint import feature_hashes
@@ -204,7 +204,7 @@ def training_set(
 
     When an MLflow run is active, the lineage (feature references, definition hashes, the rows' time range, the
     tables' versions) is logged on it (`features.ml.tracking.log_training_lineage`); a pandas result's
-    `frame.attrs["features.lineage"]` holds it too.
+    `frame.attrs["features.lineage"]` holds it too, pinned to a version or not.
     """
     loaded = repo if isinstance(repo, Repo) else Repo.load(repo)
     refs = resolve_features(loaded, features)
@@ -215,17 +215,8 @@ def training_set(
         # Feast reads a table's newest version only: a pinned version is joined in Spark, with the same values.
         rows = entity_rows if not isinstance(entity_rows, pd.DataFrame) else _to_spark(entity_rows, _given(spark))
         args = (refs, loaded, timestamp_column, full_feature_names, log_lineage, versions)
-        frame = _spark_training_set(rows, *args)
-        if not isinstance(entity_rows, pd.DataFrame):
-            if spark is None or spark is True or not isinstance(spark, bool):
-                return frame
-            # pandas asked for: the joined rows are collected, typed as the pandas path types them.
-            return fill_empty(frame.toPandas(), refs, full_feature_names)
-        if spark:
-            return frame
-        columns = [r.column(full_feature_names) for r in refs]
-        found = fill_empty(frame.select(*columns).toPandas(), refs, full_feature_names)
-        return pd.concat([entity_rows.reset_index(drop=True), found], axis=1)
+        frame, lineage = _spark_training_set(rows, *args)  # called from here: its warnings name the caller's line
+        return _as_asked(frame, lineage, entity_rows, spark, refs, full_feature_names)
     entity_df = _entity_frame(entity_rows, refs, timestamp_column, full_feature_names)
     _check_coverage(loaded, refs, entity_df[FEAST_TIMESTAMP], versions)
     with warnings.catch_warnings():
@@ -273,6 +264,31 @@ def _warn_if_written(repo: Repo, refs: Sequence[FeatureRef], versions: dict[str,
             )
 
 
+def _as_asked(
+    frame: SparkDataFrame,
+    lineage: Lineage,
+    entity_rows: pd.DataFrame | SparkDataFrame,
+    spark: bool | SparkSession | None,
+    refs: Sequence[FeatureRef],
+    full_feature_names: bool,
+) -> pd.DataFrame | SparkDataFrame:
+    """The Spark join's result as `training_set` was asked for it: Spark, unless pandas is (`spark=False`; for
+    pandas rows, by default), which carries the lineage in `attrs` as the Feast path's result does."""
+    given_pandas = isinstance(entity_rows, pd.DataFrame)
+    wants_spark = bool(spark) if given_pandas else spark is not False
+    if wants_spark:
+        return frame
+    # The joined rows are collected, typed as the pandas path types them; pandas rows are kept as given.
+    if given_pandas:
+        columns = [r.column(full_feature_names) for r in refs]
+        found = fill_empty(frame.select(*columns).toPandas(), refs, full_feature_names)
+        out = pd.concat([entity_rows.reset_index(drop=True), found], axis=1)
+    else:
+        out = fill_empty(frame.toPandas(), refs, full_feature_names)
+    out.attrs["features.lineage"] = lineage.to_dict()
+    return out
+
+
 def _spark_training_set(
     rows: SparkDataFrame,
     refs: Sequence[FeatureRef],
@@ -281,7 +297,7 @@ def _spark_training_set(
     full_feature_names: bool,
     log_lineage: bool,
     versions: dict[str, int],
-) -> SparkDataFrame:
+) -> tuple[SparkDataFrame, Lineage]:
     """The Spark path: checks and lineage from one aggregation over the rows, then the join in Spark, on the
     tables at `versions` (the lazy result reads them whenever it runs)."""
     from features.engine import pit
@@ -306,7 +322,7 @@ def _spark_training_set(
         tracking.log_training_lineage(lineage)
     if stats.start is None or stats.end is None:  # no rows: nothing to look up, the columns all the same
         stats = pit.RowStats(0, 0, 0, datetime(1970, 1, 1, tzinfo=UTC), datetime(1970, 1, 1, tzinfo=UTC), {})
-    return pit.join_features(
+    joined = pit.join_features(
         rows,
         refs,
         repo,
@@ -316,6 +332,7 @@ def _spark_training_set(
         full_feature_names=full_feature_names,
         versions=versions,
     )
+    return joined, lineage
 
 
 def _check_names(refs: Sequence[FeatureRef], full_feature_names: bool) -> None:
