@@ -141,7 +141,7 @@ def test_status_on_a_repo_with_nothing_run(feast_repo, capsys: pytest.CaptureFix
 
 
 def test_status_counts_completed_stale_and_set_aside_days(feast_repo, capsys: pytest.CaptureFixture[str]) -> None:
-    root = feast_repo([HOP], events())
+    root = feast_repo([HOP], events(days=5))  # data up to 03-05: the days up to 03-04 are complete
     complete(root, HOP, [D1], computed_with=HOP_V1)  # before amount_sum_1h was added
     complete(root, HOP, [D3], computed_with=HOP)
     with update(Repo.load(root).offline_path(HOP), "hop") as manifest:
@@ -152,14 +152,18 @@ def test_status_counts_completed_stale_and_set_aside_days(feast_repo, capsys: py
         "hop: 2 days completed (2026-03-01 .. 2026-03-03)",
         "  stale      2026-03-01 (definition changed: added feature 'amount_sum_1h')",
     ]
-    assert "  to compute 2026-03-02, 2026-03-04.." in out  # the gap, then every day after the last completed
+    # the gap, then every day after the last completed whose data is in
+    assert "  to compute 2026-03-02, 2026-03-04 (not computed yet)" in out
+    assert "  source     newest event 2026-03-05 23:" in out
+    assert "  waiting    the source ends 2026-03-05 23:" in out and "2026-03-05 is complete once" in out
     assert "  set aside  42 events on 2026-03-03" in out
 
     status, out, _ = run(capsys, "status", "--repo", str(root), "--json")
     [group] = json.loads(out)["groups"]
     assert (group["completed"], group["first"], group["last"]) == (2, "2026-03-01", "2026-03-03")
     assert group["stale"] == {"2026-03-01": "definition changed: added feature 'amount_sum_1h'"}
-    assert group["to_compute"][0] == ["2026-03-02", "2026-03-02"]
+    assert group["to_compute"] == [["2026-03-02", "2026-03-02"], ["2026-03-04", "2026-03-04"]]
+    assert group["last_complete"] == "2026-03-04" and group["newest_event"].startswith("2026-03-05T23:")
     assert group["set_aside"]["2026-03-03"]["files"] == 1 and group["set_aside"]["2026-03-03"]["records"] == 2
 
 

@@ -9,6 +9,7 @@ backfills a source whose days land late, on a simulated clock, against a backfil
 
 from __future__ import annotations
 
+import os
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
@@ -71,10 +72,14 @@ def land(repo: Repo, events: pd.DataFrame, index: int) -> None:
     write_events(events, repo.source_path(GROUP), start_index=index)
 
 
-def mark_completed(repo: Repo, days: list[date]) -> None:
+def mark_completed(repo: Repo, days: list[date]) -> datetime:
+    """Record days as a backfill that read the source just now (after every file landed so far) would."""
+    read_at = max((f.stat().st_mtime for f in Path(repo.source_path(GROUP)).glob("*.parquet")), default=0.0)
+    read = datetime.fromtimestamp(read_at + 1, UTC)
     with update(repo.offline_path(GROUP), GROUP.name) as manifest:
         for day in days:
-            manifest.record(day, definition_hash(GROUP), feature_hashes(GROUP), 10, NOW)
+            manifest.record(day, definition_hash(GROUP), feature_hashes(GROUP), 10, NOW, source_read_at=read)
+    return read
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -138,6 +143,27 @@ def test_since_last_waits_for_a_day_whose_files_have_not_landed(tmp_path: Path, 
     assert "up to 2026-12-04 (the last complete day" in capsys.readouterr().out
 
 
+def test_a_file_that_lands_after_its_day_was_computed_makes_the_day_stale(tmp_path: Path, events) -> None:
+    repo = Repo.load(build_feast_repo(tmp_path / "repo", [GROUP], apply=False))
+    for i, day in enumerate([D1, D2, D3, D4]):
+        land(repo, day_of(events, day), 10 * i)
+    read = mark_completed(repo, [D1, D2, D3])
+    assert plan(repo, request(since_last=True), now=NOW).groups[0].todo == {}
+    # A second export of D2 lands after the backfill read the source: D2 and, through n_ever (Lifetime), every
+    # completed day after it no longer hold all their events.
+    extra = day_of(events, D2).head(5).assign(event_ts=lambda f: f["event_ts"] + pd.Timedelta(minutes=1))
+    land(repo, extra, 50)
+    late_file = Path(repo.source_path(GROUP)) / "part-00050.parquet"
+    os.utime(late_file, (read.timestamp() + 1, read.timestamp() + 1))
+    [gp] = plan(repo, request(since_last=True), now=NOW).groups
+    why = "source files landed after it was computed: part-00050.parquet"
+    assert gp.todo == {D2: why, D3: why}
+    assert f"2026-12-02..2026-12-03 ({why})" in "\n".join(gp.lines())
+    # A file written before the read changes nothing.
+    os.utime(late_file, (read.timestamp() - 5, read.timestamp() - 5))
+    assert plan(repo, request(since_last=True), now=NOW).groups[0].todo == {}
+
+
 def test_a_range_records_only_the_days_whose_data_is_in(tmp_path: Path, events) -> None:
     repo = Repo.load(build_feast_repo(tmp_path / "repo", [GROUP], apply=False))
     land(repo, day_of(events, D1), 0)
@@ -165,8 +191,16 @@ def test_days_landing_late_are_computed_when_they_land(spark, tmp_path: Path, ev
     land(repo, day_of(events, D5), 40)
     execute(repo, plan(repo, request(since_last=True), now=NOW, spark=spark), **opts)
     assert read_manifest(repo.offline_path(GROUP), GROUP.name).completed() == [D1, D2, D3, D4]
+    # A second export of D2 lands after that: the next run recomputes D2 and the days its events change.
+    extra = day_of(events, D2).head(7).assign(event_ts=lambda f: f["event_ts"] + pd.Timedelta(minutes=1))
+    land(repo, extra, 50)
+    again = plan(repo, request(since_last=True), now=NOW, spark=spark)
+    assert set(again.groups[0].todo) == {D2, D3, D4}
+    execute(repo, again, **opts)
+    assert plan(repo, request(since_last=True), now=NOW, spark=spark).partitions == 0
 
-    whole = Repo.load(build_feast_repo(tmp_path / "whole", [GROUP], events, apply=False))
+    everything = pd.concat([events, extra], ignore_index=True)
+    whole = Repo.load(build_feast_repo(tmp_path / "whole", [GROUP], everything, apply=False))
     execute(whole, plan(whole, request(start="2026-12-01", end="2026-12-05"), now=NOW, spark=spark), **opts)
     got, want = (_rows(r) for r in (repo, whole))
     pd.testing.assert_frame_equal(got, want)
@@ -174,7 +208,11 @@ def test_days_landing_late_are_computed_when_they_land(spark, tmp_path: Path, ev
 
 
 def _rows(repo: Repo) -> pd.DataFrame:
+    """Each key's change points, without rows that repeat its previous values (a backfill of a range that starts
+    inside a key's series writes its values at the range's first end again)."""
     table = read_pandas(repo.offline_path(GROUP))
     table[WINDOW_END] = pd.to_datetime(table[WINDOW_END], utc=True)
-    columns = ["user_id", WINDOW_END, "n_24h", "n_ever"]
-    return table[columns].sort_values(columns[:2], ignore_index=True)
+    values = ["n_24h", "n_ever"]
+    table = table[["user_id", WINDOW_END, *values]].sort_values(["user_id", WINDOW_END], ignore_index=True)
+    repeated = (table[values] == table.groupby("user_id")[values].shift(1)).all(axis=1)
+    return table[~repeated].reset_index(drop=True)

@@ -15,7 +15,7 @@ from features.pipelines.schedule_plan import Plan, Run, one_run, plan, plural, r
 from features.repo import Repo
 from features.spec import FeatureGroup
 from features.spec.fingerprint import definition_hash, feature_hashes
-from features.stores.manifest import update
+from features.stores.manifest import now_utc, update
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -60,7 +60,8 @@ def execute(
             todo = list(gp.runs)
             while todo:
                 run = todo.pop(0)
-                recorder = _Recorder(repo, gp.group, run.record)
+                # A run that only drops features reads nothing: its days keep when they were read.
+                recorder = _Recorder(repo, gp.group, run.record, None if run.features == () else now_utc())
                 if run.features == ():  # features only removed: the days' rows stay as they are
                     for day in run.days:
                         recorder(gp.group, day)
@@ -113,13 +114,13 @@ def _stopped(write: Callable[[str], None], run: Run, completed: int) -> None:
 class _Recorder:
     """Records a run's dates in the manifest as their partitions are swapped in (`on_swapped` of a backfill)."""
 
-    def __init__(self, repo: Repo, group: FeatureGroup, record: Sequence[date]) -> None:
-        self.repo, self.group, self.record = repo, group, set(record)
+    def __init__(self, repo: Repo, group: FeatureGroup, record: Sequence[date], read_at: datetime | None) -> None:
+        self.repo, self.group, self.record, self.read_at = repo, group, set(record), read_at
         self.recorded: list[date] = []
 
     def __call__(self, group: FeatureGroup, day: date) -> None:
         if day in self.record:
-            record_completed(self.repo, self.group, [day])
+            record_completed(self.repo, self.group, [day], self.read_at)
             self.recorded.append(day)
 
 
@@ -133,8 +134,11 @@ def _remember_late(repo: Repo, the_plan: Plan) -> None:
                 manifest.remember_late(batch)
 
 
-def record_completed(repo: Repo, group: FeatureGroup, days: Sequence[date]) -> None:
-    """Record days whose partitions were just swapped in, with the definition and their row counts."""
+def record_completed(
+    repo: Repo, group: FeatureGroup, days: Sequence[date], source_read_at: datetime | None = None
+) -> None:
+    """Record days whose partitions were just swapped in, with the definition, their row counts and when their
+    backfill began reading the source."""
     from features.stores.offline import rows_by_date
 
     table = repo.offline_path(group)
@@ -142,7 +146,7 @@ def record_completed(repo: Repo, group: FeatureGroup, days: Sequence[date]) -> N
     rows = rows_by_date(table)
     with update(table, group.name) as manifest:
         for day in days:
-            manifest.record(day, current, hashes, rows.get(day, 0))
+            manifest.record(day, current, hashes, rows.get(day, 0), source_read_at=source_read_at)
 
 
 def command_plan(

@@ -41,7 +41,14 @@ from typing import TYPE_CHECKING
 from features.errors import ConfigError
 from features.pipelines.completeness import DataHorizon, data_horizon
 from features.pipelines.days import DAY, days_from, midnight, spans
-from features.pipelines.stale import DAY_US, EPOCH, changed_features, new_late_batches, stale_partitions
+from features.pipelines.stale import (
+    DAY_US,
+    EPOCH,
+    changed_features,
+    landed_after,
+    new_late_batches,
+    stale_partitions,
+)
 from features.repo import Repo
 from features.spec import FeatureGroup
 from features.stores.manifest import LateBatch, Manifest, PartitionRecord, now_utc, read_manifest
@@ -285,7 +292,7 @@ def plan(
     for group in selected:
         manifest = read_manifest(repo.offline_path(group), group.name)
         gp = GroupPlan(group, horizons[group.name], new_late=new_late_batches(repo, group, manifest, now))
-        stale = stale_partitions(group, manifest, gp.new_late)
+        stale = stale_partitions(group, manifest, gp.new_late, landed_after(repo, group, manifest))
         if req.mode == "range":
             _plan_range(gp, req, stale)
         elif req.mode == "date":

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from datetime import date, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -117,6 +118,13 @@ def late_event_micros(folder: Path, timestamp: str) -> np.ndarray:
             f"{folder}: cannot read the late events' {timestamp!r} column ({reason}); the stream writes the "
             "source's columns there; move the folder away if it is not one of its late batches"
         ) from exc
+    return _micros(column)
+
+
+def _micros(column: Any) -> np.ndarray:
+    """An Arrow column of event times (timestamps of any unit, or text) as UTC microseconds, nulls dropped."""
+    import pyarrow as pa
+
     if pa.types.is_timestamp(column.type):
         micros = column.cast(pa.timestamp("us", tz=column.type.tz), safe=False).cast(pa.int64())
         return micros.drop_null().to_numpy()
@@ -124,6 +132,59 @@ def late_event_micros(folder: Path, timestamp: str) -> np.ndarray:
 
     parsed = pd.to_datetime(pd.Series(column.to_pylist()), utc=True, errors="coerce").dropna()
     return parsed.dt.as_unit("us").astype("int64").to_numpy()
+
+
+def landed_after(repo: Repo, group: FeatureGroup, manifest: Manifest) -> dict[date, list[str]]:
+    """Completed days that source files written after the day's backfill began reading change, with those
+    files' names: a day's export that landed late, after its day was computed. Only files newer than the oldest
+    such read are opened (their timestamp column alone); a file that cannot be read is the jobs' to set aside."""
+    if not manifest.partitions:
+        return {}
+    oldest = min(entry.read_at for entry in manifest.partitions.values()).timestamp()
+    folder = Path(repo.source_path(group))
+    out: dict[date, list[str]] = {}
+    for file, written in _source_files(folder, group.source.format, oldest):
+        events = _file_micros(file, group.source.format, group.source.timestamp)
+        if events is None:
+            continue
+        behind = [d for d, e in manifest.partitions.items() if e.read_at.timestamp() < written]
+        for day in stale_days(group, events, behind):
+            out.setdefault(day, []).append(file.relative_to(folder).as_posix())
+    return out
+
+
+def _source_files(folder: Path, fmt: str, after: float) -> list[tuple[Path, float]]:
+    """The source's data files written after `after` (seconds since the epoch), with their times; hidden and
+    `_` names skipped, as Spark skips them."""
+    if not folder.is_dir():
+        return []
+    pattern = "*.parquet" if fmt == "parquet" else "*"
+    found = []
+    for file in folder.rglob(pattern):
+        if any(p.startswith((".", "_")) for p in file.relative_to(folder).parts) or not file.is_file():
+            continue
+        written = file.stat().st_mtime
+        if written > after:
+            found.append((file, written))
+    return sorted(found)
+
+
+def _file_micros(file: Path, fmt: str, timestamp: str) -> np.ndarray | None:
+    import pyarrow as pa
+
+    try:
+        if fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            return _micros(pq.read_table(file, columns=[timestamp]).column(0))
+        import pandas as pd
+
+        frame = pd.read_json(file, lines=True, dtype=False)
+        if timestamp not in frame.columns:
+            return None
+        return _micros(pa.array(frame[timestamp].astype("string").tolist(), pa.string()))
+    except (pa.ArrowException, KeyError, OSError, ValueError):
+        return None
 
 
 def new_late_batches(repo: Repo, group: FeatureGroup, manifest: Manifest, now: datetime) -> dict[str, LateBatch]:
@@ -141,8 +202,14 @@ def new_late_batches(repo: Repo, group: FeatureGroup, manifest: Manifest, now: d
     return out
 
 
-def stale_partitions(group: FeatureGroup, manifest: Manifest, new_late: dict[str, LateBatch]) -> dict[date, str]:
-    """Completed days to recompute, with why: another definition, or late events (known or new)."""
+def stale_partitions(
+    group: FeatureGroup,
+    manifest: Manifest,
+    new_late: dict[str, LateBatch],
+    landed: Mapping[date, list[str]] | None = None,
+) -> dict[date, str]:
+    """Completed days to recompute, with why: another definition, late events (known or new), or source files
+    that landed after the day was computed (`landed_after`)."""
     current, hashes = definition_hash(group), feature_hashes(group)
     out = {}
     for day, entry in manifest.partitions.items():
@@ -152,6 +219,10 @@ def stale_partitions(group: FeatureGroup, manifest: Manifest, new_late: dict[str
         late = late_batches(entry, day, new_late)
         if late:
             reasons.append("late events in " + ", ".join(f"batch={b}" for b in sorted(late, key=batch_order)))
+        files = (landed or {}).get(day)
+        if files:
+            more = f" and {len(files) - 1} more" if len(files) > 1 else ""
+            reasons.append(f"source files landed after it was computed: {files[0]}{more}")
         if reasons:
             out[day] = "; ".join(reasons)
     return out

@@ -53,6 +53,14 @@ class PartitionRecord:
     completed_at: datetime
     late_batches: tuple[str, ...] = ()  # the late batches whose events this computation was redone for
     stale: Stale | None = None
+    # When the backfill began reading the source (the machine's clock, as file times are): a source file written
+    # after it may hold events the partition lacks (features.pipelines.stale.landed_after). None in manifests
+    # written before it was kept: their completion time stands in.
+    source_read_at: datetime | None = None
+
+    @property
+    def read_at(self) -> datetime:
+        return self.source_read_at or self.completed_at
 
 
 @dataclass(frozen=True)
@@ -99,12 +107,22 @@ class Manifest:
         feature_hashes: Mapping[str, str],
         rows: int,
         completed_at: datetime | None = None,
+        source_read_at: datetime | None = None,
     ) -> PartitionRecord:
-        """Record `day` as completed; the late batches that had made it stale are consumed by it."""
+        """Record `day` as completed; the late batches that had made it stale are consumed by it. Without
+        `source_read_at` (a day recorded without reading the source again), the earlier record's stays."""
         before = self.partitions.get(day)
+        if source_read_at is None and before is not None:
+            source_read_at = before.source_read_at
         consumed = before.stale.late_batches if before is not None and before.stale is not None else ()
         entry = PartitionRecord(
-            day, definition_hash, dict(feature_hashes), rows, completed_at or now_utc(), late_batches=consumed
+            day,
+            definition_hash,
+            dict(feature_hashes),
+            rows,
+            completed_at or now_utc(),
+            late_batches=consumed,
+            source_read_at=source_read_at,
         )
         self.partitions[day] = entry
         return entry
@@ -248,6 +266,8 @@ def _partition_json(entry: PartitionRecord) -> dict[str, Any]:
         "completed_at": _time(entry.completed_at),
         "late_batches": list(entry.late_batches),
     }
+    if entry.source_read_at is not None:
+        data["source_read_at"] = _time(entry.source_read_at)
     if entry.stale is not None:
         data["stale"] = {
             "reason": entry.stale.reason,
@@ -287,6 +307,7 @@ def _from_json(data: dict[str, Any], group: str, path: Path) -> Manifest:
                 _parse_time(stale["marked_at"]),
                 str(stale.get("reason", "late events")),
             ),
+            source_read_at=_parse_time(entry["source_read_at"]) if "source_read_at" in entry else None,
         )
     late = {
         str(batch): LateBatch(
