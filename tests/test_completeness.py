@@ -216,3 +216,41 @@ def _rows(repo: Repo) -> pd.DataFrame:
     table = table[["user_id", WINDOW_END, *values]].sort_values(["user_id", WINDOW_END], ignore_index=True)
     repeated = (table[values] == table.groupby("user_id")[values].shift(1)).all(axis=1)
     return table[~repeated].reset_index(drop=True)
+
+
+@pytest.mark.spark
+def test_a_stream_behind_the_clock_holds_the_backfill_to_its_watermark(spark, tmp_path: Path, events) -> None:
+    """The stream read three days, then fell behind (the fourth day's files land two days late): the nightly
+    backfill completes only the days behind the stream's watermark, the stream writes the late days' rows when
+    they land, and the stores end equal to a backfill of the whole source."""
+    from features.pipelines.stream import stream
+    from features.stores.serving import online_features
+
+    repo = Repo.load(build_feast_repo(tmp_path / "streamed", [GROUP], apply=True))
+    opts = {"spark": spark, "now": NOW, "progress": False, "track": False}
+    for i, day in enumerate([D1, D2, D3]):
+        land(repo, day_of(events, day), 10 * i)
+    stream(repo, available_now=True, progress=False, tracking=False).await_termination()
+    first = plan(repo, request(since_last=True), now=NOW, spark=spark)
+    assert list(first.groups[0].todo) == [D1, D2]  # D3 waits: the watermark is 10 minutes before its end
+    assert "acct: waiting for data: the stream's watermark is 2026-12-03 23:" in first.describe()
+    execute(repo, first, **opts)
+    land(repo, day_of(events, D4), 30)
+    stream(repo, available_now=True, progress=False, tracking=False).await_termination()
+    second = plan(repo, request(since_last=True), now=NOW, spark=spark)
+    assert list(second.groups[0].todo) == [D3]
+    execute(repo, second, **opts)
+
+    whole = Repo.load(build_feast_repo(tmp_path / "whole", [GROUP], events, apply=False))
+    execute(
+        whole, plan(whole, request(start="2026-12-01", end="2026-12-05"), now=NOW, spark=spark), online=False, **opts
+    )
+    got, want = _rows(repo), _rows(whole)
+    upto = got[WINDOW_END].max()  # the stream's rows reach its watermark on D4
+    assert upto.date() == D4
+    pd.testing.assert_frame_equal(got, want[want[WINDOW_END] <= upto].reset_index(drop=True))
+    # Online: each key's value is never older than its newest offline row.
+    keys = got[["user_id"]].drop_duplicates().reset_index(drop=True)
+    online = online_features(repo, GROUP, keys, with_window_end=True)
+    newest = keys.merge(got.groupby("user_id", as_index=False)[WINDOW_END].max(), on="user_id")
+    assert (pd.to_datetime(online[WINDOW_END], utc=True) >= newest[WINDOW_END]).all()
