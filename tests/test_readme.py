@@ -102,6 +102,21 @@ def test_the_readme_in_order(tmp_path: Path):
     missing = matches_expected(expected, done.stdout)
     assert not missing, "README lines not printed:\n" + "\n".join(missing) + "\n\nprinted:\n" + done.stdout
 
+    # The nightly command the demo points to next finds nothing to do: the demo's backfill recorded its days, and
+    # the days after its data wait for data instead of being computed empty.
+    features = str(copy / ".venv" / "bin" / "features")
+    nightly = subprocess.run(
+        [features, "backfill", "--repo", "feature_repo", "--since-last", "--dry-run"],
+        cwd=copy, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert nightly.returncode == 0, nightly.stdout + nightly.stderr
+    assert "backfill --since-last: 0 partitions to compute, up to 2026-01-02" in nightly.stdout, nightly.stdout
+    assert "user_transactions: waiting for data: the source ends 2026-01-03 23:59 UTC" in nightly.stdout
+    shown = subprocess.run(
+        [features, "status", "--repo", "feature_repo"], cwd=copy, env=env, capture_output=True, text=True, check=False
+    )
+    assert "user_transactions: 2 days completed (2026-01-01 .. 2026-01-02)" in shown.stdout, shown.stdout + shown.stderr
+
     # "Reading features", as printed, from the folder the README's commands run in.
     reading = readme_block("## Reading features", "python")
     script = reading + "\nprint(len(online), len(training), int(online['failed_count_24h'].notna().sum()))\n"
