@@ -48,3 +48,31 @@ def test_feast_after_features_is_loaded_without_run_time_type_checks(first: str,
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen == {"checked": checked, "decorator_restored": True, "loader": "SourceFileLoader", "resources": True}
+
+
+DUCKDB_PROBE = """
+{first}
+import feast.infra.offline_stores.duckdb as store
+print(getattr(store._read_data_source, "__features_resolves_against_repo__", False),
+      getattr(store._write_data_source, "__features_resolves_against_repo__", False),
+      type(store.__spec__.loader).__name__)
+"""
+
+
+@pytest.mark.parametrize(
+    "first",
+    ["import features", "import feast.infra.offline_stores.duckdb\nimport features"],
+    ids=["features-first", "duckdb-store-first"],
+)
+def test_feast_duckdb_store_resolves_relative_paths_against_the_repo(first: str) -> None:
+    """Whichever is imported first, the DuckDB store reads a relative FileSource path against the store's repo
+    (features.stores.feast_paths), and keeps its own loader."""
+    done = subprocess.run(
+        [sys.executable, "-c", DUCKDB_PROBE.format(first=first)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-3:] == ["True", "True", "SourceFileLoader"], done.stdout

@@ -105,8 +105,8 @@ def test_entity_and_source(tmp_path: Path) -> None:
     assert (entity.name, entity.join_key, entity.value_type) == ("user", "user_id", ValueType.STRING)
     assert isinstance(source, FileSource)
     assert source.timestamp_field == "window_end"
-    assert source.path == offline_table_path(tmp_path, "user_transactions")
-    assert Path(source.path).is_absolute()  # DuckDB resolves relative paths against the cwd
+    # Relative to the repo, so that a copied or moved repo reads its own table (tests/test_copied_repo.py).
+    assert source.path == "data/offline/user_transactions"
     assert view.batch_source is source
     assert view.entities == ["user"]
 
@@ -122,12 +122,14 @@ def test_composite_key_becomes_one_feast_entity_per_join_key(tmp_path: Path) -> 
     assert view.entities == ["card_merchant__card_id", "card_merchant__merchant_id"]
 
 
-def test_explicit_offline_path_is_resolved_against_the_repo(tmp_path: Path) -> None:
+def test_explicit_offline_path_is_kept_relative_to_the_repo(tmp_path: Path) -> None:
     source = to_feast(_user_group(), repo_root=tmp_path, offline_path="elsewhere/ut")[1]
     from feast.data_format import DeltaFormat
 
-    assert source.path == str((tmp_path / "elsewhere" / "ut").resolve())
+    assert source.path == "elsewhere/ut"
     assert isinstance(source.file_options.file_format, DeltaFormat)
+    absolute = to_feast(_user_group(), repo_root=tmp_path, offline_path=str(tmp_path / "ut"))[1]
+    assert absolute.path == str(tmp_path / "ut")
     remote = to_feast(_user_group(), repo_root=tmp_path, offline_path="s3://bucket/offline/ut/")[1]
     assert remote.path == "s3://bucket/offline/ut/"
 

@@ -5,8 +5,9 @@ only when tracking is on.
 
 Where runs go: `MLFLOW_TRACKING_URI` when it is set; on Databricks, the workspace ("databricks"); otherwise a
 SQLite store under the feature repo, `sqlite:///<repo>/data/mlflow.db`, with artifacts in
-`<repo>/data/mlartifacts`. Runs land in the experiment `MLFLOW_EXPERIMENT_NAME`, by default `features-<project>`
-(`/Shared/features-<project>` on Databricks). Look at them with
+`<repo>/data/mlartifacts` (of the repo where it is now: a copied or moved repo's store is relocated when opened,
+features.ml.sqlite_store.relocate). Runs land in the experiment `MLFLOW_EXPERIMENT_NAME`, by default
+`features-<project>` (`/Shared/features-<project>` on Databricks). Look at them with
 `mlflow ui --backend-store-uri sqlite:///feature_repo/data/mlflow.db`.
 
 The API the engines use (one run per backfill or stream; `enabled=False` gives a run that records nothing):
@@ -127,9 +128,11 @@ def client_for(repo: Repo) -> tuple[MlflowClient, str, str]:
         from mlflow import MlflowClient
 
         if uri == default_uri(repo):
-            from features.ml.sqlite_store import ensure_store
+            from features.ml.sqlite_store import ensure_store, relocate
 
             ensure_store(repo.root / STORE_FILE)
+            if (repo.root / STORE_FILE).exists():  # a copied or moved repo's store writes into the repo it is in
+                relocate(repo.root / STORE_FILE, repo.root, ARTIFACT_DIR)
         client = MlflowClient(tracking_uri=uri)
         return client, uri, _experiment_id(client, repo, uri)
     except ConfigError:

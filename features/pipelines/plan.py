@@ -178,9 +178,11 @@ def feast_changes(repo: Repo) -> list[FeastChange]:
     from feast.feature_store import DUMMY_ENTITY_NAME
     from feast.repo_config import load_repo_config
 
+    from features.stores.feast_paths import repo_store
+
     config = load_repo_config(repo.root, repo.root / "feature_store.yaml")
     contents = _desired_contents(repo, config)
-    store = repo.feature_store()
+    store = repo_store(repo)  # its infra read as this repo's: a copy's plan opens no file of the original
     registry_diff, _infra_diff, _infra = store.plan(contents)
     out = []
     for diff in registry_diff.feast_object_diffs:

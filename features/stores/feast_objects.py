@@ -19,9 +19,9 @@ import pyarrow as pa
 
 from features.errors import ConfigError, DataError, EnvironmentProblem
 from features.repo import (
+    OFFLINE_DIR,
     deferred_exports,
     exports_deferred,
-    offline_table_path,
     read_schema_record,
     recorded_schema,
     resolve,
@@ -404,6 +404,8 @@ def to_feast(
 
     Unpack them into module-level names in the repo (`feast apply` only picks up module attributes, not
     objects inside a list), e.g. `user_entity, user_source, user_view = to_feast(group, repo_root=HERE)`.
+    `offline_path`: the table's folder, relative to the repo (default `data/offline/<group>`), absolute, or a URI;
+    `repo_root` is where the source's schema is read from when it declares none.
     """
     if exports_deferred():  # a module being imported by Repo.load: Feast only if an object is used
         return deferred_exports(  # type: ignore[return-value]
@@ -416,12 +418,10 @@ def to_feast(
     enable_delta_reads()
     root = Path(repo_root) if repo_root is not None else Path.cwd()
     types = group.output_types(source_schema(group, root, schema))
-    # Feast's DuckDB store reads relative paths against the process's cwd, not the repo, so pass it absolute.
-    table = resolve(root, offline_path) if offline_path else offline_table_path(root, group.name)
     entities = feast_entities(group, types)
     source = FileSource(
         name=f"{group.name}_offline",
-        path=table,
+        path=offline_source_path(group, offline_path),
         file_format=DeltaFormat(),
         timestamp_field=WINDOW_END,
         description=f"Change points of feature group {group.name!r}, a Delta table partitioned by date",
@@ -444,6 +444,13 @@ def to_feast(
     return [*entities, source, view]
 
 
+def offline_source_path(group: FeatureGroup, offline_path: str | None = None) -> str:
+    """The offline table's path as the group's FileSource records it in the registry: relative to the repo
+    (`data/offline/<group>`, or `offline_path` as given), so that a copied or moved repo reads its own table; Feast's
+    stores resolve it against the repo (features.stores.feast_paths). An absolute path or a URI stays as it is."""
+    return offline_path or (OFFLINE_DIR / group.name).as_posix()
+
+
 def repo_objects(repo: Repo) -> list[Entity | FileSource | FeatureView]:
     """The Feast objects of every group of the repo, in group order."""
     return [obj for group in repo.groups.values() for obj in to_feast(group, repo_root=repo.root)]
@@ -453,17 +460,18 @@ def apply_repo(repo: Repo) -> None:
     """`feast apply` for the repo folder, with every group's objects added: a module's own `to_feast` exports
     are replaced by the same objects made here, and objects that two modules define alike (a copied module)
     are applied once. It changes the working directory to the repo, as `feast apply` does (Feast imports the
-    repo's modules by their path from there)."""
+    repo's modules by their path from there), and gives Feast the repo as that folder, so that the paths it
+    records are relative to the repo (features.stores.feast_paths)."""
     import os
 
-    from feast.repo_config import load_repo_config
-    from feast.repo_operations import _get_store_and_registry, apply_total_with_repo_instance
+    from feast.repo_operations import apply_total_with_repo_instance
 
-    config = load_repo_config(repo.root, repo.root / "feature_store.yaml")
+    from features.stores.feast_paths import repo_store
+
     os.chdir(repo.root)
-    contents = repo_contents(repo, config)
-    store, registry = _get_store_and_registry(config)
-    apply_total_with_repo_instance(store, config.project, registry, contents, True)
+    store = repo_store(repo, here=True)
+    contents = repo_contents(repo, store.config)
+    apply_total_with_repo_instance(store, store.config.project, store.registry, contents, True)
 
 
 def repo_contents(repo: Repo, config: Any) -> Any:
