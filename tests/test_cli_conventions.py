@@ -275,6 +275,27 @@ def test_plan_refuses_a_where_apply_would_refuse_with_apply_s_error(spark, feast
 
 
 @pytest.mark.spark
+def test_a_where_that_fails_on_every_row_is_refused_before_any_backfill(spark, feast_repo, capsys) -> None:
+    """`amount = 'x'` on a double column parses and resolves, then fails at the first row under ANSI casts:
+    plan and apply evaluate each `where` on a row of plain values and refuse it, naming the feature."""
+    root = feast_repo([HOP], events())
+    bad = Feature("odd_1h", agg.count(), window=Hop("1h", every="5m"), where="amount = 'x'")
+    redefine(root, [FeatureGroup("hop", USER, SOURCE, [*HOP.features, bad])])
+    status, out, planned = run(capsys, "plan", "--repo", str(root))
+    assert status == 2 and out == ""
+    assert planned.startswith("error: Feature('odd_1h').where: Spark cannot evaluate \"amount = 'x'\": "), planned
+    assert "[CAST_INVALID_INPUT]" in planned and "Fix: compare each column with a value of its type" in planned
+    assert len(planned.strip().splitlines()) == 1
+    status, _, applied = run(capsys, "apply", "--repo", str(root))
+    assert status == 2 and applied == planned
+    # A division by the column is fine on real data that holds no zero: no false alarm.
+    fine = Feature("odd_1h", agg.count(), window=Hop("1h", every="5m"), where="1000 / amount > 2")
+    redefine(root, [FeatureGroup("hop", USER, SOURCE, [*HOP.features, fine])])
+    status, _, err = run(capsys, "apply", "--repo", str(root))
+    assert status == 0, err
+
+
+@pytest.mark.spark
 def test_plan_checks_a_where_against_the_schema_apply_would_record(spark, feast_repo, capsys) -> None:
     """A source that declares no schema: apply infers it from all the files and records it before it checks the
     `where`s, so a column that only newer files have is known to the check; plan infers it alike."""

@@ -498,3 +498,52 @@ def check_columns(group: FeatureGroup, events: DataFrame) -> None:
                 f"{feat.where!r} is a {data_type.simpleString()}, not a condition",
                 'write an expression that is true or false, e.g. "amount > 100"',
             )
+
+
+def check_where_values(group: FeatureGroup, events: DataFrame) -> None:
+    """Evaluate each `where` on one row of plain values of the source's types: a condition that fails on any
+    row whatever its values (a literal Spark cannot cast, `amount = 'x'` on a double column under ANSI casts)
+    raises here, naming the feature, instead of failing every backfill and stream batch later."""
+    from pyspark.errors import PySparkException
+    from pyspark.sql import functions as F
+
+    probe = events.sparkSession.createDataFrame([_plain_row(events.schema)], events.schema)
+    for feat in group.features:
+        if feat.where is None:
+            continue
+        try:
+            with quiet_spark_errors():
+                probe.where(F.expr(feat.where)).collect()
+        except PySparkException as exc:
+            reason = str(exc).strip().splitlines()[0]
+            raise SchemaError(
+                f"Feature({feat.name!r}).where",
+                f"Spark cannot evaluate {feat.where!r}: {reason}",
+                "compare each column with a value of its type, e.g. \"amount > 100\" or \"status = 'FAILED'\"",
+            ) from None
+
+
+def _plain_row(schema: StructType) -> tuple[object, ...]:
+    """One non-null value of each column's type (non-null, since Spark skips the rest of a comparison with a
+    null; 1, not 0, so that a division by the column is no false alarm)."""
+    from decimal import Decimal
+
+    plain = {
+        "string": "",
+        "boolean": False,
+        "timestamp": datetime(2000, 1, 1, tzinfo=UTC),
+        "timestamp_ntz": datetime(2000, 1, 1),
+        "date": date(2000, 1, 1),
+        "binary": b"",
+        "decimal": Decimal(1),
+        "array": [],
+        "map": {},
+    }
+    values = []
+    for field in schema.fields:
+        name = field.dataType.typeName()
+        if name in ("float", "double"):
+            values.append(1.0)
+        else:
+            values.append(plain.get(name, None if name in ("struct", "null", "variant") else 1))
+    return tuple(values)

@@ -189,7 +189,8 @@ def check_wheres(
     inferred: Mapping[str, Mapping[str, DType]] | None = None,
     record: bool = True,
 ) -> None:
-    """Spark's parser and analyzer on each `where`, over an empty frame with the source's schema. Spark starts
+    """Spark's parser and analyzer on each `where`, over an empty frame with the source's schema, and each `where`
+    evaluated on one row of plain values (`check_where_values`: a cast that fails whatever the data). Spark starts
     only when some `where` has not passed this check before against the same schema, Spark and package versions
     (recorded in the repo, `WHERE_CHECKS`: an apply that changes no `where` needs no JVM). `session`: gives the
     session (default: `get_spark`). `inferred`: source name -> the schema to check against instead of the
@@ -203,11 +204,13 @@ def check_wheres(
         return
     from features.engine.schema import spark_schema
     from features.engine.session import get_spark
-    from features.engine.source import check_columns
+    from features.engine.source import check_columns, check_where_values
 
     spark = (session or get_spark)()
     for group, schema, keys in unchecked:
-        check_columns(group, spark.createDataFrame([], spark_schema(schema)))
+        empty = spark.createDataFrame([], spark_schema(schema))
+        check_columns(group, empty)
+        check_where_values(group, empty)
         checked.update(keys)
     if not record:
         return
