@@ -28,6 +28,7 @@ if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
 from features import FeatureGroup  # noqa: E402 - after the sys.path setup above
+from features.spec.definitions import DEFAULT_MIN_TIMESTAMP_US  # noqa: E402
 
 SHUFFLE_PARTITIONS = 2
 # The JVMs of the commands, notebooks and jobs the tests start compile with Java's first compiler only, in a code
@@ -124,6 +125,8 @@ def _event_source_code(group: FeatureGroup) -> str:
         args.append(f"options={dict(source.options)!r}")
     if source.max_future_s != 86400:
         args.append(f"max_future={'None' if source.max_future_s is None else repr(f'{source.max_future_s}s')}")
+    if source.min_timestamp_us != DEFAULT_MIN_TIMESTAMP_US:
+        args.append(f"min_timestamp={None if source.min_timestamp is None else source.min_timestamp.isoformat()!r}")
     if source.kafka is not None:
         topic = source.kafka
         args.append(

@@ -138,7 +138,7 @@ def test_logged_with_a_signature_registered_and_loaded_back(registered, classifi
     assert info.signature.outputs is not None
     assert info.metadata["features"] == REFS
     assert info.metadata["definition_hashes"] == {"user_risk": definition_hash(GROUP)}
-    assert info.metadata["features_wheel"].startswith("code/features-")  # see tests/test_model_serving.py
+    assert info.metadata["features_wheel"].startswith("code/windowed_features-")  # see tests/test_model_serving.py
     versions = mlflow.MlflowClient().search_model_versions(f"name = '{MODEL_NAME}'")
     assert [str(v.version) for v in versions] == ["1"]
     loaded = mlflow.pyfunc.load_model(f"models:/{MODEL_NAME}/1")

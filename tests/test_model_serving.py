@@ -245,7 +245,7 @@ def test_a_wheel_of_the_same_source_is_built_once(tmp_path: Path, monkeypatch: p
 def test_the_model_folder_ships_the_wheel_and_pins_what_predict_needs(logged: Logged):
     lines = requirement_lines(logged.model_dir)
     wheels = [line for line in lines if line.endswith(".whl")]
-    assert len(wheels) == 1 and wheels[0].startswith("code/features-"), lines
+    assert len(wheels) == 1 and wheels[0].startswith("code/windowed_features-"), lines
     wheel = logged.model_dir / wheels[0]
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
@@ -257,7 +257,8 @@ def test_the_model_folder_ships_the_wheel_and_pins_what_predict_needs(logged: Lo
     pins = {line.split("==")[0].split("[")[0]: line for line in lines if "==" in line}
     assert {"mlflow", "cloudpickle", "feast", "pandas", "numpy", "pyarrow", "pyyaml", "scikit-learn"} <= set(pins)
     assert all(line in pins.values() or line in wheels for line in lines), lines
-    assert not {"pyspark", "great-expectations", "great_expectations", "matplotlib", "features"} & set(pins)
+    unpinned = {"pyspark", "great-expectations", "great_expectations", "matplotlib", "features", "windowed-features"}
+    assert not unpinned & set(pins)
     assert not any(str(logged.origin) in line or line.startswith("/") for line in lines)
 
     mlmodel = yaml.safe_load((logged.model_dir / "MLmodel").read_text())

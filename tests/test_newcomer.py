@@ -132,8 +132,14 @@ def assert_values_are_the_reference(group, got: pd.DataFrame, expected: pd.DataF
 def _group(source_path: Path, *, fmt: str = "parquet", schema: dict[str, str] | None = None):
     from features import Entity, EventSource, Feature, FeatureGroup, Hop, agg
 
-    source = EventSource(
-        name="events", path=str(source_path), format=fmt, timestamp="event_ts", watermark="10m", schema=schema
+    source = EventSource(  # min_timestamp=None: a test event is stamped before 1970, to check the reads' unit
+        name="events",
+        path=str(source_path),
+        format=fmt,
+        timestamp="event_ts",
+        watermark="10m",
+        schema=schema,
+        min_timestamp=None,
     )
     return FeatureGroup(
         name="g",

@@ -406,6 +406,12 @@ BAD_LINES = [
         '"event_ts": "2099-01-01T00:00:00Z"}',
         "future_timestamp",
     ),
+    (
+        # a default value, not an event: it would count in every Lifetime value and make a 1970 partition
+        '{"txn_id": "bad8", "user_id": "u000003", "amount": 9.0, "status": "APPROVED", '
+        '"event_ts": "1970-01-01T00:00:00Z"}',
+        "past_timestamp",
+    ),
 ]
 
 

@@ -574,10 +574,10 @@ def test_since_last_over_many_days_is_one_pass_that_resumes_by_the_day(spark, tm
     record = features.pipelines.schedule.record_completed
     recorded: list[date] = []
 
-    def killed_at_the_fourth_day(repo: Repo, group: FeatureGroup, days: list[date]) -> None:
+    def killed_at_the_fourth_day(repo: Repo, group: FeatureGroup, days: list[date], read_at: datetime) -> None:
         if len(recorded) == 3:
             raise KeyboardInterrupt
-        record(repo, group, days)
+        record(repo, group, days, read_at)
         recorded.extend(days)
 
     monkeypatch.setattr(features.pipelines.schedule, "record_completed", killed_at_the_fourth_day)

@@ -29,6 +29,7 @@ WRONG_TYPE = "wrong_type"
 MISSING_KEY = "missing_key"
 MISSING_TIMESTAMP = "missing_timestamp"
 FUTURE_TIMESTAMP = "future_timestamp"
+PAST_TIMESTAMP = "past_timestamp"  # before the source's `min_timestamp`
 INFINITE_VALUE = "infinite_value"
 UNREADABLE_FILE = "unreadable_file"
 NONCONFORMING_FILE = "nonconforming_file"

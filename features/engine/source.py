@@ -54,6 +54,7 @@ from features.engine.schema import (
     META,
     MISSING_KEY,
     MISSING_TIMESTAMP,
+    PAST_TIMESTAMP,
     RAW_RECORD,
     REASON,
     SOURCE_FILE,
@@ -293,6 +294,8 @@ def reason_of(group: FeatureGroup, raw: DataFrame, now: datetime | Column) -> Co
         else:
             latest = now + F.make_dt_interval(secs=F.lit(group.source.max_future_s))
         otherwise(ts > latest, F.lit(FUTURE_TIMESTAMP))
+    if group.source.min_timestamp_us is not None:
+        otherwise(ts < F.timestamp_micros(F.lit(group.source.min_timestamp_us)), F.lit(PAST_TIMESTAMP))
     assert reason is not None
     return reason
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
 from types import MappingProxyType
 from typing import Any
 
@@ -17,6 +18,9 @@ from features.spec.windows import Window
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 FORMATS = ("parquet", "json")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+DEFAULT_MIN_TIMESTAMP = "2000-01-01"
+DEFAULT_MIN_TIMESTAMP_US = 946_684_800_000_000  # 2000-01-01T00:00:00Z
 # What a group does with a batch of feature rows that fails validation (features.quality); None = the engine's
 # default (fail for backfills, quarantine for streams).
 ON_INVALID = ("fail", "quarantine")
@@ -229,7 +233,9 @@ class EventSource:
 
     `path` is relative to the feature repository unless absolute or a URI. `schema` (column -> type name)
     is optional for Parquet, where it is read from the files, and needed for JSON files and Kafka values.
-    Records stamped more than `max_future` after the current time are set aside as bad data (None: never).
+    Records stamped more than `max_future` after the current time are set aside as bad data (None: never), and so
+    are records stamped before `min_timestamp` (default 2000-01-01, UTC; None: never), which are far more often a
+    default value (1970-01-01) than an event.
     """
 
     name: str
@@ -241,6 +247,7 @@ class EventSource:
     options: Mapping[str, str] = field(default_factory=dict)
     max_future_s: int | None = 86400
     kafka: KafkaTopic | None = None
+    min_timestamp_us: int | None = DEFAULT_MIN_TIMESTAMP_US
 
     def __init__(
         self,
@@ -253,6 +260,7 @@ class EventSource:
         options: Mapping[str, str] | None = None,
         max_future: Duration | None = "1d",
         kafka: KafkaTopic | None = None,
+        min_timestamp: str | datetime | date | None = DEFAULT_MIN_TIMESTAMP,
     ) -> None:
         check_name(name, "EventSource.name")
         where = f"EventSource({name!r})"
@@ -320,6 +328,11 @@ class EventSource:
             self, "max_future_s", None if max_future is None else parse_duration(max_future, f"{where}.max_future")
         )
         object.__setattr__(self, "kafka", kafka)
+        object.__setattr__(self, "min_timestamp_us", _min_timestamp_us(min_timestamp, f"{where}.min_timestamp"))
+
+    @property
+    def min_timestamp(self) -> datetime | None:
+        return None if self.min_timestamp_us is None else _EPOCH + timedelta(microseconds=self.min_timestamp_us)
 
     def __hash__(self) -> int:
         return hash((self.name, self.path, self.timestamp, self.format, self.kafka))
@@ -336,6 +349,7 @@ class EventSource:
             schema=schema,
             options=dict(self.options),
             max_future=max_future,
+            min_timestamp=self.min_timestamp,
         )
 
 
@@ -529,3 +543,23 @@ class FeatureGroup:
             column = feat.aggregation.column
             types[feat.name] = feat.aggregation.output_type(None if column is None else schema[column])
         return types
+
+
+def _min_timestamp_us(value: str | datetime | date | None, where: str) -> int | None:
+    """`EventSource(min_timestamp=...)` as UTC microseconds (a naive time or a date is UTC)."""
+    if value is None:
+        return None
+    fix = 'write a UTC day or time, e.g. min_timestamp="2000-01-01", or None to keep every timestamp'
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+        except ValueError:
+            raise DefinitionError(where, f"{value!r} is not a day or a time", fix) from None
+    if isinstance(value, date) and not isinstance(value, datetime):
+        value = datetime(value.year, value.month, value.day)
+    if not isinstance(value, datetime):
+        raise DefinitionError(where, f"expected a day or a time, got {type(value).__name__}", fix)
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    delta = value - _EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
