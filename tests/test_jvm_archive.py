@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from features.engine.jvm_archive import ENV, MAGIC, QUIET, java_options
+from features.engine.jvm_archive import ENV, MAGIC, MAKE_ENV, QUIET, java_options
 
 JAVA = "openjdk version 17 (test)"
 
@@ -53,6 +53,16 @@ def test_a_complete_file_becomes_the_archive_and_a_cut_one_is_deleted(folder: Pa
     (folder / f"{name}.{pid}.tmp").write_bytes(MAGIC + bytes(60))
     assert java_options(JAVA) == [f"-XX:SharedArchiveFile={folder / name}", QUIET]
     assert [p.name for p in folder.iterdir()] == [name]
+
+
+def test_told_not_to_make_one_a_jvm_uses_the_archive_it_finds_and_makes_none(
+    folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    name = archive_name(folder)
+    monkeypatch.setenv(MAKE_ENV, "no")  # as `features demo` sets it
+    assert java_options(JAVA) == []
+    (folder / name).write_bytes(MAGIC + bytes(60))
+    assert java_options(JAVA) == [f"-XX:SharedArchiveFile={folder / name}", QUIET]
 
 
 def test_while_another_process_makes_it_a_jvm_starts_without(folder: Path) -> None:

@@ -14,6 +14,7 @@ the source files, the offline tables and the online store, so it can be re-run w
 from __future__ import annotations
 
 import math
+import os
 import shutil
 import warnings
 from datetime import UTC, datetime, timedelta
@@ -23,6 +24,7 @@ import pandas as pd
 import pyarrow as pa
 
 from features.demo.datagen import generate_transactions, write_events
+from features.engine.jvm_archive import MAKE_ENV
 from features.errors import ConfigError
 from features.repo import Repo
 from features.spec import DType, FeatureGroup
@@ -44,6 +46,7 @@ def run_demo(repo: str, *, events: int, users: int, days: float) -> None:
     from features.pipelines.schedule_plan import plan, request
 
     check_sizes(events, users, days)
+    os.environ.setdefault(MAKE_ENV, "no")  # a new user's first demo does not pay for the JVM class archive
     loaded = Repo.load(repo)
     group = online_group(loaded)
     end = START + timedelta(hours=math.ceil(days * 24))  # whole hours, so every window end lines up

@@ -5,7 +5,9 @@ can save the classes an application loaded into an archive as it exits (`-XX:Arc
 that archive on later starts (`-XX:SharedArchiveFile`): measured on 2 cores, a local session then starts in
 3.4 s instead of 5.3 s and runs its first jobs in 3.3 s instead of 5.1 s. The first local session of an
 installation makes the archive (about 180 MB in the user's cache folder, one per Java and PySpark install);
-every later one uses it. `FEATURES_JVM_ARCHIVE` names another folder, or `off`.
+every later one uses it. `FEATURES_JVM_ARCHIVE` names another folder, or `off`; `FEATURES_JVM_ARCHIVE_MAKE=no`
+uses an archive that exists but leaves making one to a later session (`features demo` sets it: making the archive
+cost a first demo 25 s of its 60 on 2 cores, and its first impression is the one a new user gets).
 
 Java maps an archive without checking that the whole file is there, so a file cut short would crash the JVM:
 each JVM writes its own temporary file, and one becomes the archive only once complete. Java writes the
@@ -25,6 +27,8 @@ from pathlib import Path
 from features.cache import user_cache
 
 ENV = "FEATURES_JVM_ARCHIVE"
+MAKE_ENV = "FEATURES_JVM_ARCHIVE_MAKE"
+NO = ("off", "0", "false", "no")
 MAGIC = bytes.fromhex("a8ab0bf0")  # a dynamic archive's header (0xf00baba8, little-endian)
 QUIET = "-Xlog:cds=off,cds+dynamic=off"  # Java's notes about the archive (e.g. a class path mismatch)
 # What the process that makes an archive loads into it (features.engine.session._fill_archive): raised when that
@@ -38,14 +42,14 @@ def java_options(java_description: str, class_path: list[str] | tuple[str, ...] 
     or while another process is making it). `java_description`: what `java -version` prints; `class_path`: the
     jars the JVM gets beside Spark's."""
     setting = os.environ.get(ENV, "").strip()
-    if setting.lower() in ("off", "0", "false", "no"):
+    if setting.lower() in NO:
         return []
     folder = Path(setting).expanduser() if setting else user_cache("jvm")
     archive = folder / f"spark-{_install_key(java_description, class_path)}.jsa"
     making = _settle(archive)
     if archive.is_file():
         return [f"-XX:SharedArchiveFile={archive}", QUIET]
-    if making:
+    if making or os.environ.get(MAKE_ENV, "").strip().lower() in NO:
         return []
     try:
         folder.mkdir(parents=True, exist_ok=True)
