@@ -133,3 +133,41 @@ def repo_at(tmp_path: Path) -> Repo:
     root = tmp_path / "repo"
     build_feast_repo(root, groups, apply=False)
     return Repo.load(root)
+
+
+def test_a_key_change_a_running_stream_cannot_take_is_refused_by_apply_and_plan(
+    tmp_path, other_process, capsys
+) -> None:
+    """Applied under a running stream, a new join key would re-key Feast's registry while the stream, which refuses
+    the change, keeps writing rows of the old key: apply and plan refuse it, with the way on."""
+    from conftest import definitions_code
+
+    from features.cli import main
+    from features.engine.stream_definition import save_definition
+    from features.pipelines.stream_upgrade import state_record
+
+    schema = {"user_id": "string", "card_id": "string", "event_ts": "timestamp"}
+    source = EventSource("transactions", path="data/transactions", timestamp="event_ts", schema=schema)
+    count = [Feature("n_1h", agg.count(), window=Hop("1h", every="5m"))]
+    g = FeatureGroup("g", Entity("user", join_keys=["user_id"]), source, count)
+    repo = Repo.load(build_feast_repo(tmp_path / "repo", [g], apply=False))
+    checkpoint = Path(repo.checkpoint_path(g))
+    save_definition(checkpoint, state_record(g, [0, 1], 2, False, None))  # as the stream saves it when it starts
+    held_by(checkpoint, other_process)
+    card = Entity("card", join_keys=["card_id"])
+    rekeyed = [FeatureGroup("g", card, source, count)]
+    for old in repo.root.glob("test_definitions_*.py"):
+        old.unlink()
+    (repo.root / "test_definitions_rekeyed.py").write_text(definitions_code(rekeyed))
+    capsys.readouterr()
+    for command in ("plan", "apply"):
+        assert main([command, "--repo", str(repo.root)]) == 2, command
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: g: a live `features stream` (process {other_process} "), err
+        assert "keys its state by user_id, and the group is now keyed by card_id" in err
+        assert f"`features stream --repo {repo.root} --group g --reset`" in err and "a new name" in err
+        assert len(err.strip().splitlines()) == 1
+    # No stream runs it: apply goes ahead, and the stream, when it starts, asks for --reset itself.
+    handoff.release(checkpoint)
+    (checkpoint / handoff.MARKER).unlink()
+    assert main(["apply", "--repo", str(repo.root)]) == 0

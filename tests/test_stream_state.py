@@ -12,6 +12,7 @@ from state_handles import MemoryHandle, Timers, packed
 from features import Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, agg, atomic
 from features import kernel as pt
 from features.engine import stream as engine
+from features.engine.stream_definition import save_definition, saved_definition
 from features.spec import DType
 
 H = 3600 * 1_000_000
@@ -240,19 +241,19 @@ def test_stored_columns_come_back_exactly(values) -> None:
 def test_a_checkpoints_definition_is_replaced_whole_or_not_at_all(tmp_path, monkeypatch) -> None:
     """A stream killed while it saves its definition (or a reader at that moment) finds the previous one whole:
     the new one is written beside it and renamed over it. A rename that fails leaves the previous one."""
-    engine.save_definition(tmp_path, {"layout": "before"})
+    save_definition(tmp_path, {"layout": "before"})
 
     def refused(*_: object) -> None:
         raise OSError("no rename")
 
     monkeypatch.setattr(atomic.os, "replace", refused)
     with pytest.raises(OSError, match="no rename"):
-        engine.save_definition(tmp_path, {"layout": "after"})
-    assert engine.saved_definition(tmp_path) == {"layout": "before"}
+        save_definition(tmp_path, {"layout": "after"})
+    assert saved_definition(tmp_path) == {"layout": "before"}
     assert [p.name for p in tmp_path.iterdir()] == ["features-definition.json"]  # nothing left beside it
     monkeypatch.undo()
-    engine.save_definition(tmp_path, {"layout": "after"})
-    assert engine.saved_definition(tmp_path) == {"layout": "after"}
+    save_definition(tmp_path, {"layout": "after"})
+    assert saved_definition(tmp_path) == {"layout": "after"}
 
 
 def test_state_stored_in_chunks_of_another_length_continues_and_is_refiled(monkeypatch) -> None:

@@ -27,7 +27,6 @@ writes them to the late-events folder instead of losing them silently.
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import shutil
@@ -48,7 +47,6 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
 from features import kernel as pt
-from features.atomic import write_whole
 from features.engine.inputs import bucket_of, ddl, kernel_inputs
 from features.engine.kafka import read_kafka
 from features.engine.schema import (
@@ -537,13 +535,3 @@ def late_schema(group: FeatureGroup, key_types: dict[str, DType]) -> str:
     return f"{keys}, `{pt.TS}` bigint"
 
 
-def save_definition(checkpoint: Path, description: dict[str, Any]) -> None:
-    """Write the checkpoint's definition whole, by a rename: a stream killed while it writes (or a reader at that
-    moment) finds the previous one, never a file cut short."""
-    checkpoint.mkdir(parents=True, exist_ok=True)
-    write_whole(checkpoint / "features-definition.json", json.dumps(description, indent=2, sort_keys=True))
-
-
-def saved_definition(checkpoint: Path) -> dict[str, Any] | None:
-    path = checkpoint / "features-definition.json"
-    return json.loads(path.read_text()) if path.is_file() else None

@@ -99,9 +99,12 @@ class ApplyPlan:
 
 def plan_apply(repo: Repo) -> ApplyPlan:
     """What `features apply` on `repo` would change (see the module docstring); changes nothing. A `where` that
-    `features apply` would refuse raises its SchemaError here (`check_wheres_unapplied`)."""
+    `features apply` would refuse raises its SchemaError here (`check_wheres_unapplied`), and so does a change a
+    running stream cannot take (`check_running_streams_take`)."""
     from features.pipelines.registration import check_wheres_unapplied, removed_groups
+    from features.pipelines.stream_handoff import check_running_streams_take
 
+    check_running_streams_take(repo)
     check_wheres_unapplied(repo)
     the_plan = ApplyPlan(str(repo.root))
     registered = _registered_views(repo)

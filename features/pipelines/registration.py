@@ -91,11 +91,14 @@ def apply(repo_path: str, *, prune: bool = False) -> list[str]:
     is printed as a warning naming them and the type recorded. Each group's `where` is checked by Spark against
     the source's schema first, so that a typo fails here and not in the first backfill (once per expression and
     schema: `check_wheres`). Feature views of groups that are no longer defined are removed only with `prune`
-    (else a ConfigError names them): Feast's apply would drop them, and their online values, silently."""
+    (else a ConfigError names them): Feast's apply would drop them, and their online values, silently. A change that a
+    stream running the group cannot take (a new join key or timestamp column) is refused while it runs."""
     from features.engine.session import session_soon
+    from features.pipelines.stream_handoff import check_running_streams_take
     from features.stores.feast_objects import apply_repo
 
     repo = Repo.load(repo_path)
+    check_running_streams_take(repo)
     session = None if _all_checked(repo) else session_soon(None)  # the JVM starts while Feast loads
     check_removed_groups(repo, prune=prune)
     for warning in record_source_schemas(repo):

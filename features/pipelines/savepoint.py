@@ -36,6 +36,7 @@ from features.engine.savepoint import (
 )
 from features.engine.schema import schema_of
 from features.engine.session import cores
+from features.engine.stream_definition import save_definition, saved_definition
 from features.engine.stream_query import query_settings, stateful_query
 from features.engine.upgrade import PendingUpgrade, Position, committed_position, last_commit
 from features.errors import ConfigError
@@ -96,7 +97,7 @@ def take(
     data/savepoints/<group>/)."""
     began = time.perf_counter()
     checkpoint = Path(repo.checkpoint_path(group, checkpoint_root))
-    saved = engine.saved_definition(checkpoint)
+    saved = saved_definition(checkpoint)
     batch = last_commit(checkpoint / "query")[0]
     if saved is None or batch is None:
         raise ConfigError(
@@ -251,7 +252,7 @@ def restore(
     marker = checkpoint / RESTORING
     query = checkpoint / "query"
     # A marked checkpoint is a restore that did not finish: started again.
-    if not marker.exists() and (engine.saved_definition(checkpoint) is not None or last_commit(query)[0] is not None):
+    if not marker.exists() and (saved_definition(checkpoint) is not None or last_commit(query)[0] is not None):
         raise ConfigError(
             f"--from-savepoint: {group.name}'s checkpoint {checkpoint} already holds stream state; a savepoint "
             "starts a new checkpoint: delete that folder (after taking a savepoint of it, if you want it), or "
@@ -283,7 +284,7 @@ def restore(
         manifest["emitted_upto_us"],
         manifest["newest_us"],
     )
-    engine.save_definition(checkpoint, stream_upgrade.state_record(group, labels, partitions, nanoseconds, upgrade))
+    save_definition(checkpoint, stream_upgrade.state_record(group, labels, partitions, nanoseconds, upgrade))
     marker.unlink()
     restored = (str(path), int(manifest["batch"]), int(manifest["keys"]), int(manifest["buckets"]), len(labels))
     return replace(carried, seconds=time.perf_counter() - began, restored=restored)

@@ -32,6 +32,7 @@ from features.engine import stream as engine
 from features.engine.inputs import bucket_labels
 from features.engine.session import cores, is_connect, session_soon
 from features.engine.source_log import Pruning
+from features.engine.stream_definition import save_definition, saved_definition
 from features.engine.stream_query import (
     can_repartition_state,
     query_settings,
@@ -416,7 +417,7 @@ def _check_checkpoint(
     starts: Spark keeps the partition count in its checkpoint, and the labels are saved with the definition, as
     a key's state lives under its bucket's label."""
 
-    saved = engine.saved_definition(checkpoint)
+    saved = saved_definition(checkpoint)
     if reset:
         shutil.rmtree(checkpoint, ignore_errors=True)
         _remove_stream_rows(spark, repo, group)  # the replay writes every change point again
@@ -458,7 +459,7 @@ def _check_checkpoint(
     current = stream_upgrade.state_record(
         group, labels, partitions, nanoseconds, upgrade, (saved or {}).get("stream_id")
     )
-    engine.save_definition(checkpoint, current)
+    save_definition(checkpoint, current)
     return Resumed(labels, partitions, nanoseconds, current["stream_id"], upgrade, carried)
 
 

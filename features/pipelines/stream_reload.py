@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from features.engine import stream as engine
+from features.engine.stream_definition import saved_definition
 from features.errors import FeaturesError
 from features.pipelines import stream_handoff
 from features.pipelines.backfill import ready_writer
@@ -165,7 +165,7 @@ def rescale(
     """Move the group's state to the buckets another process asked for, between two batches, and answer it: the
     line a restart with `--buckets` prints, or why not (the group then goes on as it ran)."""
     sink = run.sinks[name]
-    if (engine.saved_definition(checkpoint) or {}).get("buckets") == request.buckets:
+    if (saved_definition(checkpoint) or {}).get("buckets") == request.buckets:
         line = f"{name}: already in {request.buckets} buckets; nothing moved"
         stream_handoff.answer(checkpoint, request, line=line)
         return

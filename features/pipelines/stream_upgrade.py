@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from features.engine import stream as engine
 from features.engine.schema import schema_of
+from features.engine.stream_definition import save_definition, saved_definition
 from features.engine.upgrade import (
     Gap,
     PendingUpgrade,
@@ -37,6 +38,7 @@ from features.engine.upgrade import (
 from features.errors import ConfigError
 from features.kernel.migrate import Change, Layout, layout_of
 from features.kernel.panes import MICROS, lookback_start
+from features.pipelines.stream_handoff import replay_needed
 from features.repo import Repo
 from features.spec import FeatureGroup
 from features.spec.fingerprint import definition_hash, describe
@@ -262,16 +264,8 @@ def rescale(
 
 
 def check_carriable(repo: Repo, group: FeatureGroup, checkpoint: Path, saved: dict[str, Any]) -> None:
-    before = saved["definition"]
-    why = None
-    if list(before["entity"]["join_keys"]) != list(group.join_keys):
-        why = (
-            f"keys its state by {', '.join(before['entity']['join_keys'])}, and the group is now keyed by "
-            f"{', '.join(group.join_keys)}: every key is new, so a replay of the source is the least it takes"
-        )
-    elif before["source"]["timestamp"] != group.source.timestamp:
-        why = "was built on another timestamp column: every event's time changed, so the source must be replayed"
-    elif saved.get("upgrade"):
+    why = replay_needed(group, saved)
+    if why is None and saved.get("upgrade"):
         why = (
             "is still applying the previous definition change (no micro-batch with events has run since): run the "
             "stream on the previous definition until one has, then apply the new one"
@@ -305,11 +299,11 @@ class Finish:
             return
         if not (self.checkpoint / "query" / "commits" / str(self.stepped_in)).exists():
             return
-        saved = engine.saved_definition(self.checkpoint)
+        saved = saved_definition(self.checkpoint)
         if saved is not None and saved.get("upgrade"):
             folders = [saved["upgrade"].get(k) for k in ("folder", "state")]
             saved["upgrade"] = None
-            engine.save_definition(self.checkpoint, saved)
+            save_definition(self.checkpoint, saved)
             for folder in filter(None, folders):
                 shutil.rmtree(folder, ignore_errors=True)
         self.done = True
