@@ -418,6 +418,7 @@ def test_a_stream_of_microsecond_files_reads_them_once_and_names_a_later_nanosec
     ]
     assert record["source_file"].endswith("part-2.parquet")
     assert "nanosecond timestamps" in record["reason"] and 'coerce_timestamps="us"' in record["reason"], record
+    assert "`features stream --reset`" in record["reason"] and "restart the stream" not in record["reason"]
 
     events.iloc[150:].to_parquet(landing / "part-3.parquet")
     stream(repo, available_now=True, progress=False, tracking=False).await_termination()

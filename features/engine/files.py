@@ -103,8 +103,9 @@ def timestamp_unit(column: str) -> Column:
 NANOS_LATE = (
     "column {column!r} holds nanosecond timestamps, and this stream started on microsecond files, so it reads "
     "microseconds only; fix: land the file's events again as microseconds (pandas: "
-    'df.to_parquet(path, coerce_timestamps="us", allow_truncated_timestamps=True)), or restart the stream to '
-    "read nanosecond files too (slower: each file is read twice)"
+    'df.to_parquet(path, coerce_timestamps="us", allow_truncated_timestamps=True)), or start the stream over '
+    "with `features stream --reset` to read nanosecond files too (a plain restart keeps the checkpoint's reads; "
+    "slower: each file is read twice)"
 )
 
 
