@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from features.errors import ConfigError, DataError, FeaturesError
+from features.stores.serving_input import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_ENTITY_ROWS, RequestLimits
 from features.version import package_version
 
 DEFAULT_REPO = "feature_repo"
@@ -216,6 +217,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=6566, help="port to listen on (default 6566)")
     serve.add_argument("--workers", type=int, default=None, help="worker processes (default: one per CPU, at most 4)")
     serve.add_argument("--access-log", action="store_true", help="log every request (off by default: it costs latency)")
+    for flag, default, what in (
+        ("--max-entity-rows", DEFAULT_MAX_ENTITY_ROWS, "entity rows one request may ask for"),
+        ("--max-body-bytes", DEFAULT_MAX_BODY_BYTES, "bytes a request body may have"),
+    ):
+        serve.add_argument(flag, type=int, default=default, help=f"{what}; more is answered 413 (default {default})")
     return parser
 
 
@@ -321,7 +327,10 @@ def _run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--workers: {args.workers} is not a positive number of worker processes")
         if not 0 < args.port < 65536:
             raise ConfigError(f"--port: {args.port} is not a TCP port (1-65535)")
-        serve(args.repo, host=args.host, port=args.port, workers=args.workers, access_log=args.access_log)
+        limits = RequestLimits(max_entity_rows=args.max_entity_rows, max_body_bytes=args.max_body_bytes)
+        serve(
+            args.repo, host=args.host, port=args.port, workers=args.workers, access_log=args.access_log, limits=limits
+        )
         return 0
     raise AssertionError(args.command)  # argparse only accepts the commands above
 

@@ -1,10 +1,11 @@
 """Serving: `features serve` (Feast's HTTP feature server) returns what the fast writer wrote, on SQLite and
 Redis, over `POST /get-online-features`; workers are not recycled; `online_features` gives a typed DataFrame.
-A client's mistake in a request is a 4xx saying what was wrong and the fix; a broken feature_store.yaml or a
+A client's mistake in a request is a 4xx saying what was wrong and the fix (also what Feast answered 500 for: a
+key value that is no key, a lone surrogate, JSON nested 1,000 deep); a broken feature_store.yaml or a
 port in use is one `error:` line and exit 2; Ctrl-C stops the server at once.
 
-Each server runs as a subprocess on a free port of 127.0.0.1 (its log in a file) and is stopped when its tests
-are done.
+Each server runs as a subprocess on a free port of 127.0.0.1 (its log in a file; tests/feature_servers.py) and is
+stopped when its tests are done.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +27,7 @@ import pandas as pd
 import pytest
 import redis_server as redis_fixtures
 from feast import FeatureStore
+from feature_servers import START_TIMEOUT_S, STOP_TIMEOUT_S, Server, free_port, start_server, stop_server
 from online_repos import (
     CARD_MERCHANT,
     EVERY_TYPE_KEYS,
@@ -47,55 +48,6 @@ from features.stores.serving import online_features, server_options
 
 redis_server = redis_fixtures.redis_server  # the session's real Redis (a fixture)
 
-START_TIMEOUT_S = 120.0  # importing Feast in the server and its worker is slow on a busy machine
-STOP_TIMEOUT_S = 20.0
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@dataclass
-class Server:
-    root: Path
-    port: int
-    process: subprocess.Popen
-    log: Path  # the server's stderr: gunicorn's and its workers' log
-
-    def post(self, path: str, body: dict, connection: http.client.HTTPConnection | None = None) -> tuple[int, dict]:
-        conn = connection or http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
-        try:
-            conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
-            response = conn.getresponse()
-            return response.status, json.loads(response.read() or b"null")
-        finally:
-            if connection is None:
-                conn.close()
-
-    def post_bytes(self, path: str, data: bytes, content_type: str = "application/json") -> tuple[int, dict]:
-        """A body as sent, not necessarily JSON."""
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
-        try:
-            conn.request("POST", path, data, {"Content-Type": content_type})
-            response = conn.getresponse()
-            return response.status, json.loads(response.read() or b"null")
-        finally:
-            conn.close()
-
-    def online(self, group, entities: dict[str, list]) -> dict[str, list]:
-        """Feature name -> values, from the server's JSON answer."""
-        body = {"features": [f"{group.name}:{f.name}" for f in group.features], "entities": entities}
-        status, answer = self.post("/get-online-features", body)
-        assert status == 200, answer
-        names = answer["metadata"]["feature_names"]
-        return {name: result["values"] for name, result in zip(names, answer["results"], strict=True)}
-
-    def workers(self) -> list[int]:
-        children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children")
-        return sorted(int(pid) for pid in children.read_text().split())
-
 
 def _serving_rows() -> pd.DataFrame:
     rows = every_type_rows()
@@ -107,45 +59,6 @@ def _expected() -> dict[str, list]:
     want = {name: list(values) for name, values in EXPECTED_EVERY_TYPE.items()}
     want["amount_max"][2] = 1e300
     return want
-
-
-def _start(root: Path, workers: int = 1) -> Server:
-    port = _free_port()
-    command = [sys.executable, "-m", "features.cli", "serve", "--repo", str(root), "--port", str(port)]
-    log = root / f"serve-{port}.log"
-    with log.open("wb") as stderr:  # a file, not a pipe: a pipe nobody reads would block the server once full
-        process = subprocess.Popen(
-            [*command, "--workers", str(workers)],
-            stdout=subprocess.DEVNULL,
-            stderr=stderr,
-            start_new_session=True,  # its own process group: stopping it never signals pytest
-        )
-    server = Server(root, port, process, log)
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise AssertionError(f"features serve exited with {process.returncode}: {log.read_text()}")
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            conn.request("GET", "/health")
-            if conn.getresponse().status == 200:
-                conn.close()
-                return server
-        except OSError:
-            time.sleep(0.2)
-    _stop(server)
-    raise AssertionError(f"features serve did not answer on 127.0.0.1:{port} within {START_TIMEOUT_S:.0f}s")
-
-
-def _stop(server: Server) -> None:
-    process = server.process
-    if process.poll() is None:
-        process.terminate()  # gunicorn's graceful shutdown of the master and its workers
-        try:
-            process.wait(timeout=STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
 
 
 @pytest.fixture(scope="module", params=STORES)
@@ -165,9 +78,9 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         }
     )
     writer(root, CARD_MERCHANT).write(cards)
-    running = _start(root)
+    running = start_server(root)
     yield running
-    _stop(running)
+    stop_server(running)
     if server is not None:
         server.delete_project(FeatureStore(repo_path=str(root)).project)
 
@@ -279,7 +192,7 @@ def test_serve_before_apply_says_to_apply(tmp_path: Path, capsys: pytest.Capture
         "project: p\nprovider: local\nregistry: data/registry.db\nonline_store:\n  type: sqlite\n"
         "  path: data/online_store.db\noffline_store:\n  type: duckdb\nentity_key_serialization_version: 3\n"
     )
-    assert main(["serve", "--repo", str(root), "--port", str(_free_port())]) == 2
+    assert main(["serve", "--repo", str(root), "--port", str(free_port())]) == 2
     assert f"run `features apply --repo {root}`" in capsys.readouterr().err
     assert main(["serve", "--repo", str(tmp_path / "missing")]) == 2
     assert main(["serve", "--repo", str(root), "--workers", "0"]) == 2
@@ -420,6 +333,161 @@ def test_every_field_refused_is_named(served: Server) -> None:
     assert {"features:", "entities:", "full_feature_names:"} <= set(answer["error"].split()), answer
 
 
+# What Feast answered 500 for (a key value that is no key, a lone surrogate, JSON nested ~1,000 deep): 400, naming
+# where in the body
+
+CARD_COUNT = f"{CARD_MERCHANT.name}:txn_count"
+KEY_FIX = "send each key value as a string or a number"
+INT_FIX = 'send "merchant_id" values as integers from -9223372036854775808 to 9223372036854775807'
+SURROGATE_FIX = "send valid Unicode"
+DEEP = "JSON nested more than 32 levels deep"
+
+
+def _online_body(entities: str, features: str = f'["{TXN_COUNT}"]') -> bytes:
+    """A request written as text, for what json.dumps cannot write (a lone surrogate escape, raw bytes)."""
+    return f'{{"features": {features}, "entities": {entities}}}'.encode("utf-8", "surrogatepass")
+
+
+def _nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+# name -> (path, body, what the error starts with, what the fix says)
+HOSTILE = {
+    "null as a key value": (
+        ONLINE,
+        _online_body('{"user_id": ["u1", null]}'),
+        "entities.user_id.1: null is not a key value (user_id is a string key)",
+        KEY_FIX,
+    ),
+    "an object as a key value": (
+        ONLINE,
+        _online_body('{"user_id": [{"id": "u1"}]}'),
+        'entities.user_id.0: {"id": "u1"} is not a key value',
+        KEY_FIX,
+    ),
+    "a list as a key value": (ONLINE, _online_body('{"user_id": [["u1"]]}'), "entities.user_id.0: [", KEY_FIX),
+    "true as a string key": (
+        ONLINE,
+        _online_body('{"user_id": [true]}'),
+        "entities.user_id.0: true is not a key value (user_id is a string key)",
+        KEY_FIX,
+    ),
+    "a word as an integer key": (
+        ONLINE,
+        _online_body('{"card_id": ["c1"], "merchant_id": ["x"]}', f'["{CARD_COUNT}"]'),
+        'entities.merchant_id.0: "x" is not an integer (merchant_id is an int64 key)',
+        INT_FIX,
+    ),
+    "an integer key out of range": (
+        ONLINE,
+        _online_body('{"card_id": ["c1", "c2"], "merchant_id": [7, 1180591620717411303424]}', f'["{CARD_COUNT}"]'),
+        "entities.merchant_id.1: 1180591620717411303424 is out of range (merchant_id is an int64 key)",
+        INT_FIX,
+    ),
+    "a fraction as an integer key": (
+        ONLINE,
+        _online_body('{"card_id": ["c1"], "merchant_id": [7.5]}', f'["{CARD_COUNT}"]'),
+        "entities.merchant_id.0: 7.5 is not an integer",
+        INT_FIX,
+    ),
+    "NaN as a key value": (ONLINE, _online_body('{"user_id": [NaN]}'), "entities.user_id.0: NaN is not a key", KEY_FIX),
+    "a number of 5,000 digits": (
+        ONLINE,
+        _online_body(f'{{"user_id": ["u1", {"7" * 5000}]}}'),
+        "entities.user_id.1: a number of more than 4,300 digits",
+        "send the value as a string",
+    ),
+    "a version of a view where none is served": (
+        ONLINE,
+        _online_body('{"user_id": ["u1"]}', f'["{USER.name}@v2:txn_count"]'),
+        f"features: '{USER.name}@v2:txn_count' asks for version 'v2' of feature view '{USER.name}'",
+        f"ask for '{TXN_COUNT}'",
+    ),
+    "a lone surrogate escaped in a key value": (
+        ONLINE,
+        _online_body('{"user_id": ["u1", "\\ud800"]}'),
+        "entities.user_id.1: a string holding a lone UTF-16 surrogate",
+        SURROGATE_FIX,
+    ),
+    "a lone surrogate encoded as UTF-8 in a key value": (
+        ONLINE,
+        _online_body('{"user_id": ["\ud800"]}'),
+        "entities.user_id.0: a string holding a lone UTF-16 surrogate",
+        SURROGATE_FIX,
+    ),
+    "a lone surrogate in a join key's name": (
+        ONLINE,
+        _online_body('{"user_\\udc00": ["u1"]}'),
+        "entities.user_\\udc00: a string holding a lone UTF-16 surrogate",
+        SURROGATE_FIX,
+    ),
+    "a body that is not UTF-8": (ONLINE, _online_body('{"user_id": ["u1"]}') + b"\xff", "body: not UTF-8", "UTF-8"),
+    "JSON nested 1,000 deep in a key value": (
+        ONLINE,
+        _online_body(f'{{"user_id": [{_nested(1000)}]}}'),
+        f"entities.user_id.0.0...: {DEEP}",
+        "at most 32 levels",
+    ),
+    "JSON nested 1,000 deep in features": (
+        ONLINE,
+        _online_body('{"user_id": ["u1"]}', _nested(1000)),
+        f"features.0.0.0...: {DEEP}",
+        "at most 32 levels",
+    ),
+    "JSON nested 1,000 deep as the body": (ONLINE, _nested(1000).encode(), f"0.0.0.0...: {DEEP}", "at most 32 levels"),
+    "JSON nested 33 deep": (
+        ONLINE,
+        _online_body('{"user_id": ["u1"]}', f'["{TXN_COUNT}", {_nested(31)}]'),
+        f"features.1.0.0...: {DEEP}",
+        "at most 32 levels",
+    ),
+    "JSON nested 1,000 deep to another endpoint": (
+        "/push",
+        f'{{"push_source_name": "x", "df": {{"a": {_nested(1000)}}}}}'.encode(),
+        f"df.a.0.0...: {DEEP}",
+        "at most 32 levels",
+    ),
+    "one feature twice": (
+        ONLINE,
+        _online_body('{"user_id": ["u1"]}', f'["{TXN_COUNT}", "{TXN_COUNT}"]'),
+        f"features: '{TXN_COUNT}', '{TXN_COUNT}' would be answered under one name, 'txn_count'",
+        "request each feature once",
+    ),
+    "features of one name in two views": (
+        ONLINE,
+        _online_body('{"user_id": ["u1"], "card_id": ["c1"], "merchant_id": [7]}', f'["{TXN_COUNT}", "{CARD_COUNT}"]'),
+        f"features: '{TXN_COUNT}', '{CARD_COUNT}' would be answered under one name",
+        '"full_feature_names": true',
+    ),
+}
+
+
+@pytest.mark.parametrize("mistake", list(HOSTILE))
+def test_what_feast_answered_500_is_a_400_naming_where(served: Server, mistake: str) -> None:
+    path, data, error, fix = HOSTILE[mistake]
+    status, answer = served.post_bytes(path, data)
+    assert status == 400, answer
+    assert set(answer) == {"error", "fix"} and answer["error"].startswith(error) and fix in answer["fix"], answer
+    log = served.log.read_text(errors="replace")
+    assert f"400 {path}: {answer['error']}" in log  # one line in the server's log
+    assert "Traceback" not in log, log[-3000:]
+    assert served.online(USER, {"user_id": ["u1"]})["txn_count"] == [3]
+
+
+def test_what_is_close_to_a_mistake_is_served(served: Server) -> None:
+    """The checks refuse no request Feast answers right: a surrogate pair, an integer key as a string or a whole
+    float, a number for a string key, JSON 32 levels deep."""
+    got = served.online(CARD_MERCHANT, {"card_id": ["c1", "c2", "c1"], "merchant_id": ["8", 7.0, 2**63 - 1]})
+    assert got["txn_count"] == [2, 3, None]
+    pair = _online_body('{"user_id": ["u1", "\\ud83d\\ude00", 4]}')  # the pair is one character: not written
+    status, answer = served.post_bytes(ONLINE, pair)
+    assert status == 200 and answer["results"][1]["values"] == [3, None, None], answer
+    deep = _online_body('{"user_id": ["u1"]}', f'["{TXN_COUNT}"], "x": [{_nested(30)}]')  # 32 levels
+    status, answer = served.post_bytes(ONLINE, deep)
+    assert status == 200 and answer["results"][1]["values"] == [3], answer
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Stopping, a port in use, a broken feature_store.yaml: one `error:` line, exit 2
 
@@ -433,7 +501,7 @@ def applied(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_ctrl_c_stops_the_server_and_its_workers_at_once(applied: Path) -> None:
     """SIGINT to the process group, as Ctrl-C in a terminal: gunicorn sends its workers SIGQUIT, which Feast's
     uvicorn worker ignored (gunicorn then waited 30 s and SIGKILLed them)."""
-    server = _start(applied, workers=2)
+    server = start_server(applied, workers=2)
     try:
         _wait_until_booted(server, 2)  # a worker still booting dies of the SIGINT itself, as it would in a terminal
         workers = server.workers() if Path(f"/proc/{server.process.pid}/task").is_dir() else []
@@ -442,7 +510,7 @@ def test_ctrl_c_stops_the_server_and_its_workers_at_once(applied: Path) -> None:
         status = server.process.wait(timeout=STOP_TIMEOUT_S)
         took = time.monotonic() - started
     finally:
-        _stop(server)
+        stop_server(server)
     log = server.log.read_text()
     assert status in (0, 130), log
     assert took < 10, f"stopping took {took:.1f}s\n{log}"
@@ -505,7 +573,7 @@ def test_a_broken_feature_store_yaml_is_exit_2_naming_the_file(
     text, problem = BROKEN_YAML[broken]
     config = tmp_path / "feature_store.yaml"
     config.write_text(text)
-    assert main(["serve", "--repo", str(tmp_path), "--port", str(_free_port())]) == 2
+    assert main(["serve", "--repo", str(tmp_path), "--port", str(free_port())]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"error: {config}: {problem}"), err
     assert "Fix:" in err and "Traceback" not in err

@@ -8,7 +8,10 @@ What `serve` adds to Feast's server:
   different lengths) is answered 400 or 404 with a JSON body `{"error": ..., "fix": ...}` and one log line,
   where Feast answers 500 with a traceback in the log, or for a composite key given in part 200 with every
   value NOT_FOUND (`features.stores.serving_requests.RequestErrors`); so is a body that is not JSON or has a
-  field of the wrong type (400, where FastAPI answers 422 with pydantic's errors);
+  field of the wrong type (400, where FastAPI answers 422 with pydantic's errors), or one its parsers cannot take
+  (a key value that is null or an object, a lone surrogate, JSON nested too deep: Feast answered 500);
+- limits on what one request may ask (`RequestLimits`: entity rows, body bytes), answered 413 beyond them, the
+  body's size before it is read: one request of 1,000,000 rows held a worker for 14.5 s and left it 2 GiB larger;
 - Ctrl-C (SIGINT) stops it within a second: gunicorn sends its workers SIGQUIT, which Feast's uvicorn worker
   ignores, so gunicorn waited 30 s and then SIGKILLed them;
 - a broken feature_store.yaml, a port in use or a registry with nothing applied is one `error:` line (exit 2).
@@ -30,6 +33,7 @@ import pandas as pd
 
 from features.errors import ConfigError, EnvironmentProblem
 from features.spec import WINDOW_END, FeatureGroup
+from features.stores.serving_input import RequestLimits
 
 if TYPE_CHECKING:
     from feast import FeatureStore, FeatureView
@@ -55,6 +59,7 @@ def server_options(
     keep_alive_s: int = DEFAULT_KEEP_ALIVE_S,
     registry_ttl_s: int = DEFAULT_REGISTRY_TTL_S,
     access_log: bool = False,
+    limits: RequestLimits | None = None,
 ) -> dict[str, Any]:
     """The settings `serve` passes to Feast's `start_server`, and why they differ from `feast serve`'s defaults.
 
@@ -63,6 +68,8 @@ def server_options(
       worker to import Feast and load the registry, a stall of hundreds of milliseconds. Here workers live on.
     - `keep_alive_timeout`: clients keep their connection between requests (no TCP handshake per request).
     - no access log by default: one log line per request costs more than a Redis lookup.
+    - `limits`: what one request may ask of a worker (`RequestLimits`'s defaults unless given); within them a
+      worker's memory comes back after each request, so living on costs nothing (docs/serving.md, Limits).
     """
     return {
         "no_access_log": not access_log,
@@ -75,6 +82,7 @@ def server_options(
         "tls_key_path": "",
         "tls_cert_path": "",
         "metrics": False,
+        "limits": limits or RequestLimits(),
     }
 
 
@@ -87,6 +95,7 @@ def serve(
     keep_alive_s: int = DEFAULT_KEEP_ALIVE_S,
     registry_ttl_s: int = DEFAULT_REGISTRY_TTL_S,
     access_log: bool = False,
+    limits: RequestLimits | None = None,
 ) -> None:
     """Run Feast's HTTP feature server for the repo until interrupted (blocks; SIGTERM/SIGINT stop it).
 
@@ -101,7 +110,7 @@ def serve(
     gc.collect()
     gc.freeze()
     options = server_options(
-        workers=workers, keep_alive_s=keep_alive_s, registry_ttl_s=registry_ttl_s, access_log=access_log
+        workers=workers, keep_alive_s=keep_alive_s, registry_ttl_s=registry_ttl_s, access_log=access_log, limits=limits
     )
     try:
         _run_server(store, host, port, options)
@@ -146,8 +155,8 @@ def _run_server(store: FeatureStore, host: str, port: int, options: dict[str, An
     stop on gunicorn's SIGQUIT; blocks until the server stops."""
     from feast.feature_server import start_server
 
-    if sys.platform == "win32":  # no gunicorn: Feast runs its app in uvicorn alone
-        start_server(store, host=host, port=port, **options)
+    if sys.platform == "win32":  # no gunicorn: Feast runs its app in uvicorn alone (without this package's checks)
+        start_server(store, host=host, port=port, **{k: v for k, v in options.items() if k != "limits"})
         return
     from feast import metrics as feast_metrics
     from feast.permissions.server.utils import (
@@ -176,6 +185,7 @@ def _run_server(store: FeatureStore, host: str, port: int, options: dict[str, An
         "max_requests_jitter": options["max_requests_jitter"],
         "keepalive": options["keep_alive_timeout"],
         "registry_ttl_sec": options["registry_ttl_sec"],
+        "limits": options["limits"],  # not gunicorn's: `Application` hands it to `with_request_errors`
     }
     _application_class()(store=store, metrics_enabled=metrics_enabled, **gunicorn_options).run()
 
@@ -226,7 +236,7 @@ def _application_class() -> type:
     class Application(FeastServeApplication):
         def __init__(self, store: FeatureStore, **options: Any) -> None:
             super().__init__(store, **options)
-            with_request_errors(self._app, store, options["registry_ttl_sec"])
+            with_request_errors(self._app, store, options["registry_ttl_sec"], options["limits"])
 
         def load_config(self) -> None:
             super().load_config()

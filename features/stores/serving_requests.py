@@ -1,8 +1,9 @@
 """The feature server's answers to a client's mistakes: a request to `POST /get-online-features` that names an
-unknown feature or view, or whose entity keys are missing or uneven, gets a 4xx answer with a JSON body saying
-what was wrong and the fix (features.stores.serving runs the server with this middleware in front of Feast's app).
-So does a body Feast's request model refuses, on any endpoint (not JSON, or a field of the wrong type): 400 where
-FastAPI answers 422 with its own body (`with_request_errors`)."""
+unknown feature or view, or whose entity keys are missing, uneven or not key values, gets a 4xx answer with a JSON
+body saying what was wrong and the fix (features.stores.serving runs the server with this middleware in front of
+Feast's app). So does, on any endpoint, a body Feast's request model refuses (not JSON, or a field of the wrong type):
+400 where FastAPI answers 422 with its own body (`with_request_errors`); and a body over the server's limits or one
+its parsers cannot take (features.stores.serving_input)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,26 @@ import json
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from features.stores.serving_input import (
+    RequestLimits,
+    RequestProblem,
+    declared_too_large,
+    is_json,
+    key_values_problem,
+    parsed,
+    read_body,
+    rows_problem,
+    shown,
+)
 
 if TYPE_CHECKING:
     from fastapi import FastAPI, Request, Response
     from fastapi.exceptions import RequestValidationError
-    from feast import FeatureStore
+    from feast import FeatureStore, FeatureView
 
 
 ONLINE_PATH = "/get-online-features"
@@ -25,55 +38,54 @@ ONLINE_PATH = "/get-online-features"
 LOG = logging.getLogger("uvicorn.error")
 
 
-@dataclass(frozen=True)
-class RequestProblem:
-    """What is wrong with a request (the client's mistake) and how to fix it, as the HTTP answer gives it."""
-
-    status: int
-    error: str
-    fix: str
-
-    def body(self) -> bytes:
-        return json.dumps({"error": self.error, "fix": self.fix}).encode()
-
-
-def with_request_errors(app: FastAPI, store: FeatureStore, registry_ttl_s: float) -> None:
+def with_request_errors(app: FastAPI, store: FeatureStore, registry_ttl_s: float, limits: RequestLimits) -> None:
     """Feast's app, with `RequestErrors` in front of it and `invalid_request` answering what its request models
     refuse."""
     from fastapi.exceptions import RequestValidationError
 
-    app.add_middleware(RequestErrors, store=store, registry_ttl_s=registry_ttl_s)
+    app.add_middleware(RequestErrors, store=store, registry_ttl_s=registry_ttl_s, limits=limits)
     app.add_exception_handler(RequestValidationError, invalid_request)
 
 
 class RequestErrors:
-    """ASGI middleware around Feast's app, for `POST /get-online-features`: a request whose entities lack a join
-    key of a requested view, or hold key lists of different lengths, is answered 400 before Feast reads it (Feast
-    answers 500, or for a composite key given in part, 200 with every value NOT_FOUND); when Feast fails on a
-    request because of what it asks for (`request_problem`), the answer is 400 or 404 instead of 500. Either
-    way the body says what was wrong and the fix, and the log gets one line; any other failure reaches Feast's
-    handler (500, with the traceback in the log).
+    """ASGI middleware around Feast's app. On every endpoint, a body over `limits.max_body_bytes` is answered 413
+    before it is read (or as soon as its parts add up to more), and a JSON body the parsers cannot take (not UTF-8,
+    nested too deep, a lone surrogate) 400: Feast answered 500.
+
+    For `POST /get-online-features`: more rows than `limits.max_entity_rows` is answered 413; a key value that is
+    null, an object or a list, or not of its key's type, or entities that lack a join key of a requested view, or
+    hold key lists of different lengths, 400 before Feast reads it (Feast answers 500, or for a composite key given
+    in part, 200 with every value NOT_FOUND); when Feast fails on a request because of what it asks for
+    (`request_problem`), the answer is 400 or 404 instead of 500. Either way the body says what was wrong and the
+    fix, and the log gets one line; any other failure reaches Feast's handler (500, with the traceback in the log).
 
     The join keys of the registry's views are read again every `registry_ttl_s` seconds, as Feast reads its
-    registry. With authentication configured nothing is checked before Feast (its permission check comes first)."""
+    registry. With authentication configured nothing the registry tells is checked before Feast (its permission
+    check comes first); the limits and the shape of the body are."""
 
-    def __init__(self, app: Any, store: FeatureStore, registry_ttl_s: float) -> None:
+    def __init__(self, app: Any, store: FeatureStore, registry_ttl_s: float, limits: RequestLimits) -> None:
         self.app = app
         self.store = store
+        self.limits = limits
         self.registry_ttl_s = registry_ttl_s or math.inf  # 0: Feast never reads its registry again either
         self.precheck = str(store.config.auth_config.type).lower() == "no_auth"
-        self.join_keys: dict[str, list[str]] = {}
+        self.join_keys: dict[str, dict[str, str]] = {}
         self.read_at = -math.inf
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope["path"] != ONLINE_PATH:
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        messages = await _whole_request(receive)
+        path = scope["path"]
+        too_large = declared_too_large(scope["headers"], self.limits.max_body_bytes)
+        messages = too_large or await read_body(receive, self.limits.max_body_bytes)
+        if isinstance(messages, RequestProblem):
+            await _answer(send, path, messages)
+            return
         body = b"".join(m.get("body", b"") for m in messages if m["type"] == "http.request")
-        problem = await self._entities_problem(body) if self.precheck else None
+        problem = await self._body_problem(scope, body)
         if problem is not None:
-            await _answer(send, problem)
+            await _answer(send, path, problem)
             return
         started = False
 
@@ -88,30 +100,38 @@ class RequestErrors:
         try:
             await self.app(scope, replay, send_watched)
         except Exception as exc:
-            problem = None if started else await self._problem(exc, body)
+            problem = None if started or path != ONLINE_PATH else await self._problem(exc, body)
             if problem is None:
                 raise
-            await _answer(send, problem)
+            await _answer(send, path, problem)
 
-    async def _entities_problem(self, body: bytes) -> RequestProblem | None:
-        """What is wrong with the request's entities for the feature views it names (none for a feature service,
-        a view this worker does not know yet, or a body that is not a JSON object: Feast answers those)."""
-        try:
-            request = json.loads(body)
-        except ValueError:
+    async def _body_problem(self, scope: dict[str, Any], body: bytes) -> RequestProblem | None:
+        """What is wrong with a JSON body before Feast reads it (none for a body FastAPI does not read as JSON,
+        JSON that does not parse, or entities that are no object of lists: FastAPI answers those)."""
+        if not body or not is_json(scope["headers"]):
             return None
-        if not isinstance(request, dict) or request.get("feature_service"):
+        request, problem = parsed(body)
+        if problem is not None or scope["path"] != ONLINE_PATH or not isinstance(request, dict):
+            return problem
+        entities = request.get("entities")
+        if not isinstance(entities, dict) or not all(isinstance(values, list) for values in entities.values()):
             return None
-        if not isinstance(request.get("features"), list):
-            return None
+        problem = rows_problem(entities, self.limits.max_entity_rows)
+        keys = await self._requested_keys(request) if problem is None and self.precheck else {}
+        return problem or _entities_problem(entities, keys)
+
+    async def _requested_keys(self, request: Mapping[str, Any]) -> dict[str, dict[str, str]]:
+        """{feature view: {join key: its kind}} for the views the request names (none for a feature service or a
+        view this worker does not know yet: Feast answers those)."""
+        if request.get("feature_service") or not isinstance(request.get("features"), list):
+            return {}
         if time.monotonic() - self.read_at > self.registry_ttl_s:
             from fastapi.concurrency import run_in_threadpool
 
             self.join_keys = await run_in_threadpool(_join_keys, self.store)
             self.read_at = time.monotonic()
         names = {_view_name(ref) for ref in request["features"]}
-        keys = {name: self.join_keys[name] for name in names if name in self.join_keys}
-        return _entities_problem(request.get("entities"), keys) if keys else None
+        return {name: self.join_keys[name] for name in names if name in self.join_keys}
 
     async def _problem(self, exc: Exception, body: bytes) -> RequestProblem | None:
         from fastapi.concurrency import run_in_threadpool
@@ -122,16 +142,27 @@ class RequestErrors:
         return await run_in_threadpool(request_problem, self.store, body)
 
 
-def _join_keys(store: FeatureStore) -> dict[str, list[str]]:
-    return {view.name: list(view.join_keys) for view in store.list_feature_views(allow_cache=True)}
+def _join_keys(store: FeatureStore) -> dict[str, dict[str, str]]:
+    return {view.name: key_kinds(view) for view in store.list_feature_views(allow_cache=True)}
+
+
+def key_kinds(view: FeatureView, renamed: Mapping[str, str] | None = None) -> dict[str, str]:
+    """{join key (as a feature service may rename it): the kind of value it takes} for the view: `int64`, `int32`,
+    `string`, `bool`, or "" for a type whose values are not checked here."""
+    from feast.types import Bool, Int32, Int64, String
+
+    kinds = ((Int64, "int64"), (Int32, "int32"), (String, "string"), (Bool, "bool"))
+    dtypes = {column.name: column.dtype for column in view.entity_columns}
+    renamed = renamed or {}
+    return {
+        renamed.get(key, key): next((kind for dtype, kind in kinds if dtypes.get(key) == dtype), "")
+        for key in view.join_keys
+    }
 
 
 def _view_name(ref: object) -> str:
     """The feature view of a reference `view:feature` (or `view@version:feature`)."""
     return str(ref).partition(":")[0].split("@", 1)[0]
-
-
-_JSON_HEADERS = [(b"content-type", b"application/json")]
 
 
 _EXAMPLE_REQUEST = '{"features": ["<view>:<feature>", ...], "entities": {"<join key>": [<value>, ...]}}'
@@ -154,8 +185,8 @@ def request_problem(store: FeatureStore, body: bytes) -> RequestProblem | None:
     return _entities_problem(request.get("entities"), wanted)
 
 
-def _requested_features(store: FeatureStore, request: Mapping[str, Any]) -> dict[str, list[str]] | RequestProblem:
-    """{feature view: its join keys} for the views the request reads (none for on-demand views, whose inputs
+def _requested_features(store: FeatureStore, request: Mapping[str, Any]) -> dict[str, dict[str, str]] | RequestProblem:
+    """{feature view: {join key: its kind}} for the views the request reads (none for on-demand views, whose inputs
     are not checked here), or the problem with what it asks for."""
     from feast.errors import FeatureServiceNotFoundException
 
@@ -178,7 +209,7 @@ def _requested_features(store: FeatureStore, request: Mapping[str, Any]) -> dict
         refs, renamed = request.get("features") or [], {}
     if not isinstance(refs, list) or not refs:
         return RequestProblem(400, "features: no features requested", f"send a body like {_EXAMPLE_REQUEST}")
-    keys: dict[str, list[str]] = {}
+    keys: dict[str, dict[str, str]] = {}
     for ref in refs:
         name, feature = _view_name(ref), str(ref).partition(":")[2]
         if not name or not feature:
@@ -187,6 +218,9 @@ def _requested_features(store: FeatureStore, request: Mapping[str, Any]) -> dict
                 f"features: {ref!r} is not a feature reference",
                 f"write '<feature view>:<feature>', e.g. {_example_ref(views)!r}",
             )
+        unversioned = _unversioned(store, ref, name, feature)
+        if unversioned is not None:
+            return unversioned
         if name in on_demand:
             continue
         view = views.get(name)
@@ -203,8 +237,38 @@ def _requested_features(store: FeatureStore, request: Mapping[str, Any]) -> dict
                 f"features: {ref!r}: feature view {name!r} has no feature {feature!r}",
                 f"use one of {', '.join(map(repr, fields))}",
             )
-        keys[name] = [renamed.get(name, {}).get(key, key) for key in view.join_keys]
-    return keys
+        keys[name] = key_kinds(view, renamed.get(name))
+    return _collision(refs, bool(request.get("full_feature_names"))) or keys
+
+
+def _unversioned(store: FeatureStore, ref: object, name: str, feature: str) -> RequestProblem | None:
+    """A 400 for a reference to a version of a view (`view@v2:feature`) where the registry keeps none online
+    (Feast fails on it: 500)."""
+    version = str(ref).partition(":")[0].partition("@")[2]
+    if not version or version == "latest" or getattr(store.registry, "enable_online_versioning", False):
+        return None
+    return RequestProblem(
+        400,
+        f"features: {ref!r} asks for version {version!r} of feature view {name!r}, and this registry serves no "
+        "versions online",
+        f"ask for '{name}:{feature}' (its latest version), or set enable_online_feature_view_versioning: true "
+        "under registry in feature_store.yaml",
+    )
+
+
+def _collision(refs: list[Any], full_feature_names: bool) -> RequestProblem | None:
+    """Two references answered under one name (Feast fails on it: 500): the same feature twice, or without
+    `full_feature_names` features of one name in two views."""
+    names = [str(ref) if full_feature_names else str(ref).partition(":")[2] for ref in refs]
+    twice = next((name for name, count in Counter(names).items() if count > 1), None)
+    if twice is None:
+        return None
+    which = [str(ref) for ref, name in zip(refs, names, strict=True) if name == twice]
+    return RequestProblem(
+        400,
+        f"features: {', '.join(map(repr, which))} would be answered under one name, {twice!r}",
+        'request each feature once; for features of one name in two views, send "full_feature_names": true',
+    )
 
 
 def _example_ref(views: Mapping[str, Any]) -> str:
@@ -214,8 +278,9 @@ def _example_ref(views: Mapping[str, Any]) -> str:
     return "user_transactions:txn_count"
 
 
-def _entities_problem(entities: Any, keys: Mapping[str, list[str]]) -> RequestProblem | None:
-    """The problem with the request's `entities` for views with these join keys, if any."""
+def _entities_problem(entities: Any, keys: Mapping[str, Mapping[str, str]]) -> RequestProblem | None:
+    """The problem with the request's `entities` for views with these join keys ({view: {key: kind}}), if any;
+    with no views known, of the entities themselves (uneven key lists, a value that is no key value)."""
     if not isinstance(entities, dict) or not all(isinstance(values, list) for values in entities.values()):
         return None  # Feast's request model refuses it: `invalid_request` answers, naming the field
     needed = {key: view for view, view_keys in keys.items() for key in view_keys}
@@ -230,7 +295,7 @@ def _entities_problem(entities: Any, keys: Mapping[str, list[str]]) -> RequestPr
             + ", ".join(f'"{key}": [...]' for key in needed)
             + " in entities",
         )
-    lengths = {key: len(values) for key, values in entities.items() if isinstance(values, list)}
+    lengths = {key: len(values) for key, values in entities.items()}
     if len(set(lengths.values())) > 1:
         counts = ", ".join(f"{key!r} has {n}" for key, n in lengths.items())
         return RequestProblem(
@@ -242,7 +307,7 @@ def _entities_problem(entities: Any, keys: Mapping[str, list[str]]) -> RequestPr
         return RequestProblem(
             400, "entities: no rows (the key lists are empty)", "send at least one value per join key"
         )
-    return None
+    return key_values_problem(entities, {key: kind for kinds in keys.values() for key, kind in kinds.items()})
 
 
 async def invalid_request(request: Request, exc: RequestValidationError) -> Response:
@@ -299,14 +364,9 @@ def _described(error: Mapping[str, Any]) -> str:
     if field == "body":
         if isinstance(given, bytes):
             return "body: not read as JSON (its Content-Type is not application/json)"
-        return f"body: not a JSON object (got {_shown(given)})"
+        return f"body: not a JSON object (got {shown(given)})"
     message = str(error.get("msg", "refused")).removeprefix("Input ").rstrip(".")
-    return f"{field}: {message}, got {_shown(given)}"
-
-
-def _shown(value: Any, most: int = 60) -> str:
-    text = json.dumps(value, default=repr) if not isinstance(value, bytes) else repr(value)
-    return text if len(text) <= most else text[: most - 3] + "..."
+    return f"{field}: {message}, got {shown(given)}"
 
 
 def _validation_fix(path: str, field: str, error: Mapping[str, Any]) -> str:
@@ -320,15 +380,12 @@ def _validation_fix(path: str, field: str, error: Mapping[str, Any]) -> str:
     return f"correct {field} to the type {path} takes ({_FEAST_API})"
 
 
-async def _whole_request(receive: Any) -> list[dict[str, Any]]:
-    """The ASGI messages of the request's body, up to its last part (or the client's disconnect)."""
-    messages = [await receive()]
-    while messages[-1]["type"] == "http.request" and messages[-1].get("more_body", False):
-        messages.append(await receive())
-    return messages
+_JSON_HEADERS = [(b"content-type", b"application/json")]
 
 
-async def _answer(send: Any, problem: RequestProblem) -> None:
-    LOG.info("%s %s: %s", problem.status, ONLINE_PATH, problem.error)
-    await send({"type": "http.response.start", "status": problem.status, "headers": _JSON_HEADERS})
+async def _answer(send: Any, path: str, problem: RequestProblem) -> None:
+    LOG.info("%s %s: %s", problem.status, path, problem.error)
+    # Kept alive, the server would go on reading (and dropping) the rest of a body it refused unread.
+    headers = [*_JSON_HEADERS, (b"connection", b"close")] if problem.close else _JSON_HEADERS
+    await send({"type": "http.response.start", "status": problem.status, "headers": headers})
     await send({"type": "http.response.body", "body": problem.body()})
