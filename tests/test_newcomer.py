@@ -420,10 +420,16 @@ def test_a_stream_of_microsecond_files_reads_them_once_and_names_a_later_nanosec
     assert "nanosecond timestamps" in record["reason"] and 'coerce_timestamps="us"' in record["reason"], record
     assert "`features stream --reset`" in record["reason"] and "restart the stream" not in record["reason"]
 
+    [first] = (root / "data" / "quarantine" / "g" / "records").glob("file-*")
+    written = {p: p.stat().st_mtime_ns for p in first.rglob("*")}
     events.iloc[150:].to_parquet(landing / "part-3.parquet")
-    stream(repo, available_now=True, progress=False, tracking=False).await_termination()
+    restarted = stream(repo, available_now=True, progress=False, tracking=False)
+    restarted.await_termination()
     records = list((root / "data" / "quarantine" / "g" / "records").glob("file-*"))
     assert len(records) == 2  # part-3 set aside too: the checkpoint's query has one source, and keeps it
+    # The restart set aside part-3 alone: part-2's record is neither counted again nor rewritten.
+    assert restarted.progress()[0].bad_records_total == 1
+    assert {p: p.stat().st_mtime_ns for p in first.rglob("*")} == written
     again = stream(repo, available_now=True, reset=True, progress=False, tracking=False)
     again.await_termination()
     assert again.status()["events"].sum() == len(events)  # every file, both kinds

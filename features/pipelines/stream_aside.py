@@ -111,16 +111,21 @@ class SetAside:
         new = sorted(listed - self.checked)
         # Only the names still landed: the set never outgrows the listing Spark's file source makes each batch.
         self.checked = listed
-        bad = self.file_check.unreadable(new) or []
+        # A file set aside before (by an earlier run, which a restart's first listing finds again) is neither
+        # checked, counted nor written again: its record and its retention clock stay as they were.
+        bad = self.file_check.unreadable([f for f in new if not self._file_record(f).exists()]) or []
         for reason, file in bad:
-            # Named by the file: a replay or a restart that finds it again replaces the same record.
-            name = hashlib.sha1(file.encode()).hexdigest()[:16]
-            folder = quality.quarantine_root(self.repo.root, self.group.name) / "records" / f"file-{name}"
+            folder = self._file_record(file)
             record = self.spark.createDataFrame(
                 [(reason, file)], f"{schema.REASON} string, {schema.SOURCE_FILE} string"
             )
             engine.write_json_records(record, folder, None)
         return len(bad)
+
+    def _file_record(self, file: str) -> Path:
+        """Where a file set aside whole has its record: named by the file, so that a replay finds the same one."""
+        name = hashlib.sha1(file.encode()).hexdigest()[:16]
+        return quality.quarantine_root(self.repo.root, self.group.name) / "records" / f"file-{name}"
 
     def _key_types(self) -> dict[str, Any]:
 

@@ -33,8 +33,8 @@ class StreamProgress:
     input_rate: float = 0.0  # events per second arriving, as Spark measures it
     processing_rate: float = 0.0  # events per second processed
     watermark: datetime | None = None
-    state_rows: int = 0  # pane rows held in state, all buckets
-    state_bytes: int = 0
+    state_rows: int | None = None  # pane rows held in state, all buckets (None: no bucket has run in this run yet)
+    state_bytes: int | None = None
     rows_emitted: int = 0  # change points written by the latest batch
     rows_total: int = 0
     late: int = 0  # events behind the watermark in the latest batch (written to the late-events folder)
@@ -50,7 +50,7 @@ class StreamProgress:
         text = (
             f"{self.group} batch {self.batch_id}: {self.events:,} events in {self.batch_seconds:.1f}s "
             f"({self.processing_rate:,.0f}/s), watermark {wm}, {self.rows_emitted:,} rows out "
-            f"({self.rows_total:,} total), state {self.state_rows:,} panes, late {self.late_total:,}"
+            f"({self.rows_total:,} total), state {_panes(self.state_rows)}, late {self.late_total:,}"
         )
         if self.freshness_seconds is not None:
             text += f", landing to online {self.freshness_seconds:.1f}s"
@@ -66,3 +66,8 @@ def emitted_watermark(query_checkpoint: Path) -> datetime | None:
     offline row up to it is final."""
     _, watermark_us = last_commit(query_checkpoint)
     return datetime.fromtimestamp(watermark_us / 1e6, UTC) if watermark_us else None
+
+
+def _panes(rows: int | None) -> str:
+    # Known only from a bucket that ran: a batch that ran none (its only file set aside) says so, not 0 panes.
+    return "not read yet" if rows is None else f"{rows:,} panes"
