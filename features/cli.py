@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from features.errors import ConfigError, DataError, FeaturesError
+from features.errors import ConfigError, DataError, FeaturesError, machine_problem
 from features.stores.serving_input import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_ENTITY_ROWS, RequestLimits
 from features.version import package_version
 
@@ -239,6 +239,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("error: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # a bug, not the user's mistake: the traceback for the report, then one line
+        problem = machine_problem(exc)  # or the machine's: a full disk, a table file deleted by hand
+        if problem is not None:
+            print(f"error: {problem}", file=sys.stderr)
+            return 2
         return _unexpected(args.command, exc)
 
 

@@ -6,6 +6,9 @@ fix it. Anything else escaping the package is a bug.
 
 from __future__ import annotations
 
+import errno
+import re
+
 
 class FeaturesError(Exception):
     """Base class of every error this package raises on purpose."""
@@ -45,3 +48,39 @@ class ValidationFailed(DataError):
     def __init__(self, message: str, report: object = None) -> None:
         self.report = report
         super().__init__(message)
+
+
+DISK_FULL = re.compile(r"No space left on device|os error 28\b|\bENOSPC\b")
+# A table file deleted outside the package, as deltalake (Rust) and Spark's Delta reader say it.
+MISSING_FILE = re.compile(
+    r"(?:Object at location|File|file) (?P<path>/\S*?/offline/(?P<group>[^/\s]+)/date=(?P<day>\d{4}-\d{2}-\d{2})/\S+?)"
+    r":? (?:not found|does not exist)"
+)
+
+
+def machine_problem(exc: BaseException) -> EnvironmentProblem | None:
+    """What went wrong with the machine or its files, not with the package, told from an exception a library
+    raised (deltalake's Rust errors and Spark's Java ones arrive as text): a full disk, or an offline table's
+    file deleted by hand. None for anything else (a bug)."""
+    seen: BaseException | None = exc
+    texts = []
+    while seen is not None and len(texts) < 10:
+        if isinstance(seen, OSError) and seen.errno == errno.ENOSPC:
+            texts.append("No space left on device")
+        texts.append(str(seen))
+        seen = seen.__cause__ or seen.__context__
+    text = " ".join(texts)
+    if DISK_FULL.search(text):
+        return EnvironmentProblem(
+            "the disk is full (No space left on device). Fix: free space on the file system that holds the repo's "
+            "data folder, then run the same command again (a backfill resumes with the first day it did not "
+            "finish; the table keeps its last commit)"
+        )
+    missing = MISSING_FILE.search(text)
+    if missing:
+        return EnvironmentProblem(
+            f"a file of the offline table of {missing['group']!r} is missing: {missing['path']} (deleted outside "
+            f"features?). Fix: `features backfill --group {missing['group']} --date {missing['day']} --force` "
+            "rebuilds that day"
+        )
+    return None
