@@ -210,6 +210,8 @@ def test_stored_outputs_show_every_cell_without_machine_paths(name: str) -> None
     leaked = [path for path in MACHINE_PATHS if path in stored]
     assert not leaked, f"{name}: stored outputs mention {leaked}; run refresh_outputs.py, which takes them out"
     assert "application/vnd.jupyter.widget-view+json" not in stored, f"{name}: a widget has no state stored"
+    # The notebooks' extra brings ipywidgets: Jupyter shows progress widgets, and tqdm has nothing to warn about.
+    assert "TqdmWarning" not in stored and "IProgress not found" not in stored, f"{name}: run refresh_outputs.py"
 
 
 @pytest.fixture(scope="module")
