@@ -23,14 +23,15 @@ access, so this also works on Spark Connect.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from features.errors import ConfigError, DefinitionError, SchemaError
-from features.spec import FeatureGroup
+from features.spec import Feature, FeatureGroup
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, DataFrameReader, Observation, SparkSession
@@ -478,23 +479,16 @@ def _to_micros(raw: Column, unit: Column) -> Column:
 
 def check_columns(group: FeatureGroup, events: DataFrame) -> None:
     """Raise a SchemaError naming the field if the group reads a column the data lacks, or a bad `where`."""
-    from pyspark.errors import PySparkException
     from pyspark.sql import functions as F
 
     group.check_schema(schema_of(events.schema))
     for feat in group.features:
         if feat.where is None:
             continue
-        try:
-            with quiet_spark_errors():
-                data_type = events.select(F.expr(feat.where).alias("w")).schema["w"].dataType
-        except PySparkException as exc:
-            reason = str(exc).strip().splitlines()[0]
-            raise SchemaError(
-                f"Feature({feat.name!r}).where",
-                f"Spark cannot use {feat.where!r}: {reason}",
-                "write a Spark SQL condition over the source's columns, e.g. \"status = 'FAILED'\"",
-            ) from None
+        with _refused_where(
+            feat, "use", "write a Spark SQL condition over the source's columns, e.g. \"status = 'FAILED'\""
+        ):
+            data_type = events.select(F.expr(feat.where).alias("w")).schema["w"].dataType
         if data_type.typeName() != "boolean":
             raise SchemaError(
                 f"Feature({feat.name!r}).where",
@@ -507,23 +501,29 @@ def check_where_values(group: FeatureGroup, events: DataFrame) -> None:
     """Evaluate each `where` on one row of plain values of the source's types: a condition that fails on any
     row whatever its values (a literal Spark cannot cast, `amount = 'x'` on a double column under ANSI casts)
     raises here, naming the feature, instead of failing every backfill and stream batch later."""
-    from pyspark.errors import PySparkException
     from pyspark.sql import functions as F
 
     probe = events.sparkSession.createDataFrame([_plain_row(events.schema)], events.schema)
+    fix = 'compare each column with a value of its type, e.g. "amount > 100" or "status = \'FAILED\'"'
     for feat in group.features:
-        if feat.where is None:
-            continue
-        try:
-            with quiet_spark_errors():
+        if feat.where is not None:
+            with _refused_where(feat, "evaluate", fix):
                 probe.where(F.expr(feat.where)).collect()
-        except PySparkException as exc:
-            reason = str(exc).strip().splitlines()[0]
-            raise SchemaError(
-                f"Feature({feat.name!r}).where",
-                f"Spark cannot evaluate {feat.where!r}: {reason}",
-                "compare each column with a value of its type, e.g. \"amount > 100\" or \"status = 'FAILED'\"",
-            ) from None
+
+
+@contextmanager
+def _refused_where(feat: Feature, verb: str, fix: str) -> Iterator[None]:
+    """Spark's refusal of a feature's `where` as a SchemaError naming the feature, its first line the reason."""
+    from pyspark.errors import PySparkException
+
+    try:
+        with quiet_spark_errors():
+            yield
+    except PySparkException as exc:
+        reason = str(exc).strip().splitlines()[0]
+        raise SchemaError(
+            f"Feature({feat.name!r}).where", f"Spark cannot {verb} {feat.where!r}: {reason}", fix
+        ) from None
 
 
 def _plain_row(schema: StructType) -> tuple[object, ...]:
