@@ -205,7 +205,8 @@ def demo(args: argparse.Namespace, commit: str) -> tuple[list[str], bool]:
         f"`python bench/install.py --demo --rounds {args.rounds}`: the whole first `./dev demo` in a fresh `git clone` "
         f"of {git('rev-parse', '--short', commit)}, a whole process, with empty caches (new PIP_CACHE_DIR, "
         "UV_CACHE_DIR and XDG_CACHE_HOME: every package downloaded and installed by uv, Spark's Java packages "
-        f"fetched; the demo leaves the JVM class archive to the next command); {uv_source()}. Each round a new clone and new caches.",
+        "fetched; the demo leaves the JVM class archive to the next command); "
+        f"{uv_source()}. Each round a new clone and new caches.",
         "",
         f"Runs: {listed(walls)} s; median **{median:.1f} s** (required <= {REQUIRED_DEMO:g} s on 2 cores).{split}",
     ]
