@@ -427,7 +427,7 @@ def test_installing_the_wheel_keeps_the_clusters_pyspark(
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     install = json.loads(report.read_text())["install"]
     planned = {item["metadata"]["name"].lower(): item["metadata"]["version"] for item in install}
-    assert planned == {"features": "0.1.0"}, planned
+    assert planned == {"windowed-features": "0.1.0"}, planned
     assert _pyspark_of(python) == before
 
 

@@ -20,6 +20,7 @@ JAVA = "openjdk version 17 (test)"
 @pytest.fixture
 def folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv(ENV, str(tmp_path))
+    monkeypatch.delenv(MAKE_ENV, raising=False)
     return tmp_path
 
 

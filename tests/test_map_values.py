@@ -174,15 +174,15 @@ def test_the_served_model_fills_empty_maps(tmp_path: Path) -> None:
 
 
 def test_http_answers_a_map_as_a_json_object(tmp_path: Path) -> None:
-    from test_serving import _start, _stop
+    from feature_servers import start_server, stop_server
 
     root = make_repo(tmp_path / "repo", "sqlite", groups=(MAPS,))
     writer(root, MAPS).write(map_rows())
-    server = _start(root)
+    server = start_server(root)
     try:
         got = server.online(MAPS, {"user_id": KEYS})
     finally:
-        _stop(server)
+        stop_server(server)
     assert {name: got[name] for name in ONLINE} == ONLINE
 
 
