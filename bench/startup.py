@@ -273,8 +273,8 @@ def nightly(args: argparse.Namespace) -> tuple[list[str], bool]:
         f"| - compute and validation (one Spark pass: read, kernel, the screen; rows cached) "
         f"| {cold['compute_validation']:.1f} |",
         f"| - MLflow run set-up, waited for (made in the background meanwhile) | {cold['tracking']:.1f} |",
-        f"| - online store (beside the offline commit) | {cold['online']:.1f} |",
-        f"| - offline commit, after the online write | {cold['offline']:.1f} |",
+        f"| - offline commit | {cold['offline']:.1f} |",
+        f"| - online store, once the offline commit is made | {cold['online']:.1f} |",
         "",
         f"Ratio backfill / one count per key, the median of the rounds' ratios ({listed(ratios)}): **{ratio:.2f}x** "
         f"(required <= {REQUIRED}x). Backfill / the same rows by hand ({listed(same_ratios)}): "

@@ -186,3 +186,28 @@ def test_python_workers_import_pyspark_from_the_installed_package(spark) -> None
         yield sys.modules["pyspark"].__file__, any(p.endswith("pyspark.zip") for p in sys.path)
 
     assert spark.sparkContext.parallelize([1], 1).mapPartitions(where).collect() == [(pyspark.__file__, False)]
+
+
+@pytest.mark.spark
+def test_a_driver_out_of_heap_ends_its_jvm_instead_of_waiting_for_ever() -> None:
+    """Issue 71: a stream's first batch over sixty days of history, collected whole for deltalake's commit, ran the
+    driver out of heap in Spark's thread that fetches a task's result; that thread died, the task was never marked
+    finished, and the stream waited for ever with the JVM idle. Here a collect of one task's 88 MB in a driver of
+    512 MB (Spark's least) runs out of heap in that same thread (a collect of 64 MB fits; 120 MB runs the task
+    itself out of heap, which ends the JVM by Spark's own handler): the local session's JVM ends
+    (features.engine.session.EXIT_ON_OOM), and the collect raises, where it waited for ever (6 runs out of 7)."""
+    script = """
+from pyspark import SparkContext
+from features.engine.session import get_spark
+spark = get_spark()
+try:
+    spark.range(0, 11_000_000, 1, 1).toArrow()
+    print("collected")
+except Exception as exc:
+    print("raised", type(exc).__name__)
+print("jvm exited", SparkContext._gateway.proc.wait(60))
+"""
+    env = {**os.environ, "FEATURES_DRIVER_MEMORY": "512m"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert "Terminating due to java.lang.OutOfMemoryError: Java heap space" in done.stdout, done.stderr[-3000:]
+    assert done.stdout.splitlines()[-2].startswith("raised ") and done.stdout.splitlines()[-1] == "jvm exited 3"

@@ -14,7 +14,7 @@ import pytest
 from features import Entity, EventSource, Feature, FeatureGroup, Hop, agg
 from features.engine.batch import LATEST
 from features.spec import WINDOW_END
-from features.stores import migration, offline
+from features.stores import driver_writes, migration, offline
 
 pytestmark = pytest.mark.spark
 
@@ -250,13 +250,13 @@ def test_a_local_session_commits_backfills_in_the_driver_except_on_databricks(sp
 def test_a_backfill_larger_than_the_driver_takes_goes_to_spark(spark, table: str, monkeypatch) -> None:
     """Rows over DRIVER_CELLS (rows x columns), as validation counted them or else as counted before the commit,
     are written by Spark."""
-    monkeypatch.setattr(offline, "DRIVER_CELLS", 3 * 10 * 3 - 1)  # 3 users x 10 minutes x 3 columns
+    monkeypatch.setattr(driver_writes, "DRIVER_CELLS", 3 * 10 * 3 - 1)  # 3 users x 10 minutes x 3 columns
     frame = rows(spark, T0, 10, latest=False)
     for count in (30, None):
         with offline.Staged(frame, table, T0, T0 + 10 * M, in_driver=True) as staged:
             assert staged.publish(count=count) == 30
         assert engines(table, 1) == ["Apache-Spark"]
-    monkeypatch.setattr(offline, "DRIVER_CELLS", 3 * 10 * 3)
+    monkeypatch.setattr(driver_writes, "DRIVER_CELLS", 3 * 10 * 3)
     for count in (30, None):
         with offline.Staged(frame, table, T0, T0 + 10 * M, in_driver=True) as staged:
             assert staged.publish(count=count) == 30
@@ -287,6 +287,28 @@ def test_a_stream_appends_in_the_driver_unless_its_columns_changed(spark, table:
     assert_once(got)
     assert len(got) == 3 + 4 * 6
     assert got["w"].notna().sum() == 12 and got.loc[got[WINDOW_END] >= T0 + 7 * M, "w"].isna().all()
+
+
+def test_a_micro_batch_larger_than_the_driver_takes_is_appended_by_spark(spark, table: str, monkeypatch) -> None:
+    """A batch of more values (rows x columns) than the driver may collect goes to Spark's writer, a new column
+    merged all the same; the next, smaller one to deltalake. (Issue 71: the first batch of `--reset` over sixty
+    days, 94M values collected whole for deltalake's commit, ran the driver out of heap, and the stream waited for
+    ever: tests/test_local_session.py.) The driver's own heap bounds it too, below DRIVER_CELLS when small."""
+    from pyspark.sql import functions as F
+
+    offline.replace_range(spark, rows(spark, T0, 1, latest=False), table, T0, T0 + M)
+    log = offline.StreamLog(table, "s1")
+    monkeypatch.setattr(driver_writes, "DRIVER_CELLS", 3 * 4 * 4 - 1)  # 3 users x 4 minutes x 4 columns
+    for batch, minutes in enumerate((4, 3)):
+        log.refresh()
+        appended = rows(spark, T0 + (1 + 4 * batch) * M, minutes).withColumn("w", F.lit(batch))
+        assert offline.append_batch(spark, appended, log, batch, count=3 * minutes) == 3 * minutes
+    assert engines(table, 2) == ["delta-rs", "Apache-Spark"]
+    assert len(table_rows(table)) == 3 + 12 + 9 and table_rows(table)["w"].notna().sum() == 21
+    heap = spark.sparkContext._jvm.java.lang.Runtime.getRuntime().maxMemory()
+    monkeypatch.setattr(driver_writes, "DRIVER_CELLS", 10**12)
+    assert driver_writes.fits(appended, heap // driver_writes.HEAP_PER_CELL // 4)
+    assert not driver_writes.fits(appended, heap // driver_writes.HEAP_PER_CELL // 4 + 1)
 
 
 def test_a_reset_removes_what_streams_wrote(spark, table: str) -> None:

@@ -73,6 +73,15 @@ def check_java() -> None:
         raise EnvironmentProblem(f"Java {version} was found. {JAVA_HELP}")
 
 
+# A local session's JVM ends when it runs out of heap, so that the command fails instead of waiting for ever. Spark
+# fetches and deserializes each task's result in a thread of its own ("task-result-getter"), which catches only
+# non-fatal errors: an OutOfMemoryError there ends that thread, the task is never marked finished, and its job (a
+# collect to Python) waits for ever, with no task running and the JVM idle (issue 71: a stream's first batch of
+# sixty days collected for deltalake's commit). Spark does not catch OutOfMemoryError on purpose and leaves it to
+# the JVM's options (SPARK-5687, apache/spark#4474, closed unmerged; SPARK-47279, apache/spark#45385, likewise).
+# `-XX:-ExitOnOutOfMemoryError` in FEATURES_JAVA_OPTIONS turns it off.
+EXIT_ON_OOM = "-XX:+ExitOnOutOfMemoryError"
+
 # Settings the package relies on for correct results, applied to every session it uses (also an active one).
 REQUIRED_CONF = {
     "spark.sql.session.timeZone": "UTC",  # epoch-aligned windows mean the same thing everywhere
@@ -350,6 +359,7 @@ def _local_settings(
     options = [f"-Dlog4j2.configurationFile={LOG4J2_CONFIG.as_uri()}"] if quiet else []
     archive = java_options(java_description() or "", packages)
     options += archive
+    options.append(EXIT_ON_OOM)
     extra = shlex.split(os.environ.get("FEATURES_JAVA_OPTIONS", ""))  # docs/operations.md: local sessions
     if long_running and not any(o.startswith(("-Xms", "-XX:+AlwaysPreTouch", "-XX:-AlwaysPreTouch")) for o in extra):
         # A process that runs for months takes its whole heap at the start, as Spark's standalone executors, Kafka's

@@ -274,9 +274,10 @@ def backfill_group(
         clock[0] = now
 
     def write_newest_online(newest: DataFrame) -> None:
-        """Each key's newest row to the online store, while the offline table's commit runs."""
+        """Each key's newest row to the online store, once the offline table's commit is made."""
         nonlocal online_rows
         if writer is not None:
+            lap("offline")
             online_rows = write_online(writer, newest)
             lap("online")
 
@@ -286,7 +287,7 @@ def backfill_group(
             beside = None if table_rows is None else _beside_table(group, computing, table_rows, start)
             computed = change_points(computing, events, micros(start), micros(end), observe=True, beside=beside)
             rows = computed.with_latest
-            # stage -> validate -> publish (the online store beside the offline commit), or quarantine
+            # stage -> validate -> publish (the offline commit, then the online store), or quarantine
             with Staged(rows, table, start, end, in_driver=is_local(spark)) as staged:
                 # Spark computes the rows when they are first needed: in the validation's screen (one pass that
                 # also caches them for both stores), or without validation in the offline commit.
@@ -309,7 +310,7 @@ def backfill_group(
                         "features": feature_hashes(group),
                     }
                     count = None if report is None else report.rows
-                    rows_out = staged.publish(info, alongside=write_newest_online, count=count)
+                    rows_out = staged.publish(info, online=write_newest_online, count=count)
                     swapped = staged.days
     except Exception as exc:  # the bad records are set aside whatever else failed
         try:

@@ -12,7 +12,7 @@ import threading
 import time
 from dataclasses import replace
 from datetime import UTC, datetime
-from functools import partial, reduce
+from functools import reduce
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +25,6 @@ from features.engine.online_rows import write_online
 from features.engine.source_log import Pruning
 from features.engine.upgrade import handed_watermark, record_emitted
 from features.ml.runs import validation_metrics, validation_prefix
-from features.parallel import beside
 from features.pipelines.rollup import MetricRollup
 from features.pipelines.stream_aside import SetAside
 from features.pipelines.stream_progress import RunState
@@ -103,7 +102,7 @@ class BatchSink:
             raise
 
     def _batch(self, batch: DataFrame, batch_id: int) -> None:
-        """Screen -> validate -> publish (the offline append beside the online write) or quarantine -> set aside
+        """Screen -> validate -> publish (the offline append, then the online write) or quarantine -> set aside
         late and bad records. Three Spark jobs when all is well: one computes the batch (and caches it), counts
         its rows of each kind and screens the final and eager rows; one writes the offline table; one the online
         store. (And a small one reads the buckets' stats from the cache.)"""
@@ -137,22 +136,34 @@ class BatchSink:
     def _publish(
         self, batch: DataFrame, batch_id: int, rows: DataFrame | None, eager: bool, count: int, upto: int | None
     ) -> None:
-        """The valid change points appended to the offline table (Spark's work) beside the online store's write
-        (mostly Python's) of each key's newest final row and the valid eager rows."""
+        """The valid change points appended to the offline table, then each key's newest final row and the valid
+        eager rows written to the online store, then the table compacted when a round is due. The online write waits
+        for the commit: a commit that fails leaves the online store as it was (the batch runs again at the next
+        start), so that it never serves a value the table cannot reproduce."""
+        newest = self._online_rows(batch, rows is not None, eager)
+        appended = rows is not None and self._write_offline(rows, batch_id, count, upto)
+        if newest is not None and self.writer is not None:
+            write_online(self.writer, newest)
+        if appended and self.compaction is not None:
+            compacted = self.compaction.after_append(batch.sparkSession)  # the query's own session
+            if compacted:
+                self.rollup.add({"compacted_files": sum(compacted.values())}, batch_id, self.group.name)
+
+    def _online_rows(self, batch: DataFrame, final: bool, eager: bool) -> DataFrame | None:
+        """What the online store gets of the batch: each key's newest final row (when the final rows are valid) and
+        the valid eager rows; None when there is no store or nothing to write."""
         kind = F.col(engine.KIND)
         online = []
-        if rows is not None:
+        if final:
             latest = (kind == engine.ROW) & F.col(engine.LATEST)
             # A key's eager value is newer than its last change point: the store needs only that one.
             online.append(latest & ~F.coalesce(F.col(engine.REPLACED), F.lit(False)) if eager else latest)
         if eager:
             online.append(kind == engine.EAGER)
-        write = None
-        if self.writer is not None and online:
-            # Eager values are ahead of the final rows, and newer-or-equal wins: one write takes both.
-            newest = batch.where(reduce(operator.or_, online)).select(*feature_columns(self.group))
-            write = partial(write_online, self.writer, newest)
-        beside(partial(self._write_offline, rows, batch_id, count, upto) if rows is not None else None, write)
+        if self.writer is None or not online:
+            return None
+        # Eager values are ahead of the final rows, and newer-or-equal wins: one write takes both.
+        return batch.where(reduce(operator.or_, online)).select(*feature_columns(self.group))
 
     def _rows_valid(self, rows: DataFrame, batch_id: int, screened: Screen) -> bool:
         """Validate the change points; False when they were quarantined (the policy "fail" raises)."""
@@ -172,10 +183,11 @@ class BatchSink:
         self.quarantined += 1
         return False
 
-    def _write_offline(self, rows: DataFrame, batch_id: int, count: int, upto: int | None) -> None:
-        """Append the batch's change points, and compact the table when a round is due (features.stores.compaction).
-        `upto`: the watermark (µs) the batch emitted up to, which the commit records: a replay of the batch by a
-        later version of features may emit further, and appends what is beyond it (`offline.append_batch`)."""
+    def _write_offline(self, rows: DataFrame, batch_id: int, count: int, upto: int | None) -> bool:
+        """Append the batch's change points; whether any were (a compaction round may then be due,
+        features.stores.compaction). `upto`: the watermark (µs) the batch emitted up to, which the commit records: a
+        replay of the batch by a later version of features may emit further, and appends what is beyond it
+        (`offline.append_batch`)."""
         if self.offline_log is None:
             table = self.repo.offline_path(self.group)
             spans = offline.completed_days(table, self.group.name)
@@ -184,11 +196,7 @@ class BatchSink:
         self.offline_log.refresh()
         query = self.query_checkpoint
         handed = None if query is None else handed_watermark(query, batch_id)
-        appended = offline.append_batch(self.spark, rows, self.offline_log, batch_id, count, upto, handed)
-        if appended and self.compaction is not None:
-            compacted = self.compaction.after_append(rows.sparkSession)  # the query's own session
-            if compacted:
-                self.rollup.add({"compacted_files": sum(compacted.values())}, batch_id, self.group.name)
+        return bool(offline.append_batch(self.spark, rows, self.offline_log, batch_id, count, upto, handed))
 
     def _eager_valid(self, batch: DataFrame, batch_id: int, screened: Screen) -> bool:
         """Whether the eager rows (each touched key's value ahead of the watermark, for the online store only)

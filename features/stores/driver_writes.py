@@ -18,7 +18,31 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable, Schema
-    from pyspark.sql import DataFrame
+    from pyspark.sql import DataFrame, SparkSession
+
+DRIVER_CELLS = 50_000_000  # the most values (rows x columns) a commit collects to the driver: about 1 GB of rows
+# Heap a collected value takes in the driver, with a margin. On their way to Python a task's rows are in the driver
+# several times over (the task's result, its serialized copy, the copy fetched from the block manager and the one
+# deserialized), beside the batch's cache: a stream's first batch of 94M values (15.7M rows x 6 columns, sixty days
+# of history) ran a 4 GB driver out of heap at times and a 3.6 GB one each time, about 40 bytes a value. Twice that
+# keeps half the heap free; a 4 GB driver then takes DRIVER_CELLS, a smaller one fewer.
+HEAP_PER_CELL = 80
+
+
+def fits(rows: DataFrame, count: int) -> bool:
+    """Whether `count` of `rows` may be collected to the driver for deltalake's commit: values (rows x columns) at
+    most DRIVER_CELLS and at most the driver's heap over HEAP_PER_CELL. Past that, Spark's writer commits them from
+    the executors."""
+    return count * len(rows.columns) <= min(DRIVER_CELLS, _driver_heap(rows.sparkSession) // HEAP_PER_CELL)
+
+
+def _driver_heap(spark: SparkSession) -> int:
+    """The driver JVM's most heap in bytes; DRIVER_CELLS' worth for a session whose JVM this process cannot reach
+    (Spark Connect)."""
+    try:
+        return int(spark.sparkContext._jvm.java.lang.Runtime.getRuntime().maxMemory())  # type: ignore[union-attr]
+    except Exception:
+        return DRIVER_CELLS * HEAP_PER_CELL
 
 
 def plain(delta: DeltaTable) -> bool:
@@ -29,7 +53,7 @@ def plain(delta: DeltaTable) -> bool:
 
 
 def append(table: str, rows: DataFrame, user_metadata: str) -> bool:
-    """Append `rows` (small: they are collected to the driver) in one commit recording `user_metadata`, when
+    """Append `rows` (few enough to collect to the driver: `fits`) in one commit recording `user_metadata`, when
     deltalake may: the table is plain and each column of `rows` the table has is of its type. The table's other
     columns (a feature removed from the group) are null in the rows appended, as Spark appends them; a column the
     table lacks (a feature added) is added to its schema, nullable, as Spark's `mergeSchema` adds it (without the

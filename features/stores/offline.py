@@ -25,14 +25,12 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from features.errors import ConfigError, EnvironmentProblem
-from features.parallel import beside
 from features.spec import WINDOW_END
 from features.stores import driver_writes
 from features.stores.earlier_tables import earlier_files
@@ -53,7 +51,6 @@ CHECKPOINT_INTERVAL = "100"  # commits between Delta's checkpoints (its default 
 # Set by the table's first commit. Statistics of the window end alone, the column readers filter on (a training set's
 # range, Feast's time bounds): statistics of every column cost the demo backfill's commits 0.2-0.4 s each.
 TABLE_CONF = {"delta.checkpointInterval": CHECKPOINT_INTERVAL, "delta.dataSkippingStatsColumns": WINDOW_END}
-DRIVER_CELLS = 50_000_000  # a local backfill's most values (rows x columns) collected to the driver: about 1 GB
 
 
 def dates_between(start: datetime, end: datetime) -> list[date]:
@@ -249,28 +246,30 @@ class Staged:
     def publish(
         self,
         info: Mapping[str, Any] | None = None,
-        alongside: Callable[[DataFrame], None] | None = None,
+        online: Callable[[DataFrame], None] | None = None,
         count: int | None = None,
     ) -> int:
-        """One commit replaces the range with the rows, while `alongside` gets `newest` in this thread (the online
-        store's write: Python work beside the commit's Spark jobs); an error of either is raised once both are
-        done. Returns the rows written to the table.
+        """One commit replaces the range with the rows; once it is made, `online` gets `newest` (the online store's
+        write). A commit that fails raises before the online store is written, so that both stores stay as they
+        were: the online store never serves values the table cannot reproduce. Returns the rows written to the table.
 
-        `in_driver`: rows of at most `DRIVER_CELLS` values, by `count` (validation's) or else counted in the cache,
-        are collected to the driver and written by deltalake (features.stores.driver_writes)."""
+        `in_driver`: rows that `driver_writes.fits`, by `count` (validation's) or else counted in the cache, are
+        collected to the driver and written by deltalake (features.stores.driver_writes)."""
         self._warmed.result()
         meta = {**(info or {}), "writer": BACKFILL, "start": self.start.isoformat(), "end": self.end.isoformat()}
         condition = _range_condition(self.start, self.end)
         if self._in_driver and count is None:
             count = self._kept.count()
-        small = self._in_driver and count is not None and count * len(self._new_rows.columns) <= DRIVER_CELLS
+        small = self._in_driver and count is not None and driver_writes.fits(self._new_rows, count)
         written: int | None = None  # by deltalake; Spark's commit records its count in the log
 
         def commit() -> None:
             nonlocal written
             written = _replace(self._new_rows, self.table, condition, meta, in_driver=small)
 
-        beside(partial(_retried, commit), partial(alongside, self.newest) if alongside is not None else None)
+        _retried(commit)
+        if online is not None:
+            online(self.newest)
         if written is not None:
             return written
         count = _rows_written(self.table, meta)
@@ -548,7 +547,7 @@ def append_batch(
             meta = {"writer": STREAM, "stream": log.stream, "batch": batch_id}
             if upto_us is not None:
                 meta["upto_us"] = upto_us
-            _retried(lambda: _append(kept, log.table, meta))
+            _retried(lambda: _append(kept, log.table, meta, count))
             after = log.refresh()
             mine = next((c.version for c in after if dict(c.info) == meta), None)
             for commit in after:
@@ -561,13 +560,14 @@ def append_batch(
             kept.unpersist()
 
 
-def _append(rows: DataFrame, table: str, meta: Mapping[str, Any]) -> None:
-    """A micro-batch (small) written as one file per date, which features.stores.compaction counts on: by
-    deltalake in the driver where it may (features.stores.driver_writes), else by one Spark task."""
+def _append(rows: DataFrame, table: str, meta: Mapping[str, Any], count: int) -> None:
+    """A micro-batch of `count` rows written as one file per date, which features.stores.compaction counts on: by
+    deltalake in the driver where it may and the rows fit there (features.stores.driver_writes; a first batch over
+    weeks of history does not), else by one Spark task."""
     dated = _dated(rows)
     if not exists(table):
         _create(_writer(dated.coalesce(1), meta), table)
-    elif not driver_writes.append(table, dated, _user_metadata(meta)):
+    elif not driver_writes.fits(rows, count) or not driver_writes.append(table, dated, _user_metadata(meta)):
         _writer(dated.coalesce(1), meta).mode("append").save(table)
 
 
