@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from features.errors import ConfigError, DataError, FeaturesError, machine_problem
+from features.cli_checks import print_json, validate_command, verify_command
+from features.errors import ConfigError, DataError, FeaturesError, JobStalled, machine_problem
 from features.stores.serving_input import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_ENTITY_ROWS, RequestLimits
 from features.version import package_version
 
@@ -42,6 +43,16 @@ def _job_args(parser: argparse.ArgumentParser) -> None:
         help="Python logging and Spark's log level (default: warnings of Python, errors of Spark)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON line per result on stdout, not the text")
+    if parser.prog.split()[-1] != "apply":  # the commands that run Spark jobs
+        _stall_arg(parser)
+
+
+def _stall_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--stall-timeout",
+        help="end the command (exit 4) when Spark makes no progress this long, e.g. 10m; 0 never (default: "
+        "FEATURES_STALL_TIMEOUT, else 10m)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -171,6 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
         "compact", help="rewrite the offline tables' small files as one per date, and delete files no version needs"
     )
     _repo_arg(compact)
+    _stall_arg(compact)
     compact.add_argument("--group", action="append", default=[], help="only this group (repeatable)")
     compact.add_argument(
         "--retention",
@@ -228,7 +240,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return _run(args)
+        with _watched(args):
+            return _run(args)
+    except JobStalled as exc:  # the watchdog ended it (features.engine.watchdog)
+        print(f"error: {exc}", file=sys.stderr)
+        return 4
     except DataError as exc:  # the data failed (e.g. validation), not the command: status 1
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -244,6 +260,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"error: {problem}", file=sys.stderr)
             return 2
         return _unexpected(args.command, exc)
+
+
+def _watched(args: argparse.Namespace) -> contextlib.AbstractContextManager[Any]:
+    if not hasattr(args, "stall_timeout"):
+        return contextlib.nullcontext()
+    from features.engine.watchdog import StallLimit, watching
+
+    return watching(args.command, StallLimit.parse(args.stall_timeout))
 
 
 def _unexpected(command: str, exc: Exception) -> int:
@@ -274,7 +298,7 @@ def _run(args: argparse.Namespace) -> int:
         with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
             applied = apply(args.repo, prune=args.prune)
         if args.json:
-            _print_json({"applied": applied})
+            print_json({"applied": applied})
         else:
             print(f"applied feature groups: {', '.join(applied) or 'none'}")
         return 0
@@ -297,13 +321,15 @@ def _run(args: argparse.Namespace) -> int:
             track=not args.no_tracking,
         )
     if args.command == "retention":
-        return _retention(args)
+        from features.cli_maintenance import retention
+
+        return retention(args)
     if args.command == "stream":
         return _stream(args)
     if args.command == "validate":
-        return _validate(args.repo, args.group, as_json=args.json)
+        return validate_command(args.repo, args.group, as_json=args.json)
     if args.command == "verify":
-        return _verify(args)
+        return verify_command(args)
     if args.command in ("compact", "migrate", "savepoint"):
         from features import cli_maintenance
 
@@ -367,14 +393,6 @@ def configure_logging(level: str) -> None:
     logging.getLogger("py4j").setLevel(logging.INFO if level.upper() == "DEBUG" else logging.CRITICAL)
 
 
-def _print_json(value: object) -> None:
-    import json
-
-    from features.pipelines.status import jsonable
-
-    print(json.dumps(jsonable(value)), flush=True)
-
-
 def _status(args: argparse.Namespace) -> int:
     """`features status`: a table per group, or one JSON document."""
     from features.pipelines.status import status
@@ -394,7 +412,7 @@ def _plan(args: argparse.Namespace) -> int:
 def _show(report: Any, as_json: bool) -> int:
     """A report (status, plan) as its lines, or as one JSON document."""
     if as_json:
-        _print_json(report)
+        print_json(report)
     else:
         print("\n".join(report.lines()))
     return 0
@@ -419,7 +437,7 @@ def _backfill_json(args: argparse.Namespace) -> int:
     print(the_plan.describe(), file=sys.stderr, flush=True)
     if args.dry_run:
         for gp in the_plan.groups:
-            _print_json({"group": gp.group.name, "dry_run": True, "days": gp.todo, "notes": gp.notes})
+            print_json({"group": gp.group.name, "dry_run": True, "days": gp.todo, "notes": gp.notes})
         return 0
     results = schedule.execute(
         repo,
@@ -430,7 +448,7 @@ def _backfill_json(args: argparse.Namespace) -> int:
         say=lambda line: print(line, file=sys.stderr, flush=True),
     )
     for result in results:
-        _print_json(result)
+        print_json(result)
     return 0
 
 
@@ -480,102 +498,16 @@ def _stream(args: argparse.Namespace) -> int:
         print("stopped; the next run resumes from the checkpoint", file=sys.stderr)
     if args.json:
         for progress in run.progress():
-            _print_json(progress)
+            print_json(progress)
     else:
         print("\n".join(run.summary()))
     return 0
 
 
-def _retention(args: argparse.Namespace) -> int:
-    """`features retention`: what each group keeps set aside, after removing what is older than --keep."""
-    from features.pipelines.retention import held, sweep
-    from features.repo import Repo
-    from features.spec.durations import parse_duration
-
-    repo = Repo.load(args.repo)
-    keep_s = parse_duration(args.keep, "--keep")
-    for group in repo.select(args.group):
-        removed = sweep(repo, group.name, keep_s, dry_run=args.dry_run)
-        verb = "would remove" if args.dry_run else "removed"
-        for gone in (r for r in removed if r.folders):
-            print(f"{verb}: {gone.line()}")
-        for kept in held(repo, group.name):
-            print(f"held:    {kept.line()}")
-    return 0
-
-
-def _verify(args: argparse.Namespace) -> int:
-    """`features verify`: the tables per group; exit 1 when any value disagrees, naming the feature and key."""
-    from features.pipelines.verify import verify
-    from features.repo import Repo
-
-    if args.sample < 1:
-        raise ConfigError(f"--sample: {args.sample} is not a positive number of keys")
-    reports = verify(Repo.load(args.repo), args.group, sample=args.sample, track=not args.no_tracking)
-    for report in reports:
-        if args.json:
-            _print_json(
-                {
-                    "group": report.group,
-                    "keys": report.keys,
-                    "ok": report.ok,
-                    "tallies": [
-                        {"check": check, "feature": feature, **_tally(tally)}
-                        for (check, feature), tally in report.tallies.items()
-                    ],
-                }
-            )
-        else:
-            print(report.table())
-    failed = [(r.group, check, feature, t) for r in reports for (check, feature), t in r.tallies.items() if not t.ok]
-    for group, check, feature, tally in failed:
-        first = tally.examples[0] if tally.examples else ""
-        print(
-            f"error: {group}.{feature} ({check}): {tally.mismatch} mismatched, {tally.missing} missing, "
-            f"{tally.extra} extra; {first}",
-            file=sys.stderr,
-        )
-    return 1 if failed else 0
-
-
-def _tally(tally: object) -> dict[str, object]:
-    from features.pipelines.status import jsonable
-
-    return jsonable(tally)
-
-
-def _validate(repo_path: str, groups: list[str], *, as_json: bool = False) -> int:
-    """`features validate`: each group's offline table against its suite; 1 if any expectation failed."""
-    from features.quality import validate_table
-    from features.repo import Repo
-
-    repo = Repo.load(repo_path)
-    failed = False
-    for report in validate_table(repo, groups):
-        failed |= not report.success
-        if as_json:
-            _print_json(
-                {
-                    "group": report.group,
-                    "success": report.success,
-                    "rows": report.rows,
-                    "expectations": len(report.outcomes),
-                    "failed": report.failed_names(),
-                    "docs_path": report.docs_path,
-                    "seconds": report.seconds,
-                }
-            )
-            continue
-        print(report.summary())
-        for outcome in report.failures:
-            print(f"  FAILED {'user expectation' if outcome.user else 'expectation'} {outcome.name!r}")
-        print(f"  Data Docs: {report.docs_path}")
-    return 1 if failed else 0
-
-
 def job_main(command: str, argv: Sequence[str]) -> int:
     """`features <command> <argv>` for schedulers (spark-submit, Databricks, cron), with the statuses of `main`:
-    0 done, 1 the data failed, 2 a usage or configuration error, 3 an unexpected error, 130 interrupted."""
+    0 done, 1 the data failed, 2 a usage or configuration error, 3 an unexpected error, 4 stalled (no progress in
+    Spark for the stall limit), 130 interrupted."""
     return main([command, *argv])
 
 

@@ -1,5 +1,5 @@
 """The `features` commands that rewrite stored state rather than compute features: `migrate` and `compact`
-(offline tables), `savepoint` (a stream's state)."""
+(offline tables), `savepoint` (a stream's state), `retention` (what is kept set aside)."""
 
 from __future__ import annotations
 
@@ -70,4 +70,22 @@ def compact(repo_path: str, groups: list[str], retention: str | None) -> int:
         files = sum(compacted.values())
         done = f"{len(compacted)} dates compacted ({files} files into {len(compacted)})" if compacted else "compact"
         print(f"{group.name}: {done}; files no version within the retention needs removed")
+    return 0
+
+
+def retention(args: argparse.Namespace) -> int:
+    """`features retention`: what each group keeps set aside, after removing what is older than --keep."""
+    from features.pipelines.retention import held, sweep
+    from features.repo import Repo
+    from features.spec.durations import parse_duration
+
+    repo = Repo.load(args.repo)
+    keep_s = parse_duration(args.keep, "--keep")
+    for group in repo.select(args.group):
+        removed = sweep(repo, group.name, keep_s, dry_run=args.dry_run)
+        verb = "would remove" if args.dry_run else "removed"
+        for gone in (r for r in removed if r.folders):
+            print(f"{verb}: {gone.line()}")
+        for kept in held(repo, group.name):
+            print(f"held:    {kept.line()}")
     return 0

@@ -36,6 +36,10 @@ class EnvironmentProblem(FeaturesError):
     """Something the machine must provide is missing (Java, a connector jar, a server)."""
 
 
+class JobStalled(FeaturesError):
+    """Spark made no progress for the stall limit and the command was stopped (features.engine.watchdog)."""
+
+
 class DataError(FeaturesError):
     """Input data cannot be processed as declared."""
 

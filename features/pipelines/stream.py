@@ -40,6 +40,7 @@ from features.engine.stream_query import (
     stateful_query,
 )
 from features.engine.upgrade import PendingUpgrade, last_commit, state_partitions
+from features.engine.watchdog import observing
 from features.errors import ConfigError, EnvironmentProblem, ValidationFailed
 from features.ml import tracking as mlflow_tracking
 from features.pipelines import savepoint, stream_handoff, stream_reload, stream_upgrade
@@ -77,6 +78,7 @@ class StreamRun:
     carried: dict[str, stream_upgrade.Carried] = field(default_factory=dict)  # groups whose definition changed
     changing: list[stream_upgrade.Finish] = field(default_factory=list)  # their pending changes, settled at the end
     sinks: dict[str, BatchSink] = field(default_factory=dict)  # each group's, as its query runs
+    watchdog: Any = None  # one that only observes, when no command's runs (its marker shows a stuck run)
     stopping: bool = False
     # Held while a group's query is swapped for one on its new definition: a wait or a stop then sees the new one.
     swapping: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -89,6 +91,8 @@ class StreamRun:
             for change in self.changing:  # the last batch, which stepped every bucket, committed after its sink
                 change.settle()
             stream_reload.release(self)
+            if self.watchdog is not None:
+                self.watchdog.stop()
         if tracking is not None:
             for rollup in self.rollups:
                 rollup.flush()
@@ -272,6 +276,7 @@ def stream(
         run._finish(exc)
         raise
     # Keeps the run's mark on its checkpoints; a live run takes up `features apply` and `--buckets` handed to it.
+    run.watchdog = observing("stream")
     stream_reload.watch(run, starter, live=not available_now)
     return run
 

@@ -4,7 +4,10 @@ group").
 While a run streams a group, the group's checkpoint folder holds `live.json`: the host and process, since when, and
 whether the run is live (`features stream` without `--available-now`). The run refreshes the file's time four times a
 second and removes it when it ends; a file whose process is gone, or that has not been refreshed for FRESH_S, holds
-nothing (a process killed without removing it).
+nothing (a process killed without removing it). That freshness says the process lives, not that it moves: a batch
+may rightly take minutes. Whether it moves is the file's `stuck` entry, written from the process's watchdog
+(features.engine.watchdog): since when its Spark jobs have made no progress, and in which stage, once that has
+lasted long enough to call it stuck; removed when they move again.
 
 Another process's `features stream` of a held group is refused: two processes writing one checkpoint would
 corrupt it. One request is taken instead: `features stream --group G --buckets N` while a live run streams G asks
@@ -51,10 +54,15 @@ class Holder:
     host: str
     since: str
     live: bool
+    stuck: tuple[str, str] | None = None  # since when its Spark jobs have not moved, and where
 
     def describe(self) -> str:
         kind = "a live `features stream`" if self.live else "a `features stream --available-now` run"
-        return f"{kind} (process {self.pid} on {self.host}, since {self.since})"
+        text = f"{kind} (process {self.pid} on {self.host}, since {self.since})"
+        if self.stuck is not None:
+            since, where = self.stuck
+            text += f", stuck since {since} (no Spark task started or finished, nothing read) in {where}"
+        return text
 
 
 def hold(checkpoint: Path, live: bool) -> None:
@@ -62,6 +70,15 @@ def hold(checkpoint: Path, live: bool) -> None:
     since = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     record = {"pid": os.getpid(), "host": socket.gethostname(), "since": since, "live": live}
     checkpoint.mkdir(parents=True, exist_ok=True)
+    write_whole(checkpoint / MARKER, json.dumps(record))
+
+
+def note_stuck(checkpoint: Path, stuck: tuple[str, str] | None) -> None:
+    """Record in this process's marker since when its Spark jobs have not moved and where (None: they move)."""
+    record = _read(checkpoint / MARKER)
+    if record is None or record.get("pid") != os.getpid():
+        return
+    record["stuck"] = None if stuck is None else list(stuck)
     write_whole(checkpoint / MARKER, json.dumps(record))
 
 
@@ -93,7 +110,8 @@ def holder(checkpoint: Path, include_self: bool = False) -> Holder | None:
     here = host == socket.gethostname()
     if age > FRESH_S or (here and ((pid == os.getpid() and not include_self) or not _alive(pid))):
         return None
-    return Holder(pid, host, str(marker["since"]), bool(marker["live"]))
+    stuck = marker.get("stuck")
+    return Holder(pid, host, str(marker["since"]), bool(marker["live"]), None if not stuck else (stuck[0], stuck[1]))
 
 
 def check_free(repo: Repo, group: str, checkpoint: Path) -> None:

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from features.engine import watchdog
 from features.engine.stream_definition import saved_definition
 from features.errors import FeaturesError
 from features.pipelines import stream_handoff
@@ -74,6 +75,7 @@ def watch(run: StreamRun, starter: GroupStarter, live: bool) -> None:
 
 def _keep_marked(run: StreamRun) -> None:
     idle = 0
+    noted: tuple[str, str] | None = None
     while not run.stopping and not run.errors:
         time.sleep(POLL_S)
         # A swap holds the lock from before it stops a query to after its new one started: twice in a row with
@@ -82,8 +84,14 @@ def _keep_marked(run: StreamRun) -> None:
         idle = 0 if busy else idle + 1
         if idle >= 2:
             return
+        dog = watchdog.current()
+        quiet = None if dog is None else dog.stuck()
+        stuck = None if quiet is None else (quiet.since_text(), quiet.describe())
         for checkpoint in _checkpoints(run).values():
+            if stuck != noted:
+                stream_handoff.note_stuck(checkpoint, stuck)
             stream_handoff.refresh(checkpoint)
+        noted = stuck
 
 
 def _watch(run: StreamRun, starter: GroupStarter) -> None:
