@@ -7,7 +7,7 @@ import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,6 +29,9 @@ from features.stores.manifest import update as update_manifest
 from features.stores.offline import Staged, read_table
 
 if TYPE_CHECKING:
+    from pyspark.sql import Observation
+
+    from features.kernel.profile import FeatureProfile
     from features.quality import ValidationReport
     from features.stores.online import OnlineWriter
 
@@ -233,6 +236,7 @@ def backfill_group(
     on_swapped: Callable[[date], None] | None = None,
     features: Sequence[str] | None = None,
     before_writing: Callable[[], object] | None = None,
+    statistics: bool = True,
 ) -> BackfillResult:
     """Backfill one group. Bad source records go to the group's quarantine folder; the change points are
     validated (features.quality) before either store is written, and a failure does what the policy says:
@@ -243,8 +247,12 @@ def backfill_group(
     which must hold them over the range, as computed with the current definition. Online, only these are written.
 
     `before_writing`: called once the rows are computed and validated, before anything is written (and before
-    a failed batch is set aside); its error stops the backfill there."""
+    a failed batch is set aside); its error stops the backfill there.
+
+    `statistics`: record the rows' statistics per feature and day (features.stores.statistics) when they are
+    written; `False` skips them (benchmarks measure their cost that way)."""
     from features import quality
+    from features.quality.profiling import observe_days, profile_rows
 
     began = time.perf_counter()
     chosen = quality.policy(group, quality.BACKFILL_DEFAULT, on_invalid)
@@ -262,6 +270,10 @@ def backfill_group(
     # The pass that computes the change points also counts the bad records: only when it finds some (or files
     # that cannot be read), a second pass sets them aside.
     events, bad_seen = source.counted_events(lower, micros(end))
+    events_per_day = None
+    if statistics:
+        events, events_per_day = observe_days(events, group.source.timestamp, start, end)
+    profiles = None
     report: ValidationReport | None = None
     batch_quarantined: str | None = None
     online_rows = 0
@@ -294,6 +306,10 @@ def backfill_group(
                 lap("plan")
                 if validate:
                     report = quality.validate_batch(group, staged.rows, range_start=start)
+                if statistics and (report is None or report.success):
+                    lap("compute_validation")
+                    profiles = profile_rows(computing, staged.rows, before=end)  # the rows just cached
+                    lap("statistics")
                 if before_writing is not None:
                     lap("compute_validation")
                     before_writing()
@@ -329,6 +345,9 @@ def backfill_group(
         quarantined, by_day = quarantine_counts(rejected, records, group.source.timestamp)
         lap("quarantine")
     record_set_aside(table, group, swapped, source.set_aside, by_day)
+    if profiles is not None and swapped:
+        record_statistics(repo, group, profiles, events_per_day, by_day, start, end)
+        lap("statistics")
     rows_in = computed.events_read()
     return BackfillResult(
         group.name,
@@ -373,6 +392,27 @@ def _beside_table(group: FeatureGroup, computing: FeatureGroup, rows: DataFrame,
     if lower is not None:
         rows = rows.where(F.col(WINDOW_END) >= F.timestamp_micros(F.lit(lower)))
     return TableRows(group, rows)
+
+
+def record_statistics(
+    repo: Repo,
+    group: FeatureGroup,
+    profiles: Mapping[tuple[int, str], FeatureProfile],
+    events: Observation | None,
+    set_aside: Mapping[date, int],
+    start: datetime,
+    end: datetime,
+) -> None:
+    """The statistics of the rows just written, and each day's events in, rows out and records set aside, in
+    place of the statistics the range had (features.stores.statistics)."""
+    from features.quality.profiling import observed_days
+    from features.stores import statistics as stats
+
+    counted = {} if events is None else observed_days(events)
+    rows_out = {d: p.rows for (d, _), p in profiles.items()}
+    days = range(stats.day_of(start), stats.day_of(end - timedelta(microseconds=1)) + 1)
+    counts = {d: stats.GroupDay(counted.get(d), rows_out.get(d, 0), set_aside.get(stats.to_date(d), 0)) for d in days}
+    stats.record_backfill(stats.statistics_table(repo.root, group.name), profiles, counts, start, end)
 
 
 def record_set_aside(

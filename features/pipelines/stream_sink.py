@@ -58,6 +58,8 @@ if TYPE_CHECKING:
 class BatchSink:
     """foreachBatch: validate, write the offline table and the online store, set aside late and bad rows."""
 
+    statistics = True  # record the statistics of the rows appended (features.stores.statistics); benches turn it off
+
     def __init__(
         self,
         repo: Repo,
@@ -121,8 +123,11 @@ class BatchSink:
             rows = rows_of(self.group, batch, engine.ROW)
             final = bool(counts.get(engine.ROW)) and self._rows_valid(rows, batch_id, screens[engine.ROW])
             rows_out = counts[engine.ROW] if final else 0
-            self._publish(batch, batch_id, rows if final else None, eager, rows_out, upto)
+            appended = self._publish(batch, batch_id, rows if final else None, eager, rows_out, upto)
             late, bad = self.aside.write(batch, batch_id, counts)
+            if self.statistics:
+                events = sum(r["events"] for r in stats)
+                record_batch_statistics(self, rows if appended else None, batch_id, (events, late, bad), upto)
         finally:
             batch.unpersist()
         self._report(batch_id, stats, upto, rows_out, late, bad, time.perf_counter() - began)
@@ -135,11 +140,11 @@ class BatchSink:
 
     def _publish(
         self, batch: DataFrame, batch_id: int, rows: DataFrame | None, eager: bool, count: int, upto: int | None
-    ) -> None:
+    ) -> bool:
         """The valid change points appended to the offline table, then each key's newest final row and the valid
         eager rows written to the online store, then the table compacted when a round is due. The online write waits
         for the commit: a commit that fails leaves the online store as it was (the batch runs again at the next
-        start), so that it never serves a value the table cannot reproduce."""
+        start), so that it never serves a value the table cannot reproduce. Whether rows were appended."""
         newest = self._online_rows(batch, rows is not None, eager)
         appended = rows is not None and self._write_offline(rows, batch_id, count, upto)
         if newest is not None and self.writer is not None:
@@ -148,6 +153,7 @@ class BatchSink:
             compacted = self.compaction.after_append(batch.sparkSession)  # the query's own session
             if compacted:
                 self.rollup.add({"compacted_files": sum(compacted.values())}, batch_id, self.group.name)
+        return appended
 
     def _online_rows(self, batch: DataFrame, final: bool, eager: bool) -> DataFrame | None:
         """What the online store gets of the batch: each key's newest final row (when the final rows are valid) and
@@ -268,6 +274,30 @@ class BatchSink:
             )
         if self.show:
             print(now.line(), file=sys.stderr, flush=True)
+
+
+def record_batch_statistics(
+    sink: BatchSink, rows: DataFrame | None, batch_id: int, counts: tuple[int, int, int], upto: int | None
+) -> None:
+    """The statistics of the change points a micro-batch appended (outside the days backfills own), and its
+    events in, late events and records set aside, counted on the day of the watermark it emitted up to."""
+    from features.quality.profiling import profile_rows
+    from features.stores import statistics as stats
+
+    profiles = {}
+    if rows is not None and sink.offline_log is not None:
+        profiles = profile_rows(sink.group, offline.not_backfilled(rows, sink.offline_log.spans))
+    events, late, bad = counts
+    if not profiles and not any(counts):
+        return
+    rows_out: dict[int, int] = {}
+    for (day, _), p in profiles.items():
+        rows_out[day] = p.rows
+    today = stats.day_of(datetime.fromtimestamp(upto / 1e6, UTC) if upto else datetime.now(UTC))
+    days = {**dict.fromkeys(rows_out, stats.GroupDay(0, 0, 0, 0)), today: stats.GroupDay(events, 0, bad, late)}
+    totals = {d: c.plus(stats.GroupDay(rows_out=rows_out.get(d, 0))) for d, c in days.items()}
+    table = stats.statistics_table(sink.repo.root, sink.group.name)
+    stats.record_batch(table, profiles, totals, batch_id, {})
 
 
 def screen_kinds(group: FeatureGroup, batch: DataFrame, validate: bool) -> dict[str, Screen]:
