@@ -29,7 +29,8 @@ import yaml
 
 from features.atomic import write_whole
 from features.errors import ConfigError, FeaturesError
-from features.spec import DType, EventSource, FeatureGroup
+from features.spec import DType, EventSource, FeatureGroup, RequestFeature
+from features.spec.request import check_request_features
 
 if TYPE_CHECKING:
     from feast import FeatureStore
@@ -123,6 +124,7 @@ class Repo:
     root: Path
     config: dict[str, Any]
     groups: dict[str, FeatureGroup] = field(default_factory=dict)
+    request_features: dict[str, RequestFeature] = field(default_factory=dict)
 
     @property
     def project(self) -> str:
@@ -187,6 +189,8 @@ class Repo:
             with _exports(deferred=True):
                 module = _import(module_file, root)
             for value in vars(module).values():
+                if isinstance(value, RequestFeature):
+                    _add_request_feature(repo, value, module_file, defined_in)
                 if not isinstance(value, FeatureGroup):
                     continue
                 other = repo.groups.setdefault(value.name, value)
@@ -198,7 +202,19 @@ class Repo:
                     )
         for group in repo.groups.values():
             repo.source_path(group)  # notes the repo whose recorded schemas the reads of its sources use
+        check_request_features(list(repo.request_features.values()), repo.groups)
         return repo
+
+
+def _add_request_feature(repo: Repo, feature: RequestFeature, module_file: Path, defined_in: dict[str, Path]) -> None:
+    other = repo.request_features.setdefault(feature.name, feature)
+    key = f"request:{feature.name}"
+    defined_in.setdefault(key, module_file)
+    if other is not feature:
+        raise ConfigError(
+            f"RequestFeature.name: {defined_in[key]} and {module_file} define request-time features named "
+            f"{feature.name!r}. Fix: rename one of them, or delete the copy"
+        )
 
 
 # ---------------------------------------------------------------------------------------------------------

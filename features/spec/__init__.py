@@ -2,10 +2,12 @@
 
 from features.spec.aggregations import AggKind, Aggregation, agg
 from features.spec.definitions import WINDOW_END, Entity, EventSource, Feature, FeatureGroup, KafkaTopic
+from features.spec.request import REQUEST_TIME, RequestFeature
 from features.spec.types import DType
 from features.spec.windows import Hop, Lifetime, Session, Tumble, Window
 
 __all__ = [
+    "REQUEST_TIME",
     "WINDOW_END",
     "AggKind",
     "Aggregation",
@@ -17,6 +19,7 @@ __all__ = [
     "Hop",
     "KafkaTopic",
     "Lifetime",
+    "RequestFeature",
     "Session",
     "Tumble",
     "Window",

@@ -1,0 +1,367 @@
+"""Request-time features (features.spec.request, features.kernel.request_time; docs/definitions.md, "Request-time
+features"), without Spark: every mistake in a definition named with its fix, the values against a row-by-row
+reference on randomized rows (nulls, keys with no history), and a function that misbehaves named with its first
+failing row."""
+
+from __future__ import annotations
+
+import math
+import shutil
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from features import Entity, EventSource, Feature, FeatureGroup, Hop, RequestFeature, agg
+from features.errors import ConfigError, DataError, DefinitionError
+from features.kernel.request_time import add_request_features, request_values
+from features.repo import Repo
+from features.spec.request import check_request_features
+from features.spec.types import DType
+
+EXAMPLE_YAML = Path(__file__).resolve().parents[1] / "feature_repo" / "feature_store.yaml"
+
+users = FeatureGroup(
+    name="users",
+    entity=Entity("user", join_keys=["user_id"]),
+    source=EventSource(name="txns", path="data/txns", timestamp="ts"),
+    features=[
+        Feature("amount_max_24h", agg.max("amount"), window=Hop("24h", every="5m")),
+        Feature("count_24h", agg.count(), window=Hop("24h", every="5m")),
+    ],
+)
+GROUPS = {"users": users}
+
+
+def ratio() -> RequestFeature:
+    return RequestFeature(
+        "amount_vs_max_24h",
+        lambda amount, amount_max_24h: amount / amount_max_24h,
+        request={"amount": "double"},
+        features=["users:amount_max_24h"],
+        dtype="double",
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Definitions
+
+
+def test_a_definition_holds_its_inputs_in_the_functions_order() -> None:
+    feature = RequestFeature(
+        "recent",
+        lambda request_time, seen, amount: (request_time - seen).dt.total_seconds() < amount,
+        request={"amount": "float"},
+        features={"seen": "users:amount_max_24h"},
+        dtype="bool",
+    )
+    assert feature.parameters == ("request_time", "seen", "amount")
+    assert feature.wants_request_time and feature.dtype is DType.BOOL
+    assert feature.request == {"amount": DType.FLOAT64}
+    assert [s.ref for s in feature.features] == ["users:amount_max_24h"]
+    assert not ratio().wants_request_time
+    check_request_features([ratio(), feature], GROUPS)
+
+
+@pytest.mark.parametrize(
+    ("build", "field", "fix"),
+    [
+        (lambda: RequestFeature("x", 3, dtype="double"), "RequestFeature('x').function", "pass a function"),
+        (lambda: RequestFeature("x", lambda: 1, dtype="decimal"), "RequestFeature('x').dtype", "use int64, double"),
+        (
+            lambda: RequestFeature("x", lambda a: a, request={"a": "money"}, dtype="double"),
+            "RequestFeature('x').request['a']",
+            "use int64, double",
+        ),
+        (
+            lambda: RequestFeature("x", lambda request_time: 1, request={"request_time": "timestamp"}, dtype="int"),
+            "RequestFeature('x').request",
+            "take a parameter named request_time",
+        ),
+        (
+            lambda: RequestFeature("x", lambda amount, tip: amount, request={"amount": "double"}, dtype="double"),
+            "RequestFeature('x').function",
+            "declare it in request={'tip': 'double'}",
+        ),
+        (
+            lambda: RequestFeature("x", lambda amount: amount, request={"amount": "double", "n": "int"}, dtype="int"),
+            "RequestFeature('x').function",
+            "add the parameter, or remove 'n'",
+        ),
+        (
+            lambda: RequestFeature("x", lambda *cols: cols[0], request={"a": "int"}, dtype="int"),
+            "RequestFeature('x').function",
+            "name each parameter: a",
+        ),
+        (
+            lambda: RequestFeature("x", lambda a: a, features=["amount_max_24h"], dtype="double"),
+            "RequestFeature('x').features",
+            'write "group:feature"',
+        ),
+        (
+            lambda: RequestFeature("x", lambda a: a, features="users:a", dtype="double"),
+            "RequestFeature('x').features",
+            'pass a list: features=["users:a"]',
+        ),
+        (
+            lambda: RequestFeature("x", lambda a: a, request={"a": "int"}, features=["users:a"], dtype="int"),
+            "RequestFeature('x').features",
+            "name the feature's parameter apart",
+        ),
+        (
+            lambda: RequestFeature("x", lambda a: a, features=["u:a", "v:a"], dtype="int"),
+            "RequestFeature('x').features",
+            "name them apart with a mapping",
+        ),
+        (lambda: RequestFeature("window_end", lambda: 1, dtype="int"), "RequestFeature('window_end').name", "rename"),
+        (lambda: RequestFeature("9x", lambda: 1, dtype="int"), "RequestFeature.name", "use letters, digits and _"),
+    ],
+)
+def test_a_wrong_definition_is_refused_naming_the_field_and_the_fix(build, field, fix) -> None:
+    with pytest.raises(DefinitionError) as raised:
+        build()
+    assert raised.value.field == field
+    assert fix in raised.value.fix
+
+
+@pytest.mark.parametrize(
+    ("feature", "field", "fix"),
+    [
+        (
+            RequestFeature("x", lambda amount_max_24h: 1, features=["accounts:amount_max_24h"], dtype="int"),
+            "RequestFeature('x').features",
+            "use one of ['users'] before the colon",
+        ),
+        (
+            RequestFeature("x", lambda amount_avg_24h: 1, features=["users:amount_avg_24h"], dtype="int"),
+            "RequestFeature('x').features",
+            "use one of ['amount_max_24h', 'count_24h']",
+        ),
+        (
+            RequestFeature("count_24h", lambda count_24h: 1, features=["users:count_24h"], dtype="int"),
+            "RequestFeature('count_24h').name",
+            "rename the request-time feature",
+        ),
+        (
+            RequestFeature("user_id", lambda count_24h: 1, features=["users:count_24h"], dtype="int"),
+            "RequestFeature('user_id').name",
+            "rename the request-time feature",
+        ),
+    ],
+)
+def test_a_reference_the_repo_cannot_resolve_is_refused(feature, field, fix) -> None:
+    with pytest.raises(DefinitionError) as raised:
+        check_request_features([feature], GROUPS)
+    assert raised.value.field == field
+    assert fix in raised.value.fix
+
+
+def test_two_request_time_features_of_one_name_are_refused() -> None:
+    with pytest.raises(DefinitionError, match="two request-time features have this name"):
+        check_request_features([ratio(), ratio()], GROUPS)
+
+
+REPO_MODULE = """
+from features import Entity, EventSource, Feature, FeatureGroup, Hop, RequestFeature, agg
+
+users = FeatureGroup(
+    name="users",
+    entity=Entity("user", join_keys=["user_id"]),
+    source=EventSource(name="txns", path="data/txns", timestamp="ts"),
+    features=[Feature("amount_max_24h", agg.max("amount"), window=Hop("24h", every="5m"))],
+)
+
+amount_vs_max_24h = RequestFeature(
+    "amount_vs_max_24h",
+    lambda amount, amount_max_24h: amount / amount_max_24h,
+    request={"amount": "double"},
+    features={"amount_max_24h": "users:{feature}"},
+    dtype="double",
+)
+"""
+
+
+def repo_with(tmp_path: Path, feature: str) -> Path:
+    shutil.copy(EXAMPLE_YAML, tmp_path / "feature_store.yaml")
+    (tmp_path / "defs.py").write_text(REPO_MODULE.replace("{feature}", feature))
+    return tmp_path
+
+
+def test_a_repo_holds_its_request_time_features_checked_against_its_groups(tmp_path) -> None:
+    repo = Repo.load(repo_with(tmp_path, "amount_max_24h"))
+    assert list(repo.request_features) == ["amount_vs_max_24h"]
+    (tmp_path / "other.py").write_text(REPO_MODULE.replace("{feature}", "amount_max_24h").replace("/ amount", "* 2 /"))
+    with pytest.raises(ConfigError, match=r"define request-time features named 'amount_vs_max_24h'. Fix: rename"):
+        Repo.load(tmp_path)
+
+
+def test_a_repo_whose_request_time_feature_reads_an_unknown_feature_does_not_load(tmp_path) -> None:
+    with pytest.raises(DefinitionError, match=r"group 'users' has no feature 'amount_avg'"):
+        Repo.load(repo_with(tmp_path, "amount_avg"))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Values
+
+
+def random_rows(seed: int, n: int = 200) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    amount = pd.Series(np.round(rng.gamma(2.0, 30.0, n), 2))
+    amount[rng.random(n) < 0.1] = np.nan  # a field missing from the request
+    biggest = pd.Series(np.round(rng.gamma(2.0, 60.0, n), 2))
+    biggest[rng.random(n) < 0.2] = np.nan  # a key with no history
+    now = pd.Timestamp("2026-03-01", tz="UTC") + pd.to_timedelta(rng.integers(0, 86_400, n), unit="s")
+    last = pd.Series(now - pd.to_timedelta(rng.integers(0, 7_200, n), unit="s"))
+    last[rng.random(n) < 0.2] = pd.NaT
+    merchants = [[f"m{j}" for j in range(int(k))] if k >= 0 else None for k in rng.integers(-1, 5, n)]
+    merchant = [f"m{j}" for j in rng.integers(0, 6, n)]
+    return pd.DataFrame(
+        {
+            "amount": amount,
+            "amount_max_24h": biggest,
+            "request_time": pd.Series(now).astype("datetime64[us, UTC]"),
+            "last_event": pd.Series(last).astype("datetime64[us, UTC]"),
+            "merchants_30d": merchants,
+            "merchant_id": merchant,
+        }
+    )
+
+
+def fraud_features(row: bool) -> list[RequestFeature]:
+    """The fraud request features of the issue, each as a vectorized and as a row function."""
+    if row:
+        ratio_fn = lambda amount, amount_max_24h: (  # noqa: E731
+            None if amount is None or not amount_max_24h else amount / amount_max_24h
+        )
+        since_fn = lambda request_time, last_event: (  # noqa: E731
+            None if last_event is None else int((request_time - last_event).total_seconds())
+        )
+        new_fn = lambda merchant_id, merchants_30d: merchant_id not in (merchants_30d or [])  # noqa: E731
+    else:
+        ratio_fn = lambda amount, amount_max_24h: amount / amount_max_24h.where(amount_max_24h != 0)  # noqa: E731
+        since_fn = lambda request_time, last_event: (request_time - last_event).dt.total_seconds()  # noqa: E731
+        new_fn = lambda merchant_id, merchants_30d: pd.Series(  # noqa: E731
+            [m not in (s if s is not None else []) for m, s in zip(merchant_id, merchants_30d, strict=True)]
+        )
+    amount, merchant = {"amount": "double"}, {"merchant_id": "string"}
+    return [
+        RequestFeature("ratio", ratio_fn, request=amount, features=["users:amount_max_24h"], dtype="double", row=row),
+        RequestFeature(
+            "seconds_since_last", since_fn, features={"last_event": "users:last_event"}, dtype="int64", row=row
+        ),
+        RequestFeature(
+            "new_merchant",
+            new_fn,
+            request=merchant,
+            features={"merchants_30d": "users:merchants"},
+            dtype="bool",
+            row=row,
+        ),
+    ]
+
+
+def reference(rows: pd.DataFrame) -> pd.DataFrame:
+    """Row by row, from the definitions in the words of the docs."""
+    out = []
+    for r in rows.to_dict("records"):
+        amount = None if pd.isna(r["amount"]) else r["amount"]
+        biggest = None if pd.isna(r["amount_max_24h"]) else r["amount_max_24h"]
+        last = None if pd.isna(r["last_event"]) else r["last_event"]
+        out.append(
+            {
+                "ratio": None if amount is None or biggest is None or biggest == 0 else amount / biggest,
+                "seconds_since_last": None if last is None else int((r["request_time"] - last).total_seconds()),
+                "new_merchant": r["merchant_id"] not in (r["merchants_30d"] or []),
+            }
+        )
+    return pd.DataFrame(out)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("row", [False, True])
+def test_values_equal_the_row_by_row_reference(seed, row) -> None:
+    rows = random_rows(seed)
+    got = add_request_features(rows, fraud_features(row))
+    want = reference(rows)
+    assert list(got.columns) == [*rows.columns, "ratio", "seconds_since_last", "new_merchant"]
+    assert str(got["ratio"].dtype) == "float64" and str(got["seconds_since_last"].dtype) == "Int64"
+    assert str(got["new_merchant"].dtype) == "boolean"
+    for name in want.columns:
+        for i, (a, b) in enumerate(zip(got[name].tolist(), want[name].tolist(), strict=True)):
+            if b is None or (isinstance(b, float) and math.isnan(b)):
+                assert a is None or a is pd.NA or (isinstance(a, float) and math.isnan(a)), (name, i, a)
+            else:
+                assert a == b, (name, i, a, b)
+    pd.testing.assert_frame_equal(rows, random_rows(seed))  # the input is left as it was
+
+
+def test_a_timestamp_and_a_list_come_out_in_their_types() -> None:
+    rows = pd.DataFrame({"n": [1, 2, None]})
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    later = RequestFeature(
+        "later",
+        lambda n: [start + timedelta(days=v if v == v else 0) for v in n],
+        request={"n": "int"},
+        dtype="timestamp",
+    )
+    listed = RequestFeature(
+        "listed", lambda n: [None if v != v else [v, v] for v in n], request={"n": "int"}, dtype="float64_list"
+    )
+    got = add_request_features(rows, [later, listed])
+    assert str(got["later"].dtype) == "datetime64[us, UTC]"
+    assert got["later"].iloc[1] == pd.Timestamp("2026-01-03", tz="UTC")
+    assert got["listed"].tolist() == [[1.0, 1.0], [2.0, 2.0], None]
+
+
+ROWS = pd.DataFrame({"amount": [10.0, 20.0, 30.0], "amount_max_24h": [5.0, 0.0, 2.0]})
+
+
+def failing(function, dtype: str = "double", row: bool = False) -> RequestFeature:
+    return RequestFeature(
+        "ratio", function, request={"amount": "double"}, features=["users:amount_max_24h"], dtype=dtype, row=row
+    )
+
+
+def test_a_function_that_raises_is_named_with_its_first_failing_row() -> None:
+    def strict(amount, amount_max_24h):
+        if (amount_max_24h == 0).any():
+            raise ZeroDivisionError("no maximum")
+        return amount / amount_max_24h
+
+    with pytest.raises(DataError) as raised:
+        request_values(ROWS, failing(strict))
+    assert str(raised.value).startswith(
+        "ratio: the request-time feature failed at row 1 (amount=20.0, amount_max_24h=0.0): ZeroDivisionError: "
+        "no maximum. Fix: make the function give a float64 for every row"
+    )
+    with pytest.raises(DataError, match=r"failed at row 1 \(amount=20.0, amount_max_24h=0.0\): ZeroDivisionError"):
+        request_values(ROWS, failing(lambda amount, amount_max_24h: amount / amount_max_24h, row=True))
+
+
+@pytest.mark.parametrize(
+    ("function", "dtype", "message"),
+    [
+        (lambda amount, amount_max_24h: amount.iloc[:2], "double", "returned 2 values for 3 rows"),
+        (lambda amount, amount_max_24h: 1.0, "double", r"returned one value \(1.0\), not a column of 3 values"),
+        (
+            lambda amount, amount_max_24h: amount.astype(str),
+            "double",
+            "failed at row 0 (.*): '10.0' does not fit float64",
+        ),
+        (lambda amount, amount_max_24h: amount / 4, "int64", "failed at row 0 (.*): 2.5 does not fit int64"),
+        (lambda amount, amount_max_24h: amount > 15, "string", "failed at row 0 (.*): False does not fit string"),
+    ],
+)
+def test_a_function_that_returns_the_wrong_length_or_type_is_named(function, dtype, message) -> None:
+    with pytest.raises(DataError, match=f"^ratio: .*{message}"):
+        request_values(ROWS, failing(function, dtype))
+
+
+def test_rows_without_an_input_column_are_refused_with_the_fix() -> None:
+    with pytest.raises(DataError, match=r"no column 'amount_max_24h'.*Fix: add 'amount_max_24h' to the rows"):
+        request_values(ROWS[["amount"]], ratio())
+    since = fraud_features(row=False)[1]
+    with pytest.raises(DataError, match=r"no column 'request_time'.*Fix: give request_time"):
+        request_values(pd.DataFrame({"last_event": [pd.Timestamp("2026-01-01", tz="UTC")]}), since)
