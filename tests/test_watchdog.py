@@ -194,8 +194,8 @@ class Blocker:
         assert self.ended.wait(30)
 
 
-def stall_repo(root: Path, feast_repo_factory) -> Path:
-    land(root, arrival_order(make_events(), pd.Timedelta(minutes=20), seed=5), 2)
+def stall_repo(root: Path, feast_repo_factory, events: pd.DataFrame | None = None) -> Path:
+    land(root, arrival_order(make_events() if events is None else events, pd.Timedelta(minutes=20), seed=5), 2)
     feast_repo_factory(root, [PAIR_GROUP])
     return root
 
@@ -225,21 +225,29 @@ def test_a_backfill_whose_jobs_get_no_task_ends_with_its_error_line_within_the_l
 
 
 @pytest.mark.spark
-def test_a_stream_whose_batch_gets_no_task_is_said_stuck_then_ends_with_its_error_line(
+def test_a_stream_whose_batch_gets_no_task_is_said_stuck_then_ends_and_its_restart_writes_each_row_once(
     spark, feast_repo_factory, tmp_path, capsys
 ) -> None:
+    from test_stream import assert_batch_engine_rows, offline_rows
+
     from features.cli import main
     from features.pipelines.status import status, status_lines
+    from features.pipelines.stream import stream
     from features.repo import Repo
 
-    root = stall_repo(tmp_path / "repo", feast_repo_factory)
+    events = make_events()
+    cut = events["event_ts"].min() + (events["event_ts"].max() - events["event_ts"].min()) / 2
+    root = stall_repo(tmp_path / "repo", feast_repo_factory, events[events["event_ts"] < cut])
+    repo = Repo.load(root)
+    stream(repo, available_now=True, progress=False, tracking=False).await_termination()  # a batch committed
+    land(root, arrival_order(events[events["event_ts"] >= cut], pd.Timedelta(minutes=20), seed=6), 1, 2)
     said: list[str] = []
 
     def watch_status() -> None:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not said:
-            repo = Repo.load(root)
-            said.extend(line for line in status_lines(status(repo)) if "stuck since" in line)
+            lines = status_lines(status(Repo.load(root)))
+            said.extend(line for line in lines if "stuck since" in line)
             time.sleep(0.5)
 
     with Blocker(spark):
@@ -250,5 +258,9 @@ def test_a_stream_whose_batch_gets_no_task_is_said_stuck_then_ends_with_its_erro
     err = capsys.readouterr().err
     assert code == watchdog.EXIT_STALLED
     assert err.strip().splitlines()[-1].startswith("error: features stream: Spark made no progress for ")
-    assert said and "stream" in said[0] and "tasks running" in said[0]
-    assert main(["stream", "--repo", str(root), "--available-now", "--no-tracking"]) == 0  # resumes
+    assert said and "streamed now by" in said[0] and "tasks running" in said[0]
+    run = stream(repo, available_now=True, progress=False, tracking=False)  # as the scheduler restarts it
+    run.await_termination()
+    watermark = pd.Timestamp(run.progress()[0].watermark)
+    assert watermark >= cut  # the events of the stopped batch are in
+    assert_batch_engine_rows(spark, PAIR_GROUP, offline_rows(spark, repo, PAIR_GROUP), events, watermark)
