@@ -9,8 +9,8 @@ Lifetime windows read (-inf, E). A Session window reads the key's session open a
 `where`) in time order, split wherever two consecutive ones are `gap` or more apart; the last run, if its last
 row is less than `gap` before E. Nulls (None, NaN, NaT) in the value column are ignored; count() counts
 rows. (A float NaN is a null here, as it is once pandas writes it to Parquet or Spark reads it from pandas.)
-An empty window gives 0 for count, sum and the distinct counts, {} for histogram and top_frequent, and None for
-everything else.
+An empty window gives 0 for count, sum and the distinct counts, {} for histogram and top_frequent, [] for
+distinct_values, and None for everything else.
 Rows whose timestamp or key is null belong to no window.
 
 `where` is a Spark SQL condition, evaluated here with SQL's three-valued logic (a comparison with null is
@@ -399,6 +399,11 @@ def _aggregate(prepared: _FeatureRows, rows: list[_Row]) -> object:
         if kind is AggKind.SESSION_DURATION:
             return (last - first) / MICROS
         return pd.Timestamp(first - first % MICROS, unit="us", tz="UTC")  # to the whole second, as Feast keeps it
+    if kind is AggKind.LAST_EVENT_TIME:  # every row's time counts, whatever its values
+        if len(rows) == 0:
+            return None
+        last = max(ts for ts, _ in rows)
+        return pd.Timestamp(last - last % MICROS, unit="us", tz="UTC")  # rounded down to the second
     pairs = _pairs(rows)
     values = [v for _, v in pairs]
     if kind is AggKind.SUM:
@@ -409,6 +414,8 @@ def _aggregate(prepared: _FeatureRows, rows: list[_Row]) -> object:
         return min(aggregation.k, len(set(values)))
     if kind in (AggKind.HISTOGRAM, AggKind.TOP_FREQUENT):
         return _counts(values, aggregation)
+    if kind is AggKind.DISTINCT_VALUES:
+        return sorted(set(values))  # a set, smallest first; [] for no value
     if not values:
         return None
     return _FOLD[kind](values, pairs, aggregation)
@@ -556,7 +563,7 @@ def reference_frame(
 
 def _column_dtype(prepared: _FeatureRows) -> str:
     kind = prepared.feature.aggregation.kind
-    if kind not in _NEVER_NULL or kind.op.empty is Empty.EMPTY_MAP:
+    if kind not in _NEVER_NULL or kind.op.empty in (Empty.EMPTY_MAP, Empty.EMPTY_LIST):
         return "object"
     if kind is AggKind.SUM and not prepared.integral:
         return "float64"

@@ -23,6 +23,7 @@ from features import Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, 
 from features.pipelines.backfill import BackfillResult, backfill
 from features.repo import Repo
 from features.spec import WINDOW_END, AggKind
+from features.spec.aggregations import Empty
 from features.stores import offline
 
 pytestmark = pytest.mark.spark
@@ -47,6 +48,10 @@ USER_GROUP = FeatureGroup(
         Feature("last_status", agg.last("status"), window=Lifetime(every="5m")),
         Feature("last_amounts_1h", agg.last_k("amount", 3), window=Hop("1h", every="5m")),
         Feature("amount_avg_30m", agg.avg("amount"), window=Tumble("30m")),
+        # what request-time features read: a timestamp and a set (a list), through both stores
+        Feature("last_seen", agg.last_event_time(), window=Lifetime(every="5m")),
+        Feature("last_failed_1h", agg.last_event_time(), window=Hop("1h", every="5m"), where="status = 'FAILED'"),
+        Feature("merchant_set_24h", agg.distinct_values("merchant_id"), window=Hop("24h", every="1h")),
     ],
 )
 CARD_MERCHANT_GROUP = FeatureGroup(
@@ -136,8 +141,11 @@ def mismatch(feature: Feature, got: Any, want: Any) -> str | None:
     kind = feature.aggregation.kind
     got = None if _is_null(got) else _native(got)
     want = None if _is_null(want) else _native(want)
-    if got is None and kind.empty_is_zero:
-        got = 0  # no row before t: an empty window
+    if got is None and kind.op.empty is not Empty.NULL:
+        got = kind.op.empty.make()  # no row before t: an empty window (0, or [] for distinct_values)
+    if isinstance(want, pd.Timestamp) and got is not None:  # last_event_time: Feast's datetimes, maybe naive
+        got = pd.Timestamp(got)
+        got = got.tz_localize("UTC") if got.tzinfo is None else got.tz_convert("UTC")
     if want is None or got is None:
         return None if want is got else f"got {got!r}, want {want!r}"
     if kind is AggKind.APPROX_COUNT_DISTINCT:

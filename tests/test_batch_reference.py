@@ -116,6 +116,12 @@ GROUP_NEWER = FeatureGroup(
         Feature("status_top1", agg.top_frequent("status", 1), window=LIFETIME),
         Feature("merchants_max5", agg.bounded_count_distinct("merchant_id", 5), window=AGGS_WINDOW),
         Feature("statuses_max2", agg.bounded_count_distinct("status", 2), window=LIFETIME, where="ok"),
+        Feature("last_seen", agg.last_event_time(), window=AGGS_WINDOW),
+        Feature("last_failed_seen", agg.last_event_time(), window=LIFETIME, where="status = 'FAILED'"),
+        Feature("last_seen_1h", agg.last_event_time(), window=Tumble("1h"), where="amount > 20"),
+        Feature("merchant_set", agg.distinct_values("merchant_id"), window=AGGS_WINDOW),
+        Feature("status_set", agg.distinct_values("status"), window=Tumble("1h"), where="amount > 20"),
+        Feature("qty_set_life", agg.distinct_values("qty"), window=LIFETIME),
     ],
 )
 
@@ -153,6 +159,8 @@ GROUP_SESSIONS = FeatureGroup(
         Feature("status_hist", agg.histogram("status"), window=SHORT),
         Feature("status_top1", agg.top_frequent("status", 1), window=LONG),
         Feature("amount_p50", agg.approx_percentile("amount", 0.5), window=LONG),
+        Feature("last_seen", agg.last_event_time(), window=SHORT),
+        Feature("status_set", agg.distinct_values("status"), window=LONG),
         Feature("n_1h", agg.count(), window=Hop("1h", every="5m")),
     ],
 )
@@ -512,6 +520,10 @@ def test_list_map_and_moment_aggregations_match_reference(computed, range_name: 
         assert looked_up["merchants_max5"].max() == 5 and looked_up["statuses_max2"].max() == 2
         assert looked_up["status_hist"].map(len).max() == 3 and (looked_up["status_hist"].map(len) == 0).any()
         assert looked_up["amount_top3"].map(lambda v: v is not None and len(v) == 3).any()
+        seen = looked_up["last_seen"]
+        assert seen.notna().any() and (seen.isna() & looked_up["_found"]).any()  # windows with and without events
+        sets = looked_up["merchant_set"].map(len)
+        assert (sets == 0).any() and (sets == 1).any() and sets.max() > 100  # empty, one value, many
 
 
 # A range starting inside sessions (the value it starts with); the splits exactly at a gap (u_gap, before this
@@ -703,6 +715,10 @@ GROUP_EDGE = FeatureGroup(
         Feature("q_first", agg.first("qty"), window=Lifetime(every="5m")),
         Feature("q_last2", agg.last_k("qty", 2), window=Hop("15m", every="5m")),
         Feature("n_even", agg.count(), window=Hop("6m", every="3m"), where="qty >= 0"),
+        Feature("t_last", agg.last_event_time(), window=EDGE),
+        Feature("t_last_even", agg.last_event_time(), window=Lifetime(every="5m"), where="qty >= 0"),
+        Feature("q_set", agg.distinct_values("qty"), window=Hop("15m", every="5m")),
+        Feature("q_set_6m", agg.distinct_values("qty"), window=Hop("6m", every="3m")),
     ],
 )
 _OFFSETS_US = sorted(

@@ -387,6 +387,8 @@ DISCRETE_FIX = "aggregate an integer or string column"
         (agg.bounded_count_distinct("event_ts", 3), "timestamp", SCALAR_FIX),
         (agg.histogram("amount"), "float64", DISCRETE_FIX),
         (agg.top_frequent("approved", 3), "bool", DISCRETE_FIX),
+        (agg.distinct_values("amount"), "float64", DISCRETE_FIX),  # a set of floats: no exact membership
+        (agg.distinct_values("event_ts"), "timestamp", DISCRETE_FIX),
     ],
     ids=lambda v: v.describe() if isinstance(v, Aggregation) else v,
 )
@@ -447,6 +449,9 @@ def test_output_types_of_the_newer_aggregations():
         Feature("h", agg.histogram("status"), window=Hop("1h", every="5m")),
         Feature("tf", agg.top_frequent("quantity", 2), window=Hop("1h", every="5m")),
         Feature("bcd", agg.bounded_count_distinct("status", 5), window=Hop("1h", every="5m")),
+        Feature("seen", agg.last_event_time(), window=Hop("1h", every="5m")),
+        Feature("ds", agg.distinct_values("status"), window=Hop("1h", every="5m")),
+        Feature("dq", agg.distinct_values("quantity"), window=Hop("1h", every="5m")),
     ]
     types = group_of(*features).output_types(SCHEMA)
     assert {f.name: types[f.name] for f in features} == {
@@ -459,7 +464,20 @@ def test_output_types_of_the_newer_aggregations():
         "h": DType.COUNT_MAP,
         "tf": DType.COUNT_MAP,
         "bcd": DType.INT64,
+        "seen": DType.TIMESTAMP,
+        "ds": DType.STRING_LIST,
+        "dq": DType.INT64_LIST,
     }
+
+
+def test_last_event_time_reads_no_column_and_distinct_values_one():
+    expect_error(lambda: Aggregation(AggKind.LAST_EVENT_TIME, "event_ts"), "agg.last_event_time.column", "where=")
+    expect_error(lambda: agg.distinct_values(""), "agg.distinct_values.column", 'agg.distinct_values("amount")')
+    assert agg.last_event_time().empty_value is None
+    assert agg.distinct_values("status").empty_value == [] and agg.distinct_values("status").describe() == (
+        "agg.distinct_values('status')"
+    )
+    assert agg.distinct_values("status").empty_value is not agg.distinct_values("status").empty_value  # fresh
 
 
 def test_a_column_the_source_does_not_have():

@@ -9,19 +9,29 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from reference import reference_frame, to_micros, where_mask
 from test_batch_reference import (
+    BASE,
     GROUP_AGGS,
     GROUP_COMPOSITE,
+    GROUP_EDGE,
     GROUP_MIXED,
     GROUP_NEWER,
     GROUP_SESSIONS,
+    SMALL_KEYS,
+    US,
     H,
+    M,
+    as_of,
     compare_value,
+    found_flags,
     make_events,
+    small_events,
 )
 
-from features import Feature, Hop, Session, agg
+from features import Feature, Hop, Session, Tumble, agg
 from features import kernel as pt
 from features.spec import AggKind, DType, FeatureGroup
 
@@ -489,3 +499,82 @@ def test_a_step_of_a_bucket_whose_panes_were_all_pruned_gives_no_eager_value() -
         eager_after=end - plan.pane_us,
     )
     assert out.eager is None and len(out.rows) == 0 and len(out.table) == 0
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(events=small_events(), batches=st.integers(1, 5), seed=st.integers(0, 1000))
+def test_randomized_small_cases_through_the_streams_steps(events: pd.DataFrame, batches: int, seed: int) -> None:
+    """The batch engine's randomized small cases (events on and 1 µs around every pane boundary), delivered to
+    the stream's steps in shuffled micro-batches: the value at every boundary, and 1 µs before it, is the
+    reference's."""
+    rows, late, _ = run_stream(GROUP_EDGE, events, batches=min(batches, len(events)), lateness=5 * M, seed=seed)
+    assert late.empty
+    ends = pd.to_datetime(rows["window_end"].to_numpy(dtype=np.int64), unit="us", utc=True)
+    rows = rows.assign(window_end=ends.astype("datetime64[us, UTC]"))
+    times = sorted(
+        {t for k in range(-3, 30) for step in (3 * M, 5 * M) for t in (BASE + k * step, BASE + k * step - US)}
+    )
+    want = reference_frame(events, GROUP_EDGE, [((k,), t) for k in SMALL_KEYS for t in times])
+    got = as_of(rows, GROUP_EDGE, want[["user_id", "t"]])
+    found = found_flags(got)
+    for feat in GROUP_EDGE.features:
+        for i in range(len(want)):
+            problem = compare_value(feat, found[i], got.loc[i, feat.name], want.loc[i, feat.name])
+            assert problem is None, f"{feat.name} {want.loc[i, 'user_id']} t={want.loc[i, 't']}: {problem}"
+
+
+def test_last_event_time_and_distinct_values_at_window_edges() -> None:
+    """By hand: a key with one event 1 µs before a pane's end, one with an event exactly on a window end and a
+    repeated value; the batch call and the stream's steps give the same values, the reference's."""
+    window = Hop("10m", every="5m")
+    group = FeatureGroup(
+        "request_time",
+        GROUP_NEWER.entity,
+        GROUP_NEWER.source,
+        [
+            Feature("seen", agg.last_event_time(), window=window),
+            Feature("merchants", agg.distinct_values("merchant_id"), window=window),
+            Feature("statuses", agg.distinct_values("status"), window=Tumble("5m"), where="amount > 1e9"),
+        ],
+    )
+    events = pd.DataFrame(
+        {
+            "user_id": ["one", "edge", "edge", "edge"],
+            "merchant_id": [7, 3, 3, 11],
+            "status": ["OK", "OK", None, "B"],
+            "amount": [1.0, 2.0, 3.0, 4.0],
+            "event_ts": [
+                BASE + 5 * M - US,
+                BASE + 5 * M,
+                BASE + 90 * pd.Timedelta(seconds=1) + 250_000 * US,
+                BASE + 2 * M,
+            ],
+        }
+    )
+    events["event_ts"] = events["event_ts"].astype("datetime64[us, UTC]")
+    # (key, t) -> (seen, merchants); statuses is [] throughout (no row passes its where)
+    want = {
+        ("one", BASE + 5 * M - US): (None, []),  # the window ending at 5m - 1µs's E (0m) is empty
+        ("one", BASE + 5 * M): (BASE + 4 * M + 59 * pd.Timedelta(seconds=1), [7]),  # rounded down to the second
+        ("one", BASE + 15 * M - US): (BASE + 4 * M + 59 * pd.Timedelta(seconds=1), [7]),
+        ("one", BASE + 15 * M): (None, []),  # it left the window
+        ("edge", BASE + 5 * M): (BASE + 2 * M, [3, 11]),  # the event on 5m counts from the next window on
+        ("edge", BASE + 10 * M): (BASE + 5 * M, [3, 11]),
+        ("edge", BASE + 15 * M): (BASE + 5 * M, [3]),
+        ("edge", BASE + 20 * M): (None, []),
+    }
+    reference = reference_frame(events, group, [((k,), t) for k, t in want])
+    plan = pt.Plan.of(group, TYPES)
+    batch = pt.emit(plan, pt.phase1_sorted(plan, processor_input(plan, group, events)), None, 10**18)
+    streamed, late, _ = run_stream(group, events, batches=3, lateness=H, seed=4)
+    assert late.empty
+    for rows in (batch, streamed):
+        rows = rows.sort_values(["user_id", "window_end"])
+        for i, ((key, t), (seen, merchants)) in enumerate(want.items()):
+            mine = rows[(rows["user_id"] == key) & (rows["window_end"] <= to_micros(t))]
+            got = None if mine.empty else mine.iloc[-1]
+            got_seen = None if got is None or got["seen"] is None else pd.Timestamp(got["seen"], unit="us", tz="UTC")
+            got_merchants = [] if got is None else list(got["merchants"])
+            assert (got_seen, got_merchants) == (seen, merchants), (key, t)
+            assert got is None or list(got["statuses"]) == []
+            assert (reference.loc[i, "seen"], reference.loc[i, "merchants"]) == (seen, merchants)

@@ -70,6 +70,10 @@ GROUP = FeatureGroup(
         Feature("amount_p50", agg.approx_percentile("amount", 0.5), window=LIFE),
         Feature("amount_p90", agg.approx_percentile("amount", 0.9), window=LIFE_5M),
         Feature("qty_p10", agg.approx_percentile("qty", 0.1), window=LIFE, where="status = 'APPROVED'"),
+        Feature("last_seen", agg.last_event_time(), window=LIFE),
+        Feature("last_big_seen", agg.last_event_time(), window=LIFE_5M, where="amount > 20"),
+        Feature("merchant_set", agg.distinct_values("merchant_id"), window=LIFE_5M),
+        Feature("status_set", agg.distinct_values("status"), window=LIFE, where="ok"),
         # Bounded windows beside them: they set how far back the state reaches, and read no BASE row.
         Feature("amount_max_30m", agg.max("amount"), window=Hop("30m", every="10m")),
         Feature("n_30m", agg.count(), window=Hop("30m", every="10m")),

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from test_batch_reference import GROUP_AGGS, GROUP_COMPOSITE, GROUP_MIXED, GROUP_SESSIONS, make_events
+from test_batch_reference import GROUP_AGGS, GROUP_COMPOSITE, GROUP_MIXED, GROUP_NEWER, GROUP_SESSIONS, make_events
 from test_kernel import TYPES, processor_input
 
 from features import Feature, Hop, Lifetime, agg
@@ -95,6 +95,10 @@ def _same_rows(group: FeatureGroup, mine: pd.DataFrame, want: pd.DataFrame) -> N
 
 AGGS = GROUP_AGGS.features
 MIXED = {f.name: f for f in GROUP_MIXED.features}
+REQUEST_TIME_AFTER = {
+    *("status_hist", "merchant_hist"),  # what the state held before
+    *("last_seen", "last_failed_seen", "merchant_set", "status_set", "qty_set_life"),
+}
 FAILED_2H = Feature("failed_2h", agg.count(), window=Hop("2h", every="20m"), where="status = 'FAILED'")
 CHANGES = {
     # Three removed, four added (one with a `where` no feature had).
@@ -126,6 +130,12 @@ CHANGES = {
         GROUP_COMPOSITE,
         _with(GROUP_COMPOSITE, [replace(f, name=f"{f.name}_v2") for f in GROUP_COMPOSITE.features]),
     ),
+    # The aggregations request-time features read, added to a state that had none (a Lifetime and hops, with
+    # and without a `where`): the state of the group before loads and goes on, their columns are built.
+    "request_time_added": (
+        _with(GROUP_NEWER, [f for f in GROUP_NEWER.features if f.name in ("status_hist", "merchant_hist")]),
+        _with(GROUP_NEWER, [f for f in GROUP_NEWER.features if f.name in REQUEST_TIME_AFTER]),
+    ),
 }
 
 
@@ -150,7 +160,9 @@ def test_what_a_change_keeps_builds_and_drops() -> None:
     assert repaned.kept == {}
 
 
-@pytest.mark.parametrize("group", [GROUP_AGGS, GROUP_MIXED, GROUP_SESSIONS, GROUP_COMPOSITE], ids=lambda g: g.name)
+@pytest.mark.parametrize(
+    "group", [GROUP_AGGS, GROUP_MIXED, GROUP_SESSIONS, GROUP_COMPOSITE, GROUP_NEWER], ids=lambda g: g.name
+)
 def test_a_layout_names_every_column_of_the_pane_table(group: FeatureGroup) -> None:
     plan = pt.Plan.of(group, TYPES)
     layout = layout_of(describe(group))

@@ -405,3 +405,50 @@ def test_reference_frame_shape_and_types() -> None:
 def test_to_micros_floors() -> None:
     assert to_micros(pd.Timestamp("1970-01-01 00:00:00.000001999", tz="UTC")) == 1
     assert to_micros(pd.Timestamp("1969-12-31 23:59:59.999999500", tz="UTC")) == -1
+
+
+# ----------------------------------------------------------------------------------------------------------
+# What request-time features read: the last event's time and the set of distinct values
+
+
+def test_last_event_time_is_the_latest_rows_time_rounded_down_to_the_second() -> None:
+    frame = events(
+        ("u1", "2026-01-01 00:10:00.25", 5.0),
+        ("u1", "2026-01-01 00:59:59.999999", None),  # a null value: its row still counts, as for count()
+        ("u1", "2026-01-01 01:00", 1.0),  # on the window end: from the next window on
+        ("u2", "2026-01-01 00:20:07.5", 2.0),  # one event
+    )
+    seen = Feature("seen", agg.last_event_time(), window=Tumble("1h"))
+    assert value(frame, seen, "2026-01-01 01:00") == ts("2026-01-01 00:59:59")
+    assert value(frame, seen, "2026-01-01 00:59:59.999999") is None  # E = 00:00: the empty window before
+    assert value(frame, seen, "2026-01-01 02:00") == ts("2026-01-01 01:00")
+    assert value(frame, seen, "2026-01-01 03:00") is None  # every event left the window
+    assert value(frame, seen, "2026-01-01 01:00", key=("u2",)) == ts("2026-01-01 00:20:07")
+    assert value(frame, seen, "2026-01-01 01:00", key=("nobody",)) is None
+    lifetime = Feature("seen_ever", agg.last_event_time(), window=Lifetime(every="1h"), where="amount > 3")
+    assert value(frame, lifetime, "2026-01-02 00:00") == ts("2026-01-01 00:10")  # the last row its where keeps
+
+
+def test_distinct_values_are_the_windows_set_smallest_first() -> None:
+    cols = ("user_id", "event_ts", "merchant_id")
+    frame = events(
+        ("u1", "2026-01-01 00:10", 12),
+        ("u1", "2026-01-01 00:20", 3),
+        ("u1", "2026-01-01 00:30", 12),
+        ("u1", "2026-01-01 00:40", None),
+        ("u1", "2026-01-01 01:00", 7),  # on the window end: from the next window on
+        ("u2", "2026-01-01 00:15", 9),
+        columns=cols,
+    )
+    frame["merchant_id"] = frame["merchant_id"].astype("Int64")
+    merchants = Feature("merchants", agg.distinct_values("merchant_id"), window=Tumble("1h"))
+    assert value(frame, merchants, "2026-01-01 01:00") == [3, 12]
+    assert value(frame, merchants, "2026-01-01 02:00") == [7]
+    assert value(frame, merchants, "2026-01-01 03:00") == []  # empty: the set with no member
+    assert value(frame, merchants, "2026-01-01 01:00", key=("u2",)) == [9]
+    assert value(frame, merchants, "2026-01-01 01:00", key=("nobody",)) == []
+    nulls = events(("u1", "2026-01-01 00:10", None), columns=cols)
+    assert value(nulls, merchants, "2026-01-01 01:00") == []  # only nulls: no member
+    words = events(("u1", "2026-01-01 00:10", "b"), ("u1", "2026-01-01 00:11", "B"), ("u1", "2026-01-01 00:12", "a"))
+    statuses = Feature("statuses", agg.distinct_values("amount"), window=Tumble("1h"))
+    assert value(words, statuses, "2026-01-01 01:00") == ["B", "a", "b"]  # by code point, as Spark sorts strings

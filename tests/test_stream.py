@@ -71,6 +71,8 @@ NEWER_GROUP = FeatureGroup(
         Feature(
             "failed_session_s", agg.session_duration(), window=Session("30m", every="5m"), where="status = 'FAILED'"
         ),
+        Feature("last_seen", agg.last_event_time(), window=Hop("1h", every="5m")),
+        Feature("merchant_set_4h", agg.distinct_values("merchant_id"), window=Hop("4h", every="1h")),
     ],
 )
 PAIR_GROUP = FeatureGroup(

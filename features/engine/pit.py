@@ -358,5 +358,7 @@ def _filled(value: Column, ref: FeatureRef, group: _Group, fn: Any) -> Column:
         return value.alias(column.name)
     if isinstance(empty, dict):  # an empty map, of the column's own type (a literal {} has no key and value types)
         return fn.coalesce(value, fn.create_map().cast(SPARK_TYPES[column.dtype])).alias(column.name)
+    if isinstance(empty, list):  # distinct_values: an empty array of the column's own type, as for a map
+        return fn.coalesce(value, fn.array().cast(SPARK_TYPES[column.dtype])).alias(column.name)
     typed = "bigint" if column.dtype is DType.INT64 else "double"
     return fn.coalesce(value, fn.lit(empty)).cast(typed).alias(column.name)

@@ -295,6 +295,33 @@ class ByTime(Kind):
         return nullable(cols["v"], cols["c"] > 0)
 
 
+NO_TIME = np.iinfo(np.int64).min  # a pane without events for a last_event_time: no time, not 1970
+
+
+class LatestTime(Kind):
+    """last_event_time: the time of the latest event passing the feature's `where`, whatever its values. A pane
+    keeps that one time (NO_TIME without such events); a range of panes, the largest of theirs, in any order.
+    The value is rounded down to the second: Feast's online store keeps times in whole seconds, and every store
+    must hold the same value."""
+
+    parts = ("t",)
+
+    def phase1(self, calc, codes, groups, mask, frame):
+        latest = np.full(groups, NO_TIME, dtype=np.int64)
+        np.maximum.at(latest, codes[mask], frame[TS].to_numpy(dtype=np.int64)[mask])
+        return {"t": latest}
+
+    def merge(self, calc, cols, starts, ends, key_of_row, same_pane=False):
+        t = np.asarray(cols["t"], dtype=np.int64)
+        latest, present = ranges_extreme(t, t != NO_TIME, starts, ends, smallest=False)
+        return {"t": np.where(present, latest, NO_TIME)}
+
+    def finalize(self, calc, cols):
+        present = cols["t"] != NO_TIME
+        t = np.where(present, cols["t"], 0)
+        return nullable(t - t % 1_000_000, present)
+
+
 class Quantiles(Kind):
     """approx_percentile: a pane's partial is its values' counts per logarithmic bucket, as Arrow lists of
     (bucket code, count); a window's quantile is a weighted order statistic over its rows' entries, within 1%

@@ -11,11 +11,12 @@ from features.kernel.aggregations import (
     Extreme,
     HashedDistinct,
     Kind,
+    LatestTime,
     Quantiles,
     Sum,
 )
 from features.kernel.moments import Moments
-from features.kernel.ranked import Counts, TimeK, ValueK
+from features.kernel.ranked import Counts, DistinctValues, TimeK, ValueK
 from features.kernel.sessions import SessionBounds
 from features.spec import AggKind
 
@@ -43,4 +44,6 @@ KINDS: dict[AggKind, Kind] = {
     AggKind.TOP_FREQUENT: Counts(top=True),
     AggKind.SESSION_DURATION: SessionBounds(duration=True),
     AggKind.SESSION_START: SessionBounds(duration=False),
+    AggKind.LAST_EVENT_TIME: LatestTime(),
+    AggKind.DISTINCT_VALUES: DistinctValues(),
 }

@@ -1,6 +1,7 @@
-"""The aggregations whose value is a list or a map: first_k / last_k (by time), top_k / bottom_k (by value), and
-histogram / top_frequent (counts per value). A pane keeps at most k items (or each distinct value once), as Arrow
-lists; a window's value is read from its rows' items without merging partials range by range."""
+"""The aggregations whose value is a list or a map: first_k / last_k (by time), top_k / bottom_k (by value),
+histogram / top_frequent (counts per value) and distinct_values (a set). A pane keeps at most k items (or each
+distinct value once), as Arrow lists; a window's value is read from its rows' items without merging partials
+range by range."""
 
 from __future__ import annotations
 
@@ -209,45 +210,97 @@ class Counts(Kind):
         return self._counted(calc, range_of_row[parent[take]], values[take], counts[take], len(starts))
 
     def window(self, calc, cols, starts, ends, key_of_row):
-        """Each range's counts, for the values it holds only: a value's rows fall in a run of consecutive ranges
-        of its key (ranges of a key start and end in order, as the windows and sessions of successive ends do),
-        so the (range, value) pairs to count are found without trying every value of the key in every range."""
         parent, values = flatten(large_lists(cols["v"]))
         counts = flatten(large_lists(cols["c"]))[1]
-        rows = len(cols["v"])
-        code = _value_ranks(values)  # ascending value order, so that a map lists its values in order
-        width = int(code.max(initial=0)) + 1
-        # (key, value) pairs, and every entry's place among its pair's entries in row order
-        pair_of, pairs = pd.factorize(key_of_row[parent].astype(np.int64) * width + code, sort=True)
-        pairs = np.asarray(pairs, dtype=np.int64)
-        position = pair_of.astype(np.int64) * (rows + 1) + parent
-        order = np.argsort(position, kind="stable")
-        position, entry_row, entry_pair = position[order], parent[order], pair_of[order].astype(np.int64)
-        running = np.zeros(len(order) + 1, dtype=np.int64)
-        np.cumsum(counts[order], out=running[1:])
-        which, pair = _ranges_holding(entry_row, entry_pair, key_of_row, starts, ends, rows)
-        base = pair * (rows + 1)
-        count = running[np.searchsorted(position, base + ends[which])]
-        count -= running[np.searchsorted(position, base + starts[which])]
-        keep = count > 0
-        which, pair, count = which[keep], pair[keep], count[keep]
-        # by range, then value ascending (pairs are in value order within a key); top_frequent: by count first
-        if self.top:
-            order = np.lexsort((pair, -count, which))
-        else:
-            order = np.argsort(which * (int(pair.max(initial=0)) + 1) + pair, kind="stable")
-        which, pair, count = which[order], pair[order], count[order]
+        which, value, count = _range_counts(parent, values, counts, len(cols["v"]), key_of_row, starts, ends, self.top)
         if self.top:
             kept = _firsts_per_group(which, calc.k)
-            which, pair, count = which[kept], pair[kept], count[kept]
-        text = _texts(_pair_values(values, code, pairs[pair] % width))
+            which, value, count = which[kept], value[kept], count[kept]
         out = np.zeros(len(starts) + 1, dtype=np.int64)
         np.cumsum(np.bincount(which, minlength=len(starts)), out=out[1:])
-        maps = pa.MapArray.from_arrays(pa.array(out, pa.int32()), pa.array(text, pa.string()), pa.array(count))
+        maps = pa.MapArray.from_arrays(pa.array(out, pa.int32()), pa.array(_texts(value), pa.string()), pa.array(count))
         return pd.arrays.ArrowExtensionArray(maps)
 
     def finalize(self, calc, cols):
         raise NotImplementedError("histogram and top_frequent are evaluated over a window's rows by `window`")
+
+
+def _range_counts(
+    parent: np.ndarray,
+    values: np.ndarray,
+    counts: np.ndarray,
+    rows: int,
+    key_of_row: np.ndarray,
+    starts: np.ndarray,
+    ends: np.ndarray,
+    top: bool,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(range, value, count) of every value each range [start, end) of rows holds, from the rows' entries (row,
+    value, count): by range, then by value ascending (`top`: by count, largest first, then value). A value's
+    count in a range is a difference of its running count over its key's rows, and a value's rows fall in a run
+    of consecutive ranges of its key (ranges of a key start and end in order, as the windows and sessions of
+    successive ends do), so the (range, value) pairs are found without trying every value of the key in every
+    range: a window costs the number of distinct values its key has, not the number of panes it spans."""
+    code = _value_ranks(values)  # ascending value order
+    width = int(code.max(initial=0)) + 1
+    # (key, value) pairs, and every entry's place among its pair's entries in row order
+    pair_of, pairs = pd.factorize(key_of_row[parent].astype(np.int64) * width + code, sort=True)
+    pairs = np.asarray(pairs, dtype=np.int64)
+    position = pair_of.astype(np.int64) * (rows + 1) + parent
+    order = np.argsort(position, kind="stable")
+    position, entry_row, entry_pair = position[order], parent[order], pair_of[order].astype(np.int64)
+    running = np.zeros(len(order) + 1, dtype=np.int64)
+    np.cumsum(counts[order], out=running[1:])
+    which, pair = _ranges_holding(entry_row, entry_pair, key_of_row, starts, ends, rows)
+    base = pair * (rows + 1)
+    count = running[np.searchsorted(position, base + ends[which])]
+    count -= running[np.searchsorted(position, base + starts[which])]
+    keep = count > 0
+    which, pair, count = which[keep], pair[keep], count[keep]
+    # by range, then value ascending (pairs are in value order within a key); top: by count first
+    if top:
+        order = np.lexsort((pair, -count, which))
+    else:
+        order = np.argsort(which * (int(pair.max(initial=0)) + 1) + pair, kind="stable")
+    which, pair, count = which[order], pair[order], count[order]
+    return which, _pair_values(values, code, pairs[pair] % width), count
+
+
+class DistinctValues(Kind):
+    """distinct_values: a window's distinct values, smallest first, as a list. A pane keeps each distinct value
+    it holds once; a window's values are found as histogram's are (`_range_counts`, each pane counting a value
+    once), so a window costs its key's distinct values, not the panes it spans. An empty window gives []."""
+
+    parts = ("v",)
+
+    def phase1(self, calc, codes, groups, mask, frame):
+        values, valid = column_values(frame[calc.value], calc.value_type)
+        ok = mask & valid
+        return self._distinct(calc, codes[ok], values[ok], groups)
+
+    def _distinct(self, calc: Calc, g: np.ndarray, v: np.ndarray, groups: int) -> dict[str, Any]:
+        code, distinct = pd.factorize(v)
+        width = max(len(distinct), 1)
+        group, item = np.divmod(np.unique(g.astype(np.int64) * width + code), width)
+        return {"v": arrow_lists(group, np.asarray(distinct)[item], groups, calc.value_type)}
+
+    def merge(self, calc, cols, starts, ends, key_of_row, same_pane=False):
+        range_of_row = range_of_rows(len(cols["v"]), starts, ends)
+        parent, values = flatten(large_lists(cols["v"]))
+        take = range_of_row[parent] >= 0
+        return self._distinct(calc, range_of_row[parent[take]], values[take], len(starts))
+
+    def window(self, calc, cols, starts, ends, key_of_row):
+        lists = large_lists(cols["v"])
+        parent, values = flatten(lists)
+        ones = np.ones(len(values), dtype=np.int64)
+        which, value, _ = _range_counts(parent, values, ones, len(lists), key_of_row, starts, ends, top=False)
+        out = np.zeros(len(starts) + 1, dtype=np.int64)
+        np.cumsum(np.bincount(which, minlength=len(starts)), out=out[1:])
+        return _list_column(out, pa.array(value, lists.type.value_type))
+
+    def finalize(self, calc, cols):
+        raise NotImplementedError("distinct_values is evaluated over a window's rows by `window`")
 
 
 def _ranges_holding(

@@ -33,6 +33,7 @@ from features.errors import ConfigError
 from features.ml.lineage import Lineage, lineage_from, lineage_of
 from features.repo import Repo
 from features.spec import DType, FeatureGroup
+from features.spec.aggregations import Empty
 from features.spec.fingerprint import feature_hashes
 from features.stores.feature_refs import ROW_ID, FeatureRef, fill_empty, join_keys, offline_dates, resolve_features
 from features.stores.manifest import read_manifest
@@ -240,8 +241,13 @@ def training_set(
         tracking.log_training_lineage(lineage)
     if not spark:
         return out
-    maps = [r.column(full_feature_names) for r in refs if r.dtype is DType.COUNT_MAP]
-    return _to_spark(out, _given(spark), maps)
+    # Maps, and the sets whose empty value is [], from which Spark could infer no type: given theirs.
+    typed = {
+        r.column(full_feature_names): r.dtype
+        for r in refs
+        if r.dtype is DType.COUNT_MAP or r.feature.aggregation.kind.op.empty is Empty.EMPTY_LIST
+    }
+    return _to_spark(out, _given(spark), typed)
 
 
 def _given(spark: bool | SparkSession | None) -> SparkSession | None:
@@ -404,8 +410,10 @@ def _utc(values: pd.Series, column: str) -> pd.Series:
     return times.astype("datetime64[us, UTC]")
 
 
-def _to_spark(frame: pd.DataFrame, session: SparkSession | None, maps: Sequence[str] = ()) -> SparkDataFrame:
-    """The frame in Spark; `maps`: its COUNT_MAP columns (dicts), which keep their map type."""
+def _to_spark(
+    frame: pd.DataFrame, session: SparkSession | None, typed: Mapping[str, DType] | None = None
+) -> SparkDataFrame:
+    """The frame in Spark; `typed`: columns that keep their type, COUNT_MAP (dicts) and lists that may be empty."""
     from features.engine.inputs import SPARK_TYPES
     from features.engine.session import get_spark
 
@@ -416,14 +424,17 @@ def _to_spark(frame: pd.DataFrame, session: SparkSession | None, maps: Sequence[
             converted[column].dtype, pd.DatetimeTZDtype
         ):
             converted[column] = converted[column].astype(object).where(converted[column].notna(), None)
-    if not maps:
+    if not typed:
         return spark.createDataFrame(converted)
-    # Spark infers a struct (one field per key) from a column of dicts: the maps cross as JSON text and are parsed
-    # back with their type. SQL expressions, not pyspark.sql.functions: the session may be classic or Connect.
-    for column in maps:
+    # Spark infers a struct (one field per key) from a column of dicts, and no element type from empty lists: such
+    # columns cross as JSON text and are parsed back with their type. SQL expressions, not
+    # pyspark.sql.functions: the session may be classic or Connect.
+    for column in typed:
         converted[column] = [None if v is None else json.dumps(v) for v in converted[column]]
-    typed = SPARK_TYPES[DType.COUNT_MAP]
     quoted = {c: "`" + str(c).replace("`", "``") + "`" for c in converted.columns}
     return spark.createDataFrame(converted).selectExpr(
-        *[f"from_json({quoted[c]}, '{typed}') AS {quoted[c]}" if c in maps else quoted[c] for c in converted.columns]
+        *[
+            f"from_json({quoted[c]}, '{SPARK_TYPES[typed[c]]}') AS {quoted[c]}" if c in typed else quoted[c]
+            for c in converted.columns
+        ]
     )

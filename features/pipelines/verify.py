@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -90,16 +91,24 @@ class GroupReport:
 def same(a: Any, b: Any) -> bool:
     """Equal feature values: nulls alike, lists item by item, maps key by key (as dicts or (key, value) pairs),
     floats within 1e-9 relative (a float sum's last bits depend on the order a stream added a pane's
-    micro-batches)."""
+    micro-batches), times as instants (Feast's online reads give aware datetimes, the offline table naive UTC)."""
     if isinstance(a, Mapping) or isinstance(b, Mapping):
         return _null(a) == _null(b) if _null(a) or _null(b) else as_dict(a) == as_dict(b)
     if isinstance(a, list | np.ndarray) or isinstance(b, list | np.ndarray):
         return _null(a) == _null(b) if _null(a) or _null(b) else [*a] == [*b]
     if _null(a) or _null(b):
         return _null(a) and _null(b)
+    if isinstance(a, datetime | np.datetime64) or isinstance(b, datetime | np.datetime64):
+        return _instant(a) == _instant(b)
     if isinstance(a, float | np.floating) or isinstance(b, float | np.floating):
         return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=1e-12)
     return a == b
+
+
+def _instant(value: Any) -> pd.Timestamp:
+    """A time as a UTC timestamp; one without a zone is UTC."""
+    ts = pd.Timestamp(value)
+    return ts.tz_localize("UTC") if ts.tzinfo is None else ts.tz_convert("UTC")
 
 
 def _null(value: Any) -> bool:

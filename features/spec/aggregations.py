@@ -41,6 +41,8 @@ class AggKind(Enum):
     TOP_FREQUENT = "top_frequent"
     SESSION_DURATION = "session_duration"
     SESSION_START = "session_start"
+    LAST_EVENT_TIME = "last_event_time"
+    DISTINCT_VALUES = "distinct_values"
 
     @property
     def op(self) -> Operation:
@@ -58,10 +60,11 @@ class Empty(Enum):
     ZERO = "0"
     NULL = "null"
     EMPTY_MAP = "{}"
+    EMPTY_LIST = "[]"  # distinct_values: a set with no member, so that membership needs no null check
 
     def make(self) -> Any:
-        """The value itself: 0, None, or a new empty dict."""
-        return {Empty.ZERO: 0, Empty.NULL: None, Empty.EMPTY_MAP: {}}[self]
+        """The value itself: 0, None, or a new empty dict or list."""
+        return {Empty.ZERO: 0, Empty.NULL: None, Empty.EMPTY_MAP: {}, Empty.EMPTY_LIST: []}[self]
 
 
 class Expect(Enum):
@@ -311,6 +314,20 @@ OPERATIONS: dict[AggKind, Operation] = {
         cost="its first event time",
         session_only=True,
     ),
+    AggKind.LAST_EVENT_TIME: Operation(
+        "the latest event's time, to the second (the time since it is taken at request time)",
+        _timestamp,
+        column=False,
+        cost="its latest event time",
+    ),
+    AggKind.DISTINCT_VALUES: Operation(
+        "the distinct values as a list, smallest first: a set, for exact membership",
+        _list,
+        Empty.EMPTY_LIST,
+        inputs=DISCRETE,
+        sql="array_sort(collect_set({col}))",
+        cost="each distinct value",
+    ),
 }
 
 
@@ -372,7 +389,7 @@ class Aggregation:
 
     @property
     def empty_value(self) -> Any:
-        """The value of a window with nothing to aggregate: 0, None or {} (a fresh dict each time)."""
+        """The value of a window with nothing to aggregate: 0, None, {} or [] (a fresh dict or list each time)."""
         return self.kind.op.empty.make()
 
     def describe(self) -> str:
@@ -489,6 +506,18 @@ class agg:  # noqa: N801 - used as a namespace: agg.count(), agg.sum("amount")
     def session_start() -> Aggregation:
         """Over a `Session` window: the open session's first event time (null if none is open)."""
         return Aggregation(AggKind.SESSION_START)
+
+    @staticmethod
+    def last_event_time() -> Aggregation:
+        """The time of the window's latest event (after `where`), rounded down to the second; null if none. At
+        request time, `request_time - last_event_time` is the time since the key's last event."""
+        return Aggregation(AggKind.LAST_EVENT_TIME)
+
+    @staticmethod
+    def distinct_values(column: str) -> Aggregation:
+        """The window's distinct non-null values as a list, smallest first; an empty window gives []. A set: `x in
+        value` is exact membership."""
+        return Aggregation(AggKind.DISTINCT_VALUES, column)
 
     @staticmethod
     def histogram(column: str) -> Aggregation:

@@ -103,7 +103,8 @@ def join_keys(refs: Sequence[FeatureRef]) -> list[str]:
 
 def empty_value(column: FeatureColumn) -> Any:
     """A feature's value over an empty window (docs/semantics.md#empty-windows): 0 for the counts and sums (an
-    integer 0 for integer features), a new {} for the maps (histogram, top_frequent), None (null) for the rest."""
+    integer 0 for integer features), a new {} for the maps (histogram, top_frequent), a new [] for
+    distinct_values, None (null) for the rest."""
     if column.empty is Empty.ZERO:
         return 0 if column.dtype is DType.INT64 else 0.0
     return column.empty.make()
@@ -115,9 +116,10 @@ def fill_empty(
     """The frame with the empty-window values (docs/semantics.md) where a store had no row, and one type per feature.
 
     Where Feast found no row for a key at or before the lookup time, every window was empty: counts, sums and
-    distinct counts become 0, maps {}, the rest stay null. Types: integers int64 when never null (counts) and
-    pandas' nullable Int64 otherwise, floats float64 (NaN for null), booleans pandas' boolean, strings object,
-    lists Python lists (None for null), maps Python dicts (Feast and pyarrow give (key, value) pairs)."""
+    distinct counts become 0, maps {}, distinct_values [], the rest stay null. Types: integers int64 when never
+    null (counts) and pandas' nullable Int64 otherwise, floats float64 (NaN for null), booleans pandas' boolean,
+    strings object, lists Python lists (None for null), maps Python dicts (Feast and pyarrow give (key, value)
+    pairs)."""
     out = frame.copy()
     for spec in features:
         ref = spec.as_column(full_feature_names) if isinstance(spec, FeatureRef) else spec
@@ -126,6 +128,8 @@ def fill_empty(
         empty = empty_value(ref)
         if ref.dtype is DType.COUNT_MAP:
             out[column] = pd.Series([as_dict(v, ref.empty) for v in values], index=out.index, dtype=object)
+        elif ref.dtype.name.endswith("_LIST"):
+            out[column] = pd.Series([_as_list(v, ref.empty) for v in values], index=out.index, dtype=object)
         elif empty is not None:
             out[column] = pd.to_numeric(values).fillna(empty).astype(type(empty))
         elif ref.dtype is DType.INT64:
@@ -134,8 +138,6 @@ def fill_empty(
             out[column] = pd.to_numeric(values).astype("float64")
         elif ref.dtype is DType.BOOL:
             out[column] = values.astype("boolean")
-        elif ref.dtype.name.endswith("_LIST"):
-            out[column] = pd.Series([_as_list(v) for v in values], index=out.index, dtype=object)
         else:
             out[column] = pd.Series([None if _missing(v) else v for v in values], index=out.index, dtype=object)
     return out
@@ -154,9 +156,10 @@ def as_dict(value: Any, empty: Empty = Empty.NULL) -> dict[str, Any] | None:
     return {k: v.item() if isinstance(v, np.generic) else v for k, v in pairs}
 
 
-def _as_list(value: Any) -> list[Any] | None:
+def _as_list(value: Any, empty: Empty = Empty.NULL) -> list[Any] | None:
+    """A list value as a list of plain Python values; a null becomes `empty`'s value (None, or a new [])."""
     if _missing(value):
-        return None
+        return empty.make()
     return [v.item() if isinstance(v, np.generic) else v for v in value]
 
 
