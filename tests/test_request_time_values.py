@@ -3,8 +3,8 @@
 
 - Feast's types: `UnixTimestamp` and `Array(Int64)` / `Array(String)`.
 - Written by our writers to SQLite and a real Redis, Feast's `get_online_features` returns the same instant and
-  the same list; an empty set stays [] (not null), a key without a row reads as null from Feast and as [] from
-  the served model and `fill_empty`.
+  the same list (the HTTP server: epoch seconds and JSON arrays); an empty set stays [] (not null), a key without
+  a row reads as null from Feast and as [] from the served model and `fill_empty`.
 - The offline table read for training sets (Feast's point-in-time join and the Spark join): the values at each
   label's time, [] and null where the key had no row yet.
 
@@ -206,3 +206,19 @@ def test_verify_compares_times_as_instants() -> None:
     assert same(aware, pd.Timestamp("2026-01-03 00:57:09", tz="Europe/Paris"))
     assert not same(aware, pd.Timestamp("2026-01-02 23:57:10")) and not same(aware, None)
     assert same([3, 11], np.array([3, 11])) and not same([], None) and not same([3], [3, 11])
+
+
+def test_http_answers_times_and_sets(tmp_path: Path) -> None:
+    from feature_servers import start_server, stop_server
+
+    root = make_repo(tmp_path / "repo", "sqlite", groups=(REQUEST,))
+    writer(root, REQUEST).write(rows())
+    server = start_server(root)
+    try:
+        got = server.online(REQUEST, {"user_id": KEYS})
+    finally:
+        stop_server(server)
+    assert got["merchant_set_1h"] == [[3, 11, 2**62], [], [], None]
+    assert got["status_set_1h"] == [["FAILED", "OK"], ["é😀"], [], None]
+    seconds = int(SEEN.timestamp())
+    assert got["last_seen"] == [seconds, seconds - 400 * 86_400, None, None]  # Feast's JSON: epoch seconds
