@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from features import compat, feast_import
 from features.errors import ConfigError, DataError, DefinitionError, FeaturesError, SchemaError, ValidationFailed
 from features.spec import (
+    Drift,
     Entity,
     EventSource,
     Feature,
@@ -43,6 +44,7 @@ __all__ = [
     "ConfigError",
     "DataError",
     "DefinitionError",
+    "Drift",
     "Entity",
     "EventSource",
     "Feature",

@@ -1,5 +1,5 @@
-"""The `features` command line: apply, plan, backfill, stream, savepoint, status, validate, verify, compact, migrate,
-demo, serve."""
+"""The `features` command line: apply, plan, backfill, stream, savepoint, status, validate, verify, monitor, compact,
+migrate, demo, serve."""
 
 from __future__ import annotations
 
@@ -234,6 +234,9 @@ def build_parser() -> argparse.ArgumentParser:
         ("--max-body-bytes", DEFAULT_MAX_BODY_BYTES, "bytes a request body may have"),
     ):
         serve.add_argument(flag, type=int, default=default, help=f"{what}; more is answered 413 (default {default})")
+    from features import cli_monitor
+
+    cli_monitor.add_parser(sub, _repo_arg)
     return parser
 
 
@@ -320,6 +323,10 @@ def _run(args: argparse.Namespace) -> int:
             on_invalid=args.on_invalid,
             track=not args.no_tracking,
         )
+    if args.command == "monitor":
+        from features import cli_monitor
+
+        return cli_monitor.run(args)
     if args.command == "retention":
         from features.cli_maintenance import retention
 

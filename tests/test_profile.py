@@ -1,12 +1,15 @@
-"""features.kernel.profile without Spark: profiles equal a brute-force computation and merge to the profile of the
-union in any order."""
+"""features.kernel.profile and features.kernel.drift without Spark: profiles equal a brute-force computation and merge
+to the profile of the union in any order; the drift measures flag each kind of shift and nothing else."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pyarrow as pa
 import pytest
 
+from features.kernel.drift import drift, js_distance, psi
 from features.kernel.profile import (
     CATEGORY_CAP,
     FeatureProfile,
@@ -96,3 +99,64 @@ def test_empty_profiles() -> None:
     assert (p.nulls, p.std, p.quantile(0.5), p.distinct()) == (2, None, None, 0.0)
     assert merge_all([]) is None
     assert FeatureProfile("numeric").merge(p).nulls == 2
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Drift
+
+
+def test_psi_and_js_of_known_shares() -> None:
+    r, c = np.array([0.5, 0.5]), np.array([0.25, 0.75])
+    assert psi(r, c) == pytest.approx(0.25 * math.log(0.5) * -1 + 0.25 * math.log(1.5))
+    assert js_distance(r, r) == 0.0
+    assert js_distance(np.array([1.0, 0.0]), np.array([0.0, 1.0])) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_each_injected_shift_is_flagged_and_nothing_else(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n = 3000
+
+    def day(shift: float = 0.0, null_share: float = 0.0, a_share: float = 0.5):
+        x = rng.normal(10.0 + shift, 1.0, n)
+        x = np.where(rng.random(n) < null_share, np.nan, x)
+        cats = rng.choice(["a", "b", "c"], n, p=[a_share, (1 - a_share) * 0.6, (1 - a_share) * 0.4])
+        return profile_column(pa.array(x, from_pandas=True)), profile_column(pa.array(cats))
+
+    (ref_x, ref_c), (same_x, same_c) = day(), day()
+    flagged = lambda d: d.psi > 0.2 or d.js > 0.1  # noqa: E731 - the monitor's default thresholds
+    assert not flagged(drift(ref_x, same_x)) and not flagged(drift(ref_c, same_c))
+    assert flagged(drift(ref_x, day(shift=1.0)[0]))  # the mean moved by one standard deviation
+    assert flagged(drift(ref_x, day(null_share=0.3)[0]))  # null in 30% of rows
+    assert flagged(drift(ref_c, day(a_share=0.2)[1]))  # a category's share changed
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field", "fix"),
+    [
+        ({"psi": 0}, "Drift.psi", "psi=0.2"),
+        ({"psi": float("nan")}, "Drift.psi", "psi=0.2"),
+        ({"js": -0.1}, "Drift.js", "js=0.1"),
+        ({"js": 1.5}, "Drift.js", "js=0.1"),
+        ({"min_rows": 0}, "Drift.min_rows", "min_rows=100"),
+    ],
+)
+def test_a_wrong_drift_threshold_names_the_field_and_the_fix(kwargs, field, fix) -> None:
+    from features import DefinitionError, Drift
+
+    with pytest.raises(DefinitionError) as caught:
+        Drift(**kwargs)
+    assert caught.value.field == field and fix in str(caught.value)
+
+
+def test_a_group_s_drift_must_be_a_drift() -> None:
+    from features import DefinitionError, Drift, Entity, EventSource, Feature, FeatureGroup, Tumble, agg
+
+    parts = (
+        Entity("u", join_keys=["u"]),
+        EventSource("s", path="s", timestamp="ts"),
+        [Feature("n", agg.count(), Tumble("1h"))],
+    )
+    assert FeatureGroup("g", *parts, drift=Drift(psi=0.3)).drift == Drift(psi=0.3)
+    with pytest.raises(DefinitionError, match=r"FeatureGroup\('g'\).drift: .*Fix: pass Drift"):
+        FeatureGroup("g", *parts, drift={"psi": 0.3})

@@ -9,6 +9,7 @@ every event of 30% of the users (their hourly average of y is then null). z, kin
 
 from __future__ import annotations
 
+import json
 import math
 from datetime import UTC, date, datetime, timedelta
 
@@ -17,6 +18,7 @@ import pandas as pd
 import pytest
 
 from features import Entity, EventSource, Feature, FeatureGroup, Tumble, agg
+from features.cli import main
 from features.pipelines.backfill import backfill
 from features.repo import Repo
 from features.spec import WINDOW_END
@@ -167,6 +169,100 @@ def test_a_backfill_of_a_day_replaces_its_statistics(spark, monitored) -> None:
     assert_statistics_of_the_table(monitored)
 
 
+# ---------------------------------------------------------------------------------------------------------
+# Drift
+
+
+def monitor(repo: Repo, capsys, *args: str) -> tuple[int, dict]:
+    code = main(["monitor", "--repo", str(repo.root), "--json", *args])
+    out = capsys.readouterr().out
+    return code, json.loads(out) if out.strip() else {}
+
+
+def test_monitor_flags_exactly_the_shifted_features_from_the_day_of_the_shift(monitored, capsys) -> None:
+    code, report = monitor(
+        monitored, capsys, "--reference-start", "2026-03-01", "--reference-end", "2026-03-03", "--start", "2026-03-03"
+    )
+    assert code == 1
+    flagged = {(d["feature"], d["date"]) for d in report["drift"] if d["drifted"]}
+    shift = START.date() + timedelta(days=SHIFT_DAY)
+    days = [str(shift + timedelta(days=i)) for i in range(DAYS - SHIFT_DAY)]
+    assert flagged == {(f, d) for f in SHIFTED for d in days}
+    judged = {(d["feature"], d["date"]) for d in report["drift"]}
+    assert ("z_avg", "2026-03-03") in judged and ("kind_hist", "2026-03-05") in judged
+
+
+def test_monitor_before_the_shift_finds_nothing(monitored, capsys) -> None:
+    code, report = monitor(
+        monitored,
+        capsys,
+        "--reference-start",
+        "2026-03-01",
+        "--reference-end",
+        "2026-03-02",
+        "--start",
+        "2026-03-02",
+        "--end",
+        "2026-03-04",
+    )
+    assert code == 0, report
+    assert report["drift"] and not any(d["drifted"] for d in report["drift"])
+
+
+def test_monitor_usage_errors_exit_2(monitored, capsys) -> None:
+    assert main(["monitor", "--repo", str(monitored.root), "--start", "2026-03-03"]) == 2
+    assert "--reference-start" in capsys.readouterr().err
+    args = ["--reference-start", "2026-03-03", "--reference-end", "2026-03-01"]
+    assert main(["monitor", "--repo", str(monitored.root), *args]) == 2
+    assert "--reference-end" in capsys.readouterr().err
+    args = ["--reference-start", "2026-02-01", "--reference-end", "2026-02-03"]
+    assert main(["monitor", "--repo", str(monitored.root), *args]) == 2
+    assert "no statistics" in capsys.readouterr().err
+    assert main(["monitor", "--repo", str(monitored.root), "--psi", "-1", *args]) == 2
+    assert "--psi" in capsys.readouterr().err
+
+
+def test_monitor_text_names_the_drifted_features(monitored, capsys) -> None:
+    args = ["--reference-start", "2026-03-01", "--reference-end", "2026-03-03", "--start", "2026-03-04"]
+    assert main(["monitor", "--repo", str(monitored.root), *args]) == 1
+    out = capsys.readouterr().out
+    assert "x_avg" in out and "DRIFT" in out and "z_avg" in out
+
+
+def test_thresholds_come_from_the_definitions_and_flags_override_them(monitored) -> None:
+    from dataclasses import replace
+
+    from features import Drift
+    from features.pipelines.monitor import monitor as run_monitor
+
+    repo = Repo(monitored.root, monitored.config, {GROUP.name: replace(GROUP, drift=Drift(psi=50.0, js=0.99))})
+    days = {"reference_start": "2026-03-01", "reference_end": "2026-03-03"}
+    report = run_monitor(repo, **days)
+    assert report.drift and not report.drifted
+    assert {d.feature for d in run_monitor(repo, **days, psi=0.2).drifted} == SHIFTED
+    assert {(d.psi_threshold, d.js_threshold) for d in report.drift} == {(50.0, 0.99)}
+
+
+def test_the_reference_of_a_model_is_the_days_its_training_set_covered(monitored, capsys) -> None:
+    import mlflow
+
+    from features.ml.tracking import training_run
+
+    with training_run(monitored, "train") as run:
+        mlflow.set_tags(
+            {
+                "features.training.start": "2026-03-01T03:00:00+00:00",
+                "features.training.end": "2026-03-02T22:00:00+00:00",
+            }
+        )
+    code, report = monitor(monitored, capsys, "--reference-model", f"runs:/{run.info.run_id}")
+    assert code == 1
+    assert report["reference"] == ["2026-03-01", "2026-03-03"]
+    assert {d["feature"] for d in report["drift"] if d["drifted"]} == SHIFTED
+    assert main(["monitor", "--repo", str(monitored.root), "--reference-model", "runs:/0123456789abcdef"]) == 2
+    assert "--reference-model" in capsys.readouterr().err
+
+
 def test_the_group_rows_of_the_table(monitored) -> None:
     rows = read_rows(statistics_table(monitored.root, GROUP.name)).to_pandas()
     group_rows = rows[rows["feature"] == GROUP_ROW]
@@ -188,3 +284,35 @@ def test_a_stream_records_each_micro_batch_and_reads_merge_them(spark, feast_rep
     assert_statistics_of_the_table(repo)
     recorded = read_statistics(statistics_table(repo.root, GROUP.name))
     assert sum(c.events_in for c in recorded.counts.values()) == len(few)
+
+
+@pytest.mark.parametrize(
+    ("args", "named", "fix"),
+    [
+        (["--reference-start", "2026-03-01"], "--reference-start and --reference-end", "--reference-end 2026-01-08"),
+        (["--reference-start", "1 March", "--reference-end", "2026-03-02"], "--reference-start", "YYYY-MM-DD"),
+        (["--reference-start", "2026-03-01", "--reference-end", "2026-03-01"], "--reference-end", "for one day"),
+        (
+            [
+                "--reference-start",
+                "2026-03-01",
+                "--reference-end",
+                "2026-03-02",
+                "--start",
+                "2026-03-04",
+                "--end",
+                "2026-03-03",
+            ],
+            "--end",
+            "for one day",
+        ),
+        (["--reference-model", "m", "--reference-start", "2026-03-01"], "--reference-model", "keep one of them"),
+        (["--reference-start", "2026-03-01", "--reference-end", "2026-03-02", "--js", "0"], "--js", "--js 0.1"),
+        (["--reference-start", "2026-03-01", "--reference-end", "2026-03-02", "--min-rows", "0"], "--min-rows", "100"),
+        (["--reference-start", "2026-03-01", "--reference-end", "2026-03-02", "--group", "nope"], "nope", ""),
+    ],
+)
+def test_each_usage_error_names_the_flag_and_the_fix(monitored, capsys, args, named, fix) -> None:
+    assert main(["monitor", "--repo", str(monitored.root), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and named in err and fix in err, err

@@ -28,13 +28,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from features.kernel.quantiles import bucket_codes, bucket_values
+from features.kernel.quantiles import SHIFT, bucket_codes, bucket_values
 
 NUMERIC, CATEGORICAL, LIST, MAP = "numeric", "categorical", "list", "map"
 CATEGORY_CAP = 1000  # values kept per profile; more are counted in `other` (ids are not categories)
 HLL_BITS = 11
 HLL_REGISTERS = 1 << HLL_BITS
 DAY_US = 86_400_000_000
+PROFILE_ROWS = 500_000  # rows a Spark task profiles at once (their columns' memory, not the rows')
 QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)  # the quantiles the table shows as columns (any can be asked)
 
 
@@ -202,8 +203,10 @@ def _numeric(profile: FeatureProfile, v: np.ndarray) -> FeatureProfile:
     profile.mean = float(v.mean())
     profile.m2 = float(np.sum((v - profile.mean) ** 2))
     profile.low, profile.high = float(v.min()), float(v.max())
-    codes, counts = np.unique(bucket_codes(v), return_counts=True)
-    profile.codes, profile.counts = codes.astype(np.int32), counts.astype(np.int64)
+    # Counted by bincount over the code range, not np.unique: no sort (bucket codes + SHIFT are below 2**BITS)
+    counted = np.bincount(bucket_codes(v).astype(np.int64) + SHIFT)
+    codes = np.flatnonzero(counted)
+    profile.codes, profile.counts = (codes - SHIFT).astype(np.int32), counted[codes].astype(np.int64)
     return profile
 
 
@@ -344,9 +347,19 @@ def from_records(table: pa.Table) -> Iterator[tuple[tuple[int, str], FeatureProf
 def profile_batches(
     batches: Iterator[pa.RecordBatch], time_column: str, names: Sequence[str]
 ) -> Iterator[pa.RecordBatch]:
-    """Spark's mapInArrow: the profiles of all the batches of one partition, as record batches of RECORD_SCHEMA."""
+    """Spark's mapInArrow: the profiles of all the batches of one partition, as record batches of RECORD_SCHEMA.
+    Batches are profiled together, up to PROFILE_ROWS rows at a time: one sort of a column's bucket codes instead
+    of one per Arrow batch of 10,000 rows, and fewer merges."""
     found: dict[tuple[int, str], FeatureProfile] = {}
+    held: list[pa.RecordBatch] = []
+    rows = 0
     for batch in batches:
         if batch.num_rows:
-            merge_into(found, profile_days(batch, time_column, names))
+            held.append(batch)
+            rows += batch.num_rows
+        if rows >= PROFILE_ROWS:
+            merge_into(found, profile_days(pa.Table.from_batches(held), time_column, names))
+            held, rows = [], 0
+    if held:
+        merge_into(found, profile_days(pa.Table.from_batches(held), time_column, names))
     yield from to_records(found).to_batches()

@@ -252,7 +252,7 @@ def backfill_group(
     `statistics`: record the rows' statistics per feature and day (features.stores.statistics) when they are
     written; `False` skips them (benchmarks measure their cost that way)."""
     from features import quality
-    from features.quality.profiling import observe_days, profile_rows
+    from features.quality.profiling import ProfileSoon, observe_days
 
     began = time.perf_counter()
     chosen = quality.policy(group, quality.BACKFILL_DEFAULT, on_invalid)
@@ -274,6 +274,7 @@ def backfill_group(
     if statistics:
         events, events_per_day = observe_days(events, group.source.timestamp, start, end)
     profiles = None
+    profiling: ProfileSoon | None = None
     report: ValidationReport | None = None
     batch_quarantined: str | None = None
     online_rows = 0
@@ -307,9 +308,7 @@ def backfill_group(
                 if validate:
                     report = quality.validate_batch(group, staged.rows, range_start=start)
                 if statistics and (report is None or report.success):
-                    lap("compute_validation")
-                    profiles = profile_rows(computing, staged.rows, before=end)  # the rows just cached
-                    lap("statistics")
+                    profiling = ProfileSoon(group, staged.rows, before=end)  # the rows just cached, every feature
                 if before_writing is not None:
                     lap("compute_validation")
                     before_writing()
@@ -328,6 +327,9 @@ def backfill_group(
                     count = None if report is None else report.rows
                     rows_out = staged.publish(info, online=write_newest_online, count=count)
                     swapped = staged.days
+                    if profiling is not None:
+                        profiles = profiling.result()
+                        lap("statistics")
     except Exception as exc:  # the bad records are set aside whatever else failed
         try:
             _, by_day = quarantine_counts(rejected, records, group.source.timestamp)

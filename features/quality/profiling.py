@@ -9,6 +9,7 @@ driver, which merges them (features.kernel.profile.FeatureProfile.merge): nothin
 from __future__ import annotations
 
 import functools
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
@@ -43,6 +44,21 @@ def profile_rows(
     for key, profile in from_records(partials.toArrow()):  # several tasks may hold rows of one (day, feature)
         merge_into(found, {key: profile})
     return found
+
+
+class ProfileSoon:
+    """`profile_rows` in a thread of its own, beside what the caller does next: a local backfill's offline commit
+    is the driver's work (the rows collected, written by deltalake), which leaves Spark's cores free for it."""
+
+    def __init__(self, group: FeatureGroup, rows: DataFrame, before: datetime | None = None) -> None:
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="features-statistics")
+        self._found = self._pool.submit(profile_rows, group, rows, before)
+
+    def result(self) -> dict[tuple[int, str], FeatureProfile]:
+        try:
+            return self._found.result()
+        finally:
+            self._pool.shutdown(wait=False)
 
 
 def observe_days(events: DataFrame, timestamp: str, start: datetime, end: datetime) -> tuple[DataFrame, Observation]:

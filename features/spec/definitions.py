@@ -12,6 +12,7 @@ from typing import Any
 from features.errors import DefinitionError, SchemaError
 from features.spec.aggregations import Aggregation
 from features.spec.avro import check_covers, record_fields
+from features.spec.drift import Drift
 from features.spec.durations import Duration, parse_duration
 from features.spec.types import TYPE_NAMES, DType
 from features.spec.windows import Window
@@ -435,6 +436,7 @@ class FeatureGroup:
     expectations: tuple[Any, ...] = ()
     on_invalid: str | None = None
     online: str = "eager"
+    drift: Drift | None = None  # `features monitor`'s thresholds (None: its defaults); not part of the values
 
     def __init__(
         self,
@@ -446,6 +448,7 @@ class FeatureGroup:
         expectations: Sequence[Any] = (),
         on_invalid: str | None = None,
         online: str = "eager",
+        drift: Drift | None = None,
     ) -> None:
         check_name(name, "FeatureGroup.name")
         where = f"FeatureGroup({name!r})"
@@ -496,6 +499,9 @@ class FeatureGroup:
         object.__setattr__(self, "expectations", _check_expectations(expectations, where, columns))
         object.__setattr__(self, "on_invalid", on_invalid)
         object.__setattr__(self, "online", online)
+        if drift is not None and not isinstance(drift, Drift):
+            raise DefinitionError(f"{where}.drift", f"{drift!r} is not a Drift", "pass Drift(psi=0.2, js=0.1)")
+        object.__setattr__(self, "drift", drift)
 
     @property
     def join_keys(self) -> tuple[str, ...]:

@@ -1,0 +1,68 @@
+"""`features monitor`: drift of the features' daily values from a reference (features.pipelines.monitor); exit 0
+when none is found, 1 when some is, 2 for a usage error."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+
+def add_parser(sub: Any, repo_arg: Callable[[argparse.ArgumentParser], None]) -> None:
+    monitor = sub.add_parser(
+        "monitor",
+        help="drift of each feature's daily values from a reference (dates, or a model's training set); "
+        "exit 1 when found",
+    )
+    repo_arg(monitor)
+    monitor.add_argument("--group", action="append", default=[], help="only this group (repeatable)")
+    monitor.add_argument("--reference-start", help="first UTC day of the reference, YYYY-MM-DD; with --reference-end")
+    monitor.add_argument("--reference-end", help="the day after the reference's last (excluded), YYYY-MM-DD")
+    monitor.add_argument(
+        "--reference-model",
+        help="the reference is the days a logged model's training set covered: <name> (its latest version), "
+        "<name>/<version>, models:/<name>/<version> or runs:/<run id>",
+    )
+    monitor.add_argument("--start", help="first UTC day judged (default: the reference's end)")
+    monitor.add_argument("--end", help="the day after the last judged (default: after the last day with statistics)")
+    monitor.add_argument(
+        "--psi",
+        type=float,
+        help="population stability index above which a day drifts (default: the group's Drift, else 0.2)",
+    )
+    monitor.add_argument(
+        "--js",
+        type=float,
+        help="Jensen-Shannon distance above which a day drifts (default: the group's Drift, else 0.1)",
+    )
+    monitor.add_argument("--min-rows", type=int, help="days with fewer rows are listed, not judged (default 100)")
+    monitor.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
+
+
+def run(args: argparse.Namespace) -> int:
+    from features.pipelines.monitor import monitor
+    from features.repo import Repo
+
+    report = monitor(
+        Repo.load(args.repo),
+        args.group,
+        reference_start=args.reference_start,
+        reference_end=args.reference_end,
+        reference_model=args.reference_model,
+        start=args.start,
+        end=args.end,
+        psi=args.psi,
+        js=args.js,
+        min_rows=args.min_rows,
+    )
+    if args.json:
+        import json
+
+        from features.pipelines.status import jsonable
+
+        document = jsonable(report)
+        document["drifted"] = bool(report.drifted)
+        print(json.dumps(document), flush=True)
+    else:
+        print("\n".join(report.lines()))
+    return 1 if report.drifted else 0
