@@ -1,7 +1,7 @@
 """No silent hang: a thread that watches this process's Spark jobs and ends a command whose jobs stop moving
 (docs/operations.md, "A command that stops making progress").
 
-Once a second it reads the active stages from Spark's status store. Progress is any change there: a task
+Every two seconds it reads the active stages from Spark's status store. Progress is any change there: a task
 started, finished or failed, a stage submitted or done, bytes or records read, shuffled, written or spilled
 (running tasks report theirs with the executors' heartbeats, every 10 s). No active stage is not quiet: the
 driver is doing its own work (a Delta commit, the online write) or a stream waits for data.
@@ -34,7 +34,7 @@ from features.spec.durations import format_duration, parse_duration
 
 STALL_ENV = "FEATURES_STALL_TIMEOUT"
 DEFAULT_STALL = "10m"
-POLL_S = 1.0
+POLL_S = 2.0
 GRACE_S = 60.0  # after the cancellation, how long the command has to end by itself
 STUCK_AFTER_S = 30.0  # quiet this long, a stream's marker says it is stuck (or half the limit, when shorter)
 EXIT_STALLED = 4
@@ -75,7 +75,7 @@ class StageView:
     running: int
     done: int
     failed: int
-    moved: tuple[int, ...]  # bytes and records read, shuffled, written and spilled
+    moved: tuple[int, ...]  # records read, shuffled and written, bytes spilled
 
     def describe(self) -> str:
         return f"stage {self.stage} ({self.name}): {self.running} of {self.tasks} tasks running, {self.done} done" + (
@@ -113,24 +113,37 @@ class Quietness:
         return Quiet(self._since, stages)
 
 
+_CONVERTERS: dict[int, Any] = {}
+_NAMES: dict[tuple[int, int], str] = {}  # a stage's name, which never changes
+
+
 def active_stages(context: Any) -> tuple[StageView, ...]:
     """The active stages of a classic SparkContext, from its status store (the listener Spark's UI reads, kept
     whether the UI runs or not)."""
     jsc = context._jsc
     if jsc is None:  # stopped
         return ()
-    seq = jsc.sc().statusStore().activeStages()
+    # Two calls when no stage is active (most looks of a stream between batches); each name the JVM resolves is a
+    # call of its own, so the converter is looked up once.
+    if not jsc.statusTracker().getActiveStageIds():
+        return ()
+    converters = _CONVERTERS.get(id(context))
+    if converters is None:
+        converters = _CONVERTERS[id(context)] = context._jvm.scala.jdk.javaapi.CollectionConverters
     views = []
-    for s in context._jvm.scala.jdk.javaapi.CollectionConverters.asJava(seq):
+    for s in converters.asJava(jsc.sc().statusStore().activeStages()):
+        # Records, not bytes: both move together, and each getter is a call to the JVM.
         moved = (
-            s.inputBytes(), s.inputRecords(), s.outputBytes(), s.outputRecords(), s.shuffleReadBytes(),
-            s.shuffleReadRecords(), s.shuffleWriteBytes(), s.shuffleWriteRecords(), s.memoryBytesSpilled(),
-            s.diskBytesSpilled(),
-        )  # fmt: skip
-        done, failed = s.numCompleteTasks(), s.numFailedTasks() + s.numKilledTasks()
-        views.append(
-            StageView(s.stageId(), s.attemptId(), s.name(), s.numTasks(), s.numActiveTasks(), done, failed, moved)
+            s.inputRecords(),
+            s.outputRecords(),
+            s.shuffleReadRecords(),
+            s.shuffleWriteRecords(),
+            s.memoryBytesSpilled(),
         )
+        stage, attempt = s.stageId(), s.attemptId()
+        name = _NAMES.get((id(context), stage)) or _NAMES.setdefault((id(context), stage), s.name())
+        done, failed = s.numCompleteTasks(), s.numFailedTasks() + s.numKilledTasks()
+        views.append(StageView(stage, attempt, name, s.numTasks(), s.numActiveTasks(), done, failed, moved))
     return tuple(sorted(views, key=lambda v: (v.stage, v.attempt)))
 
 
