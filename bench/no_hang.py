@@ -120,6 +120,9 @@ class Runner:
         """A command to its end, or killed at the deadline."""
         began = time.monotonic()
         process = subprocess.Popen(features(*args), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        return self.wait(step, process, began)
+
+    def wait(self, step: str, process: subprocess.Popen[str], began: float) -> Run:
         try:
             _, err = process.communicate(timeout=self.deadline_s)
             status: int | None = process.returncode
@@ -149,14 +152,7 @@ class Runner:
     def stop(self, step: str, process: subprocess.Popen[str], began: float) -> Run:
         """Ctrl-C, then the stream's own stop to its end."""
         process.send_signal(signal.SIGINT)
-        try:
-            _, err = process.communicate(timeout=self.deadline_s)
-            status: int | None = process.returncode
-        except subprocess.TimeoutExpired:
-            process.kill()
-            _, err = process.communicate()
-            status = None
-        return self.record(step, time.monotonic() - began, status, err)
+        return self.wait(step, process, began)
 
 
 def one_round(round_: int, work: Path, options: argparse.Namespace) -> list[Run]:
