@@ -114,7 +114,7 @@ class Quietness:
 
 
 _CONVERTERS: dict[int, Any] = {}
-_NAMES: dict[tuple[int, int], str] = {}  # a stage's name, which never changes
+_NAMES: dict[int, dict[int, str]] = {}  # per context, the active stages' names (a name never changes)
 
 
 def active_stages(context: Any) -> tuple[StageView, ...]:
@@ -130,7 +130,7 @@ def active_stages(context: Any) -> tuple[StageView, ...]:
     converters = _CONVERTERS.get(id(context))
     if converters is None:
         converters = _CONVERTERS[id(context)] = context._jvm.scala.jdk.javaapi.CollectionConverters
-    views = []
+    views, known, names = [], _NAMES.get(id(context), {}), {}
     for s in converters.asJava(jsc.sc().statusStore().activeStages()):
         # Records, not bytes: both move together, and each getter is a call to the JVM.
         moved = (
@@ -141,9 +141,10 @@ def active_stages(context: Any) -> tuple[StageView, ...]:
             s.memoryBytesSpilled(),
         )
         stage, attempt = s.stageId(), s.attemptId()
-        name = _NAMES.get((id(context), stage)) or _NAMES.setdefault((id(context), stage), s.name())
+        name = names[stage] = known.get(stage) or s.name()
         done, failed = s.numCompleteTasks(), s.numFailedTasks() + s.numKilledTasks()
         views.append(StageView(stage, attempt, name, s.numTasks(), s.numActiveTasks(), done, failed, moved))
+    _NAMES[id(context)] = names  # only the active ones: a stream runs stages for months
     return tuple(sorted(views, key=lambda v: (v.stage, v.attempt)))
 
 
