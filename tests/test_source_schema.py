@@ -453,6 +453,69 @@ def test_the_stream_sets_a_drifted_file_aside_whole(spark, feast_repo_factory, t
     pd.testing.assert_frame_equal(_offline(repo, group)[want.columns], want, check_dtype=False)
 
 
+NOTED = {"user_id": "int64", "amount": "float64", "event_ts": "timestamp", "note": "string"}
+
+
+def _land_nulls(folder: Path) -> pd.DataFrame:
+    """A declared `note` (string) the group reads: a file of notes, one whose notes are all None (pandas writes
+    the column as Arrow's null type), and one whose notes are integers. Returns the events of the first two."""
+    folder.mkdir(parents=True, exist_ok=True)
+    noted = _events([1, 2, 3], [10.0, 20.0, 70.0], [10, 20, 90]).assign(note=["a", None, "b"])
+    blank = _events([1, 2, 3], [30.0, 40.0, 50.0], [30, 40, 50]).assign(note=[None, None, None])
+    numbered = _events([3], [60.0], [60]).assign(note=[7])
+    noted.to_parquet(folder / "1-noted.parquet")
+    blank.to_parquet(folder / "2-blank.parquet")
+    numbered.to_parquet(folder / "3-numbered.parquet")
+    assert pq.read_schema(folder / "2-blank.parquet").field("note").type == pa.null()
+    return pd.concat([noted, blank], ignore_index=True)
+
+
+def _noted_group() -> FeatureGroup:
+    source = EventSource("transactions", path="data/transactions", timestamp="event_ts", watermark="10m", schema=NOTED)
+    base = _group()
+    features = [*base.features, Feature("unnoted_1h", agg.count(), window=Hop("1h", every="5m"), where="note IS NULL")]
+    return FeatureGroup(name=base.name, entity=base.entity, source=source, features=features)
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("engine", ["backfill", "stream"])
+def test_a_column_of_nulls_alone_fits_its_declared_type(spark, feast_repo_factory, tmp_path: Path, capfd, engine: str):
+    """pandas writes a column of None alone as Arrow's null type: a backfill reads its file's events (the column
+    as nulls of the declared type); a column of another type is still set aside, with its reason. The stream
+    still sets the file aside as unreadable, with Spark's reason (its one read of the folder cannot give such a
+    file a schema of its own): said, not lost."""
+    from features.pipelines.schedule import backfill_command
+    from features.pipelines.stream import stream
+
+    root = tmp_path / "repo"
+    good = _land_nulls(root / "data" / "transactions")
+    feast_repo_factory(root, [_noted_group()])
+    repo = Repo.load(root)
+    group = repo.groups["user_spend"]
+    capfd.readouterr()
+    if engine == "backfill":
+        status = backfill_command(str(root), start=DAY, end="2026-01-02", online=False, track=False, spark=spark)
+        out = capfd.readouterr().out
+        assert status == 0
+        assert f"user_spend: {len(good)} events in" in out, out
+        assert "1 file set aside whole with 1 event (1 nonconforming_file: 3-numbered.parquet)" in out, out
+        end = "2026-01-02"
+    else:
+        run = stream(repo, available_now=True, max_files_per_trigger=1, online=False, progress=False, tracking=False)
+        run.await_termination()
+        [progress] = run.progress()
+        end = pd.Timestamp(progress.watermark).isoformat()
+        blank, *_ = (r for r in _file_records(root) if r["source_file"].endswith("2-blank.parquet"))
+        assert blank["reason"].startswith("unreadable_file: "), blank
+        good = good.iloc[:3]  # the noted file's events
+    [record] = (r for r in _file_records(root) if r["source_file"].endswith("3-numbered.parquet"))
+    assert record["reason"].startswith("nonconforming_file: ") and "column 'note' is int64" in record["reason"], record
+    want = _expected(spark, group, good, end)
+    if engine == "backfill":
+        assert want["unnoted_1h"].max() == 2, want  # user 2: a None note in each file
+    pd.testing.assert_frame_equal(_offline(repo, group)[want.columns], want, check_dtype=False)
+
+
 @pytest.mark.spark
 def test_a_file_landing_after_the_stream_started_is_left_out_as_it_lands(spark, feast_repo_factory, tmp_path: Path):
     """The stream decides each file as it lands, not once at its start: a renamed column arriving later is set

@@ -1,7 +1,9 @@
 """Files set aside whole: a landed Parquet file that does not conform to the source's schema (a column the group
 reads missing, or of a type that does not convert without loss: `nonconforming_file`), decided from its footer,
 or one Spark cannot read (`unreadable_file`), decided by a small read of one file per physical layout. The
-batch read leaves them out by path, the stream by a check of each file's footer on the workers.
+batch read leaves them out by path, the stream by a check of each file's footer on the workers. A column of
+Arrow's null type (pandas' type of a column of None alone) fits any type: the batch reads such a file apart, the
+column as nulls (`null_typed`); the stream sets it aside as unreadable.
 """
 
 from __future__ import annotations
@@ -178,11 +180,15 @@ class FileCheck:
     and one small read of a group's largest file stands for all of them. A layout found readable is remembered
     (the stream checks each new file as it lands)."""
 
-    def __init__(self, spark: SparkSession, schema: StructType | None, nanoseconds: bool = True) -> None:
-        """`nanoseconds`: whether the read being checked reads nanosecond files (see `read_parquet`)."""
+    def __init__(
+        self, spark: SparkSession, schema: StructType | None, nanoseconds: bool = True, nulls: bool = False
+    ) -> None:
+        """`nanoseconds`: whether the read being checked reads nanosecond files (see `read_parquet`); `nulls`:
+        whether it reads a file's null-typed columns as nulls (`null_typed`: the batch does; a stream, which
+        learns of its files only as one read takes them all, does not, and sets such a file aside)."""
         from pyspark.sql import types as T
 
-        self.spark, self.schema, self.nanoseconds = spark, schema, nanoseconds
+        self.spark, self.schema, self.nanoseconds, self.nulls = spark, schema, nanoseconds, nulls
         self.expected = expected_columns(schema)
         # Spark checks the columns the group reads (all of the schema's, where none is marked): a read of
         # the source prunes the others, so a file whose other columns do not fit is read all the same.
@@ -220,13 +226,17 @@ class FileCheck:
         for layout, group in layouts.items():
             # The file with the most rows: a file with no rows reads without error, whatever its columns' types.
             (most, first), *_ = sorted(group)
-            reason = _why_unreadable(self.spark, self.checked, first, not self.nanoseconds)
+            # The files of a layout share their null-typed columns, which the batch reads as nulls.
+            checked = self.checked
+            if checked is not None and self.nulls:
+                checked = without_values(checked, first)
+            reason = _why_unreadable(self.spark, checked, first, not self.nanoseconds)
             if reason is None:
                 if most and isinstance(layout, tuple):
                     self.readable.add(layout)
                 continue
             for _, file in sorted(group):  # Spark's reason names the file: each one's own
-                why = reason if file == first else _why_unreadable(self.spark, self.checked, file, not self.nanoseconds)
+                why = reason if file == first else _why_unreadable(self.spark, checked, file, not self.nanoseconds)
                 if why is not None:
                     bad.append((f"{UNREADABLE_FILE}: {why}", file))
         return bad
@@ -294,6 +304,58 @@ def nonconformity(footer: pa.Schema, expected: Mapping[str, DType]) -> Misfit | 
             detail = f"column {column!r} is {found_type} where the source schema has {want.value} ({problem})"
             return Misfit(column, want, str(found_type), detail)
     return None
+
+
+def null_typed(file: str, schema: StructType) -> frozenset[str]:
+    """The columns of `schema` that a Parquet file holds as Arrow's null type: pandas writes a column of None
+    alone so, with no values and no type of its own. Spark's vectorized Parquet reader refuses such a column as
+    a string, a boolean or a timestamp (failing the whole file), though it has nothing to convert: a batch reads
+    them as nulls (`without_values`), cast to the schema's type. Empty where the driver cannot open the file."""
+    local = _local_path(file)
+    if local is None:
+        return frozenset()
+    stat = os.stat(local)
+    nulls = _nulls_cached(local, stat.st_size, stat.st_mtime_ns)
+    return frozenset(f.name for f in schema.fields if f.name.lower() in nulls)
+
+
+@functools.lru_cache(maxsize=4096)
+def _nulls_cached(local: str, size: int, mtime_ns: int) -> frozenset[str]:
+    """The null-typed columns of a file (lower case), kept while its size and time stay."""
+    import pyarrow as pa
+
+    footer = _arrow_schema(_footer(local))
+    if footer is None:
+        return frozenset()
+    return frozenset(name.lower() for name in footer.names if pa.types.is_null(footer.field(name).type))
+
+
+def without_values(schema: StructType, file: str) -> StructType:
+    """`schema` with the columns `file` holds as Arrow's null type (`null_typed`) read as Spark's null type."""
+    from pyspark.sql import types as T
+
+    nulls = null_typed(file, schema)
+    if not nulls:
+        return schema
+    return T.StructType(
+        [T.StructField(f.name, T.NullType(), True, f.metadata) if f.name in nulls else f for f in schema]
+    )
+
+
+def files_without_values(folder: str, schema: StructType) -> dict[frozenset[str], list[str]]:
+    """The Parquet files under a folder the driver can open that hold some of `schema`'s columns as Arrow's null
+    type (`null_typed`), grouped by those columns (as file URIs, the way Spark lists them); empty where the
+    driver cannot list the folder (a remote store: such a file is then set aside as unreadable)."""
+    if "://" in folder or folder.startswith("dbfs:") or not Path(folder).is_dir():
+        return {}
+    found: dict[frozenset[str], list[str]] = {}
+    for file in sorted(Path(folder).rglob("*.parquet")):
+        if any(part.startswith((".", "_")) for part in file.relative_to(folder).parts):
+            continue  # hidden from Spark's listing
+        nulls = null_typed(str(file), schema)
+        if nulls:
+            found.setdefault(nulls, []).append(file.resolve().as_uri())
+    return found
 
 
 def file_days(file: str, timestamp: str) -> dict[date, int] | None:

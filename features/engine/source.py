@@ -42,9 +42,11 @@ from features.engine.files import (
     FileCheck,
     SetAsideFile,
     conforms,
+    files_without_values,
     nanosecond_files,
     timestamp_unit,
     unreadable_files,
+    without_values,
 )
 from features.engine.schema import (
     CORRUPT,
@@ -188,7 +190,7 @@ def read_source(spark: SparkSession, group: FeatureGroup, path: str, *, now: dat
     raw, schema = _load(spark, group, path)
     columns = source_columns(raw)
     now = (now or datetime.now(UTC)).astimezone(UTC)
-    checked = FileCheck(spark, schema)
+    checked = FileCheck(spark, schema, nulls=True)  # read as `_read_parquet_folder` reads
     bad_files = unreadable_files(spark, raw, schema, checked) if group.source.format == "parquet" else []
     if bad_files:
         # Spark reads some files that do not conform (a missing column reads as nulls): none of a file set aside
@@ -350,11 +352,32 @@ def _load(spark: SparkSession, group: FeatureGroup, path: str) -> tuple[DataFram
         events = reader.json(path).withColumn(META, F.col("_metadata"))
     else:
         schema = parquet_schema(spark, group, path)
-        # The driver lists the folder: only its nanosecond files get the second read (none on a remote store,
-        # where such a file is then set aside as unreadable).
-        events = read_parquet(spark, spark.read, schema, path, nanosecond_files(path, timestamp_columns(schema)) or [])
+        events = _read_parquet_folder(spark, schema, path)
     check_columns(group, events)
     return events, schema
+
+
+def _read_parquet_folder(spark: SparkSession, schema: StructType, path: str) -> DataFrame:
+    """A batch read of a Parquet folder with `schema` (`read_parquet`). The driver lists the folder: only its
+    nanosecond files get the second read, and the files holding a column as Arrow's null type (pandas' type of a
+    column of None alone) are read apart, each set of such columns with a schema of its own that reads them as
+    nulls of the schema's types (features.engine.files.null_typed). None of either on a remote store, where such a
+    file is then set aside as unreadable."""
+    from pyspark.sql import functions as F
+
+    nanos = nanosecond_files(path, timestamp_columns(schema)) or []
+    apart = files_without_values(path, schema)
+    events = read_parquet(spark, spark.read, schema, path, nanos)
+    if not apart:
+        return events
+    spellings = [spelling for files in apart.values() for file in files for spelling in uri_spellings(file)]
+    events = events.where(~F.col(META)["file_path"].isin(spellings))
+    for files in apart.values():
+        voided = without_values(schema, files[0])
+        read = read_parquet(spark, spark.read, voided, files, [f for f in nanos if f in files])
+        typed = [F.col(f"`{f.name}`").cast(f.dataType).alias(f.name) for f in schema.fields]
+        events = events.unionByName(read.select(*typed, F.col(META)))
+    return events
 
 
 def parquet_schema(spark: SparkSession, group: FeatureGroup, path: str) -> StructType:
@@ -387,7 +410,7 @@ def read_parquet(
     spark: SparkSession,
     reader: DataFrameReader | DataStreamReader,
     schema: StructType,
-    path: str,
+    path: str | Sequence[str],
     nanosecond_files: Sequence[str] | None = None,
 ) -> DataFrame:
     """A Parquet folder (batch or stream) read with `schema`: the union of a read with microsecond timestamps
@@ -407,7 +430,8 @@ def read_parquet(
     from pyspark.sql import functions as F
 
     reader = reader.option("recursiveFileLookup", "true").option("ignoreCorruptFiles", "true")
-    micros = reader.schema(schema).parquet(path).withColumn(META, F.col("_metadata"))
+    paths = [path] if isinstance(path, str) else list(path)  # a folder, or a batch's own files
+    micros = reader.schema(schema).parquet(*paths).withColumn(META, F.col("_metadata"))  # type: ignore[call-arg, misc]
     nanos = enable_nanosecond_read(spark) if timestamp_columns(schema) else None
     if nanos == "long" and nanosecond_files is not None and not nanosecond_files:
         nanos = None  # no file needs the second read
@@ -417,7 +441,7 @@ def read_parquet(
         # The schema of this read may have types PySpark cannot parse: columns are cast before anything asks.
         typed = reader.schema(ddl_of(schema, nanos=nanos))
         whole = nanos == "type" or nanosecond_files is None
-        other = typed.parquet(path) if whole else typed.parquet(*nanosecond_files)  # type: ignore[call-arg, misc]
+        other = typed.parquet(*paths) if whole else typed.parquet(*nanosecond_files)  # type: ignore[call-arg, misc]
         other = other.withColumn(META, F.col("_metadata"))
         if nanos == "type":
             other = other.select(*in_microseconds(schema), F.col(META))
