@@ -14,7 +14,7 @@ from types import ModuleType
 
 _LAYERS = {
     "stores": (
-        "offline compaction locks manifest online online_config feast_codec feast_objects feature_refs serving "
+        "offline compaction manifest online online_config feast_codec feast_objects feature_refs serving "
         "serving_requests"
     ),
     "quality": "checks screen",

@@ -17,9 +17,10 @@ from feast import FeatureStore, FeatureView, FileSource, ValueType
 from feast.types import Array, Bool, Float64, Int64, String
 
 from features import ConfigError, DataError, Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, agg
+from features.parquet_schema import dtype_of_arrow
 from features.repo import offline_table_path
 from features.spec import DType
-from features.stores.feast_objects import dtype_of_arrow, feast_value_type, source_schema, to_feast
+from features.stores.feast_objects import feast_value_type, source_schema, to_feast
 
 REPO = Path(__file__).resolve().parents[1] / "feature_repo"
 FEATURE_STORE_YAML = """\

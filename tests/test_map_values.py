@@ -219,7 +219,7 @@ def test_verify_compares_maps_as_dicts() -> None:
 def _offline_rows(spark):
     from pyspark.sql import functions as F
 
-    from features.stores.offline import LATEST
+    from features.spec.definitions import LATEST
 
     schema = (
         "user_id string, window_end timestamp, statuses_1h map<string,bigint>, top_merchants_1h map<string,bigint>, "

@@ -78,7 +78,7 @@ def _land_b(folder: Path) -> pd.DataFrame:
 
 @pytest.mark.parametrize("stray_name", ["0-stray.parquet", "9-stray.parquet"])
 def test_the_inferred_type_is_the_one_most_rows_fit_whatever_the_file_order(tmp_path: Path, stray_name: str):
-    from features.stores.feast_objects import infer_parquet, infer_parquet_schema
+    from features.parquet_schema import infer_parquet, infer_parquet_schema
 
     folder = tmp_path / "events"
     _land_a(folder)
@@ -104,7 +104,7 @@ def test_the_inferred_type_is_the_one_most_rows_fit_whatever_the_file_order(tmp_
 
 
 def test_integers_that_fit_float64_exactly_widen_to_it_without_a_conflict(tmp_path: Path):
-    from features.stores.feast_objects import infer_parquet_schema
+    from features.parquet_schema import infer_parquet_schema
 
     folder = tmp_path / "events"
     folder.mkdir()
@@ -116,7 +116,7 @@ def test_integers_that_fit_float64_exactly_widen_to_it_without_a_conflict(tmp_pa
 
 
 def test_a_column_some_files_lack_is_named_with_them(tmp_path: Path):
-    from features.stores.feast_objects import infer_parquet_schema
+    from features.parquet_schema import infer_parquet_schema
 
     folder = tmp_path / "events"
     _land_b(folder)
@@ -157,7 +157,7 @@ def test_a_column_some_files_lack_is_named_with_them(tmp_path: Path):
     ],
 )
 def test_which_types_convert_without_loss(found: pa.DataType, want: DType, problem: str | None):
-    from features.stores.feast_objects import conversion_problem
+    from features.parquet_schema import conversion_problem
 
     assert conversion_problem(found, want) == problem
 

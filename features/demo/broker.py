@@ -23,7 +23,7 @@ from pathlib import Path
 
 from features.engine import jars
 from features.errors import ConfigError, EnvironmentProblem
-from features.stores.locks import held
+from features.locks import held
 
 KAFKA_VERSION = "4.1.1"
 # The broker, and the log4j binding of the SLF4J API it logs through (Kafka's pom leaves the backend to its

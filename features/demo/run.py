@@ -26,9 +26,9 @@ import pyarrow as pa
 from features.demo.datagen import generate_transactions, write_events
 from features.engine.jvm_archive import MAKE_ENV
 from features.errors import ConfigError
+from features.parquet_schema import schema_of_arrow
 from features.repo import Repo
 from features.spec import DType, FeatureGroup
-from features.stores.feast_objects import schema_of_arrow
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
 SEED = 20260101

@@ -23,8 +23,8 @@ from features.engine.schema import schema_of
 from features.engine.source import observed_count
 from features.kernel.panes import MICROS, lookback_us
 from features.spec import WINDOW_END, DType, FeatureGroup
+from features.spec.definitions import LATEST
 from features.stores.feature_refs import FeatureColumn, empty_value
-from features.stores.offline import LATEST
 
 BUCKET = "fx_bucket"
 END_US = "fx_end"  # the window end in µs, as the kernel returns it

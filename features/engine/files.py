@@ -287,9 +287,9 @@ class Misfit:
 def nonconformity(footer: pa.Schema, expected: Mapping[str, DType]) -> Misfit | None:
     """How a file's columns do not fit the columns a group reads (`expected`), or None when they do: the first
     such column missing (matched as Spark matches names, ignoring case), else the first whose type does not
-    convert to the expected one without loss (features.stores.feast_objects.conversion_problem). Other columns, and
+    convert to the expected one without loss (features.parquet_schema.conversion_problem). Other columns, and
     extra ones, are fine."""
-    from features.stores.feast_objects import conversion_problem
+    from features.parquet_schema import conversion_problem
 
     by_name = {name.lower(): name for name in footer.names}
     for column, want in expected.items():

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from features.cache import user_cache
 from features.errors import EnvironmentProblem
-from features.stores.locks import held
+from features.locks import held
 from features.version import DISTRIBUTION
 
 ENV = "FEATURES_JARS"

@@ -383,7 +383,7 @@ def _read_parquet_folder(spark: SparkSession, schema: StructType, path: str) -> 
 def parquet_schema(spark: SparkSession, group: FeatureGroup, path: str) -> StructType:
     """The schema a Parquet source is read with, the columns the group reads marked (`READ`): the declared
     one, else the one `features apply` recorded, else the files' own (all footers together, skipping files that
-    are not Parquet: features.stores.feast_objects.infer_parquet_schema; Spark's own inference for a URI the driver
+    are not Parquet: features.parquet_schema.infer_parquet_schema; Spark's own inference for a URI the driver
     cannot list)."""
     from features.repo import recorded_schema
 
@@ -395,7 +395,7 @@ def parquet_schema(spark: SparkSession, group: FeatureGroup, path: str) -> Struc
         return group_schema(group, recorded)
     if "://" in path or path.startswith("dbfs:"):
         return spark.read.option("recursiveFileLookup", "true").parquet(path).schema
-    from features.stores.feast_objects import infer_parquet
+    from features.parquet_schema import infer_parquet
 
     columns = infer_parquet(path, f"EventSource({group.source.name!r})")
     if not columns:

@@ -12,13 +12,13 @@ import pandas as pd
 import pyarrow as pa
 
 from features import kernel as pt
+from features.spec.definitions import LATEST  # on ROW rows: the key's newest row of the batch, for online
 
 KIND = "fx_kind"  # what an output row is: a change point, a late event, a bad record, or a bucket's state size
 ROW, LATE, BAD, STAT = "row", "late", "bad", "stat"
 EAGER = "eager"  # a touched key's value ahead of the watermark, for the online store only
 REASON = "fx_reason"
 RECORD = "fx_record"  # a late event or bad record as JSON; on STAT rows the bucket's STAT_FIELDS as a JSON list
-LATEST = "fx_latest"  # on ROW rows: the key's newest row of the batch, the one the online store gets
 REPLACED = "fx_replaced"  # on LATEST rows: the key has an EAGER row too, newer, which replaces it online
 # What a STAT row tells of its bucket: pane rows and serialized bytes in state, events read, the watermark it
 # emitted up to (µs), and when its oldest event landed (µs). One JSON column rather than a column each: every

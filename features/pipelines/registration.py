@@ -264,8 +264,8 @@ def record_source_schemas(repo: Repo) -> list[str]:
     `features apply`. Returns a warning per conflict between files (a type, or a column a group reads that some
     files lack), naming the files and the choice recorded."""
     from features.engine.schema import read_columns
+    from features.parquet_schema import infer_parquet_schema
     from features.repo import write_schema_record
-    from features.stores.feast_objects import infer_parquet_schema
 
     warnings: list[str] = []
     for name, groups in _inferred_sources(repo).items():
@@ -309,7 +309,7 @@ def _inferred_sources(repo: Repo) -> dict[str, list[FeatureGroup]]:
 def inferred_schemas(repo: Repo) -> dict[str, dict[str, DType]]:
     """Per source of a group with a `where`, the schema `record_source_schemas` would record now, unrecorded
     (sources without files, declared or remote ones are left out: apply records none for them)."""
-    from features.stores.feast_objects import infer_parquet_schema
+    from features.parquet_schema import infer_parquet_schema
 
     schemas = {}
     for name, groups in _inferred_sources(repo).items():

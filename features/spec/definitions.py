@@ -30,13 +30,17 @@ ON_INVALID = ("fail", "quarantine")
 ONLINE = ("eager", "final")
 # Columns every change-point row carries besides the join keys and features.
 WINDOW_END = "window_end"
+DATE = "date"  # the offline table's partition column: the UTC date of `window_end`
+# A staged row's flag (the batch engine sets it, the offline table's staging reads it): true on a copy of each
+# key's newest row, its value as of the range end for the online store.
+LATEST = "fx_latest"
 # Column names with a meaning of their own, in this package's tables or in Feast's point-in-time join (its
 # DuckDB offline store, `get_historical_features`): a join key or feature of that name would be overwritten,
 # duplicated or dropped there. Name -> what it is.
 RESERVED_COLUMNS: Mapping[str, str] = MappingProxyType(
     {
         WINDOW_END: "the time of each change point, the timestamp field of the group's Feast feature view",
-        "date": "the date partition column of the offline table",
+        DATE: "the date partition column of the offline table",
         "event_timestamp": "the lookup time of Feast's entity rows in get_historical_features",
         "entity_row_id": "the row id Feast's point-in-time join adds to the entity rows",
     }

@@ -32,6 +32,7 @@ from pyspark.sql import functions as F
 
 from features.errors import ConfigError, EnvironmentProblem
 from features.spec import WINDOW_END
+from features.spec.definitions import DATE, LATEST
 from features.stores import driver_writes
 from features.stores.earlier_tables import earlier_files
 
@@ -39,10 +40,6 @@ if TYPE_CHECKING:
     import pandas as pd
     from deltalake import DeltaTable
 
-DATE = "date"
-# A staged row's flag (engine.batch sets it): true on a copy of each key's newest row, its value as of the range end
-# for the online store.
-LATEST = "fx_latest"
 KEY = "features"  # the commit info's key for what this package wrote
 BACKFILL, STREAM, MIGRATED = "backfill", "stream", "migrate"
 MAX_FILES = 32  # a date's files from one write (its tasks) at most, and a stream's small files between compactions
