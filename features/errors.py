@@ -44,6 +44,17 @@ class DataError(FeaturesError):
     """Input data cannot be processed as declared."""
 
 
+class RequestFieldError(DataError):
+    """A request field's value (a training row's column, a model's input, a served request's field) is not of the
+    type its request-time feature declares: the caller's mistake (the feature server answers it 400)."""
+
+    def __init__(self, field: str, problem: str, fix: str) -> None:
+        self.field = field
+        self.problem = problem
+        self.fix = fix
+        super().__init__(f"{field}: {problem}. Fix: {fix}")
+
+
 class ValidationFailed(DataError):
     """A batch of feature rows failed its expectation suite under the `fail` policy: nothing was written.
 

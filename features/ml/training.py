@@ -35,6 +35,7 @@ from features.repo import Repo
 from features.spec import DType, FeatureGroup
 from features.spec.aggregations import Empty
 from features.spec.fingerprint import feature_hashes
+from features.spec.request import RequestFeature
 from features.stores.feature_refs import ROW_ID, FeatureRef, fill_empty, join_keys, offline_dates, resolve_features
 from features.stores.manifest import read_manifest
 
@@ -187,6 +188,8 @@ def training_set(
     log_lineage: bool = True,
     as_of_version: int | Mapping[str, int] | None = None,
     as_of: datetime | None = None,
+    request_features: Sequence[str | RequestFeature] = (),
+    request_time_column: str | None = None,
 ) -> pd.DataFrame | SparkDataFrame:
     """The entity rows, in their order, with each requested feature's value at each row's timestamp.
 
@@ -198,6 +201,9 @@ def training_set(
     a feature name). `as_of_version` / `as_of`: read the offline tables as they were at a version (an int for
     one group's features, else group -> version, e.g. a logged lineage's `table_versions`) or a time (Delta's
     time travel; docs/table-format.md), so that a training set can be rebuilt exactly later.
+    `request_features`: request-time features (names of the repo's, or RequestFeature objects) computed per row
+    from its request columns and the stored values at its time, after the features (features.ml.training_request);
+    their request time is `request_time_column`, by default the row's timestamp.
 
     pandas rows are looked up by Feast's `get_historical_features`. Spark rows are joined in Spark, in their
     own session (classic or Spark Connect), on the same offline tables and with the same values
@@ -209,6 +215,16 @@ def training_set(
     """
     loaded = repo if isinstance(repo, Repo) else Repo.load(repo)
     refs = resolve_features(loaded, features)
+    asked = list(refs)
+    plan = None
+    if request_features:
+        from features.ml.training_request import RequestPlan
+
+        time_column = request_time_column or timestamp_column
+        plan = RequestPlan(loaded, refs, request_features, time_column, full_feature_names)
+        columns = entity_rows.columns
+        plan.check(list(columns), [r.column(full_feature_names) for r in refs])
+        refs = [*refs, *plan.extra]  # the stored inputs no one asked for: looked up, then dropped
     _check_names(refs, full_feature_names)
     versions = table_versions(loaded, refs, as_of_version, as_of)
     pinned = as_of_version is not None or as_of is not None
@@ -217,7 +233,10 @@ def training_set(
         rows = entity_rows if not isinstance(entity_rows, pd.DataFrame) else _to_spark(entity_rows, _given(spark))
         args = (refs, loaded, timestamp_column, full_feature_names, log_lineage, versions)
         frame, lineage = _spark_training_set(rows, *args)  # called from here: its warnings name the caller's line
-        return _as_asked(frame, lineage, entity_rows, spark, refs, full_feature_names)
+        result = _as_asked(frame, lineage, entity_rows, spark, refs, full_feature_names)
+        if plan is None:
+            return result
+        return plan.apply(result) if isinstance(result, pd.DataFrame) else plan.apply_in_spark(result)
     entity_df = _entity_frame(entity_rows, refs, timestamp_column, full_feature_names)
     _check_coverage(loaded, refs, entity_df[FEAST_TIMESTAMP], versions)
     with warnings.catch_warnings():
@@ -239,14 +258,17 @@ def training_set(
         from features.ml import tracking
 
         tracking.log_training_lineage(lineage)
+    if plan is not None:
+        out = plan.apply(out)
     if not spark:
         return out
     # Maps, and the sets whose empty value is [], from which Spark could infer no type: given theirs.
     typed = {
         r.column(full_feature_names): r.dtype
-        for r in refs
+        for r in asked
         if r.dtype is DType.COUNT_MAP or r.feature.aggregation.kind.op.empty is Empty.EMPTY_LIST
     }
+    typed |= {f.name: f.dtype for f in (plan.features if plan is not None else []) if f.dtype.name.endswith("_LIST")}
     return _to_spark(out, _given(spark), typed)
 
 

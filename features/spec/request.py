@@ -111,6 +111,13 @@ class RequestFeature:
     def __hash__(self) -> int:
         return hash((self.name, self.function))
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickled with its function by value (Spark's workers, a logged model in a clean environment): the
+        module a repo's definitions come from is importable only where the repo was loaded."""
+        stored = {s.name: s.ref for s in self.features}
+        args = (self.name, function_bytes(self.function), dict(self.request), stored, self.dtype.value, self.row)
+        return restored_request_feature, (*args, self.description)
+
     @property
     def parameters(self) -> tuple[str, ...]:
         """The function's parameters, in its own order."""
@@ -144,6 +151,49 @@ class RequestFeature:
                     f"{self.name!r} is also a column of feature group {group.name!r}, and a row holds both",
                     "rename the request-time feature",
                 )
+
+
+def function_bytes(function: Callable[..., Any]) -> bytes:
+    """The function pickled with cloudpickle, by value unless it comes from the standard library or an installed
+    distribution (this package among them), which are importable wherever it is unpickled."""
+    import sys
+    from importlib import metadata
+
+    import cloudpickle
+
+    module = sys.modules.get(getattr(function, "__module__", None) or "")
+    top = module.__name__.partition(".")[0] if module is not None else ""
+    installed = top in sys.stdlib_module_names or top in metadata.packages_distributions()
+    if module is None or installed or module.__name__ == "__main__":
+        return cloudpickle.dumps(function)
+    cloudpickle.register_pickle_by_value(module)
+    try:
+        return cloudpickle.dumps(function)
+    finally:
+        cloudpickle.unregister_pickle_by_value(module)
+
+
+def restored_request_feature(
+    name: str,
+    function: bytes,
+    request: dict[str, str],
+    features: dict[str, str],
+    dtype: str,
+    row: bool,
+    description: str,
+) -> RequestFeature:
+    """A RequestFeature from what `RequestFeature.__reduce__` pickled."""
+    import pickle
+
+    return RequestFeature(
+        name,
+        pickle.loads(function),
+        request={k: DType(v) if isinstance(v, str) else v for k, v in request.items()},
+        features=features,
+        dtype=DType(dtype),
+        row=row,
+        description=description,
+    )
 
 
 def check_request_features(features: Sequence[RequestFeature], groups: Mapping[str, FeatureGroup]) -> None:

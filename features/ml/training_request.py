@@ -1,0 +1,119 @@
+"""Request-time features in training sets: each label row's value, from its own request columns and the stored
+values at its time, computed by the one function (features.kernel.request_time, through
+features.stores.request_inputs) that the logged model and the feature server call.
+
+    frame = training_set(rows, ["user_transactions"], repo="feature_repo", request_features=["amount_vs_max_24h"])
+
+The stored features they read are looked up with the asked ones (those not asked are dropped afterwards); the
+request time is the row's timestamp, or the column `request_time_column` names. pandas rows are computed on the
+driver; Spark rows in Spark's Python workers, a batch of rows at a time (`mapInPandas`, Arrow), never through the
+driver.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from features.errors import ConfigError
+from features.repo import Repo
+from features.spec.request import RequestFeature
+from features.stores.feature_refs import FeatureColumn, FeatureRef, resolve_features
+from features.stores.request_inputs import input_refs, request_features_of, request_fields, with_request_features
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame as SparkDataFrame
+
+
+class RequestPlan:
+    """What a training set with request-time features looks up and adds: the stored inputs (as refs), those among
+    them no one asked for (dropped at the end), and where each row's request time is."""
+
+    def __init__(
+        self,
+        repo: Repo,
+        asked: Sequence[FeatureRef],
+        wanted: Sequence[str | RequestFeature],
+        time_column: str,
+        full_feature_names: bool,
+    ) -> None:
+        self.features = request_features_of(repo, wanted)
+        needed = resolve_features(repo, input_refs(self.features)) if input_refs(self.features) else []
+        asked_refs = {r.ref for r in asked}
+        self.extra = [r for r in needed if r.ref not in asked_refs]
+        self.stored: dict[str, FeatureColumn] = {r.ref: r.as_column(full_feature_names) for r in [*asked, *needed]}
+        self.stored = {ref: self.stored[ref] for ref in input_refs(self.features)}
+        self.time_column = time_column
+        self.full_feature_names = full_feature_names
+
+    @property
+    def extra_columns(self) -> list[str]:
+        return [r.column(self.full_feature_names) for r in self.extra]
+
+    def check(self, columns: Sequence[str], feature_columns: Sequence[str]) -> None:
+        """The rows have each request field and the time column; no request-time feature is named like a column."""
+        for field in request_fields(self.features):
+            if field not in columns:
+                users = [f.name for f in self.features if field in f.request]
+                raise ConfigError(
+                    f"entity_rows: no column {field!r}, the request field {users[0]!r} reads. Fix: add it to the "
+                    f"rows (each row's value as the request would send it), or leave out {users[0]!r}"
+                )
+        if self.time_column not in columns and any(f.wants_request_time for f in self.features):
+            raise ConfigError(
+                f"request_time_column: the rows have no column {self.time_column!r}. Fix: name the column with each "
+                "row's request time, or leave request_time_column out (the row's timestamp is taken)"
+            )
+        taken = set(columns) | set(feature_columns)
+        for feature in self.features:
+            if feature.name in taken:
+                raise ConfigError(
+                    f"request_features: {feature.name!r} is also a column of the rows or a feature asked for. Fix: "
+                    "rename or drop that column"
+                )
+
+    def apply(self, frame: pd.DataFrame) -> pd.DataFrame:
+        """The joined rows (pandas) with the request-time features, without the inputs no one asked for."""
+        times = frame[self.time_column] if self.time_column in frame.columns else None
+        out = with_request_features(frame, self.features, self.stored, times)
+        out = out.drop(columns=self.extra_columns)
+        out.attrs = dict(frame.attrs)
+        return out
+
+    def apply_in_spark(self, frame: SparkDataFrame) -> SparkDataFrame:
+        """The joined rows (Spark) with the request-time features: the same function on each Arrow batch of rows in
+        Spark's Python workers (`mapInPandas`, classic and Connect)."""
+        from features.engine.inputs import SPARK_TYPES
+
+        extra = set(self.extra_columns)
+        kept = [field for field in frame.schema.fields if field.name not in extra]
+        quoted = ", ".join(f"`{f.name.replace('`', '``')}` {f.dataType.simpleString()}" for f in kept)
+        added = ", ".join(f"`{f.name}` {SPARK_TYPES[f.dtype]}" for f in self.features)
+        schema = f"{quoted}, {added}" if quoted else added
+        return frame.mapInPandas(request_batches(self), schema)
+
+
+def request_batches(plan: RequestPlan) -> Any:
+    """The function `mapInPandas` runs on each batch: `plan.apply` (the plan is pickled to the workers with the
+    request-time features' functions, by value)."""
+
+    def apply(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        for batch in batches:
+            out = plan.apply(batch)
+            for feature in plan.features:  # Arrow takes plain types: nullable pandas ones as objects
+                out[feature.name] = arrow_ready(out[feature.name])
+            yield out
+
+    return apply
+
+
+def arrow_ready(values: pd.Series) -> pd.Series:
+    """A request-time feature's column in a type Arrow converts to its Spark type (nullable integers and booleans
+    as objects with None, times naive UTC as Spark's session time zone is UTC)."""
+    if isinstance(values.dtype, pd.DatetimeTZDtype):
+        return values.dt.tz_convert("UTC").dt.tz_localize(None)
+    if isinstance(values.dtype, pd.api.extensions.ExtensionDtype):
+        return values.astype(object).where(values.notna(), None)
+    return values

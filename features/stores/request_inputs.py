@@ -1,0 +1,202 @@
+"""Request-time features on rows read from any store: their inputs put in one form, then computed by the one
+function, `features.kernel.request_time.request_values`.
+
+Training sets (Feast's join, the Spark join), the logged model (online values) and the feature server (Feast's JSON)
+each hold the stored values in their own form: numpy arrays or lists, pandas or Python timestamps, JSON epoch
+seconds, null or the empty window's value. `with_request_features` gives each stored input the form
+`fill_empty` gives a training set (its empty-window value, Python lists and dicts, integers as int64 or Int64),
+timestamps as UTC `datetime64[us, UTC]`, and each request field its declared type, so that a function sees the
+same values wherever it runs, and gives the same value (docs/definitions.md, "Request-time features").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from features.errors import ConfigError, RequestFieldError
+from features.kernel.request_time import request_values
+from features.repo import Repo
+from features.spec.request import REQUEST_TIME, RequestFeature
+from features.spec.types import DType
+from features.stores.feature_refs import FeatureColumn, fill_empty
+
+_ELEMENTS = {DType.INT64_LIST: DType.INT64, DType.FLOAT64_LIST: DType.FLOAT64, DType.STRING_LIST: DType.STRING}
+
+
+def request_features_of(
+    repo: Repo, wanted: Sequence[str | RequestFeature] | str | RequestFeature
+) -> list[RequestFeature]:
+    """Request-time features by name (the repo's `RequestFeature`s) or as objects, checked against the repo's
+    groups, in order, each once."""
+    if isinstance(wanted, str | RequestFeature):
+        wanted = [wanted]
+    out: dict[str, RequestFeature] = {}
+    for item in wanted:
+        if isinstance(item, RequestFeature):
+            item.check_against(repo.groups)
+            feature = item
+        else:
+            found = repo.request_features.get(str(item))
+            if found is None:
+                known = ", ".join(sorted(repo.request_features)) or "none"
+                raise ConfigError(
+                    f"request_features: {item!r} is no request-time feature of {repo.root} (it defines {known}). "
+                    "Fix: name one of those, or pass the RequestFeature itself"
+                )
+            feature = found
+        if out.setdefault(feature.name, feature) is not feature:
+            raise ConfigError(
+                f"request_features: two request-time features are named {feature.name!r}. Fix: ask for each once"
+            )
+    return list(out.values())
+
+
+def input_refs(features: Sequence[RequestFeature]) -> list[str]:
+    """The stored features ("group:feature") the request-time features read, in order of first use."""
+    return list(dict.fromkeys(s.ref for f in features for s in f.features))
+
+
+def request_fields(features: Sequence[RequestFeature]) -> dict[str, DType]:
+    """Every request field the features read, with its type; a ConfigError if two declare one field apart."""
+    fields: dict[str, DType] = {}
+    for feature in features:
+        for field, dtype in feature.request.items():
+            if fields.setdefault(field, dtype) is not dtype:
+                raise ConfigError(
+                    f"request_features: the field {field!r} is {fields[field].value} for one request-time feature "
+                    f"and {dtype.value} for {feature.name!r}. Fix: declare it with one type in each"
+                )
+    return fields
+
+
+def with_request_features(
+    frame: pd.DataFrame,
+    features: Sequence[RequestFeature],
+    stored: Mapping[str, FeatureColumn],
+    times: pd.Series | datetime | None,
+) -> pd.DataFrame:
+    """`frame` (one row per request: the request fields and the stored inputs, the column of each ref in `stored`)
+    with one more column per request-time feature. `times`: each row's request time (a Series aligned with the
+    frame, or one moment for all), for the features that take `request_time`."""
+    index = frame.index
+    columns: dict[str, pd.Series] = {}
+    for ref, column in stored.items():
+        if column.name not in frame.columns:
+            raise ConfigError(f"request_features: the rows have no column {column.name!r} ({ref}), which is read")
+        columns[ref] = stored_values(frame[[column.name]], column)
+    fields = {field: typed_request_field(frame, field, dtype) for field, dtype in request_fields(features).items()}
+    out = frame.copy()
+    for feature in features:
+        inputs = {name: fields[name] for name in feature.request}
+        inputs |= {s.name: columns[s.ref] for s in feature.features}
+        if feature.wants_request_time:
+            inputs[REQUEST_TIME] = request_times(times, index)
+        ordered = pd.DataFrame({name: inputs[name] for name in feature.parameters}, index=index)
+        out[feature.name] = request_values(ordered, feature)
+    return out
+
+
+def stored_values(frame: pd.DataFrame, column: FeatureColumn) -> pd.Series:
+    """A stored input as training sets hold it (`fill_empty`), a timestamp as UTC (epoch seconds from JSON too)."""
+    values = fill_empty(frame, [column])[column.name]
+    if column.dtype is not DType.TIMESTAMP:
+        return values
+    numeric = values.dtype.kind in "iuf" or (len(values) and all(isinstance(v, int | float) for v in values.dropna()))
+    if numeric and values.dtype.kind != "M":
+        return pd.to_datetime(pd.to_numeric(values), unit="s", utc=True).astype("datetime64[us, UTC]")
+    return pd.to_datetime(values, utc=True).astype("datetime64[us, UTC]")
+
+
+def request_times(times: pd.Series | datetime | None, index: pd.Index) -> pd.Series:
+    if times is None:
+        raise ConfigError(f"request_features: no {REQUEST_TIME} for features that take it")
+    if isinstance(times, pd.Series):
+        return pd.Series(pd.to_datetime(times, utc=True).astype("datetime64[us, UTC]").to_numpy(), index=index)
+    moment = pd.Timestamp(times)
+    moment = moment.tz_localize("UTC") if moment.tzinfo is None else moment.tz_convert("UTC")
+    return pd.Series([moment] * len(index), index=index, dtype="datetime64[us, UTC]")
+
+
+_FIXES = {
+    DType.FLOAT64: "send a number",
+    DType.INT64: "send a whole number",
+    DType.STRING: "send a string",
+    DType.BOOL: "send true or false",
+    DType.TIMESTAMP: "send an ISO-8601 time (e.g. 2026-01-02T10:00:00Z) or epoch seconds",
+}
+
+
+def typed_request_field(frame: pd.DataFrame, field: str, dtype: DType) -> pd.Series:
+    """The request field's column in its declared type (null where it is missing); a RequestFieldError naming the
+    field and the first row whose value is not of that type."""
+    if field not in frame.columns:
+        raise RequestFieldError(
+            field, "missing: a request-time feature reads this request field", f"add {field!r} ({dtype.value})"
+        )
+    values = frame[field]
+    kind = values.dtype.kind
+    if dtype is DType.FLOAT64 and kind in "iuf":
+        return values.astype("float64")
+    if dtype is DType.INT64 and kind in "iu":
+        return values.astype("Int64")
+    if dtype is DType.BOOL and kind == "b":
+        return values.astype("boolean")
+    if dtype is DType.TIMESTAMP and kind == "M":
+        return pd.to_datetime(values, utc=True).astype("datetime64[us, UTC]")
+    plain = [_as_field_value(v, dtype) for v in values.tolist()]
+    bad = next((i for i, v in enumerate(plain) if v is _WRONG), None)
+    if bad is not None:
+        shown = values.iloc[bad]
+        raise RequestFieldError(
+            f"{field}.{bad}",
+            f"{shown!r} is not a {dtype.value} (the request field's declared type)",
+            _FIXES.get(dtype, f"send a list of {_ELEMENTS.get(dtype, dtype).value} values") + f" for {field!r}",
+        )
+    if dtype is DType.FLOAT64:
+        return pd.Series(plain, index=values.index, dtype="float64")
+    if dtype is DType.INT64:
+        return pd.Series(pd.array(plain, dtype="Int64"), index=values.index)
+    if dtype is DType.BOOL:
+        return pd.Series(pd.array(plain, dtype="boolean"), index=values.index)
+    if dtype is DType.TIMESTAMP:
+        return pd.Series(pd.to_datetime(plain, utc=True), index=values.index).astype("datetime64[us, UTC]")
+    return pd.Series(plain, index=values.index, dtype=object)
+
+
+_WRONG = object()
+
+
+def _as_field_value(value: Any, dtype: DType) -> Any:
+    """The value as a plain Python value of the type, None for a missing one, `_WRONG` when it is not of it."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if value is None or value is pd.NA or value is pd.NaT or (isinstance(value, float) and np.isnan(value)):
+        return None
+    if isinstance(value, bool):
+        return value if dtype is DType.BOOL else _WRONG
+    if dtype is DType.FLOAT64:
+        return float(value) if isinstance(value, int | float) else _WRONG
+    if dtype is DType.INT64:
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        return value if isinstance(value, int) else _WRONG
+    if dtype is DType.STRING:
+        return value if isinstance(value, str) else _WRONG
+    if dtype is DType.TIMESTAMP:
+        if isinstance(value, int | float):
+            return pd.Timestamp(value, unit="s", tz="UTC")
+        try:
+            moment = pd.Timestamp(value)
+        except (TypeError, ValueError):
+            return _WRONG
+        return moment.tz_localize("UTC") if moment.tzinfo is None else moment
+    element = _ELEMENTS.get(dtype)
+    if element is None or not isinstance(value, list | tuple | np.ndarray):
+        return _WRONG
+    items = [_as_field_value(v, element) for v in value]
+    return _WRONG if any(v is _WRONG for v in items) else items

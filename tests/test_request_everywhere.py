@@ -1,0 +1,213 @@
+"""Request-time features give one value everywhere (issue 67 items 3-5): a training set from pandas rows and from
+Spark rows, the logged model's inputs at `predict` and the feature server's answer, on the same rows, each equal to
+a brute-force reference (the stored values of tests/reference.py at the row's time, the functions' definitions
+applied row by row in plain Python). A function that fails is named with its first failing row on every path; a
+request field of the wrong type is the caller's mistake, named with its fix.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+
+import numpy as np
+import pandas as pd
+import pytest
+from reference import reference_frame
+
+from features import ConfigError, Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, agg
+from features.errors import DataError, RequestFieldError
+from features.ml.training import training_set
+from features.pipelines.backfill import backfill
+from features.repo import Repo
+
+pytestmark = pytest.mark.spark
+
+START = pd.Timestamp("2026-01-01", tz="UTC")
+END = pd.Timestamp("2026-01-01 20:00", tz="UTC")
+GROUP = FeatureGroup(
+    name="user_req",
+    entity=Entity("user", join_keys=["user_id"]),
+    source=EventSource("transactions", path="data/transactions", timestamp="event_ts"),
+    features=[
+        Feature("count_1h", agg.count(), window=Hop("1h", every="5m")),
+        Feature("amount_max_1h", agg.max("amount"), window=Hop("1h", every="5m")),
+        Feature("last_seen", agg.last_event_time(), window=Lifetime(every="5m")),
+        Feature("merchants_1h", agg.distinct_values("merchant_id"), window=Hop("1h", every="5m")),
+    ],
+)
+# The repo's request-time features, in a module of the repo (as a user writes them): the training set, the model
+# and the server all take them from there.
+DEFINITIONS = """
+import pandas as pd
+
+from features import RequestFeature
+
+ratio = RequestFeature(
+    "amount_vs_max_1h",
+    lambda amount, amount_max_1h: amount / amount_max_1h.where(amount_max_1h != 0),
+    request={"amount": "double"},
+    features=["user_req:amount_max_1h"],
+    dtype="double",
+)
+
+
+def since(request_time, last_seen):
+    return (request_time - last_seen).dt.total_seconds()
+
+
+seconds_since_last = RequestFeature(
+    "seconds_since_last", since, features={"last_seen": "user_req:last_seen"}, dtype="double"
+)
+
+new_merchant = RequestFeature(
+    "new_merchant",
+    lambda merchant_id, merchants: merchant_id not in (merchants or []),
+    request={"merchant_id": "string"},
+    features={"merchants": "user_req:merchants_1h"},
+    dtype="bool",
+    row=True,
+)
+"""
+NAMES = ["amount_vs_max_1h", "seconds_since_last", "new_merchant"]
+
+
+@pytest.fixture(scope="module")
+def events() -> pd.DataFrame:
+    from features.demo import generate_transactions
+
+    return generate_transactions(1_200, 15, START, 1, seed=67)
+
+
+@pytest.fixture(scope="module")
+def repo(spark, tmp_path_factory: pytest.TempPathFactory, feast_repo_factory, events: pd.DataFrame) -> Repo:
+    root = feast_repo_factory(tmp_path_factory.mktemp("request") / "repo", [GROUP], events)
+    (root / f"request_defs_{uuid.uuid4().hex[:12]}.py").write_text(DEFINITIONS)
+    loaded = Repo.load(root)
+    assert sorted(loaded.request_features) == sorted(NAMES)
+    backfill(loaded, START, END, spark=spark, progress=False, track=False)
+    return loaded
+
+
+@pytest.fixture(scope="module")
+def labels(events: pd.DataFrame) -> pd.DataFrame:
+    """Label rows at events' times (before END) and a few of a user never seen, one without an amount."""
+    picked = events[events["event_ts"] < END].sample(60, random_state=3)
+    rows = picked[["user_id", "event_ts", "amount", "merchant_id"]].reset_index(drop=True)
+    nobody = pd.DataFrame(
+        {
+            "user_id": ["nobody", "nobody"],
+            "event_ts": pd.Series([START + pd.Timedelta("3h"), END - pd.Timedelta("1s")], dtype=rows["event_ts"].dtype),
+            "amount": [12.5, 3.0],
+            "merchant_id": ["m1", "m2"],
+        }
+    )
+    rows = pd.concat([rows, nobody], ignore_index=True)
+    rows.loc[5, "amount"] = np.nan  # a field missing from the request
+    return rows
+
+
+def brute_force(events: pd.DataFrame, rows: pd.DataFrame, times: pd.Series) -> pd.DataFrame:
+    """Each row's request-time features from the reference's stored values at its time, row by row."""
+    stored = reference_frame(events, GROUP, [((u,), t) for u, t in zip(rows["user_id"], times, strict=True)])
+    out = []
+    for i, row in enumerate(rows.to_dict("records")):
+        biggest, last = stored["amount_max_1h"].iloc[i], stored["last_seen"].iloc[i]
+        amount = None if pd.isna(row["amount"]) else row["amount"]
+        merchants = stored["merchants_1h"].iloc[i]
+        out.append(
+            {
+                "amount_vs_max_1h": None if amount is None or biggest is None or biggest == 0 else amount / biggest,
+                "seconds_since_last": None if last is None else (pd.Timestamp(times.iloc[i]) - last).total_seconds(),
+                "new_merchant": row["merchant_id"] not in merchants,
+            }
+        )
+    return pd.DataFrame(out)
+
+
+def assert_same(got: pd.DataFrame, want: pd.DataFrame) -> None:
+    for name in NAMES:
+        for i, (a, b) in enumerate(zip(got[name].tolist(), want[name].tolist(), strict=True)):
+            if b is None or (isinstance(b, float) and math.isnan(b)):
+                assert a is None or a is pd.NA or (isinstance(a, float) and math.isnan(a)), (name, i, a)
+            elif isinstance(b, float):
+                assert a == pytest.approx(b, rel=1e-12), (name, i, a, b)
+            else:
+                assert a == b, (name, i, a, b)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Training sets
+
+
+def test_a_pandas_training_set_equals_the_reference(repo: Repo, events, labels) -> None:
+    frame = training_set(
+        labels, ["user_req:count_1h"], repo, timestamp_column="event_ts", request_features=NAMES, log_lineage=False
+    )
+    # The stored inputs not asked for are looked up, used and left out.
+    assert list(frame.columns) == [*labels.columns, "count_1h", *NAMES]
+    assert str(frame["amount_vs_max_1h"].dtype) == "float64" and str(frame["new_merchant"].dtype) == "boolean"
+    assert_same(frame, brute_force(events, labels, labels["event_ts"]))
+    assert frame["new_merchant"].iloc[-2:].tolist() == [True, True]  # nobody: no merchant seen
+    assert frame["seconds_since_last"].iloc[-2:].isna().all()
+
+
+def test_a_spark_training_set_equals_the_reference_computed_in_spark(spark, repo: Repo, events, labels) -> None:
+    rows = spark.createDataFrame(labels)
+    frame = training_set(
+        rows, ["user_req:count_1h"], repo, timestamp_column="event_ts", request_features=NAMES, log_lineage=False
+    )
+    assert dict(frame.dtypes)["new_merchant"] == "boolean" and dict(frame.dtypes)["amount_vs_max_1h"] == "double"
+    assert "mapinpandas" in frame._jdf.queryExecution().executedPlan().toString().lower()  # in the workers
+    got = frame.toPandas()
+    assert list(got.columns) == [*labels.columns, "count_1h", *NAMES]
+    assert_same(got, brute_force(events, labels, labels["event_ts"]))
+
+
+def test_the_request_time_is_a_named_column_if_given(repo: Repo, events, labels) -> None:
+    rows = labels.assign(asked_at=labels["event_ts"] + pd.Timedelta("90s"))
+    frame = training_set(
+        rows,
+        ["user_req:count_1h"],
+        repo,
+        timestamp_column="event_ts",
+        request_features=["seconds_since_last"],
+        request_time_column="asked_at",
+        log_lineage=False,
+    )
+    want = brute_force(events, labels, labels["event_ts"])
+    got = frame["seconds_since_last"].to_numpy(dtype=float)
+    np.testing.assert_allclose(got, want["seconds_since_last"].to_numpy(dtype=float) + 90, equal_nan=True)
+
+
+def test_training_set_mistakes_name_the_field_and_the_fix(repo: Repo, labels) -> None:
+    asked = {"timestamp_column": "event_ts", "log_lineage": False}
+    with pytest.raises(ConfigError, match=r"request_features: 'nope' is no request-time feature .*Fix: name one"):
+        training_set(labels, ["user_req:count_1h"], repo, request_features=["nope"], **asked)
+    with pytest.raises(ConfigError, match=r"entity_rows: no column 'amount', the request field .*Fix: add it"):
+        training_set(labels.drop(columns="amount"), ["user_req"], repo, request_features=NAMES, **asked)
+    with pytest.raises(ConfigError, match=r"request_time_column: the rows have no column 'when'. Fix"):
+        training_set(labels, ["user_req"], repo, request_features=NAMES, request_time_column="when", **asked)
+    wrong = labels.assign(amount=labels["amount"].astype(str))
+    with pytest.raises(RequestFieldError, match=r"^amount.0: '.*' is not a float64 .*Fix: send a number"):
+        training_set(wrong, ["user_req:count_1h"], repo, request_features=NAMES, **asked)
+
+
+def test_a_failing_function_is_named_with_its_first_failing_row_in_training_sets(spark, repo: Repo, labels) -> None:
+    from features import RequestFeature
+
+    def strict(amount, amount_max_1h):
+        if amount_max_1h.isna().any():
+            raise ValueError("no history")
+        return amount / amount_max_1h
+
+    failing = RequestFeature(
+        "strict_ratio", strict, request={"amount": "double"}, features=["user_req:amount_max_1h"], dtype="double"
+    )
+    asked = {"timestamp_column": "event_ts", "log_lineage": False, "request_features": [failing]}
+    plain = training_set(labels, ["user_req:amount_max_1h"], repo, timestamp_column="event_ts", log_lineage=False)
+    first = int(np.flatnonzero(plain["amount_max_1h"].isna())[0])  # the first row without history
+    with pytest.raises(DataError, match=rf"strict_ratio: the request-time feature failed at row {first} .*no history"):
+        training_set(labels, ["user_req:count_1h"], repo, **asked)
+    with pytest.raises(Exception, match=r"strict_ratio: the request-time feature failed at row \d+ .*no history"):
+        training_set(spark.createDataFrame(labels), ["user_req:count_1h"], repo, **asked).collect()
