@@ -236,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
         serve.add_argument(flag, type=int, default=default, help=f"{what}; more is answered 413 (default {default})")
     from features import cli_monitor
 
-    cli_monitor.add_parser(sub, _repo_arg)
+    cli_monitor.add_monitor_parser(sub, _repo_arg)
     return parser
 
 
@@ -326,7 +326,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "monitor":
         from features import cli_monitor
 
-        return cli_monitor.run(args)
+        return cli_monitor.run_monitor(args)
     if args.command == "retention":
         from features.cli_maintenance import retention
 

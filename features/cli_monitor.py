@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 
-def add_parser(sub: Any, repo_arg: Callable[[argparse.ArgumentParser], None]) -> None:
+def add_monitor_parser(sub: Any, repo_arg: Callable[[argparse.ArgumentParser], None]) -> None:
     monitor = sub.add_parser(
         "monitor",
         help="drift of each feature's daily values from a reference (dates, or a model's training set); "
@@ -39,7 +39,7 @@ def add_parser(sub: Any, repo_arg: Callable[[argparse.ArgumentParser], None]) ->
     monitor.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
 
 
-def run(args: argparse.Namespace) -> int:
+def run_monitor(args: argparse.Namespace) -> int:
     from features.pipelines.monitor import monitor
     from features.repo import Repo
 

@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from features.kernel.drift import drift, js_distance, psi
+from features.kernel.drift import js_distance, measure_drift, psi
 from features.kernel.profile import (
     CATEGORY_CAP,
     FeatureProfile,
@@ -125,10 +125,10 @@ def test_each_injected_shift_is_flagged_and_nothing_else(seed: int) -> None:
 
     (ref_x, ref_c), (same_x, same_c) = day(), day()
     flagged = lambda d: d.psi > 0.2 or d.js > 0.1  # noqa: E731 - the monitor's default thresholds
-    assert not flagged(drift(ref_x, same_x)) and not flagged(drift(ref_c, same_c))
-    assert flagged(drift(ref_x, day(shift=1.0)[0]))  # the mean moved by one standard deviation
-    assert flagged(drift(ref_x, day(null_share=0.3)[0]))  # null in 30% of rows
-    assert flagged(drift(ref_c, day(a_share=0.2)[1]))  # a category's share changed
+    assert not flagged(measure_drift(ref_x, same_x)) and not flagged(measure_drift(ref_c, same_c))
+    assert flagged(measure_drift(ref_x, day(shift=1.0)[0]))  # the mean moved by one standard deviation
+    assert flagged(measure_drift(ref_x, day(null_share=0.3)[0]))  # null in 30% of rows
+    assert flagged(measure_drift(ref_c, day(a_share=0.2)[1]))  # a category's share changed
 
 
 @pytest.mark.parametrize(

@@ -169,6 +169,25 @@ def test_a_backfill_of_a_day_replaces_its_statistics(spark, monitored) -> None:
     assert_statistics_of_the_table(monitored)
 
 
+@pytest.mark.parametrize("collected", [True, False], ids=["from the commit's rows", "by a pass of Spark"])
+def test_both_ways_of_profiling_a_backfill_record_the_same(spark, monitored, monkeypatch, collected) -> None:
+    """A local commit hands its collected rows to the statistics; a commit by Spark's writer collects none, and a
+    pass of Spark's workers over the cached rows profiles them instead."""
+    from features.quality import profiling
+    from features.stores import driver_writes
+
+    def fail(*args, **kwargs):
+        raise AssertionError("profiled by a pass of Spark, not from the rows the commit collected")
+
+    if collected:
+        monkeypatch.setattr(profiling, "profile_rows", fail)
+    else:
+        monkeypatch.setattr(driver_writes, "_offer", lambda arrow: None)
+    day = START + timedelta(days=1)
+    backfill(monitored, day, day + timedelta(days=1), spark=spark, progress=False, track=False, online=False)
+    assert_statistics_of_the_table(monitored)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Drift
 

@@ -26,7 +26,7 @@ MOST_CATEGORIES = 50  # the reference's most frequent values that get bins of th
 
 
 @dataclass(frozen=True)
-class Drift:
+class DriftMeasure:
     psi: float
     js: float
     bins: int
@@ -48,9 +48,9 @@ def shares(reference: FeatureProfile, current: FeatureProfile) -> tuple[np.ndarr
     return out[0], out[1]
 
 
-def drift(reference: FeatureProfile, current: FeatureProfile) -> Drift:
+def measure_drift(reference: FeatureProfile, current: FeatureProfile) -> DriftMeasure:
     r, c = shares(reference, current)
-    return Drift(psi=psi(r, c), js=js_distance(r, c), bins=len(r))
+    return DriftMeasure(psi=psi(r, c), js=js_distance(r, c), bins=len(r))
 
 
 def psi(reference: np.ndarray, current: np.ndarray) -> float:

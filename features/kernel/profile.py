@@ -136,13 +136,17 @@ def profile_column(values: pa.Array) -> FeatureProfile:
         values = values.combine_chunks()
     kind = kind_of(values.type)
     rows = len(values)
-    present = ~np.asarray(values.is_null().to_numpy(zero_copy_only=False), dtype=bool)
     if kind == NUMERIC:
-        numbers = _numbers(values)
-        present &= ~np.isnan(numbers)
-        profile = _numeric(FeatureProfile(kind, rows), numbers[present])
-        profile.registers = _registers(_float_hashes(numbers[present]))
-    elif kind == CATEGORICAL:
+        numbers = _numbers(values)  # nulls as NaN
+        present = ~np.isnan(numbers)
+        finite = np.isfinite(numbers)
+        finite_numbers = numbers if finite.all() else numbers[finite]  # no copy in the common case
+        profile = _numeric(FeatureProfile(kind, rows), finite_numbers)
+        profile.registers = _registers(_float_hashes(finite_numbers))
+        profile.nulls = rows - int(present.sum())
+        return profile
+    present = ~np.asarray(values.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+    if kind == CATEGORICAL:
         profile = FeatureProfile(kind, rows)
         texts = values.cast(pa.string()) if pa.types.is_boolean(values.type) else values
         _count_categories(profile, texts.filter(pa.array(present)))
@@ -150,7 +154,7 @@ def profile_column(values: pa.Array) -> FeatureProfile:
         elements = _map_keys(values) if kind == MAP else values
         sizes = np.asarray(pc.list_value_length(elements).fill_null(0).to_numpy(zero_copy_only=False), np.float64)
         present &= sizes > 0  # an empty list or map counts as null
-        profile = _numeric(FeatureProfile(kind, rows), sizes[present])
+        profile = _numeric(FeatureProfile(kind, rows), sizes[present])  # sizes are finite
         flat = pc.list_flatten(elements.filter(pa.array(present)))
         if kind == MAP or kind_of(flat.type) == CATEGORICAL:
             _count_categories(profile, flat.cast(pa.string()) if pa.types.is_boolean(flat.type) else flat)
@@ -191,12 +195,15 @@ def _numbers(values: pa.Array) -> np.ndarray:
     """Numbers as float64 (times as microseconds), nulls as NaN."""
     if pa.types.is_timestamp(values.type) or pa.types.is_date(values.type):
         values = values.cast(pa.timestamp("us", "UTC")).cast(pa.int64())
-    return np.asarray(values.cast(pa.float64()).fill_null(math.nan).to_numpy(zero_copy_only=False), np.float64)
+    if values.type != pa.float64():
+        values = values.cast(pa.float64())
+    if values.null_count:  # else the buffer as it is, without a copy
+        values = values.fill_null(math.nan)
+    return np.asarray(values.to_numpy(zero_copy_only=False), np.float64)
 
 
 def _numeric(profile: FeatureProfile, v: np.ndarray) -> FeatureProfile:
     """The moments, extremes and sketch of the finite numbers `v` added to an empty profile."""
-    v = v[np.isfinite(v)]
     if len(v) == 0:
         return profile
     profile.n = len(v)
@@ -263,10 +270,10 @@ def _registers(hashes: np.ndarray) -> np.ndarray:
     registers = np.zeros(HLL_REGISTERS, np.uint8)
     if len(hashes) == 0:
         return registers
-    index = (hashes >> np.uint64(64 - HLL_BITS)).astype(np.int64)
+    index = (hashes >> np.uint64(64 - HLL_BITS)).astype(np.intp)
     rest = ((hashes >> np.uint64(32 - HLL_BITS)) & np.uint64(0xFFFFFFFF)).astype(np.float64)  # exact in a double
-    with np.errstate(divide="ignore"):
-        rank = np.where(rest > 0, 32 - np.floor(np.log2(np.maximum(rest, 1))), 33).astype(np.uint8)
+    # rest = m 2^e with m in [0.5, 1): 32 - floor(log2(rest)) = 33 - e leading zeros plus one; rest 0 gives e 0, 33
+    rank = (33 - np.frexp(rest)[1]).astype(np.uint8)
     np.maximum.at(registers, index, rank)
     return registers
 

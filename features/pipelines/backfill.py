@@ -3,6 +3,7 @@ the online store up to each key's value as of `end`."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -308,7 +309,7 @@ def backfill_group(
                 if validate:
                     report = quality.validate_batch(group, staged.rows, range_start=start)
                 if statistics and (report is None or report.success):
-                    profiling = ProfileSoon(group, staged.rows, before=end)  # the rows just cached, every feature
+                    profiling = ProfileSoon(group, staged.rows, before=end)  # every feature's, as written
                 if before_writing is not None:
                     lap("compute_validation")
                     before_writing()
@@ -325,7 +326,8 @@ def backfill_group(
                         "features": feature_hashes(group),
                     }
                     count = None if report is None else report.rows
-                    rows_out = staged.publish(info, online=write_newest_online, count=count)
+                    with profiling.watching() if profiling is not None else contextlib.nullcontext():
+                        rows_out = staged.publish(info, online=write_newest_online, count=count)
                     swapped = staged.days
                     if profiling is not None:
                         profiles = profiling.result()

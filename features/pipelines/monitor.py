@@ -18,7 +18,7 @@ from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING
 
 from features.errors import ConfigError
-from features.kernel.drift import drift
+from features.kernel.drift import measure_drift
 from features.spec import DEFAULT_DRIFT, Drift
 from features.stores.statistics import DayStatistics, day_of, read_statistics, statistics_table, to_date
 
@@ -189,7 +189,7 @@ def _group_drift(
                     )
                 )
                 continue
-            found = drift(reference, current)
+            found = measure_drift(reference, current)
             drifted = found.psi > t.psi or found.js > t.js
             out.append(FeatureDrift(**base, **ref_values, psi=found.psi, js=found.js, drifted=drifted))
     return out

@@ -5,6 +5,7 @@ reported (features.pipelines.stream runs the queries; features.engine.stream com
 
 from __future__ import annotations
 
+import contextlib
 import json
 import operator
 import sys
@@ -28,6 +29,7 @@ from features.ml.runs import validation_metrics, validation_prefix
 from features.pipelines.rollup import MetricRollup
 from features.pipelines.stream_aside import SetAside
 from features.pipelines.stream_progress import RunState
+from features.quality.profiling import ProfileSoon
 from features.quality.screen import Screen
 from features.repo import Repo
 from features.spec import WINDOW_END, FeatureGroup
@@ -59,6 +61,7 @@ class BatchSink:
     """foreachBatch: validate, write the offline table and the online store, set aside late and bad rows."""
 
     statistics = True  # record the statistics of the rows appended (features.stores.statistics); benches turn it off
+    profiling: ProfileSoon | None = None  # the statistics of the batch's rows, as its offline commit collects them
 
     def __init__(
         self,
@@ -146,7 +149,9 @@ class BatchSink:
         for the commit: a commit that fails leaves the online store as it was (the batch runs again at the next
         start), so that it never serves a value the table cannot reproduce. Whether rows were appended."""
         newest = self._online_rows(batch, rows is not None, eager)
-        appended = rows is not None and self._write_offline(rows, batch_id, count, upto)
+        self.profiling = ProfileSoon(self.group, rows) if self.statistics and rows is not None else None
+        with self.profiling.watching() if self.profiling is not None else contextlib.nullcontext():
+            appended = rows is not None and self._write_offline(rows, batch_id, count, upto)
         if newest is not None and self.writer is not None:
             write_online(self.writer, newest)
         if appended and self.compaction is not None:
@@ -281,12 +286,11 @@ def record_batch_statistics(
 ) -> None:
     """The statistics of the change points a micro-batch appended (outside the days backfills own), and its
     events in, late events and records set aside, counted on the day of the watermark it emitted up to."""
-    from features.quality.profiling import profile_rows
     from features.stores import statistics as stats
 
     profiles = {}
-    if rows is not None and sink.offline_log is not None:
-        profiles = profile_rows(sink.group, offline.not_backfilled(rows, sink.offline_log.spans))
+    if rows is not None and sink.offline_log is not None and sink.profiling is not None:
+        profiles = sink.profiling.result(offline.not_backfilled(rows, sink.offline_log.spans))
     events, late, bad = counts
     if not profiles and not any(counts):
         return

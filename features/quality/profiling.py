@@ -1,22 +1,28 @@
-"""Statistics of a batch of feature rows, computed in Spark's workers by features.kernel.profile (the same code
-for a backfill partition and a stream micro-batch), and the source events a backfill reads per day.
+"""Statistics of a batch of feature rows, computed by features.kernel.profile (the same code for a backfill
+partition and a stream micro-batch), and the source events a backfill reads per day.
 
-The rows are those validation's screen has just read: cached, so this pass reads them from memory, not from the
-source. Each task profiles its rows per (feature, day of window_end) and hands one small record per pair to the
-driver, which merges them (features.kernel.profile.FeatureProfile.merge): nothing the size of the rows travels.
+`profile_rows` profiles rows in Spark's workers: those validation's screen has just read, cached, so this pass reads
+them from memory, not from the source. Each task profiles its rows per (feature, day of window_end) and hands one
+small record per pair to the driver, which merges them (features.kernel.profile.FeatureProfile.merge): nothing the
+size of the rows travels. A local backfill's commit collects its rows to the driver anyway: `ProfileSoon` profiles
+them there instead, while deltalake writes them.
 """
 
 from __future__ import annotations
 
 import functools
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from features.kernel.profile import DAY_US, FeatureProfile, from_records, merge_into, profile_batches
+from features.kernel.profile import DAY_US, FeatureProfile, from_records, merge_into, profile_batches, profile_days
 from features.spec import WINDOW_END, FeatureGroup
+from features.stores.driver_writes import COLLECTED
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame, Observation
 
 # features.kernel.profile.RECORD_SCHEMA in Spark's words
@@ -47,15 +53,34 @@ def profile_rows(
 
 
 class ProfileSoon:
-    """`profile_rows` in a thread of its own, beside what the caller does next: a local backfill's offline commit
-    is the driver's work (the rows collected, written by deltalake), which leaves Spark's cores free for it."""
+    """A backfill's or micro-batch's statistics, computed beside its offline commit. A local commit collects the rows
+    to the driver for deltalake (features.stores.driver_writes): they are profiled there, in a thread of their own
+    while deltalake writes them, with no second conversion out of Spark. A commit by Spark's writer collects nothing:
+    then `result` profiles the cached rows in Spark's workers (`profile_rows`)."""
 
     def __init__(self, group: FeatureGroup, rows: DataFrame, before: datetime | None = None) -> None:
+        self.group, self.rows, self.before = group, rows, before
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="features-statistics")
-        self._found = self._pool.submit(profile_rows, group, rows, before)
+        self._found: Future[dict[tuple[int, str], FeatureProfile]] | None = None
 
-    def result(self) -> dict[tuple[int, str], FeatureProfile]:
+    def _offered(self, arrow: pa.Table) -> None:
+        names = [f.name for f in self.group.features]
+        self._found = self._pool.submit(profile_days, arrow, WINDOW_END, names)  # a retried commit: its last rows
+
+    @contextmanager
+    def watching(self) -> Iterator[None]:
+        """Around the commit: the rows it collects are profiled."""
+        token = COLLECTED.set(self._offered)
         try:
+            yield
+        finally:
+            COLLECTED.reset(token)
+
+    def result(self, rows: DataFrame | None = None) -> dict[tuple[int, str], FeatureProfile]:
+        """The profiles of the rows the commit collected; else those of `rows` (default: the rows given), by Spark."""
+        try:
+            if self._found is None:
+                return profile_rows(self.group, self.rows if rows is None else rows, self.before)
             return self._found.result()
         finally:
             self._pool.shutdown(wait=False)

@@ -13,8 +13,9 @@ class Drift:
     """A feature's day drifts when its population stability index is above `psi` or its Jensen-Shannon distance
     (0 to 1) above `js`, both against the reference; days with fewer than `min_rows` rows are not judged.
 
-    0.2 is the usual line of a significant PSI shift; 0.1 in JS distance is about the same shift for a handful of
-    bins, and both stay well above what sampling alone gives a day of a few thousand rows."""
+    0.2 is the usual line of a significant PSI shift. Both defaults stay well above what sampling alone gives days
+    of a thousand rows or more: at most 0.012 and 0.047 on the unshifted features of tests/test_statistics.py, whose
+    shifted ones measure at least 0.37 and 0.26."""
 
     psi: float = 0.2
     js: float = 0.1

@@ -14,11 +14,26 @@ long column without a word.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from deltalake import DeltaTable, Schema
     from pyspark.sql import DataFrame, SparkSession
+
+# Whoever sets it is handed the rows a commit (`create`, `replace`, `append`) collected, before deltalake writes them:
+# the statistics of a backfill or a stream's micro-batch are computed from them (features.quality.profiling), not
+# from a second conversion of the same rows out of Spark, which cost as much as the statistics themselves.
+COLLECTED: ContextVar[Callable[[pa.Table], None] | None] = ContextVar("features_collected_rows", default=None)
+
+
+def _offer(arrow: pa.Table) -> None:
+    seen = COLLECTED.get()
+    if seen is not None:
+        seen(arrow)
+
 
 DRIVER_CELLS = 50_000_000  # the most values (rows x columns) a commit collects to the driver: about 1 GB of rows
 # Heap a collected value takes in the driver, with a margin. On their way to Python a task's rows are in the driver
@@ -69,6 +84,7 @@ def append(table: str, rows: DataFrame, user_metadata: str) -> bool:
     if not plain(delta) or any(name in columns and columns[name] != kind for name, kind in appended.items()):
         return False
     arrow = rows.toArrow()
+    _offer(arrow)
     fields = pa.schema(schema.to_arrow())
     for name in (name for name in columns if name not in arrow.column_names):
         arrow = arrow.append_column(fields.field(name), pa.nulls(arrow.num_rows, fields.field(name).type))
@@ -94,6 +110,7 @@ def create(
     from deltalake import write_deltalake
 
     arrow = rows.toArrow()
+    _offer(arrow)
     arrow = arrow.cast(pa.schema([f.with_nullable(True) for f in arrow.schema]))
     write_deltalake(
         table,
@@ -121,6 +138,7 @@ def replace(table: str, rows: DataFrame, predicate: str, user_metadata: str) -> 
     if not plain(delta) or columns != _columns(rows.schema.jsonValue()):
         return None
     arrow = rows.select(*columns).toArrow()
+    _offer(arrow)
     write_deltalake(delta, arrow, mode="overwrite", predicate=predicate, commit_properties=_recording(user_metadata))
     return arrow.num_rows
 

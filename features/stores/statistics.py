@@ -26,8 +26,8 @@ from features.kernel.profile import from_records as profiles_of_records
 STATISTICS_DIR = Path("data") / "statistics"
 GROUP_ROW = ""  # the feature column of a group's rows
 BACKFILL_WRITER, STREAM_WRITER = "backfill", "stream"
-ATTEMPTS = 5  # commits tried when another writer committed first (a stream's append beside a backfill)
-EPOCH = date(1970, 1, 1)
+COMMIT_ATTEMPTS = 5  # commits tried when another writer committed first (a stream's append beside a backfill)
+DAY_ZERO = date(1970, 1, 1)
 _GROUP_COUNTS = ("events_in", "rows_out", "set_aside", "late")
 
 
@@ -76,11 +76,11 @@ def statistics_table(repo_root: str | Path, group: str) -> str:
 
 def day_of(moment: datetime) -> int:
     """Days since 1970-01-01 of a UTC time."""
-    return (moment.astimezone(UTC).date() - EPOCH).days
+    return (moment.astimezone(UTC).date() - DAY_ZERO).days
 
 
 def to_date(day: int) -> date:
-    return EPOCH + timedelta(days=day)
+    return DAY_ZERO + timedelta(days=day)
 
 
 def record_backfill(
@@ -139,7 +139,7 @@ def _write(table: str, rows: pa.Table, predicate: str | None) -> None:
     from deltalake.exceptions import CommitFailedError
 
     Path(table).mkdir(parents=True, exist_ok=True)
-    for attempt in range(ATTEMPTS):
+    for attempt in range(COMMIT_ATTEMPTS):
         try:
             if predicate is None or not _exists(table):
                 write_deltalake(table, rows, mode="append")
@@ -147,7 +147,7 @@ def _write(table: str, rows: pa.Table, predicate: str | None) -> None:
                 write_deltalake(table, rows, mode="overwrite", predicate=predicate)
             return
         except CommitFailedError:  # another writer's commit came first: make this one again after it
-            if attempt == ATTEMPTS - 1:
+            if attempt == COMMIT_ATTEMPTS - 1:
                 raise
             time.sleep(0.05 * (attempt + 1))
 
