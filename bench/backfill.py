@@ -41,6 +41,8 @@ from features.pipelines.registration import apply
 from features.repo import Repo
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/repo_yaml.py
+from repo_yaml import write_feature_store_yaml
 from results import load, update_section
 
 T = TypeVar("T")
@@ -75,11 +77,7 @@ def make_repo(events: int, users: int, days: float) -> Repo:
     frame = generate_transactions(events, users, START, days, seed=7)
     write_events(frame, REPO / "events", n_files=4)
     del frame
-    (REPO / "feature_store.yaml").write_text(
-        "project: bench\nprovider: local\nregistry: data/registry.db\n"
-        "online_store:\n  type: sqlite\n  path: data/online_store.db\noffline_store:\n  type: duckdb\n"
-        "entity_key_serialization_version: 3\n"
-    )
+    write_feature_store_yaml(REPO, "bench")
     (REPO / "bench_groups.py").write_text(DEFINITIONS)
     apply(str(REPO))
     return Repo.load(REPO)

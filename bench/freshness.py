@@ -41,6 +41,8 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/repo_yaml.py
+from repo_yaml import write_feature_store_yaml
 from results import load, update_section
 
 WORK = Path(__file__).resolve().parent / "work-fresh"
@@ -69,11 +71,7 @@ PARTITIONS = 8
 
 def make_repo(window: str, every: str, watermark: str, kafka: str = "") -> None:
     (REPO / "events").mkdir(parents=True)
-    (REPO / "feature_store.yaml").write_text(
-        "project: bench_fresh\nprovider: local\nregistry: data/registry.db\n"
-        "online_store:\n  type: sqlite\n  path: data/online_store.db\noffline_store:\n  type: duckdb\n"
-        "entity_key_serialization_version: 3\n"
-    )
+    write_feature_store_yaml(REPO, "bench_fresh")
     (REPO / "fresh_groups.py").write_text(
         DEFINITIONS.format(window=window, every=every, watermark=watermark, kafka=kafka)
     )

@@ -41,6 +41,9 @@ ROOT = Path(__file__).resolve().parent
 WORK = ROOT / "work-mixed"
 REPO = WORK / "repo"
 FRAUD = ROOT.parent / "feature_repo" / "fraud.py"
+sys.path.insert(0, str(ROOT.parent / "tests"))  # tests/repo_yaml.py
+from repo_yaml import write_feature_store_yaml  # noqa: E402
+
 START = datetime(2026, 1, 1, tzinfo=UTC)
 ALONE_WINDOW = Hop("24h", every="5m")
 ALONE = {
@@ -98,11 +101,7 @@ def make_repo(events: int, users: int, days: float) -> Repo:
     frame = generate_transactions(events, users, START, days, seed=7)
     write_events(frame, REPO / "data" / "transactions", n_files=4)
     del frame
-    (REPO / "feature_store.yaml").write_text(
-        "project: bench_mixed\nprovider: local\nregistry: data/registry.db\n"
-        "online_store:\n  type: sqlite\n  path: data/online_store.db\noffline_store:\n  type: duckdb\n"
-        "entity_key_serialization_version: 3\n"
-    )
+    write_feature_store_yaml(REPO, "bench_mixed")
     shutil.copy(FRAUD, REPO / "fraud.py")
     groups = "\n".join(
         f'alone_{name} = FeatureGroup("alone_{name}", user, transactions, '

@@ -48,6 +48,8 @@ from features import Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, 
 from features.stores.online import online_writer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/repo_yaml.py
+from repo_yaml import redis_online, write_feature_store_yaml
 from results import RESULTS, update_section  # bench/results.py, beside this file
 
 TITLE = "Online writes and reads"
@@ -167,15 +169,8 @@ def make_repo(root: Path, kind: str, redis: Redis) -> Path:
     from feast import FeatureStore
 
     root.mkdir(parents=True)
-    if kind == "sqlite":
-        online = "  type: sqlite\n  path: data/online_store.db\n"
-    else:
-        online = f"  type: redis\n  connection_string: {redis.connection_string}\n"
-    project = f"bench_{uuid.uuid4().hex[:8]}"
-    (root / "feature_store.yaml").write_text(
-        f"project: {project}\nprovider: local\nregistry: data/registry.db\nonline_store:\n{online}"
-        "offline_store:\n  type: duckdb\nentity_key_serialization_version: 3\n"
-    )
+    online = None if kind == "sqlite" else redis_online(redis.connection_string)
+    write_feature_store_yaml(root, f"bench_{uuid.uuid4().hex[:8]}", online)
     FeatureStore(repo_path=str(root)).apply(list(to_feast(GROUP, repo_root=root)))
     return root
 

@@ -38,16 +38,14 @@ from features.engine import jvm_archive
 from features.pipelines.registration import apply
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/repo_yaml.py
+from repo_yaml import feature_store_yaml
 from results import load, update_section
 
 ROOT = Path(__file__).resolve().parents[1]
 WORK = Path(__file__).resolve().parent / "work" / "startup"
 START = datetime(2026, 1, 1, tzinfo=UTC)
-STORE = (
-    "project: startup\nprovider: local\nregistry: data/registry.db\n"
-    "online_store:\n  type: sqlite\n  path: data/online_store.db\noffline_store:\n  type: duckdb\n"
-    "entity_key_serialization_version: 3\n"
-)
+STORE = feature_store_yaml("startup")
 HEADER = """from pathlib import Path
 
 from features import Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, agg, to_feast

@@ -30,6 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/repo_yaml.py
+from repo_yaml import write_feature_store_yaml  # noqa: E402
 from results import load, update_section  # noqa: E402 - bench/ on the path first
 
 WORK = ROOT / "work-training"
@@ -65,11 +67,7 @@ def setup(sizes: list[int]) -> dict[str, object]:
     events = generate_transactions(EVENTS, USERS, START, DAYS, seed=17)
     write_events(events, REPO / "data" / "transactions", n_files=4)
     users = sorted(events["user_id"].unique())
-    (REPO / "feature_store.yaml").write_text(
-        "project: bench_training\nprovider: local\nregistry: data/registry.db\n"
-        "online_store:\n  type: sqlite\n  path: data/online_store.db\noffline_store:\n  type: duckdb\n"
-        "entity_key_serialization_version: 3\n"
-    )
+    write_feature_store_yaml(REPO, "bench_training")
     shutil.copy(FRAUD, REPO / "fraud.py")
     apply(str(REPO))
     spark = get_spark("bench-training")

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import repo_yaml
 from feast import FeatureStore
 from redis_server import RedisServer
 
@@ -76,15 +77,9 @@ T2 = pd.Timestamp("2024-01-01 00:15", tz="UTC")
 
 def feature_store_yaml(kind: str, project: str, redis: RedisServer | None = None, **redis_options: Any) -> str:
     if kind == "sqlite":
-        online = "  type: sqlite\n  path: data/online_store.db\n"
-    else:
-        assert redis is not None, "a Redis repo needs the redis_server fixture"
-        online = f"  type: redis\n  connection_string: {redis.connection_string}\n"
-        online += "".join(f"  {key}: {value}\n" for key, value in redis_options.items())
-    return (
-        f"project: {project}\nprovider: local\nregistry: data/registry.db\nonline_store:\n{online}"
-        "offline_store:\n  type: duckdb\nentity_key_serialization_version: 3\n"
-    )
+        return repo_yaml.feature_store_yaml(project)
+    assert redis is not None, "a Redis repo needs the redis_server fixture"
+    return repo_yaml.feature_store_yaml(project, repo_yaml.redis_online(redis.connection_string, **redis_options))
 
 
 def make_repo(

@@ -17,9 +17,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+from groups import SOURCE, user_transactions
 from reference import reference_frame, to_micros
 
-from features import Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, Tumble, agg
+from features import Entity, Feature, FeatureGroup, Hop, Lifetime, agg
 from features.pipelines.backfill import BackfillResult, backfill
 from features.repo import Repo
 from features.spec import WINDOW_END, AggKind
@@ -34,25 +35,11 @@ START = pd.Timestamp("2026-01-01", tz="UTC")  # the data starts here too
 END = pd.Timestamp("2026-01-03 06:00", tz="UTC")  # six hours after the last event
 MID = pd.Timestamp("2026-01-02 07:30", tz="UTC")  # inside a date partition
 
-SOURCE = EventSource("transactions", path="data/transactions", timestamp="event_ts")  # schema read from files
-USER_GROUP = FeatureGroup(
-    name="user_transactions",
-    entity=Entity("user", join_keys=["user_id"]),
-    source=SOURCE,
-    features=[
-        Feature("failed_count_24h", agg.count(), window=Hop("24h", every="5m"), where="status = 'FAILED'"),
-        Feature("amount_sum_1h", agg.sum("amount"), window=Hop("1h", every="5m")),
-        Feature("amount_max_24h", agg.max("amount"), window=Hop("24h", every="5m")),
-        Feature("merchants_24h", agg.approx_count_distinct("merchant_id"), window=Hop("24h", every="1h")),
-        Feature("txn_count_lifetime", agg.count(), window=Lifetime(every="1h")),
-        Feature("last_status", agg.last("status"), window=Lifetime(every="5m")),
-        Feature("last_amounts_1h", agg.last_k("amount", 3), window=Hop("1h", every="5m")),
-        Feature("amount_avg_30m", agg.avg("amount"), window=Tumble("30m")),
-        # what request-time features read: a timestamp and a set (a list), through both stores
-        Feature("last_seen", agg.last_event_time(), window=Lifetime(every="5m")),
-        Feature("last_failed_1h", agg.last_event_time(), window=Hop("1h", every="5m"), where="status = 'FAILED'"),
-        Feature("merchant_set_24h", agg.distinct_values("merchant_id"), window=Hop("24h", every="1h")),
-    ],
+USER_GROUP = user_transactions(
+    # what request-time features read: a timestamp and a set (a list), through both stores
+    Feature("last_seen", agg.last_event_time(), window=Lifetime(every="5m")),
+    Feature("last_failed_1h", agg.last_event_time(), window=Hop("1h", every="5m"), where="status = 'FAILED'"),
+    Feature("merchant_set_24h", agg.distinct_values("merchant_id"), window=Hop("24h", every="1h")),
 )
 CARD_MERCHANT_GROUP = FeatureGroup(
     name="card_merchant",

@@ -15,6 +15,7 @@ import pytest
 from feast import Entity as FeastEntity
 from feast import FeatureStore, FeatureView, FileSource, ValueType
 from feast.types import Array, Bool, Float64, Int64, String
+from repo_yaml import feature_store_yaml
 
 from features import ConfigError, DataError, Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, agg
 from features.parquet_schema import dtype_of_arrow
@@ -23,17 +24,7 @@ from features.spec import DType
 from features.stores.feast_objects import feast_value_type, source_schema, to_feast
 
 REPO = Path(__file__).resolve().parents[1] / "feature_repo"
-FEATURE_STORE_YAML = """\
-project: test
-provider: local
-registry: data/registry.db
-online_store:
-  type: sqlite
-  path: data/online_store.db
-offline_store:
-  type: duckdb
-entity_key_serialization_version: 3
-"""
+FEATURE_STORE_YAML = feature_store_yaml("test")
 SCHEMA = {
     "user_id": "string",
     "card_id": "string",

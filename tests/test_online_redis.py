@@ -42,6 +42,7 @@ from online_repos import (
     writer,
 )
 from redis_server import RedisServer
+from repo_yaml import redis_online, write_feature_store_yaml
 
 from features import ConfigError, DataError
 from features.spec import DType
@@ -512,11 +513,7 @@ def test_backfill_into_redis_serves_the_reference_values(
     events = generate_transactions(1_500, 12, start.to_pydatetime(), 1, seed=11)
     root = feast_repo_factory(tmp_path / "repo", [group], events, apply=False)
     project = RedisServer.project("bf")
-    (root / "feature_store.yaml").write_text(
-        f"project: {project}\nprovider: local\nregistry: data/registry.db\nonline_store:\n  type: redis\n"
-        f"  connection_string: {redis_server.connection_string}\noffline_store:\n  type: duckdb\n"
-        "entity_key_serialization_version: 3\n"
-    )
+    write_feature_store_yaml(root, project, redis_online(redis_server.connection_string))
     from features.pipelines.registration import apply
 
     apply(str(root))

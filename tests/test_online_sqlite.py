@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pickle
 import sqlite3
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,66 +15,17 @@ import pytest
 from feast import FeatureStore
 from feast.protos.feast.types.EntityKey_pb2 import EntityKey as EntityKeyProto
 from feast.protos.feast.types.Value_pb2 import Value as ValueProto
+from online_repos import CARD_MERCHANT, SOURCE, T0, T1, T2, USER
+from repo_yaml import feature_store_yaml
 
-from features import ConfigError, DataError, Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, agg
+from features import ConfigError, DataError, FeatureGroup
 from features.repo import Repo
 from features.stores.feast_objects import to_feast
 from features.stores.online import OnlineWriter, SqliteOnlineWriter, online_writer
 
-FEATURE_STORE_YAML = """\
-project: test
-provider: local
-registry: data/registry.db
-online_store:
-  type: sqlite
-  path: data/online_store.db
-offline_store:
-  type: duckdb
-entity_key_serialization_version: 3
-"""
-SOURCE = EventSource(
-    "transactions",
-    path="data/transactions",
-    timestamp="event_ts",
-    schema={
-        "user_id": "string",
-        "card_id": "string",
-        "merchant_id": "int64",
-        "amount": "double",
-        "status": "string",
-        "ok": "bool",
-        "event_ts": "timestamp",
-    },
-)
-HOP = Hop("1h", every="5m")
-USER = FeatureGroup(
-    name="user_transactions",
-    entity=Entity("user", join_keys=["user_id"]),
-    source=SOURCE,
-    features=[
-        Feature("txn_count", agg.count(), window=HOP),
-        Feature("amount_sum", agg.sum("amount"), window=HOP),
-        Feature("amount_max", agg.max("amount"), window=HOP),
-        Feature("last_status", agg.last("status"), window=Lifetime(every="5m")),
-        Feature("last_ok", agg.last("ok"), window=Lifetime(every="5m")),
-        Feature("last_merchants", agg.last_k("merchant_id", 3), window=HOP),
-        Feature("last_amounts", agg.last_k("amount", 3), window=HOP),
-        Feature("last_statuses", agg.last_k("status", 3), window=HOP),
-        Feature("last_oks", agg.last_k("ok", 3), window=HOP),
-    ],
-)
-CARD_MERCHANT = FeatureGroup(
-    name="card_merchant",
-    entity=Entity("card_merchant", join_keys=["card_id", "merchant_id"]),
-    source=SOURCE,
-    features=[
-        Feature("txn_count", agg.count(), window=HOP),
-        Feature("last_status", agg.last("status"), window=Lifetime(every="5m")),
-    ],
-)
-T0 = pd.Timestamp("2024-01-01 00:05", tz="UTC")
-T1 = pd.Timestamp("2024-01-01 00:10", tz="UTC")
-T2 = pd.Timestamp("2024-01-01 00:15", tz="UTC")
+FEATURE_STORE_YAML = feature_store_yaml("test")
+# The groups of tests/online_repos.py, the user's without its sketch features (their online values are tested there).
+USER = replace(USER, features=[f for f in USER.features if f.name not in ("merchants", "amount_p90")])
 
 
 @pytest.fixture(scope="module")

@@ -26,9 +26,10 @@ import numpy as np
 import pandas as pd
 import pytest
 from connect_server import connect_url, spark_connect  # noqa: F401 - fixtures
+from groups import SOURCE, user_transactions
 from reference import reference_frame
 
-from features import ConfigError, Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, Tumble, agg
+from features import ConfigError, Entity, Feature, FeatureGroup, Hop, Lifetime, agg
 from features.ml import tracking
 from features.ml.training import resolve_features, training_set
 from features.pipelines.backfill import backfill
@@ -39,22 +40,8 @@ pytestmark = pytest.mark.spark
 
 START = pd.Timestamp("2026-01-01", tz="UTC")
 END = pd.Timestamp("2026-01-03 06:00", tz="UTC")
-SOURCE = EventSource("transactions", path="data/transactions", timestamp="event_ts")
-USER = FeatureGroup(
-    name="user_transactions",
-    entity=Entity("user", join_keys=["user_id"]),
-    source=SOURCE,
-    features=[
-        Feature("failed_count_24h", agg.count(), window=Hop("24h", every="5m"), where="status = 'FAILED'"),
-        Feature("amount_sum_1h", agg.sum("amount"), window=Hop("1h", every="5m")),
-        Feature("amount_max_24h", agg.max("amount"), window=Hop("24h", every="5m")),
-        Feature("merchants_24h", agg.approx_count_distinct("merchant_id"), window=Hop("24h", every="1h")),
-        Feature("txn_count_lifetime", agg.count(), window=Lifetime(every="1h")),
-        Feature("last_status", agg.last("status"), window=Lifetime(every="5m")),
-        Feature("last_amounts_1h", agg.last_k("amount", 3), window=Hop("1h", every="5m")),
-        Feature("amount_avg_30m", agg.avg("amount"), window=Tumble("30m")),
-        Feature("merchants_exact_24h", agg.count_distinct("merchant_id"), window=Hop("24h", every="1h")),
-    ],
+USER = user_transactions(
+    Feature("merchants_exact_24h", agg.count_distinct("merchant_id"), window=Hop("24h", every="1h"))
 )
 CARD_MERCHANT = FeatureGroup(
     name="card_merchant",
