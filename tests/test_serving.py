@@ -41,6 +41,7 @@ from online_repos import (
     read,
     writer,
 )
+from repo_yaml import write_feature_store_yaml
 
 from features import ConfigError
 from features.cli import build_parser, main
@@ -188,10 +189,7 @@ def test_serve_defaults_to_this_machine_and_never_recycles_workers() -> None:
 def test_serve_before_apply_says_to_apply(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = tmp_path / "repo"
     root.mkdir()
-    (root / "feature_store.yaml").write_text(
-        "project: p\nprovider: local\nregistry: data/registry.db\nonline_store:\n  type: sqlite\n"
-        "  path: data/online_store.db\noffline_store:\n  type: duckdb\nentity_key_serialization_version: 3\n"
-    )
+    write_feature_store_yaml(root, "p")
     assert main(["serve", "--repo", str(root), "--port", str(free_port())]) == 2
     assert f"run `features apply --repo {root}`" in capsys.readouterr().err
     assert main(["serve", "--repo", str(tmp_path / "missing")]) == 2
