@@ -7,8 +7,11 @@ request field of the wrong type is the caller's mistake, named with its fix.
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import uuid
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -39,6 +42,8 @@ GROUP = FeatureGroup(
 # The repo's request-time features, in a module of the repo (as a user writes them): the training set, the model
 # and the server all take them from there.
 DEFINITIONS = """
+import math
+
 import pandas as pd
 
 from features import RequestFeature
@@ -59,6 +64,13 @@ def since(request_time, last_seen):
 seconds_since_last = RequestFeature(
     "seconds_since_last", since, features={"last_seen": "user_req:last_seen"}, dtype="double"
 )
+
+
+def root_of(amount):
+    return math.sqrt(amount)  # fails on a negative amount: the definitions' owner's bug, not the client's
+
+
+fragile = RequestFeature("fragile", root_of, request={"amount": "double"}, dtype="double", row=True)
 
 new_merchant = RequestFeature(
     "new_merchant",
@@ -84,7 +96,7 @@ def repo(spark, tmp_path_factory: pytest.TempPathFactory, feast_repo_factory, ev
     root = feast_repo_factory(tmp_path_factory.mktemp("request") / "repo", [GROUP], events)
     (root / f"request_defs_{uuid.uuid4().hex[:12]}.py").write_text(DEFINITIONS)
     loaded = Repo.load(root)
-    assert sorted(loaded.request_features) == sorted(NAMES)
+    assert sorted(loaded.request_features) == sorted([*NAMES, "fragile"])
     backfill(loaded, START, END, spark=spark, progress=False, track=False)
     return loaded
 
@@ -107,9 +119,13 @@ def labels(events: pd.DataFrame) -> pd.DataFrame:
     return rows
 
 
-def brute_force(events: pd.DataFrame, rows: pd.DataFrame, times: pd.Series) -> pd.DataFrame:
-    """Each row's request-time features from the reference's stored values at its time, row by row."""
-    stored = reference_frame(events, GROUP, [((u,), t) for u, t in zip(rows["user_id"], times, strict=True)])
+def brute_force(
+    events: pd.DataFrame, rows: pd.DataFrame, times: pd.Series, stored_at: pd.Timestamp | None = None
+) -> pd.DataFrame:
+    """Each row's request-time features from the reference's stored values at its time (or all at `stored_at`:
+    the online values), row by row."""
+    at = times if stored_at is None else [stored_at] * len(rows)
+    stored = reference_frame(events, GROUP, [((u,), t) for u, t in zip(rows["user_id"], at, strict=True)])
     out = []
     for i, row in enumerate(rows.to_dict("records")):
         biggest, last = stored["amount_max_1h"].iloc[i], stored["last_seen"].iloc[i]
@@ -211,3 +227,162 @@ def test_a_failing_function_is_named_with_its_first_failing_row_in_training_sets
         training_set(labels, ["user_req:count_1h"], repo, **asked)
     with pytest.raises(Exception, match=r"strict_ratio: the request-time feature failed at row \d+ .*no history"):
         training_set(spark.createDataFrame(labels), ["user_req:count_1h"], repo, **asked).collect()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The logged model: online values (as of END, the backfill's end) and its input rows
+
+ASKED_AT = END + pd.Timedelta("7m")
+
+
+@pytest.fixture(scope="module")
+def classifier(repo: Repo, events, labels):
+    from sklearn.ensemble import HistGradientBoostingClassifier
+
+    rows = labels.assign(is_fraud=np.arange(len(labels)) % 2)
+    frame = training_set(
+        rows, ["user_req:count_1h"], repo, timestamp_column="event_ts", request_features=NAMES, log_lineage=False
+    )
+    columns = ["amount", "count_1h", *NAMES]
+    fitted = frame[columns].astype("float64")
+    return HistGradientBoostingClassifier(max_iter=5, random_state=0).fit(fitted, frame["is_fraud"])
+
+
+def model_rows(labels: pd.DataFrame) -> pd.DataFrame:
+    """The label rows as requests at ASKED_AT: keys and request fields, the request time given."""
+    return labels.drop(columns="event_ts").assign(request_time=ASKED_AT)
+
+
+def test_the_model_computes_them_from_its_input_rows_and_the_online_values(repo: Repo, classifier, events, labels):
+    from features.ml.model import feature_model
+
+    model = feature_model(classifier, ["user_req:count_1h"], repo, input_columns=["amount"], request_features=NAMES)
+    rows = model_rows(labels)
+    frame = model.feature_frame(rows)
+    assert list(frame.columns) == ["amount", "count_1h", *NAMES]  # the inputs no one asked for are left out
+    want = brute_force(events, labels, pd.Series([ASKED_AT] * len(labels)), stored_at=END)
+    assert_same(frame, want)
+    assert frame["seconds_since_last"].notna().sum() > 10
+    with pytest.raises(ConfigError, match=r"model input: no column 'merchant_id'.*the request fields amount, merchant"):
+        model.feature_frame(rows.drop(columns="merchant_id"))
+    with pytest.raises(RequestFieldError, match=r"^merchant_id.0: 7 is not a string .*Fix: send a string"):
+        model.feature_frame(rows.assign(merchant_id=7))
+
+
+LOAD_AND_PREDICT = """
+import json, sys
+import mlflow.pyfunc, pandas as pd
+model = mlflow.pyfunc.load_model(sys.argv[1])
+rows = pd.read_json(sys.argv[2], orient="split")
+rows["request_time"] = pd.to_datetime(rows["request_time"])
+print(json.dumps([float(p) for p in model.predict(rows)]))
+"""
+
+
+def test_the_logged_model_loads_where_the_definitions_cannot_be_imported(
+    repo: Repo, classifier, labels, tmp_path: Path
+) -> None:
+    """The functions travel in the model by value: loaded in another process, away from the repo's modules."""
+    import subprocess
+    import sys
+
+    import mlflow
+
+    from features.ml import tracking
+    from features.ml.model import log_model
+
+    rows = model_rows(labels)
+    rows["request_time"] = rows["request_time"].dt.tz_localize(None)  # MLflow takes naive times: UTC
+    previous = mlflow.get_tracking_uri() if mlflow.active_run() else None
+    tracking.use(repo)
+    try:
+        with mlflow.start_run(run_name="request-time"):
+            info = log_model(
+                classifier,
+                ["user_req:count_1h"],
+                repo,
+                input_example=rows,
+                input_columns=["amount"],
+                request_features=NAMES,
+            )
+        model_dir = Path(mlflow.artifacts.download_artifacts(info.model_uri, dst_path=str(tmp_path / "model")))
+    finally:
+        mlflow.set_tracking_uri(previous)
+    loaded = mlflow.pyfunc.load_model(str(model_dir))
+    assert "request_time" in loaded.metadata.get_input_schema().input_names()  # MLflow drops unsigned columns
+    here = loaded.predict(rows).to_numpy()
+    wrapped = loaded.unwrap_python_model()
+    np.testing.assert_allclose(here, classifier.predict_proba(wrapped.feature_frame(rows))[:, 1], rtol=1e-12)
+    rows_file = tmp_path / "rows.json"
+    rows_file.write_text(rows.to_json(orient="split", index=False, date_unit="us"))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"FEATURES_REPO": str(repo.root)}
+    done = subprocess.run(
+        [sys.executable, "-c", LOAD_AND_PREDICT, str(model_dir), str(rows_file)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    np.testing.assert_allclose(json.loads(done.stdout.strip().splitlines()[-1]), here, rtol=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The feature server
+
+
+def test_the_server_answers_them_beside_the_stored_ones(repo: Repo, events, labels) -> None:
+    from feature_servers import start_server, stop_server
+
+    rows = model_rows(labels)
+    amounts = [None if pd.isna(a) else float(a) for a in rows["amount"]]
+    body = {
+        "features": ["user_req:count_1h"],
+        "entities": {"user_id": rows["user_id"].tolist()},
+        "request_features": NAMES,
+        "request": {
+            "amount": amounts,
+            "merchant_id": rows["merchant_id"].tolist(),
+            "request_time": [ASKED_AT.isoformat()] * len(rows),
+        },
+    }
+    server = start_server(repo.root)
+    try:
+        status, answer = server.post("/get-online-features", body)
+        assert status == 200, answer
+        names = answer["metadata"]["feature_names"]
+        assert names == ["user_id", "count_1h", *NAMES]  # the inputs no one asked for are left out
+        got = pd.DataFrame({n: r["values"] for n, r in zip(names, answer["results"], strict=True)})
+        want = brute_force(events, labels, pd.Series([ASKED_AT] * len(labels)), stored_at=END)
+        assert_same(got, want)
+
+        def refused(change: dict, status: int = 400) -> dict:
+            answered, problem = server.post("/get-online-features", {**body, **change})
+            assert answered == status, problem
+            assert set(problem) == {"error", "fix"}
+            return problem
+
+        problem = refused({"request_features": ["nope"]}, 404)
+        assert problem["error"] == "request_features: no request-time feature named 'nope'"
+        assert "'amount_vs_max_1h'" in problem["fix"]
+        problem = refused({"request": {"amount": amounts}})
+        assert problem["error"] == "request: no values for the request field 'merchant_id'"
+        problem = refused({"request": {**body["request"], "merchant_id": [7] * len(rows)}})
+        assert problem["error"].startswith("request.merchant_id.0: 7 is not a string")
+        assert problem["fix"] == "send a string for 'merchant_id'"
+        problem = refused({"request": {**body["request"], "amount": amounts[:3]}})
+        assert problem["error"] == f"request.amount: 3 values for {len(rows)} entity rows"
+        problem = refused({"request": {**body["request"], "tip": [1] * len(rows)}})
+        assert problem["error"].startswith("request.tip: no requested request-time feature reads this field")
+        # A function that fails is no mistake of the client: 500, naming the feature and its first failing row.
+        negative = [5.0, -4.0] + [1.0] * (len(rows) - 2)
+        problem = refused({"request_features": ["fragile"], "request": {"amount": negative}}, 500)
+        assert problem["error"].startswith("fragile: the request-time feature failed at row 1 (amount=-4.0)")
+        # Without request-time features the request is Feast's as before.
+        status, plain = server.post(
+            "/get-online-features", {"features": body["features"], "entities": body["entities"]}
+        )
+        assert status == 200 and plain["metadata"]["feature_names"] == ["user_id", "count_1h"]
+    finally:
+        stop_server(server)

@@ -56,9 +56,11 @@ import pandas as pd
 
 from features.cache import user_cache
 from features.errors import ConfigError
+from features.ml.model_request import input_specs, request_field_names, with_model_request_features
 from features.repo import ONLINE_STORE_TYPES
 from features.spec import DType
 from features.spec.aggregations import Empty
+from features.spec.request import REQUEST_TIME, RequestFeature
 from features.stores.feature_refs import FeatureColumn, fill_empty, join_keys, resolve_features
 from features.version import DISTRIBUTION, WHEEL_PREFIX
 
@@ -108,6 +110,8 @@ class FeatureModel(mlflow.pyfunc.PythonModel):
         input_columns: Sequence[str],
         keys: Sequence[str],
         repo: str,
+        request_features: Sequence[RequestFeature] = (),
+        request_inputs: Sequence[dict[str, Any]] = (),
     ) -> None:
         self.model = model
         # {"ref", "group", "feature", "column", "dtype", "empty"}; models logged before maps have "empty_is_zero"
@@ -115,12 +119,17 @@ class FeatureModel(mlflow.pyfunc.PythonModel):
         self.input_columns = list(input_columns)
         self.keys = list(keys)
         self.repo = repo
+        # Request-time features (pickled with their functions by value), and the specs of the stored inputs they
+        # read that the wrapped model was not fitted on (features.ml.model_request).
+        self.request_features = list(request_features)
+        self.request_inputs = [dict(f) for f in request_inputs]
         self._store: FeatureStore | None = None
 
     @property
     def columns(self) -> list[str]:
         """The columns the wrapped model was fitted on, in order."""
-        return self.input_columns + [f["column"] for f in self.features]
+        asked = [f.name for f in getattr(self, "request_features", [])]  # none in a model logged before them
+        return self.input_columns + [f["column"] for f in self.features] + asked
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -165,23 +174,30 @@ class FeatureModel(mlflow.pyfunc.PythonModel):
         """The rows' input columns and their current online features, filled and typed as in training."""
         from features.stores.serving import online_features
 
-        missing = [c for c in [*self.keys, *self.input_columns] if c not in rows.columns]
+        requested = getattr(self, "request_features", [])
+        inputs = getattr(self, "request_inputs", [])
+        fields = request_field_names(requested)
+        missing = [c for c in [*self.keys, *self.input_columns, *fields] if c not in rows.columns]
         if missing:
             raise ConfigError(
                 f"model input: no column {', '.join(map(repr, missing))}; the model needs the join keys "
                 f"{', '.join(self.keys)} and the inputs {', '.join(self.input_columns) or '(none)'}"
+                + (f", and the request fields {', '.join(fields)}" if fields else "")
             )
         rows = rows.reset_index(drop=True)
         out = rows[self.input_columns].copy()
         by_group: dict[str, list[dict[str, Any]]] = {}
-        for spec in self.features:
+        for spec in [*self.features, *inputs]:
             by_group.setdefault(spec["group"], []).append(spec)
         for group, specs in by_group.items():
             view_keys = list(self.store().get_feature_view(group).join_keys)
             values = online_features(self.store(), group, rows[view_keys], features=[s["feature"] for s in specs])
             for spec in specs:
                 out[spec["column"]] = values[spec["feature"]].to_numpy()
-        filled = fill_empty(out, [_column(s) for s in self.features])
+        filled = fill_empty(out, [_column(s) for s in [*self.features, *inputs]])
+        if requested:
+            stored = {s["ref"]: _column(s) for s in [*self.features, *inputs]}
+            filled = with_model_request_features(filled, rows, requested, stored)
         return filled[self.columns]
 
     def predict(self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> pd.Series:
@@ -205,8 +221,10 @@ def feature_model(
     repo: str | Path | Repo,
     input_columns: Sequence[str] = (),
     full_feature_names: bool = False,
+    request_features: Sequence[str | RequestFeature] = (),
 ) -> FeatureModel:
-    """Wrap a fitted model with its feature references ("group:feature" or group names, as for training_set)."""
+    """Wrap a fitted model with its feature references ("group:feature" or group names, as for training_set) and
+    request-time features (the repo's names or RequestFeature objects), computed after them as training_set does."""
     from features.repo import Repo
 
     loaded = repo if isinstance(repo, Repo) else Repo.load(repo)
@@ -224,7 +242,9 @@ def feature_model(
         }
         for r in refs
     ]
-    return FeatureModel(model, specs, input_columns, join_keys(refs), str(loaded.root))
+    requested, inputs = input_specs(loaded, request_features, refs) if request_features else ([], [])
+    every_key = join_keys([*refs, *resolve_features(loaded, [s["ref"] for s in inputs])]) if inputs else join_keys(refs)
+    return FeatureModel(model, specs, input_columns, every_key, str(loaded.root), requested, inputs)
 
 
 def requirements(repo: Repo | None = None, model: Any = None, extra: Sequence[str] = ()) -> list[str]:
@@ -337,6 +357,7 @@ def log_model(
     registered_model_name: str | None = None,
     full_feature_names: bool = False,
     extra_pip_requirements: Sequence[str] = (),
+    request_features: Sequence[str | RequestFeature] = (),
 ) -> ModelInfo:
     """Log the wrapped model on the active MLflow run, with a signature taken from `input_example` (rows of
     join keys and input columns) and its prediction, and register it under `registered_model_name`.
@@ -345,15 +366,19 @@ def log_model(
     adds to them, e.g. "xgboost==2.1.1", or replaces a pin of the same name), so that it loads in a clean
     environment. Its model config records the repo's path (`repo`; where the model is served, a `repo` given at
     load or FEATURES_REPO overrides it). Its metadata lists its feature references, their groups' definition
-    hashes and the shipped wheel."""
+    hashes and the shipped wheel. `request_features`: computed at `predict` from the input rows (which then hold
+    their request fields) and the online values (features.ml.model_request)."""
     from mlflow.models import infer_signature
 
     from features.repo import Repo
     from features.spec.fingerprint import definition_hash
 
     loaded = repo if isinstance(repo, Repo) else Repo.load(repo)
-    wrapped = feature_model(model, features, loaded, input_columns, full_feature_names)
-    needed = [*wrapped.keys, *wrapped.input_columns]
+    wrapped = feature_model(model, features, loaded, input_columns, full_feature_names, request_features)
+    fields = [f for f in request_field_names(wrapped.request_features) if f not in wrapped.input_columns]
+    if any(f.wants_request_time for f in wrapped.request_features) and REQUEST_TIME in input_example.columns:
+        fields.append(REQUEST_TIME)  # in the signature (MLflow drops other columns): each request's time is given
+    needed = [*wrapped.keys, *wrapped.input_columns, *fields]
     missing = [c for c in needed if c not in input_example.columns]
     if missing:
         raise ConfigError(
@@ -361,6 +386,8 @@ def log_model(
             f"columns the model reads ({', '.join(needed)}), e.g. the training set"
         )
     example = input_example[needed].head(5).reset_index(drop=True)
+    if REQUEST_TIME in example.columns:  # MLflow's signatures take naive times: UTC, as predict reads them
+        example[REQUEST_TIME] = pd.to_datetime(example[REQUEST_TIME], utc=True).dt.tz_localize(None)
     signature = infer_signature(example, wrapped.predict(None, example))
     groups = {f["group"] for f in wrapped.features}
     with tempfile.TemporaryDirectory(prefix="features-model-") as tmp:
@@ -370,6 +397,7 @@ def log_model(
             "features": [f["ref"] for f in wrapped.features],
             "definition_hashes": {g: definition_hash(loaded.groups[g]) for g in sorted(groups)},
             "input_columns": wrapped.input_columns,
+            "request_features": [f.name for f in wrapped.request_features],
             "join_keys": wrapped.keys,
             "features_wheel": shipped,
         }

@@ -152,6 +152,7 @@ def typed_request_field(frame: pd.DataFrame, field: str, dtype: DType) -> pd.Ser
     bad = next((i for i, v in enumerate(plain) if v is _WRONG), None)
     if bad is not None:
         shown = values.iloc[bad]
+        shown = shown.item() if isinstance(shown, np.generic) else shown
         raise RequestFieldError(
             f"{field}.{bad}",
             f"{shown!r} is not a {dtype.value} (the request field's declared type)",

@@ -13,6 +13,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from features.stores.serving_input import (
@@ -26,6 +27,7 @@ from features.stores.serving_input import (
     rows_problem,
     shown,
 )
+from features.stores.serving_request_time import REQUEST_FEATURES_FIELD, Extended, HeldRequest, RequestTimeFeatures
 
 if TYPE_CHECKING:
     from fastapi import FastAPI, Request, Response
@@ -71,6 +73,7 @@ class RequestErrors:
         self.precheck = str(store.config.auth_config.type).lower() == "no_auth"
         self.join_keys: dict[str, dict[str, str]] = {}
         self.read_at = -math.inf
+        self.request_time: RequestTimeFeatures | None = None
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -87,6 +90,14 @@ class RequestErrors:
         if problem is not None:
             await _answer(send, path, problem)
             return
+        prepared = await self._extended(scope, body)
+        if isinstance(prepared, RequestProblem):
+            await _answer(send, path, prepared)
+            return
+        extended = HeldRequest(scope, prepared, send) if prepared is not None else None
+        if extended is not None:  # Feast's app reads the request without its request-time parts, answers to us
+            scope, body, send = extended.scope, extended.body, extended.held
+            messages = [{"type": "http.request", "body": body, "more_body": False}]
         started = False
 
         async def replay() -> dict[str, Any]:
@@ -103,7 +114,26 @@ class RequestErrors:
             problem = None if started or path != ONLINE_PATH else await self._problem(exc, body)
             if problem is None:
                 raise
-            await _answer(send, path, problem)
+            await _answer(extended.send if extended is not None else send, path, problem)
+            return
+        if extended is not None:
+            problem = await extended.answer()
+            if problem is not None:
+                await _answer(extended.send, path, problem)
+
+    async def _extended(self, scope: dict[str, Any], body: bytes) -> Extended | RequestProblem | None:
+        """A `POST /get-online-features` asking for request-time features, as Feast's app is to read it
+        (features.stores.serving_request_time), or the client's mistake in it; None for any other request."""
+        if scope["path"] != ONLINE_PATH or REQUEST_FEATURES_FIELD.encode() not in body or not is_json(scope["headers"]):
+            return None
+        request, problem = parsed(body)
+        if problem is not None or not isinstance(request, dict) or REQUEST_FEATURES_FIELD not in request:
+            return problem
+        from fastapi.concurrency import run_in_threadpool
+
+        if self.request_time is None:
+            self.request_time = RequestTimeFeatures(Path(str(self.store.repo_path)))
+        return await run_in_threadpool(self.request_time.prepare, request)
 
     async def _body_problem(self, scope: dict[str, Any], body: bytes) -> RequestProblem | None:
         """What is wrong with a JSON body before Feast reads it (none for a body FastAPI does not read as JSON,

@@ -1,0 +1,245 @@
+"""Request-time features over HTTP: `features serve` takes a request's fields in the body of
+`POST /get-online-features` and answers the request-time features beside the stored ones, computed by the one
+function training sets and the logged model call (features.kernel.request_time, through
+features.stores.request_inputs).
+
+    {"features": ["user_transactions:failed_count_24h"], "entities": {"user_id": ["u1", "u2"]},
+     "request_features": ["amount_vs_max_24h"], "request": {"amount": [120.0, 7.5]}}
+
+`request` holds one list per request field, one value per entity row; an optional `request_time` list gives each
+row's time (ISO-8601 or epoch seconds), else it is the moment the server reads the values. Feast's app answers the
+stored features, with the inputs the request-time features read added to what it is asked (and removed from its
+answer); each request-time feature is added as one more result, its values in Feast's JSON forms (times as epoch
+seconds). A request field missing, of another length or not of its declared type is the client's mistake: 400. A
+function that fails is the definitions' owner's bug, not the client's: 500, naming the feature and the row.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from features.errors import DataError, RequestFieldError
+from features.spec.request import REQUEST_TIME, RequestFeature
+from features.spec.types import DType
+from features.stores.feature_refs import FeatureColumn
+from features.stores.request_inputs import input_refs, request_fields, typed_request_field, with_request_features
+from features.stores.serving_input import RequestProblem
+
+REQUEST_FEATURES_FIELD = "request_features"
+REQUEST_FIELD = "request"
+
+
+class RequestTimeFeatures:
+    """The repo's request-time features, loaded once per worker at their first use."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.features: dict[str, RequestFeature] | None = None
+        self.columns: dict[str, FeatureColumn] = {}
+
+    def load(self) -> dict[str, RequestFeature]:
+        if self.features is None:
+            from features.repo import Repo
+            from features.stores.feature_refs import resolve_features
+
+            repo = Repo.load(self.root)
+            refs = input_refs(list(repo.request_features.values()))
+            self.columns = {r.ref: r.as_column() for r in resolve_features(repo, refs)} if refs else {}
+            self.features = dict(repo.request_features)
+        return self.features
+
+    def prepare(self, request: dict[str, Any]) -> Extended | RequestProblem:
+        """The request Feast's app is given instead (the inputs added, the request-time parts removed), or the
+        client's mistake."""
+        known = self.load()
+        names = request.get(REQUEST_FEATURES_FIELD)
+        listed = ", ".join(map(repr, sorted(known))) or "none (the repo defines no RequestFeature)"
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            return RequestProblem(
+                400,
+                f"{REQUEST_FEATURES_FIELD}: not a list of names",
+                f'send "{REQUEST_FEATURES_FIELD}" as a list of request-time feature names, of {listed}',
+            )
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            return RequestProblem(
+                404, f"{REQUEST_FEATURES_FIELD}: no request-time feature named {unknown[0]!r}", f"use one of {listed}"
+            )
+        asked = [known[n] for n in dict.fromkeys(names)]
+        fields = request.get(REQUEST_FIELD, {})
+        entities = request.get("entities")
+        lists = [v for v in entities.values() if isinstance(v, list)] if isinstance(entities, dict) else []
+        rows = max((len(v) for v in lists), default=0)
+        problem = _fields_problem(fields, request_fields(asked), rows)
+        if problem is not None:
+            return problem
+        full = bool(request.get("full_feature_names"))
+        wanted = [str(r) for r in request.get("features") or []]
+        added = [ref for ref in input_refs(asked) if ref not in wanted]
+        forwarded = {k: v for k, v in request.items() if k not in (REQUEST_FEATURES_FIELD, REQUEST_FIELD)}
+        forwarded["features"] = [*wanted, *added]
+        stored = {ref: self.columns[ref] for ref in input_refs(asked)}
+        return Extended(json.dumps(forwarded).encode(), asked, stored, added, fields, full)
+
+
+class Extended:
+    """A request with request-time features: the body Feast's app reads, and how its answer is completed."""
+
+    def __init__(
+        self,
+        body: bytes,
+        features: list[RequestFeature],
+        stored: dict[str, FeatureColumn],
+        added: list[str],
+        fields: dict[str, list[Any]],
+        full_feature_names: bool,
+    ) -> None:
+        self.body = body
+        self.features = features
+        self.stored = stored
+        self.added = added
+        self.fields = fields
+        self.full = full_feature_names
+        self.moment = datetime.now(UTC)
+
+    def name_of(self, ref: str) -> str:
+        """The name Feast answers a feature under."""
+        return ref.replace(":", "__") if self.full else ref.partition(":")[2]
+
+    def completed(self, answer: dict[str, Any]) -> dict[str, Any] | RequestProblem:
+        """Feast's answer with the request-time features after the stored ones and the added inputs removed; or
+        a 400 for a request field not of its type, a 500 for a function that fails."""
+        names = list(answer["metadata"]["feature_names"])
+        results = list(answer["results"])
+        by_name = dict(zip(names, results, strict=True))
+        frame = pd.DataFrame({ref: by_name[self.name_of(ref)]["values"] for ref in self.stored})
+        columns = {ref: FeatureColumn(ref, c.dtype, c.empty) for ref, c in self.stored.items()}
+        for field, values in self.fields.items():
+            frame[field] = pd.Series(values, dtype=object)
+        times = self.fields.get(REQUEST_TIME)
+        try:
+            moment = _times(times) if times is not None else self.moment
+            computed = with_request_features(frame, self.features, columns, moment)
+        except RequestFieldError as exc:
+            return RequestProblem(400, f"{REQUEST_FIELD}.{exc.field}: {exc.problem}", exc.fix)
+        except DataError as exc:
+            error, _, fix = str(exc).partition(". Fix: ")
+            return RequestProblem(500, error, fix or "correct the request-time feature's function")
+        dropped = {self.name_of(ref) for ref in self.added}
+        kept = [(n, r) for n, r in zip(names, results, strict=True) if n not in dropped]
+        stamps = _stamps(moment, len(frame))
+        for feature in self.features:
+            values = [_json_value(v) for v in computed[feature.name].tolist()]
+            statuses = ["PRESENT" if v is not None else "NULL_VALUE" for v in values]
+            kept.append((feature.name, {"values": values, "statuses": statuses, "event_timestamps": stamps}))
+        answer = dict(answer)
+        answer["metadata"] = {**answer["metadata"], "feature_names": [n for n, _ in kept]}
+        answer["results"] = [r for _, r in kept]
+        return answer
+
+
+def _fields_problem(fields: Any, declared: dict[str, Any], rows: int) -> RequestProblem | None:
+    if not isinstance(fields, dict) or not all(isinstance(v, list) for v in fields.values()):
+        return RequestProblem(
+            400,
+            f"{REQUEST_FIELD}: not an object of field -> list of values",
+            f'send "{REQUEST_FIELD}" as {{"<field>": [<one value per entity row>], ...}}',
+        )
+    missing = [f for f in declared if f not in fields]
+    if missing:
+        return RequestProblem(
+            400,
+            f"{REQUEST_FIELD}: no values for the request field {missing[0]!r}",
+            f'send every field the request-time features read: {", ".join(declared)} in "{REQUEST_FIELD}"',
+        )
+    extra = [f for f in fields if f not in declared and f != REQUEST_TIME]
+    if extra:
+        return RequestProblem(
+            400,
+            f"{REQUEST_FIELD}.{extra[0]}: no requested request-time feature reads this field",
+            f"send only {', '.join(declared) or 'no fields'} (and {REQUEST_TIME}), or ask for the feature reading it",
+        )
+    uneven = [f for f, v in fields.items() if len(v) != rows]
+    if uneven:
+        return RequestProblem(
+            400,
+            f"{REQUEST_FIELD}.{uneven[0]}: {len(fields[uneven[0]])} values for {rows} entity rows",
+            "send one value per entity row, in the rows' order",
+        )
+    return None
+
+
+def _times(values: list[Any]) -> pd.Series:
+    """Each row's request time as the body gives it (ISO-8601 or epoch seconds), a RequestFieldError naming one
+    that is neither."""
+    frame = pd.DataFrame({REQUEST_TIME: pd.Series(values, dtype=object)})
+    return typed_request_field(frame, REQUEST_TIME, DType.TIMESTAMP)
+
+
+def _stamps(moment: pd.Series | datetime, rows: int) -> list[str]:
+    if isinstance(moment, pd.Series):
+        return [_stamp(t) for t in moment]
+    return [_stamp(moment)] * rows
+
+
+def _stamp(moment: Any) -> str:
+    """A time as Feast's answer writes event timestamps (the epoch for none)."""
+    return "1970-01-01T00:00:00Z" if pd.isna(moment) else pd.Timestamp(moment).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _json_value(value: Any) -> Any:
+    """A value as Feast's JSON answers it: null for a missing one, a time as epoch seconds, lists as lists."""
+    if value is None or value is pd.NA or value is pd.NaT:
+        return None
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, pd.Timestamp | datetime):
+        return int(pd.Timestamp(value).timestamp())
+    if hasattr(value, "item"):
+        return value.item()
+    if isinstance(value, list | tuple):
+        return [_json_value(v) for v in value]
+    return value
+
+
+class HeldRequest:
+    """Feast's answer to an extended request, held (`held` is the `send` Feast's app is given) until `answer`
+    completes it and sends it on."""
+
+    def __init__(self, scope: dict[str, Any], extended: Extended, send: Any) -> None:
+        headers = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-length"]
+        self.scope = {**scope, "headers": [*headers, (b"content-length", str(len(extended.body)).encode())]}
+        self.body = extended.body
+        self.extended = extended
+        self.send = send
+        self.messages: list[dict[str, Any]] = []
+
+    async def held(self, message: dict[str, Any]) -> None:
+        self.messages.append(message)
+
+    async def answer(self) -> RequestProblem | None:
+        """Send Feast's answer completed with the request-time features (as it is, when it is not a 200), or give
+        the problem to answer instead."""
+        from fastapi.concurrency import run_in_threadpool
+
+        start = next((m for m in self.messages if m["type"] == "http.response.start"), None)
+        if start is None or start["status"] != 200:
+            for message in self.messages:
+                await self.send(message)
+            return None
+        body = b"".join(m.get("body", b"") for m in self.messages if m["type"] == "http.response.body")
+        completed = await run_in_threadpool(self.extended.completed, json.loads(body))
+        if isinstance(completed, RequestProblem):
+            return completed
+        content = json.dumps(completed).encode()
+        headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
+        headers.append((b"content-length", str(len(content)).encode()))
+        await self.send({"type": "http.response.start", "status": 200, "headers": headers})
+        await self.send({"type": "http.response.body", "body": content})
+        return None
