@@ -23,7 +23,14 @@ from features.pipelines.backfill import backfill
 from features.repo import Repo
 from features.spec import WINDOW_END
 from features.stores import offline
-from features.stores.statistics import GROUP_ROW, read_rows, read_statistics, statistics_table, to_date
+from features.stores.statistics import (
+    GROUP_ROW,
+    compact_stream_days,
+    read_rows,
+    read_statistics,
+    statistics_table,
+    to_date,
+)
 
 USER = Entity("user", join_keys=["user_id"])
 SOURCE = EventSource("events", path="data/events", timestamp="event_ts")
@@ -303,6 +310,13 @@ def test_a_stream_records_each_micro_batch_and_reads_merge_them(spark, feast_rep
     assert_statistics_of_the_table(repo)
     recorded = read_statistics(statistics_table(repo.root, GROUP.name))
     assert sum(c.events_in for c in recorded.counts.values()) == len(few)
+    # The stream's days merged into one row per (day, feature) read as the micro-batches' rows did.
+    table = statistics_table(repo.root, GROUP.name)
+    assert compact_stream_days(table, before=30_000) == len(written) - written.groupby(["date", "feature"]).ngroups
+    compacted = read_rows(table).to_pandas()
+    assert compacted.groupby(["date", "feature"]).size().max() == 1
+    assert_statistics_of_the_table(repo)
+    assert compact_stream_days(table, before=30_000) == 0
 
 
 @pytest.mark.parametrize(

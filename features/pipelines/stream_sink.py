@@ -302,6 +302,8 @@ def record_batch_statistics(
     totals = {d: c.plus(stats.GroupDay(rows_out=rows_out.get(d, 0))) for d, c in days.items()}
     table = stats.statistics_table(sink.repo.root, sink.group.name)
     stats.record_batch(table, profiles, totals, batch_id, {})
+    if batch_id % stats.COMPACT_EVERY == stats.COMPACT_EVERY - 1:  # the days before the watermark's, merged
+        stats.compact_stream_days(table, today)
 
 
 def screen_kinds(group: FeatureGroup, batch: DataFrame, validate: bool) -> dict[str, Screen]:

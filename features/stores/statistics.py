@@ -11,6 +11,7 @@ window ends a row covers).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from features.kernel.profile import from_records as profiles_of_records
 STATISTICS_DIR = Path("data") / "statistics"
 GROUP_ROW = ""  # the feature column of a group's rows
 BACKFILL_WRITER, STREAM_WRITER = "backfill", "stream"
+COMPACT_EVERY = 200  # a stream's micro-batches between compactions of its finished days (`compact_stream_days`)
 COMMIT_ATTEMPTS = 5  # commits tried when another writer committed first (a stream's append beside a backfill)
 DAY_ZERO = date(1970, 1, 1)
 _GROUP_COUNTS = ("events_in", "rows_out", "set_aside", "late")
@@ -195,7 +197,11 @@ class DayStatistics:
 
 def read_statistics(table: str, first: int | None = None, last: int | None = None) -> DayStatistics:
     """The days [first, last] of the table (all by default), each (day, feature)'s rows merged."""
-    rows = read_rows(table, first, last)
+    return merged(read_rows(table, first, last))
+
+
+def merged(rows: pa.Table | None) -> DayStatistics:
+    """Rows of the table, each (day, feature)'s merged."""
     profiles: dict[tuple[int, str], FeatureProfile] = {}
     counts: dict[int, GroupDay] = {}
     if rows is None or rows.num_rows == 0:
@@ -208,3 +214,36 @@ def read_statistics(table: str, first: int | None = None, last: int | None = Non
         found = GroupDay(*(r[n] for n in _GROUP_COUNTS))
         counts[r["day"]] = counts[r["day"]].plus(found) if r["day"] in counts else found
     return DayStatistics(profiles, counts)
+
+
+def compact_stream_days(table: str, before: int) -> int:
+    """A stream's rows of the days before `before` (days since 1970-01-01), one per micro-batch, merged into one per
+    (day, feature) in one commit, then the files and log entries no longer read removed: a stream that runs for
+    months keeps a few rows a day. Merging is exact (features.kernel.profile), so reads are unchanged. Returns the
+    rows removed. A commit another writer made first (a backfill of one of those days) makes this round give up:
+    retried on stale rows, it could put back what the backfill replaced; the next round tries again."""
+    from deltalake import DeltaTable, write_deltalake
+    from deltalake.exceptions import CommitFailedError
+
+    rows = read_rows(table, last=before - 1)
+    if rows is None:
+        return 0
+    streamed = rows.filter(pc.equal(rows.column("writer"), STREAM_WRITER))
+    keys = zip(streamed.column("day").to_pylist(), streamed.column("feature").to_pylist(), strict=True)
+    if streamed.num_rows == len(set(keys)):
+        return 0  # one row per (day, feature) already
+    found = merged(streamed)
+    compacted = _rows(found.profiles, found.counts, STREAM_WRITER, None, {})
+    try:
+        predicate = f"writer = '{STREAM_WRITER}' AND day < {before}"
+        write_deltalake(table, compacted, mode="overwrite", predicate=predicate)
+    except CommitFailedError:
+        return 0
+    delta = DeltaTable(table)
+    with contextlib.suppress(CommitFailedError):  # a write came between: its files wait for the next round
+        delta.optimize.compact()
+    # Files are removed an hour after no version needs them: a read under way (`features monitor`) keeps its files.
+    delta.vacuum(retention_hours=1, enforce_retention_duration=False, dry_run=False)
+    delta.create_checkpoint()
+    delta.cleanup_metadata()
+    return streamed.num_rows - compacted.num_rows
