@@ -184,11 +184,11 @@ def _times(values: list[Any]) -> pd.Series:
 
 def _stamps(moment: pd.Series | datetime, rows: int) -> list[str]:
     if isinstance(moment, pd.Series):
-        return [_stamp(t) for t in moment]
-    return [_stamp(moment)] * rows
+        return [_feast_time_text(t) for t in moment]
+    return [_feast_time_text(moment)] * rows
 
 
-def _stamp(moment: Any) -> str:
+def _feast_time_text(moment: Any) -> str:
     """A time as Feast's answer writes event timestamps (the epoch for none)."""
     return "1970-01-01T00:00:00Z" if pd.isna(moment) else pd.Timestamp(moment).strftime("%Y-%m-%dT%H:%M:%SZ")
 

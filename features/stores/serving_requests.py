@@ -133,7 +133,9 @@ class RequestErrors:
 
         if self.request_time is None:
             self.request_time = RequestTimeFeatures(Path(str(self.store.repo_path)))
-        return await run_in_threadpool(self.request_time.prepare, request)
+        if self.request_time.features is None:  # the first such request loads the definitions: off the event loop
+            return await run_in_threadpool(self.request_time.prepare, request)
+        return self.request_time.prepare(request)
 
     async def _body_problem(self, scope: dict[str, Any], body: bytes) -> RequestProblem | None:
         """What is wrong with a JSON body before Feast reads it (none for a body FastAPI does not read as JSON,
