@@ -84,11 +84,12 @@ def with_request_features(
     with one more column per request-time feature. `times`: each row's request time (a Series aligned with the
     frame, or one moment for all), for the features that take `request_time`."""
     index = frame.index
-    columns: dict[str, pd.Series] = {}
-    for ref, column in stored.items():
-        if column.name not in frame.columns:
-            raise ConfigError(f"request_features: the rows have no column {column.name!r} ({ref}), which is read")
-        columns[ref] = stored_values(frame[[column.name]], column)
+    absent = [(ref, c.name) for ref, c in stored.items() if c.name not in frame.columns]
+    if absent:
+        raise ConfigError(f"request_features: the rows have no column {absent[0][1]!r} ({absent[0][0]}), which is read")
+    # One fill_empty over every stored input (a frame of its own: the caller's columns are left as they are).
+    filled = fill_empty(frame[list(dict.fromkeys(c.name for c in stored.values()))], list(set(stored.values())))
+    columns = {ref: stored_values(filled, column) for ref, column in stored.items()}
     fields = {field: typed_request_field(frame, field, dtype) for field, dtype in request_fields(features).items()}
     out = frame.copy()
     for feature in features:
@@ -102,8 +103,8 @@ def with_request_features(
 
 
 def stored_values(frame: pd.DataFrame, column: FeatureColumn) -> pd.Series:
-    """A stored input as training sets hold it (`fill_empty`), a timestamp as UTC (epoch seconds from JSON too)."""
-    values = fill_empty(frame, [column])[column.name]
+    """A stored input of a frame `fill_empty` filled, a timestamp as UTC (epoch seconds from JSON too)."""
+    values = frame[column.name]
     if column.dtype is not DType.TIMESTAMP:
         return values
     numeric = values.dtype.kind in "iuf" or (len(values) and all(isinstance(v, int | float) for v in values.dropna()))
