@@ -365,3 +365,85 @@ def test_rows_without_an_input_column_are_refused_with_the_fix() -> None:
     since = fraud_features(row=False)[1]
     with pytest.raises(DataError, match=r"no column 'request_time'.*Fix: give request_time"):
         request_values(pd.DataFrame({"last_event": [pd.Timestamp("2026-01-01", tz="UTC")]}), since)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Inputs as every path hands them over (features.stores.request_inputs), and pickling
+
+
+def test_request_features_are_asked_by_name_or_object_each_once(tmp_path) -> None:
+    from features.stores.request_inputs import request_features_of, request_fields
+
+    repo = Repo.load(repo_with(tmp_path, "amount_max_24h"))
+    [named] = request_features_of(repo, "amount_vs_max_24h")
+    assert request_features_of(repo, [named, "amount_vs_max_24h"]) == [named]
+    with pytest.raises(ConfigError, match=r"request_features: 'nope' is no request-time feature .*Fix: name one of"):
+        request_features_of(repo, ["nope"])
+    other = RequestFeature("amount_vs_max_24h", lambda amount: amount, request={"amount": "double"}, dtype="double")
+    with pytest.raises(ConfigError, match=r"two request-time features are named 'amount_vs_max_24h'. Fix: ask"):
+        request_features_of(repo, [named, other])
+    counted = RequestFeature("counted", lambda amount: amount, request={"amount": "int"}, dtype="int")
+    with pytest.raises(ConfigError, match=r"the field 'amount' is float64 .* and int64 for 'counted'. Fix: declare"):
+        request_fields([named, counted])
+
+
+@pytest.mark.parametrize(
+    ("values", "dtype", "want"),
+    [
+        ([1, 2.5, None], DType.FLOAT64, [1.0, 2.5, None]),
+        ([1, 2.0, None], DType.INT64, [1, 2, None]),
+        ([True, None], DType.BOOL, [True, None]),
+        (["a", None], DType.STRING, ["a", None]),
+        (
+            ["2026-01-02T10:00:00Z", 1767261600, None],
+            DType.TIMESTAMP,
+            [pd.Timestamp("2026-01-02 10:00", tz="UTC"), pd.Timestamp("2026-01-01 10:00", tz="UTC"), None],
+        ),
+        ([["a", "b"], None], DType.STRING_LIST, [["a", "b"], None]),
+    ],
+)
+def test_request_fields_come_in_their_declared_type(values, dtype, want) -> None:
+    from features.stores.request_inputs import typed_request_field
+
+    got = typed_request_field(pd.DataFrame({"f": pd.Series(values, dtype=object)}), "f", dtype).tolist()
+    missing = [v is None or v is pd.NA or v is pd.NaT or (isinstance(v, float) and math.isnan(v)) for v in got]
+    assert [None if m else v for v, m in zip(got, missing, strict=True)] == want
+
+
+@pytest.mark.parametrize(
+    ("values", "dtype", "error", "fix"),
+    [
+        (["1.5"], DType.FLOAT64, "f.0: '1.5' is not a float64", "send a number for 'f'"),
+        ([1, 2.5], DType.INT64, "f.1: 2.5 is not a int64", "send a whole number for 'f'"),
+        ([True], DType.FLOAT64, "f.0: True is not a float64", "send a number for 'f'"),
+        (["yes"], DType.BOOL, "f.0: 'yes' is not a bool", "send true or false for 'f'"),
+        (["soon"], DType.TIMESTAMP, "f.0: 'soon' is not a timestamp", "send an ISO-8601 time"),
+        ([[1, "x"]], DType.INT64_LIST, "f.0: [1, 'x'] is not a int64_list", "send a list of int64 values"),
+    ],
+)
+def test_a_request_field_of_another_type_is_named_with_its_row_and_fix(values, dtype, error, fix) -> None:
+    from features.errors import RequestFieldError
+    from features.stores.request_inputs import typed_request_field
+
+    with pytest.raises(RequestFieldError) as raised:
+        typed_request_field(pd.DataFrame({"f": pd.Series(values, dtype=object)}), "f", dtype)
+    assert str(raised.value).startswith(error) and fix in raised.value.fix
+    with pytest.raises(RequestFieldError, match=r"^g: missing: a request-time feature reads this request field"):
+        typed_request_field(pd.DataFrame({"f": [1]}), "g", DType.FLOAT64)
+
+
+def test_a_repo_feature_pickles_by_value_and_unpickles_without_its_module(tmp_path) -> None:
+    import pickle
+    import sys
+
+    repo = Repo.load(repo_with(tmp_path, "amount_max_24h"))
+    feature = repo.request_features["amount_vs_max_24h"]
+    data = pickle.dumps(feature)
+    module = feature.function.__module__
+    kept = sys.modules.pop(module)  # as where the repo's modules cannot be imported
+    try:
+        again = pickle.loads(data)
+    finally:
+        sys.modules[module] = kept
+    assert again.name == feature.name and again.request == feature.request and again.features == feature.features
+    assert request_values(ROWS, again).tolist() == [2.0, math.inf, 15.0]
