@@ -180,6 +180,20 @@ def test_a_spark_training_set_equals_the_reference_computed_in_spark(spark, repo
     assert_same(got, brute_force(events, labels, labels["event_ts"]))
 
 
+def test_a_pinned_version_and_a_spark_result_give_the_same_values(spark, repo: Repo, events, labels) -> None:
+    from features.stores.offline import current_version
+
+    asked = {"timestamp_column": "event_ts", "request_features": NAMES, "log_lineage": False}
+    version = current_version(repo.offline_path(GROUP))
+    want = brute_force(events, labels, labels["event_ts"])
+    pinned = training_set(labels, ["user_req:count_1h"], repo, as_of_version=version, **asked)  # joined in Spark
+    assert list(pinned.columns) == [*labels.columns, "count_1h", *NAMES]
+    assert_same(pinned, want)
+    as_spark = training_set(labels, ["user_req:count_1h"], repo, spark=spark, **asked)
+    assert dict(as_spark.dtypes)["new_merchant"] == "boolean"
+    assert_same(as_spark.toPandas(), want)
+
+
 def test_the_request_time_is_a_named_column_if_given(repo: Repo, events, labels) -> None:
     rows = labels.assign(asked_at=labels["event_ts"] + pd.Timedelta("90s"))
     frame = training_set(
