@@ -533,5 +533,3 @@ def write_json_records(frame: DataFrame, folder: Path, schema: str | None) -> No
 def late_schema(group: FeatureGroup, key_types: dict[str, DType]) -> str:
     keys = ddl({k: key_types[k] for k in group.join_keys})
     return f"{keys}, `{pt.TS}` bigint"
-
-
