@@ -41,6 +41,12 @@ def test_a_numeric_profile_is_the_brute_force_statistics() -> None:
     assert p.distinct() == pytest.approx(len(np.unique(values)), rel=0.07)
 
 
+def test_integers_beyond_float64_s_exact_range_are_profiled_approximately() -> None:
+    """Ids such as 2**60 + k have no exact float64: the statistics (approximate anyway) take the nearest."""
+    p = profile_column(pa.array([2**60 + k for k in range(40)], pa.int64()))
+    assert p.n == 40 and p.low == p.high == float(2**60)
+
+
 def test_profiles_merge_to_the_profile_of_all_rows_in_any_order() -> None:
     column = numbers(3000)
     whole = profile_column(column)

@@ -264,3 +264,13 @@ def test_a_stream_whose_batch_gets_no_task_is_said_stuck_then_ends_and_its_resta
     watermark = pd.Timestamp(run.progress()[0].watermark)
     assert watermark >= cut  # the events of the stopped batch are in
     assert_batch_engine_rows(spark, PAIR_GROUP, offline_rows(spark, repo, PAIR_GROUP), events, watermark)
+
+
+def test_a_context_still_being_made_has_no_stage() -> None:
+    """PySpark names a SparkContext active before it has made its Java half: a look then sees no stage (it raised
+    AttributeError in the watchdog's thread, whose traceback a stream printed before its first batch)."""
+
+    class Unborn:
+        pass
+
+    assert watchdog.active_stages(Unborn()) == ()

@@ -120,8 +120,8 @@ _NAMES: dict[int, dict[int, str]] = {}  # per context, the active stages' names 
 def active_stages(context: Any) -> tuple[StageView, ...]:
     """The active stages of a classic SparkContext, from its status store (the listener Spark's UI reads, kept
     whether the UI runs or not)."""
-    jsc = context._jsc
-    if jsc is None:  # stopped
+    jsc = getattr(context, "_jsc", None)
+    if jsc is None:  # still being made (PySpark names the context active first), or stopped
         return ()
     # Two calls when no stage is active (most looks of a stream between batches); each name the JVM resolves is a
     # call of its own, so the converter is looked up once.
@@ -165,7 +165,7 @@ def _cancel_jobs() -> None:
     from pyspark import SparkContext
 
     context = SparkContext._active_spark_context
-    if context is not None and context._jsc is not None:
+    if context is not None and getattr(context, "_jsc", None) is not None:
         context.cancelAllJobs()
 
 

@@ -196,7 +196,8 @@ def _numbers(values: pa.Array) -> np.ndarray:
     if pa.types.is_timestamp(values.type) or pa.types.is_date(values.type):
         values = values.cast(pa.timestamp("us", "UTC")).cast(pa.int64())
     if values.type != pa.float64():
-        values = values.cast(pa.float64())
+        # Unchecked: an int64 beyond 2**53 (an id) has no exact float64, and statistics are approximate anyway
+        values = values.cast(pa.float64(), safe=False)
     if values.null_count:  # else the buffer as it is, without a copy
         values = values.fill_null(math.nan)
     return np.asarray(values.to_numpy(zero_copy_only=False), np.float64)
