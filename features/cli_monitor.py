@@ -56,13 +56,10 @@ def run_monitor(args: argparse.Namespace) -> int:
         min_rows=args.min_rows,
     )
     if args.json:
-        import json
-
+        from features.cli_checks import print_json
         from features.pipelines.status import jsonable
 
-        document = jsonable(report)
-        document["drifted"] = bool(report.drifted)
-        print(json.dumps(document), flush=True)
+        print_json({**jsonable(report), "drifted": bool(report.drifted)})
     else:
         print("\n".join(report.lines()))
     return 1 if report.drifted else 0

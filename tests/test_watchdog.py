@@ -10,11 +10,11 @@ from __future__ import annotations
 import io
 import threading
 import time
-from pathlib import Path
 
 import pandas as pd
 import pytest
 from test_batch_reference import make_events
+from test_failed_commit import repo_with
 from test_stream import PAIR_GROUP, arrival_order, land
 
 from features.engine import watchdog
@@ -194,19 +194,14 @@ class Blocker:
         assert self.ended.wait(30)
 
 
-def stall_repo(root: Path, feast_repo_factory, events: pd.DataFrame | None = None) -> Path:
-    land(root, arrival_order(make_events() if events is None else events, pd.Timedelta(minutes=20), seed=5), 2)
-    feast_repo_factory(root, [PAIR_GROUP])
-    return root
-
-
 @pytest.mark.spark
 def test_a_backfill_whose_jobs_get_no_task_ends_with_its_error_line_within_the_limit(
     spark, feast_repo_factory, tmp_path, capsys
 ) -> None:
     from features.cli import main
 
-    root = stall_repo(tmp_path / "repo", feast_repo_factory)
+    root = tmp_path / "repo"
+    repo_with(root, make_events(), feast_repo_factory)
     args = ["backfill", "--repo", str(root), "--start", "2026-01-01", "--end", "2026-01-02", "--no-tracking"]
     with Blocker(spark) as blocker:
         started = time.monotonic()
@@ -237,8 +232,8 @@ def test_a_stream_whose_batch_gets_no_task_is_said_stuck_then_ends_and_its_resta
 
     events = make_events()
     cut = events["event_ts"].min() + (events["event_ts"].max() - events["event_ts"].min()) / 2
-    root = stall_repo(tmp_path / "repo", feast_repo_factory, events[events["event_ts"] < cut])
-    repo = Repo.load(root)
+    root = tmp_path / "repo"
+    repo = repo_with(root, events[events["event_ts"] < cut], feast_repo_factory)
     stream(repo, available_now=True, progress=False, tracking=False).await_termination()  # a batch committed
     land(root, arrival_order(events[events["event_ts"] >= cut], pd.Timedelta(minutes=20), seed=6), 1, 2)
     said: list[str] = []
