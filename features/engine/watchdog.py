@@ -148,13 +148,20 @@ def active_stages(context: Any) -> tuple[StageView, ...]:
     return tuple(sorted(views, key=lambda v: (v.stage, v.attempt)))
 
 
-def _spark_stages() -> tuple[StageView, ...]:
-    from py4j.protocol import Py4JError
-    from pyspark import SparkContext
+def _active_context() -> Any:
+    """The active SparkContext, never importing PySpark: an import in this thread racing the command's own import
+    of it fails with a partly initialized module. No context exists before PySpark is imported anyway."""
+    module = sys.modules.get("pyspark.core.context") or sys.modules.get("pyspark.context")
+    spark_context = getattr(module, "SparkContext", None)
+    return getattr(spark_context, "_active_spark_context", None)
 
-    context = SparkContext._active_spark_context
+
+def _spark_stages() -> tuple[StageView, ...]:
+    context = _active_context()
     if context is None:  # no session yet, or Spark Connect
         return ()
+    from py4j.protocol import Py4JError  # imported by then, with the context
+
     try:
         return active_stages(context)
     except Py4JError:  # the JVM is going away with the command's end
@@ -162,9 +169,7 @@ def _spark_stages() -> tuple[StageView, ...]:
 
 
 def _cancel_jobs() -> None:
-    from pyspark import SparkContext
-
-    context = SparkContext._active_spark_context
+    context = _active_context()
     if context is not None and getattr(context, "_jsc", None) is not None:
         context.cancelAllJobs()
 
