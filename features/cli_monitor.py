@@ -36,15 +36,29 @@ def add_monitor_parser(sub: Any, repo_arg: Callable[[argparse.ArgumentParser], N
         help="Jensen-Shannon distance above which a day drifts (default: the group's Drift, else 0.1)",
     )
     monitor.add_argument("--min-rows", type=int, help="days with fewer rows are listed, not judged (default 100)")
+    monitor.add_argument(
+        "--report",
+        metavar="FILE",
+        help="also write the report as one self-contained HTML file: per feature its distribution, null share and "
+        "drift over the days, per group its health and volume",
+    )
+    monitor.add_argument(
+        "--checkpoint-dir",
+        help="root of the stream's checkpoints, for the report's health (default: <repo>/data/checkpoints)",
+    )
+    monitor.add_argument("--no-tracking", action="store_true", help="do not record the run in MLflow")
     monitor.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
 
 
 def run_monitor(args: argparse.Namespace) -> int:
     from features.pipelines.monitor import monitor
+    from features.pipelines.monitor_report import log_monitor_run, report_page, report_path, write_report
     from features.repo import Repo
 
+    path = None if args.report is None else report_path(args.report)
+    repo = Repo.load(args.repo)
     report = monitor(
-        Repo.load(args.repo),
+        repo,
         args.group,
         reference_start=args.reference_start,
         reference_end=args.reference_end,
@@ -55,11 +69,17 @@ def run_monitor(args: argparse.Namespace) -> int:
         js=args.js,
         min_rows=args.min_rows,
     )
+    document = None
+    if path is not None:
+        document = report_page(repo, report, args.group, checkpoint_root=args.checkpoint_dir).document()
+        write_report(document, path)
+    if not args.no_tracking:
+        log_monitor_run(repo, report, args.group, document)
     if args.json:
         from features.cli_checks import print_json
         from features.pipelines.status import jsonable
 
-        print_json({**jsonable(report), "drifted": bool(report.drifted)})
+        print_json({**jsonable(report), "drifted": bool(report.drifted), "report": None if path is None else str(path)})
     else:
-        print("\n".join(report.lines()))
+        print("\n".join(report.lines() + ([f"report: {path}"] if path else [])))
     return 1 if report.drifted else 0

@@ -154,7 +154,7 @@ def test_status_counts_completed_stale_and_set_aside_days(feast_repo, capsys: py
     ]
     # the gap, then every day after the last completed whose data is in
     assert "  to compute 2026-03-02, 2026-03-04 (not computed yet)" in out
-    assert "  source     newest event 2026-03-05 23:" in out
+    assert "  health     last event 2026-03-05 23:" in out and ", last backfill 20" in out
     assert "  waiting    the source ends 2026-03-05 23:" in out and "2026-03-05 is complete once" in out
     assert "  set aside  42 events on 2026-03-03" in out
 
@@ -372,9 +372,14 @@ def test_jobs_json_then_status_shows_days_runs_and_the_stream(spark, feast_repo,
     assert stream["watermark"] is not None and stream["newest_event"] is not None
     assert stream["lag_seconds"] is not None and stream["lag_seconds"] >= 0
     assert stream["streamed_by"] is None  # the stream has ended
+    health = group["health"]
+    assert health["stream"] == "stopped" and health["last_batch"] == stream["last_batch"] >= 0
+    assert health["lag_seconds"] == stream["lag_seconds"] and health["last_event"] == stream["newest_event"]
+    assert health["last_backfill"] is not None
     assert [r["kind"] for r in group["runs"]][:3] == ["verify", "stream", "backfill"]
     assert all(r["status"] == "FINISHED" and r["seconds"] >= 0 for r in group["runs"])
     status, out, _ = run(capsys, "status", "--repo", str(root))
     assert "  stream     watermark 2026-03-0" in out and "behind the newest event" in out
+    assert f"stream stopped (no process streams it), last batch {stream['last_batch']} at 20" in out
     assert "; no process streams it now" in out
     assert "  run        backfill FINISHED" in out

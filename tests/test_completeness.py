@@ -133,7 +133,7 @@ def test_since_last_waits_for_a_day_whose_files_have_not_landed(tmp_path: Path, 
     [acct] = report.groups
     assert acct.newest_event is not None and acct.newest_event.date() == D3 and acct.last_complete == D2
     lines = "\n".join(report.lines())
-    assert "  source     newest event 2026-12-03 23:" in lines and "  waiting    the source ends 2026-12-03" in lines
+    assert "  health     last event 2026-12-03 23:" in lines and "  waiting    the source ends 2026-12-03" in lines
     # The next two days land (two days late): D3 and D4 are complete now, D5 still waits.
     land(repo, day_of(events, D4), 30)
     land(repo, day_of(events, D5), 40)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -24,13 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from chromium import chromium, render
 from conftest import EXAMPLE_REPO, build_feast_repo
 
 DEMO_VIEWS = {"user_transactions", "card_merchant"}
 START_TIMEOUT_S = 90.0  # importing Feast and building the app takes a while on 2 cores
 STOP_TIMEOUT_S = 15.0
-BROWSER_TIMEOUT_S = 120.0
-CHROMIUM_INSTALL = "sudo apt-get install chromium"
 
 
 @dataclass
@@ -63,20 +61,6 @@ def _feast_command() -> list[str]:
     """The `feast` entry point next to this interpreter, else Feast's CLI module."""
     script = Path(sys.executable).with_name("feast")
     return [str(script)] if script.is_file() else [sys.executable, "-m", "feast.cli.cli"]
-
-
-def _chromium() -> str:
-    """Debian's chromium binary; a failure naming the install command under CI, else a skip."""
-    found = shutil.which("chromium")
-    if found:
-        return found
-    message = (
-        f"Chromium is not installed; the Feast UI test renders the page with it. Install it: {CHROMIUM_INSTALL} "
-        "(./dev test does this when apt-get can run as root or with passwordless sudo)"
-    )
-    if os.environ.get("CI"):
-        pytest.fail(message, pytrace=False)
-    pytest.skip(message)
 
 
 def _stop(process: subprocess.Popen) -> None:
@@ -134,25 +118,6 @@ def ui_server(demo_repo: Path) -> Iterator[UiServer]:
     assert process.poll() is not None, "feast ui still running after the test"
 
 
-def _render(chromium: str, url: str, profile: Path) -> str:
-    """The DOM of `url` after its scripts ran and their fetches answered (virtual time waits for them)."""
-    command = [
-        chromium,
-        "--headless",
-        "--no-sandbox",  # the sandbox refuses to run as root, which CI containers often are
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--no-first-run",
-        f"--user-data-dir={profile}",
-        "--virtual-time-budget=30000",
-        "--dump-dom",
-        url,
-    ]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=BROWSER_TIMEOUT_S, check=False)
-    assert result.returncode == 0, f"chromium exited with {result.returncode}:\n{result.stderr[-3000:]}"
-    return result.stdout
-
-
 @pytest.mark.slow
 @pytest.mark.spark
 def test_registry_api_lists_the_demo_feature_views(ui_server: UiServer):
@@ -175,8 +140,7 @@ def test_registry_api_lists_the_demo_feature_views(ui_server: UiServer):
 @pytest.mark.slow
 @pytest.mark.spark
 def test_feature_views_page_lists_the_demo_feature_views(ui_server: UiServer, tmp_path: Path):
-    chromium = _chromium()
-    dom = _render(chromium, ui_server.url("/p/fraud/feature-view"), tmp_path / "chromium-profile")
+    dom = render(chromium(), ui_server.url("/p/fraud/feature-view"), tmp_path / "chromium-profile")
     # Each view is a row of the table, named by a link to its own page
     listed = {name for name in DEMO_VIEWS if f'data-test-subj="row-{name}"' in dom}
     linked = {name for name in DEMO_VIEWS if f'href="/p/fraud/feature-view/{name}"' in dom}

@@ -68,7 +68,7 @@ if TYPE_CHECKING:
     from features.ml.lineage import Lineage
     from features.repo import Repo
 
-KINDS = ("backfill", "stream", "verify")
+KINDS = ("backfill", "stream", "verify", "monitor")
 ENV_URI = "MLFLOW_TRACKING_URI"
 ENV_EXPERIMENT = "MLFLOW_EXPERIMENT_NAME"
 STORE_FILE = Path("data") / "mlflow.db"

@@ -1,6 +1,8 @@
 """`features status`: where each group stands, gathered from what the jobs left behind (nothing is computed).
 
-Per group: the days a backfill completed (features.stores.manifest), the stale days and the days still to compute
+Per group: its health in one place (`Health`: the newest event in the source, the last backfill, whether a stream is
+alive from its checkpoint's marker, its last committed micro-batch, the lag), the days a backfill completed
+(features.stores.manifest), the stale days and the days still to compute
 that `features backfill --since-last` would do, with why (features.pipelines.schedule_plan's own plan of it), the
 days whose latest backfill set source records aside, the offline table's newest version and its files (the version
 `training_set(..., as_of_version=)` reads; a date holding many files waits for compaction), the stream's emitted
@@ -22,8 +24,8 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from datetime import UTC, date, datetime
+from dataclasses import dataclass, field, replace
+from datetime import UTC, date, datetime, timedelta
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -42,7 +44,7 @@ class RunInfo:
     """One MLflow run that used the group."""
 
     run_id: str
-    kind: str  # backfill | stream | verify
+    kind: str  # backfill | stream | verify | monitor
     status: str  # RUNNING | FINISHED | FAILED | KILLED
     start: datetime
     seconds: float | None  # None while it runs
@@ -58,6 +60,26 @@ class StreamInfo:
     newest_event: datetime | None  # the newest event time in the source (Parquet sources only)
     lag_seconds: float | None  # newest_event - watermark
     streamed_by: str | None = None  # the process streaming it now (features.pipelines.stream_handoff), if one is
+    last_batch: int | None = None  # the last committed micro-batch
+    stuck_since: str | None = None  # since when the process streaming it has had its Spark jobs not moving
+
+
+@dataclass(frozen=True)
+class Health:
+    """How fresh a group's data is, in one place; each None where not known."""
+
+    last_event: datetime | None  # the newest event time in the source (Parquet sources)
+    last_backfill: datetime | None  # when a backfill last completed a day
+    stream: str  # NO_STREAM (no checkpoint), ALIVE, STUCK (alive, its Spark jobs not moving) or STOPPED
+    last_batch: int | None  # the stream's last committed micro-batch, and when it committed
+    last_batch_at: datetime | None
+    # How far the final offline rows are behind the newest event: the stream's watermark, else the end of the last
+    # day a backfill completed
+    lag_seconds: float | None
+    stuck_since: str | None = None
+
+
+NO_STREAM, ALIVE, STUCK, STOPPED = "none", "alive", "stuck", "stopped"
 
 
 @dataclass(frozen=True)
@@ -85,6 +107,7 @@ class GroupStatus:
     stream: StreamInfo | None = None
     runs: list[RunInfo] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    health: Health | None = None
 
 
 @dataclass
@@ -115,6 +138,8 @@ def status(
     for group in selected:
         gs = _group_status(repo, group, now)
         gs.stream = _stream_info(repo, group, checkpoint_root)
+        if gs.stream is not None and gs.health is not None:
+            gs.health = _stream_health(gs.health, gs.stream)
         gs.runs = found_runs.get(group.name, [])
         out.append(gs)
     return Status(str(repo.root), now, out, tracking)
@@ -125,12 +150,15 @@ def _group_status(repo: Repo, group: FeatureGroup, now: datetime) -> GroupStatus
     from features.pipelines.schedule_plan import NEW, Request, plan
 
     table = repo.offline_path(group)
-    completed = read_manifest(table, group.name).completed()
+    manifest = read_manifest(table, group.name)
+    completed = manifest.completed()
     gs = GroupStatus(group.name, len(completed), *((completed[0], completed[-1]) if completed else (None, None)))
     gs.set_aside = set_aside_by_day(table, group.name)
     gs.table = _table_info(table)
     horizon = data_horizon(repo, group, now, scan=False)
     gs.newest_event, gs.last_complete = horizon.newest_event, horizon.last_day
+    last_backfill = max((p.completed_at for p in manifest.partitions.values()), default=None)
+    gs.health = Health(gs.newest_event, last_backfill, NO_STREAM, None, None, _backfill_lag(gs.newest_event, gs.last))
     gs.waiting = horizon.waiting() if horizon.behind_clock else None
     if not completed:
         upto = "" if horizon.last_day is None else f" up to {horizon.last_day.isoformat()}"
@@ -179,15 +207,40 @@ def _stream_info(repo: Repo, group: FeatureGroup, checkpoint_root: str | None) -
     newest = newest_event(repo, group)
     lag = None if newest is None or watermark is None else max(0.0, (newest - watermark).total_seconds())
     running = stream_handoff.holder(query.parent, include_self=True)
-    by = None if running is None else running.describe()
-    return StreamInfo(str(query.parent), watermark, last_at, newest, lag, by)
+    if running is None:
+        return StreamInfo(str(query.parent), watermark, last_at, newest, lag, last_batch=last)
+    stuck = running.stuck[0] if running.stuck else None
+    return StreamInfo(str(query.parent), watermark, last_at, newest, lag, running.describe(), last, stuck)
+
+
+def _backfill_lag(newest_event: datetime | None, last_completed: date | None) -> float | None:
+    """How far the end of the last day a backfill completed is behind the newest event."""
+    if newest_event is None or last_completed is None:
+        return None
+    final = datetime(last_completed.year, last_completed.month, last_completed.day, tzinfo=UTC) + timedelta(days=1)
+    return max(0.0, (newest_event - final).total_seconds())
+
+
+def _stream_health(health: Health, s: StreamInfo) -> Health:
+    """The health of a group with a stream: its lag is the stream's, its state from the checkpoint's marker."""
+    state = STOPPED if s.streamed_by is None else STUCK if s.stuck_since else ALIVE
+    return replace(
+        health,
+        stream=state,
+        last_batch=s.last_batch,
+        last_batch_at=s.last_batch_at,
+        lag_seconds=s.lag_seconds,
+        stuck_since=s.stuck_since,
+    )
 
 
 def _runs(repo: Repo, groups: list[FeatureGroup], limit: int) -> tuple[dict[str, list[RunInfo]], str]:
     """The last runs per group, and where they were looked for; the repo's own store is only read if it exists
-    (status does not create it)."""
+    (status does not create it). `limit` 0: none are read (MLflow is not imported)."""
     from features.ml import tracking
 
+    if limit < 1:
+        return {}, "not read"
     uri = tracking.tracking_uri(repo)
     if uri == tracking.default_uri(repo) and not (repo.root / tracking.STORE_FILE).is_file():
         return {}, f"no runs recorded yet ({repo.root / tracking.STORE_FILE} does not exist)"
@@ -235,8 +288,8 @@ def status_lines(report: Status) -> list[str]:
         if g.to_compute:
             days = [d for first, last in g.to_compute for d in days_from(first, last)]
             lines.append(f"  to compute {spans(days)} (not computed yet)")
-        if g.newest_event is not None and g.stream is None:
-            lines.append(f"  source     newest event {g.newest_event:%Y-%m-%d %H:%M:%S} UTC")
+        if g.health is not None:
+            lines.append(f"  health     {', '.join(f'{label} {value}' for label, value, _ in health_items(g.health))}")
         if g.waiting:
             lines.append(f"  waiting    {g.waiting.removeprefix('waiting for data: ')}")
         if g.set_aside:
@@ -261,12 +314,29 @@ def status_lines(report: Status) -> list[str]:
 
 def _stream_line(s: StreamInfo) -> str:
     wm = f"{s.watermark:%Y-%m-%d %H:%M:%S} UTC" if s.watermark else "none yet"
-    text = f"watermark {wm}"
-    if s.lag_seconds is not None:
-        text += f", {s.lag_seconds:,.0f}s behind the newest event"
-    if s.last_batch_at is not None:
-        text += f", last batch {s.last_batch_at:%Y-%m-%d %H:%M:%S} UTC"
-    return text + (f"; streamed now by {s.streamed_by}" if s.streamed_by else "; no process streams it now")
+    return f"watermark {wm}" + (
+        f"; streamed now by {s.streamed_by}" if s.streamed_by else "; no process streams it now"
+    )
+
+
+def health_items(h: Health) -> list[tuple[str, str, bool]]:
+    """The health as (label, value, alarm) items: `features status`'s health line and the report's table."""
+    items = [
+        ("last event", _moment(h.last_event, "not known (read from a Parquet source's files only)"), False),
+        ("last backfill", _moment(h.last_backfill, "none yet"), False),
+    ]
+    if h.stream != NO_STREAM:
+        state = {ALIVE: "alive", STUCK: f"stuck since {h.stuck_since}", STOPPED: "stopped (no process streams it)"}
+        items.append(("stream", state[h.stream], h.stream == STUCK))
+        batch = "none yet" if h.last_batch is None else f"{h.last_batch} at {_moment(h.last_batch_at, '?')}"
+        items.append(("last batch", batch, False))
+    if h.lag_seconds is not None:
+        items.append(("lag", f"{h.lag_seconds:,.0f}s behind the newest event", False))
+    return items
+
+
+def _moment(value: datetime | None, missing: str) -> str:
+    return missing if value is None else f"{value:%Y-%m-%d %H:%M:%S} UTC"
 
 
 def jsonable(value: Any) -> Any:
