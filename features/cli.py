@@ -234,6 +234,12 @@ def build_parser() -> argparse.ArgumentParser:
         ("--max-body-bytes", DEFAULT_MAX_BODY_BYTES, "bytes a request body may have"),
     ):
         serve.add_argument(flag, type=int, default=default, help=f"{what}; more is answered 413 (default {default})")
+    serve.add_argument(
+        "--log-served",
+        action="store_true",
+        help="append a sample of the answers to the served log (data/served), for `features monitor --served`",
+    )
+    serve.add_argument("--log-sample", type=float, help="with --log-served: share of requests logged (default 0.01)")
     from features import cli_monitor
 
     cli_monitor.add_monitor_parser(sub, _repo_arg)
@@ -358,6 +364,7 @@ def _run(args: argparse.Namespace) -> int:
         run_demo(args.repo, events=args.events, users=args.users, days=args.days)
         return 0
     if args.command == "serve":
+        from features.stores.served_logging import served_sample
         from features.stores.serving import serve
 
         if args.workers is not None and args.workers < 1:
@@ -365,8 +372,15 @@ def _run(args: argparse.Namespace) -> int:
         if not 0 < args.port < 65536:
             raise ConfigError(f"--port: {args.port} is not a TCP port (1-65535)")
         limits = RequestLimits(max_entity_rows=args.max_entity_rows, max_body_bytes=args.max_body_bytes)
+        served = served_sample(args.log_served, args.log_sample)
         serve(
-            args.repo, host=args.host, port=args.port, workers=args.workers, access_log=args.access_log, limits=limits
+            args.repo,
+            host=args.host,
+            port=args.port,
+            workers=args.workers,
+            access_log=args.access_log,
+            limits=limits,
+            log_served=served,
         )
         return 0
     raise AssertionError(args.command)  # argparse only accepts the commands above

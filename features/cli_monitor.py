@@ -37,6 +37,11 @@ def add_monitor_parser(sub: Any, repo_arg: Callable[[argparse.ArgumentParser], N
     )
     monitor.add_argument("--min-rows", type=int, help="days with fewer rows are listed, not judged (default 100)")
     monitor.add_argument(
+        "--served",
+        action="store_true",
+        help="compare the values the feature server logged (features serve --log-served), not the recorded statistics",
+    )
+    monitor.add_argument(
         "--report",
         metavar="FILE",
         help="also write the report as one self-contained HTML file: per feature its distribution, null share and "
@@ -68,6 +73,7 @@ def run_monitor(args: argparse.Namespace) -> int:
         psi=args.psi,
         js=args.js,
         min_rows=args.min_rows,
+        served=args.served,
     )
     document = None
     if path is not None:

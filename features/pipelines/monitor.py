@@ -6,7 +6,8 @@ its days' profiles merged into one per feature; each recent day's profile is com
 (features.kernel.drift: population stability index and Jensen-Shannon distance over the reference's bins, nulls a
 bin of their own). A day drifts when either measure is above its threshold: the flags', else the group's
 `FeatureGroup(drift=Drift(...))`, else DEFAULT_DRIFT. Days with fewer rows than `min_rows` on either side are
-listed, not judged: a handful of rows moves both measures by chance.
+listed, not judged: a handful of rows moves both measures by chance. With `served`, the days compared are those of
+the values the feature server logged (features.pipelines.served_skew), profiled the same way.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from features.errors import ConfigError
 from features.kernel.drift import measure_drift
+from features.pipelines.served_skew import served_statistics
 from features.spec import DEFAULT_DRIFT, Drift
 from features.stores.statistics import DayStatistics, day_of, read_statistics, statistics_table, to_date
 
@@ -54,6 +56,7 @@ class MonitorReport:
     reference_from: str  # where the reference came from: the flags, or a model's training set
     days: tuple[date, date]  # [first, end) of the days judged
     drift: list[FeatureDrift] = field(default_factory=list)
+    compared: str = "recorded statistics"  # what the days hold: the recorded statistics, or the served values
 
     @property
     def drifted(self) -> list[FeatureDrift]:
@@ -62,7 +65,8 @@ class MonitorReport:
     def lines(self) -> list[str]:
         last_ref, last_day = self.reference[1] - timedelta(days=1), self.days[1] - timedelta(days=1)
         out = [
-            f"reference {self.reference[0]} .. {last_ref} ({self.reference_from}); days {self.days[0]} .. {last_day}",
+            f"reference {self.reference[0]} .. {last_ref} ({self.reference_from}); days {self.days[0]} .. {last_day} "
+            f"({self.compared})",
             f"{'group':<20} {'feature':<24} {'date':<10} {'rows':>9} {'PSI':>7} {'JS':>6} {'nulls':>6}",
         ]
         for d in self.drift:
@@ -96,11 +100,13 @@ def monitor(
     psi: float | None = None,
     js: float | None = None,
     min_rows: int | None = None,
+    served: bool = False,
 ) -> MonitorReport:
     """Drift of the groups' features (all by default) on the days [start, end) from the reference days
     [reference_start, reference_end), or those of `reference_model`'s training set (see features.ml.reference).
     `start` defaults to the reference's end, `end` to the day after the last day with statistics. `psi`, `js`,
-    `min_rows` override the groups' thresholds."""
+    `min_rows` override the groups' thresholds. `served`: the days are those of the values the feature server
+    logged (`features serve --log-served`), not the recorded statistics."""
     selected = repo.select(list(groups or []))
     override = _override(psi, js, min_rows)
     if reference_model is not None:
@@ -129,27 +135,43 @@ def monitor(
             f"of {', '.join(tables)}; run `features backfill --repo {repo.root} --start {ref[0]} --end {ref[1]}` "
             "(statistics are recorded as backfills and streams write), or choose days that have them"
         )
-    last = max((d for t in tables.values() for d in t.days()), default=day_of_date(ref[1]))
-    days = (_day(start, "--start") if start is not None else ref[1], _day(end, "--end") if end else to_date(last + 1))
+    first = _day(start, "--start") if start is not None else ref[1]
+    current = served_statistics(repo, selected, first) if served else tables
+    last = max((d for t in current.values() for d in t.days()), default=day_of_date(ref[1]))
+    days = (first, _day(end, "--end") if end else to_date(last + 1))
     _check_range(days, "--start", "--end")
-    report = MonitorReport(ref, source, days)
+    report = MonitorReport(ref, source, days, compared="served values" if served else "recorded statistics")
     for group in selected:
         thresholds = override(group.drift or DEFAULT_DRIFT)
         report.drift.extend(
-            _group_drift(group.name, [f.name for f in group.features], tables[group.name], ref, days, thresholds)
+            _group_drift(
+                group.name,
+                [f.name for f in group.features],
+                tables[group.name],
+                current[group.name],
+                ref,
+                days,
+                thresholds,
+            )
         )
     return report
 
 
 def _group_drift(
-    group: str, features: list[str], table: DayStatistics, ref: tuple[date, date], days: tuple[date, date], t: Drift
+    group: str,
+    features: list[str],
+    table: DayStatistics,
+    current_table: DayStatistics,
+    ref: tuple[date, date],
+    days: tuple[date, date],
+    t: Drift,
 ) -> list[FeatureDrift]:
     reference_days = range(day_of_date(ref[0]), day_of_date(ref[1]))
     out = []
     for name in features:
         reference = table.over(reference_days, name)
         for day in range(day_of_date(days[0]), day_of_date(days[1])):
-            current = table.profiles.get((day, name))
+            current = current_table.profiles.get((day, name))
             if current is None:
                 continue
             base = {

@@ -60,6 +60,7 @@ def server_options(
     registry_ttl_s: int = DEFAULT_REGISTRY_TTL_S,
     access_log: bool = False,
     limits: RequestLimits | None = None,
+    log_served: float | None = None,
 ) -> dict[str, Any]:
     """The settings `serve` passes to Feast's `start_server`, and why they differ from `feast serve`'s defaults.
 
@@ -70,6 +71,7 @@ def server_options(
     - no access log by default: one log line per request costs more than a Redis lookup.
     - `limits`: what one request may ask of a worker (`RequestLimits`'s defaults unless given); within them a
       worker's memory comes back after each request, so living on costs nothing (docs/serving.md, Limits).
+    - `log_served`: the share of answers sampled into the served log (features.stores.served_logging), or None.
     """
     return {
         "no_access_log": not access_log,
@@ -83,6 +85,7 @@ def server_options(
         "tls_cert_path": "",
         "metrics": False,
         "limits": limits or RequestLimits(),
+        "log_served": log_served,
     }
 
 
@@ -96,11 +99,13 @@ def serve(
     registry_ttl_s: int = DEFAULT_REGISTRY_TTL_S,
     access_log: bool = False,
     limits: RequestLimits | None = None,
+    log_served: float | None = None,
 ) -> None:
     """Run Feast's HTTP feature server for the repo until interrupted (blocks; SIGTERM/SIGINT stop it).
 
     Endpoints are Feast's: `POST /get-online-features`, `GET /health`, ... Binds to 127.0.0.1 unless `host`
-    says otherwise (e.g. "0.0.0.0" to accept connections from other machines).
+    says otherwise (e.g. "0.0.0.0" to accept connections from other machines). `log_served`: the share of
+    answered requests appended to the served log (docs/serving.md, The served log), None for none.
     """
     store = feature_store(repo)
     check_applied(store)
@@ -110,7 +115,12 @@ def serve(
     gc.collect()
     gc.freeze()
     options = server_options(
-        workers=workers, keep_alive_s=keep_alive_s, registry_ttl_s=registry_ttl_s, access_log=access_log, limits=limits
+        workers=workers,
+        keep_alive_s=keep_alive_s,
+        registry_ttl_s=registry_ttl_s,
+        access_log=access_log,
+        limits=limits,
+        log_served=log_served,
     )
     try:
         _run_server(store, host, port, options)
@@ -186,6 +196,7 @@ def _run_server(store: FeatureStore, host: str, port: int, options: dict[str, An
         "keepalive": options["keep_alive_timeout"],
         "registry_ttl_sec": options["registry_ttl_sec"],
         "limits": options["limits"],  # not gunicorn's: `Application` hands it to `with_request_errors`
+        "log_served": options["log_served"],  # nor this: `Application` hands it to `with_served_log`
     }
     _application_class()(store=store, metrics_enabled=metrics_enabled, **gunicorn_options).run()
 
@@ -201,6 +212,7 @@ def _application_class() -> type:
     from uvicorn.server import Server
     from uvicorn_worker import UvicornWorker
 
+    from features.stores.served_logging import with_served_log
     from features.stores.serving_requests import with_request_errors
 
     class WorkerServer(Server):
@@ -237,6 +249,8 @@ def _application_class() -> type:
         def __init__(self, store: FeatureStore, **options: Any) -> None:
             super().__init__(store, **options)
             with_request_errors(self._app, store, options["registry_ttl_sec"], options["limits"])
+            if options["log_served"]:  # added last, so outermost: it sees what the client sent and got
+                with_served_log(self._app, store, options["log_served"])
 
         def load_config(self) -> None:
             super().load_config()
