@@ -28,7 +28,7 @@ from features.kernel.profile import QUANTILES, profile_days
 from features.pipelines import stream_handoff
 from features.pipelines.monitor_report import monitor_report
 from features.pipelines.status import status
-from features.plots import OTHER
+from features.plots import OTHER, FeatureSeries, GroupSeries, HealthItem, ReportPage
 from features.repo import Repo
 from features.spec import WINDOW_END
 from features.stores.manifest import update
@@ -261,3 +261,25 @@ def test_health_says_the_last_event_backfill_and_whether_the_stream_is_alive(tmp
         stream_handoff.release(checkpoint)
     [g] = status(repo, runs=0).groups
     assert g.health is not None and g.health.stream == "stopped"
+
+
+def test_the_pictures_of_sparse_or_missing_days_and_odd_names() -> None:
+    """A feature without statistics says so; a gap between days breaks the bands and lines (nothing is drawn across
+    it); names are text, never markup."""
+    day = START.date()
+    gap = (day, day + timedelta(days=1), day + timedelta(days=3))
+    band = (1.0, 2.0, 3.0, 4.0, 5.0)
+    features = (
+        FeatureSeries("<b>&new", "numeric", (), ()),
+        FeatureSeries("gappy", "numeric", gap, (0.0, 0.5, 0.1), (band, band, band)),
+    )
+    health = (HealthItem("stream", "stuck since 2026-05-01 10:00:00 UTC", alarm=True),)
+    group = GroupSeries("g<1>", gap, (("rows out", (5, None, 7)),), health, features)
+    document = ReportPage("t", (), (day, day + timedelta(days=1)), (group,)).document()
+    found = parsed(document)
+    assert set(found.features) == {"<b>&new", "gappy"} and "<b>&new" not in document
+    assert found.marks["<b>&new"] == {"distribution": 0, "nulls": 0, "drift": 0}
+    assert document.count(">no data<") == 3 + 1  # and gappy's drift: no day judged
+    gappy = document.split('data-feature="gappy"')[1]
+    assert gappy.count("<polygon") == 2 * 2  # both bands over the first two days, both over the last alone
+    assert "<td class=fx-alarm>stuck since 2026-05-01 10:00:00 UTC</td>" in document

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from features.errors import ConfigError
-from features.kernel.profile import CATEGORICAL, QUANTILES, FeatureProfile
+from features.kernel.profile import CATEGORICAL, NUMERIC, QUANTILES, FeatureProfile
 from features.pipelines.monitor import MonitorReport, day_of_date, monitor
 from features.pipelines.status import health_items, status
 from features.plots import OTHER, DriftPoint, FeatureSeries, GroupSeries, HealthItem, ReportPage
@@ -67,13 +67,15 @@ def report_page(
     last_ref, last_day = drift.reference[1] - timedelta(days=1), drift.days[1] - timedelta(days=1)
     lines = (
         f"Reference {drift.reference[0]} .. {last_ref} ({drift.reference_from}), shaded; "
-        f"days judged {drift.days[0]} .. {last_day}.",
+        f"days judged {drift.days[0]} .. {last_day}, on the {drift.compared}.",
         f"Made {now:%Y-%m-%d %H:%M:%S} UTC from the statistics in {repo.root}.",
     )
     return ReportPage(f"Feature monitoring: {repo.project or repo.root.name}", lines, drift.reference, tuple(series))
 
 
-def _group_series(group: FeatureGroup, table: DayStatistics, drift: MonitorReport, health: tuple) -> GroupSeries:
+def _group_series(
+    group: FeatureGroup, table: DayStatistics, drift: MonitorReport, health: tuple[HealthItem, ...]
+) -> GroupSeries:
     days = table.days()
     counts = [table.counts.get(d) for d in days]
     volume = []
@@ -95,7 +97,7 @@ def _group_series(group: FeatureGroup, table: DayStatistics, drift: MonitorRepor
 def _feature_series(
     name: str, profiles: list[tuple[date, FeatureProfile]], drift: tuple[DriftPoint, ...], psi: float, js: float
 ) -> FeatureSeries:
-    kind = profiles[0][1].kind if profiles else CATEGORICAL
+    kind = profiles[0][1].kind if profiles else NUMERIC  # no statistics: its pictures say "no data"
     days = tuple(d for d, _ in profiles)
     nulls = tuple(p.null_share for _, p in profiles)
     if kind == CATEGORICAL:
