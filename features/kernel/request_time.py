@@ -9,7 +9,7 @@ has null stored values): what it means is the function's to say."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -27,19 +27,24 @@ _CAST = {
     DType.STRING: "string",
     DType.BOOL: "boolean",
 }
+Columns = Mapping[str, pd.Series] | pd.DataFrame  # a frame, or its columns by name (each indexed alike)
 
 
 def add_request_features(frame: pd.DataFrame, features: Sequence[RequestFeature]) -> pd.DataFrame:
     """`frame` with one more column per request-time feature (a copy; `frame` is left as it is)."""
-    out = frame.copy()
-    for feature in features:
-        out[feature.name] = request_values(frame, feature)
-    return out
+    return frame.assign(**{feature.name: request_values(frame, feature) for feature in features})
 
 
 def request_values(frame: pd.DataFrame, feature: RequestFeature) -> pd.Series:
     """The feature's value for every row of `frame`, in its declared type, indexed as `frame`."""
-    missing = [name for name in feature.parameters if name not in frame.columns]
+    return request_column(frame, feature, frame.index)
+
+
+def request_column(columns: Columns, feature: RequestFeature, index: pd.Index) -> pd.Series:
+    """The feature's value for every row, from `columns` (its parameters' columns by name, each a Series indexed
+    by `index`: the rows), in its declared type. Few rows or many, the function is called the same way; a frame
+    need not be built around the columns (the feature server's requests are a row or a few)."""
+    missing = [name for name in feature.parameters if name not in columns]
     if missing:
         raise DataError(
             f"{feature.name}: the rows have no column {missing[0]!r}, which the request-time feature reads. Fix: "
@@ -49,9 +54,9 @@ def request_values(frame: pd.DataFrame, feature: RequestFeature) -> pd.Series:
                 else f"add {missing[0]!r} to the rows (a request field) or to the features fetched"
             )
         )
-    columns = {name: frame[name] for name in feature.parameters}
-    values = _by_rows(feature, columns, len(frame)) if feature.row else _by_columns(feature, columns, len(frame))
-    return _typed(feature, values, frame.index, columns)
+    inputs = {name: columns[name] for name in feature.parameters}
+    values = _by_rows(feature, inputs, len(index)) if feature.row else _by_columns(feature, inputs, len(index))
+    return _typed(feature, values, index, inputs)
 
 
 def _by_columns(feature: RequestFeature, columns: dict[str, pd.Series], count: int) -> Any:
@@ -73,15 +78,25 @@ def _by_columns(feature: RequestFeature, columns: dict[str, pd.Series], count: i
 
 
 def _by_rows(feature: RequestFeature, columns: dict[str, pd.Series], count: int) -> list[Any]:
-    lists = {name: column.tolist() for name, column in columns.items()}
+    lists = {name: plain_values(column) for name, column in columns.items()}
+    function = feature.function
     out = []
     for i in range(count):
-        row = {name: _plain(values[i]) for name, values in lists.items()}
         try:
-            out.append(feature.function(**row))
+            out.append(function(**{name: values[i] for name, values in lists.items()}))
         except Exception as exc:
             raise _failed(feature, columns, i, f"{type(exc).__name__}: {exc}") from exc
     return out
+
+
+def plain_values(column: pd.Series) -> list[Any]:
+    """The column's values as `_plain` gives each (None for a missing one), a whole column at a time where its
+    type allows: a row function is called a million times in a training set."""
+    if isinstance(column.dtype, np.dtype) and column.dtype.kind in "iub":
+        return column.tolist()  # numpy integers and booleans: Python values, never missing
+    if isinstance(column.dtype, np.dtype) and column.dtype.kind == "f":
+        return [None if v != v else v for v in column.tolist()]  # NaN is the one value unequal to itself
+    return [_plain(v) for v in column.tolist()]
 
 
 def _first_failing(feature: RequestFeature, columns: dict[str, pd.Series]) -> int | None:
@@ -96,18 +111,41 @@ def _first_failing(feature: RequestFeature, columns: dict[str, pd.Series]) -> in
 
 
 def _typed(feature: RequestFeature, values: Any, index: pd.Index, columns: dict[str, pd.Series]) -> pd.Series:
-    series = values.reset_index(drop=True) if isinstance(values, pd.Series) else pd.Series(list(values), dtype=object)
+    """The function's values as a Series of the declared type, indexed by `index` (by position, as returned); the
+    first value that does not fit the type is named with its row."""
     kind = feature.dtype
-    if not _fits_as_a_whole(series, kind):
-        bad = next((i for i, value in enumerate(series.tolist()) if not _fits(value, kind)), None)
-        if bad is not None:
-            why = f"{_plain(series.iloc[bad])!r} does not fit {kind.value}"
-            raise _failed(feature, columns, bad, why)
-    series.index = index
+    if isinstance(values, pd.Series):
+        series = values if values.index is index or values.index.equals(index) else values.set_axis(index)
+    elif isinstance(values, np.ndarray) and values.dtype != object:
+        series = pd.Series(values, index=index)
+    else:
+        series = pd.Series(values if isinstance(values, list) else list(values), index=index, dtype=object)
+    if _fits_as_a_whole(series, kind):
+        return _cast(series, kind)
+    plain = series.tolist()
+    if _types_fit(plain, kind):  # Python values (a row function's): converted in one go
+        return _from_python(plain, kind, index)
+    bad = next((i for i, value in enumerate(plain) if not _fits(value, kind)), None)
+    if bad is not None:
+        raise _failed(feature, columns, bad, f"{_plain(plain[bad])!r} does not fit {kind.value}")
+    return _cast(series, kind)
+
+
+def _from_python(plain: list[Any], kind: DType, index: pd.Index) -> pd.Series:
+    """Plain values of types that fit `kind` (`_types_fit`) in its column type."""
+    if kind is DType.FLOAT64:
+        return pd.Series(np.array(plain, dtype=np.float64), index=index)
+    return pd.Series(pd.array(plain, dtype=_CAST[kind]), index=index)
+
+
+def _cast(series: pd.Series, kind: DType) -> pd.Series:
+    """Values that fit `kind` in its column type."""
     if kind is DType.TIMESTAMP:
         return pd.to_datetime(series, utc=True).astype("datetime64[us, UTC]")
+    if kind is DType.BOOL and series.dtype == np.bool_:  # what a comparison gives: none is missing
+        return pd.Series(pd.arrays.BooleanArray(series.to_numpy(), np.zeros(len(series), bool)), index=series.index)
     if kind in _CAST:
-        return series.astype(_CAST[kind])
+        return series if series.dtype == _CAST[kind] else series.astype(_CAST[kind])
     return series.map(lambda v: None if _plain(v) is None else [_plain(x) for x in v])  # the list types
 
 
@@ -123,6 +161,21 @@ def _fits_as_a_whole(series: pd.Series, kind: DType) -> bool:
     if kind is DType.TIMESTAMP:
         return held == "M"
     return False
+
+
+# The types whose every value fits a declared type (`_fits` is asked only of the values of other types).
+_FITTING_TYPES: dict[DType, frozenset[type]] = {
+    DType.FLOAT64: frozenset({float, int, type(None), np.float64, np.float32, np.int64, np.int32}),
+    DType.INT64: frozenset({int, type(None), np.int64, np.int32}),
+    DType.STRING: frozenset({str, type(None)}),
+    DType.BOOL: frozenset({bool, type(None), np.bool_}),
+}
+
+
+def _types_fit(values: list[Any], kind: DType) -> bool:
+    """Whether every value is of a type all of whose values fit `kind` (one look per type, not per value)."""
+    fitting = _FITTING_TYPES.get(kind)
+    return fitting is not None and set(map(type, values)) <= fitting
 
 
 _ELEMENT = {DType.INT64_LIST: DType.INT64, DType.FLOAT64_LIST: DType.FLOAT64, DType.STRING_LIST: DType.STRING}

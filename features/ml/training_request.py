@@ -6,14 +6,14 @@ features.stores.request_inputs) that the logged model and the feature server cal
 
 The stored features they read are looked up with the asked ones (those not asked are dropped afterwards); the
 request time is the row's timestamp, or the column `request_time_column` names. pandas rows are computed on the
-driver; Spark rows in Spark's Python workers, a batch of rows at a time (`mapInPandas`, Arrow), never through the
-driver.
+driver; Spark rows in Spark's Python workers, a batch of rows at a time (a pandas UDF over the columns the features
+read, Arrow), never through the driver.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -21,7 +21,13 @@ from features.errors import ConfigError
 from features.repo import Repo
 from features.spec.request import RequestFeature
 from features.stores.feature_refs import FeatureColumn, FeatureRef, resolve_features
-from features.stores.request_inputs import input_refs, request_features_of, request_fields, with_request_features
+from features.stores.request_inputs import (
+    input_refs,
+    request_columns,
+    request_features_of,
+    request_fields,
+    with_request_features,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame as SparkDataFrame
@@ -83,30 +89,38 @@ class RequestPlan:
         return out
 
     def apply_in_spark(self, frame: SparkDataFrame) -> SparkDataFrame:
-        """The joined rows (Spark) with the request-time features: the same function on each Arrow batch of rows in
-        Spark's Python workers (`mapInPandas`, classic and Connect)."""
+        """The joined rows (Spark) with the request-time features: the same function on each Arrow batch of the
+        columns it reads, in Spark's Python workers (a pandas UDF, classic and Connect); the other columns stay in
+        the JVM."""
+        from pyspark.sql import functions as F
+        from pyspark.sql.functions import pandas_udf
+
         from features.engine.inputs import SPARK_TYPES
 
-        extra = set(self.extra_columns)
-        kept = [field for field in frame.schema.fields if field.name not in extra]
-        quoted = ", ".join(f"`{f.name.replace('`', '``')}` {f.dataType.simpleString()}" for f in kept)
+        names = set(frame.columns)
+        read = [c.name for c in self.stored.values()] + list(request_fields(self.features))
+        read += [self.time_column] if any(f.wants_request_time for f in self.features) else []
+        read = [c for c in dict.fromkeys(read) if c in names]
         added = ", ".join(f"`{f.name}` {SPARK_TYPES[f.dtype]}" for f in self.features)
-        schema = f"{quoted}, {added}" if quoted else added
-        return frame.mapInPandas(request_batches(self), schema)
+        computed = pandas_udf(request_batch(self), f"struct<{added}>")(F.struct(*[frame[c] for c in read]))
+        out = frame.select("*", computed.alias(COMPUTED))
+        kept = [out[c] for c in frame.columns if c not in set(self.extra_columns)]
+        return out.select(*kept, *[out[COMPUTED][f.name].alias(f.name) for f in self.features])
 
 
-def request_batches(plan: RequestPlan) -> Any:
-    """The function `mapInPandas` runs on each batch: `plan.apply` (the plan is pickled to the workers with the
-    request-time features' functions, by value)."""
+COMPUTED = "__features_request_time"  # the UDF's struct, a reserved name no feature or row column may take
 
-    def apply(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-        for batch in batches:
-            out = plan.apply(batch)
-            for feature in plan.features:  # Arrow takes plain types: nullable pandas ones as objects
-                out[feature.name] = arrow_ready(out[feature.name])
-            yield out
 
-    return apply
+def request_batch(plan: RequestPlan) -> Callable[[pd.DataFrame], pd.DataFrame]:
+    """What the pandas UDF runs on each Arrow batch of the columns the features read: the request-time features,
+    by the function `plan.apply` calls (the plan is pickled to the workers with the functions, by value)."""
+
+    def compute(rows: pd.DataFrame) -> pd.DataFrame:
+        times = rows[plan.time_column] if plan.time_column in rows.columns else None
+        out = request_columns(rows, plan.features, plan.stored, times, rows.index)
+        return pd.DataFrame({name: arrow_ready(values) for name, values in out.items()}, index=rows.index)
+
+    return compute
 
 
 def arrow_ready(values: pd.Series) -> pd.Series:

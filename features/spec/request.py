@@ -21,6 +21,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cache, cached_property
 from types import MappingProxyType
 from typing import Any
 
@@ -118,7 +119,7 @@ class RequestFeature:
         args = (self.name, function_bytes(self.function), dict(self.request), stored, self.dtype.value, self.row)
         return restored_request_feature, (*args, self.description)
 
-    @property
+    @cached_property  # asked at every request served: the signature is read once
     def parameters(self) -> tuple[str, ...]:
         """The function's parameters, in its own order."""
         return tuple(inspect.signature(self.function).parameters)
@@ -157,13 +158,12 @@ def function_bytes(function: Callable[..., Any]) -> bytes:
     """The function pickled with cloudpickle, by value unless it comes from the standard library or an installed
     distribution (this package among them), which are importable wherever it is unpickled."""
     import sys
-    from importlib import metadata
 
     import cloudpickle
 
     module = sys.modules.get(getattr(function, "__module__", None) or "")
     top = module.__name__.partition(".")[0] if module is not None else ""
-    installed = top in sys.stdlib_module_names or top in metadata.packages_distributions()
+    installed = top in sys.stdlib_module_names or top in _installed_modules()
     if module is None or installed or module.__name__ == "__main__":
         return cloudpickle.dumps(function)
     cloudpickle.register_pickle_by_value(module)
@@ -171,6 +171,14 @@ def function_bytes(function: Callable[..., Any]) -> bytes:
         return cloudpickle.dumps(function)
     finally:
         cloudpickle.unregister_pickle_by_value(module)
+
+
+@cache
+def _installed_modules() -> frozenset[str]:
+    """The top-level modules of the installed distributions (a scan of them all: a second or more, done once)."""
+    from importlib import metadata
+
+    return frozenset(metadata.packages_distributions())
 
 
 def restored_request_feature(

@@ -123,24 +123,33 @@ def fill_empty(
     out = frame.copy()
     for spec in features:
         ref = spec.as_column(full_feature_names) if isinstance(spec, FeatureRef) else spec
-        column = ref.name
-        values = out[column]
-        empty = empty_value(ref)
-        if ref.dtype is DType.COUNT_MAP:
-            out[column] = pd.Series([as_dict(v, ref.empty) for v in values], index=out.index, dtype=object)
-        elif ref.dtype.name.endswith("_LIST"):
-            out[column] = pd.Series([_as_list(v, ref.empty) for v in values], index=out.index, dtype=object)
-        elif empty is not None:
-            out[column] = pd.to_numeric(values).fillna(empty).astype(type(empty))
-        elif ref.dtype is DType.INT64:
-            out[column] = pd.array(pd.to_numeric(values), dtype="Int64")
-        elif ref.dtype is DType.FLOAT64:
-            out[column] = pd.to_numeric(values).astype("float64")
-        elif ref.dtype is DType.BOOL:
-            out[column] = values.astype("boolean")
-        else:
-            out[column] = pd.Series([None if _missing(v) else v for v in values], index=out.index, dtype=object)
+        out[ref.name] = filled_column(out[ref.name], ref)
     return out
+
+
+def filled_column(values: pd.Series, column: FeatureColumn) -> pd.Series:
+    """One column as `fill_empty` gives it (indexed as `values`). Plain numpy numbers are filled by numpy, without
+    pandas' conversions: the feature server fills a request's row or few with it."""
+    empty = empty_value(column)
+    plain_numbers = isinstance(values.dtype, np.dtype) and values.dtype.kind in "iuf"
+    if column.dtype is DType.COUNT_MAP:
+        return pd.Series([as_dict(v, column.empty) for v in values], index=values.index, dtype=object)
+    if column.dtype.name.endswith("_LIST"):
+        return pd.Series([_as_list(v, column.empty) for v in values], index=values.index, dtype=object)
+    if empty is not None and plain_numbers:
+        numbers = values.to_numpy()
+        if numbers.dtype.kind == "f":
+            numbers = np.where(np.isnan(numbers), empty, numbers)
+        return pd.Series(numbers.astype(type(empty)), index=values.index)
+    if empty is not None:
+        return pd.to_numeric(values).fillna(empty).astype(type(empty))
+    if column.dtype is DType.INT64:
+        return pd.Series(pd.array(pd.to_numeric(values), dtype="Int64"), index=values.index)
+    if column.dtype is DType.FLOAT64:
+        return values if values.dtype == np.float64 else pd.to_numeric(values).astype("float64")
+    if column.dtype is DType.BOOL:
+        return values.astype("boolean")
+    return pd.Series([None if _missing(v) else v for v in values], index=values.index, dtype=object)
 
 
 def _missing(value: Any) -> bool:

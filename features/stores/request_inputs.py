@@ -3,8 +3,8 @@ function, `features.kernel.request_time.request_values`.
 
 Training sets (Feast's join, the Spark join), the logged model (online values) and the feature server (Feast's JSON)
 each hold the stored values in their own form: numpy arrays or lists, pandas or Python timestamps, JSON epoch
-seconds, null or the empty window's value. `with_request_features` gives each stored input the form
-`fill_empty` gives a training set (its empty-window value, Python lists and dicts, integers as int64 or Int64),
+seconds, null or the empty window's value. `request_columns` gives each stored input the form `fill_empty` gives a
+training set (by its `filled_column`: the empty-window value, Python lists and dicts, integers as int64 or Int64),
 timestamps as UTC `datetime64[us, UTC]`, and each request field its declared type, so that a function sees the
 same values wherever it runs, and gives the same value (docs/definitions.md, "Request-time features").
 """
@@ -19,11 +19,11 @@ import numpy as np
 import pandas as pd
 
 from features.errors import ConfigError, RequestFieldError
-from features.kernel.request_time import request_values
+from features.kernel.request_time import Columns, request_column
 from features.repo import Repo
 from features.spec.request import REQUEST_TIME, RequestFeature
 from features.spec.types import DType
-from features.stores.feature_refs import FeatureColumn, fill_empty
+from features.stores.feature_refs import FeatureColumn, filled_column
 
 _ELEMENTS = {DType.INT64_LIST: DType.INT64, DType.FLOAT64_LIST: DType.FLOAT64, DType.STRING_LIST: DType.STRING}
 
@@ -81,30 +81,38 @@ def with_request_features(
     times: pd.Series | datetime | None,
 ) -> pd.DataFrame:
     """`frame` (one row per request: the request fields and the stored inputs, the column of each ref in `stored`)
-    with one more column per request-time feature. `times`: each row's request time (a Series aligned with the
-    frame, or one moment for all), for the features that take `request_time`."""
-    index = frame.index
-    absent = [(ref, c.name) for ref, c in stored.items() if c.name not in frame.columns]
+    with one more column per request-time feature (a copy). `times`: each row's request time (a Series aligned
+    with the frame, or one moment for all), for the features that take `request_time`."""
+    return frame.assign(**request_columns(frame, features, stored, times, frame.index))
+
+
+def request_columns(
+    columns: Columns,
+    features: Sequence[RequestFeature],
+    stored: Mapping[str, FeatureColumn],
+    times: pd.Series | datetime | None,
+    index: pd.Index,
+) -> dict[str, pd.Series]:
+    """Each request-time feature's column (by its name) from `columns`: the rows' request fields and stored inputs
+    by name (a frame, or Series indexed by `index`), each put in one form first (see the module's docstring)."""
+    absent = [(ref, c.name) for ref, c in stored.items() if c.name not in columns]
     if absent:
         raise ConfigError(f"request_features: the rows have no column {absent[0][1]!r} ({absent[0][0]}), which is read")
-    # One fill_empty over every stored input (a frame of its own: the caller's columns are left as they are).
-    filled = fill_empty(frame[list(dict.fromkeys(c.name for c in stored.values()))], list(set(stored.values())))
-    columns = {ref: stored_values(filled, column) for ref, column in stored.items()}
-    fields = {field: typed_request_field(frame, field, dtype) for field, dtype in request_fields(features).items()}
-    out = frame.copy()
+    inputs = {ref: stored_values(filled_column(columns[c.name], c), c) for ref, c in stored.items()}
+    fields = {field: typed_request_field(columns, field, dtype) for field, dtype in request_fields(features).items()}
+    if any(f.wants_request_time for f in features):
+        fields[REQUEST_TIME] = request_times(times, index)
+    out = {}
     for feature in features:
-        inputs = {name: fields[name] for name in feature.request}
-        inputs |= {s.name: columns[s.ref] for s in feature.features}
+        given = {name: fields[name] for name in feature.request} | {s.name: inputs[s.ref] for s in feature.features}
         if feature.wants_request_time:
-            inputs[REQUEST_TIME] = request_times(times, index)
-        ordered = pd.DataFrame({name: inputs[name] for name in feature.parameters}, index=index)
-        out[feature.name] = request_values(ordered, feature)
+            given[REQUEST_TIME] = fields[REQUEST_TIME]
+        out[feature.name] = request_column(given, feature, index)
     return out
 
 
-def stored_values(frame: pd.DataFrame, column: FeatureColumn) -> pd.Series:
-    """A stored input of a frame `fill_empty` filled, a timestamp as UTC (epoch seconds from JSON too)."""
-    values = frame[column.name]
+def stored_values(values: pd.Series, column: FeatureColumn) -> pd.Series:
+    """A stored input `filled_column` filled, a timestamp as UTC (epoch seconds from JSON too)."""
     if column.dtype is not DType.TIMESTAMP:
         return values
     numeric = values.dtype.kind in "iuf" or (len(values) and all(isinstance(v, int | float) for v in values.dropna()))
@@ -132,14 +140,14 @@ _FIXES = {
 }
 
 
-def typed_request_field(frame: pd.DataFrame, field: str, dtype: DType) -> pd.Series:
+def typed_request_field(columns: Columns, field: str, dtype: DType) -> pd.Series:
     """The request field's column in its declared type (null where it is missing); a RequestFieldError naming the
     field and the first row whose value is not of that type."""
-    if field not in frame.columns:
+    if field not in columns:
         raise RequestFieldError(
             field, "missing: a request-time feature reads this request field", f"add {field!r} ({dtype.value})"
         )
-    values = frame[field]
+    values = columns[field]
     kind = values.dtype.kind
     if dtype is DType.FLOAT64 and kind in "iuf":
         return values.astype("float64")
@@ -149,7 +157,10 @@ def typed_request_field(frame: pd.DataFrame, field: str, dtype: DType) -> pd.Ser
         return values.astype("boolean")
     if dtype is DType.TIMESTAMP and kind == "M":
         return pd.to_datetime(values, utc=True).astype("datetime64[us, UTC]")
-    plain = [_as_field_value(v, dtype) for v in values.tolist()]
+    given = values.tolist()
+    if dtype is DType.FLOAT64 and set(map(type, given)) <= _NUMBERS:  # JSON's numbers: converted in one go
+        return pd.Series(np.array(given, dtype=np.float64), index=values.index)
+    plain = [_as_field_value(v, dtype) for v in given]
     bad = next((i for i, v in enumerate(plain) if v is _WRONG), None)
     if bad is not None:
         shown = values.iloc[bad]
@@ -171,6 +182,7 @@ def typed_request_field(frame: pd.DataFrame, field: str, dtype: DType) -> pd.Ser
 
 
 _WRONG = object()
+_NUMBERS = frozenset({float, int, type(None)})  # what a double field takes as its number (None: missing)
 
 
 def _as_field_value(value: Any, dtype: DType) -> Any:

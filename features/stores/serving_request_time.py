@@ -22,13 +22,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from features.errors import DataError, RequestFieldError
 from features.spec.request import REQUEST_TIME, RequestFeature
 from features.spec.types import DType
 from features.stores.feature_refs import FeatureColumn
-from features.stores.request_inputs import input_refs, request_fields, typed_request_field, with_request_features
+from features.stores.request_inputs import input_refs, request_columns, request_fields, typed_request_field
 from features.stores.serving_input import RequestProblem
 
 REQUEST_FEATURES_FIELD = "request_features"
@@ -118,14 +119,15 @@ class Extended:
         names = list(answer["metadata"]["feature_names"])
         results = list(answer["results"])
         by_name = dict(zip(names, results, strict=True))
-        frame = pd.DataFrame({ref: by_name[self.name_of(ref)]["values"] for ref in self.stored})
-        columns = {ref: FeatureColumn(ref, c.dtype, c.empty) for ref, c in self.stored.items()}
-        for field, values in self.fields.items():
-            frame[field] = pd.Series(values, dtype=object)
+        index = pd.RangeIndex(len(results[0]["values"]) if results else 0)
+        # The columns as Series of their own, no frame around them: a request's rows are one or a few.
+        columns = {ref: _stored_column(by_name[self.name_of(ref)]["values"], c.dtype) for ref, c in self.stored.items()}
+        columns |= {field: pd.Series(values, dtype=object) for field, values in self.fields.items()}
+        stored = {ref: FeatureColumn(ref, c.dtype, c.empty) for ref, c in self.stored.items()}
         times = self.fields.get(REQUEST_TIME)
         try:
             moment = _times(times) if times is not None else self.moment
-            computed = with_request_features(frame, self.features, columns, moment)
+            computed = request_columns(columns, self.features, stored, moment, index)
         except RequestFieldError as exc:
             return RequestProblem(400, f"{REQUEST_FIELD}.{exc.field}: {exc.problem}", exc.fix)
         except DataError as exc:
@@ -133,15 +135,28 @@ class Extended:
             return RequestProblem(500, error, fix or "correct the request-time feature's function")
         dropped = {self.name_of(ref) for ref in self.added}
         kept = [(n, r) for n, r in zip(names, results, strict=True) if n not in dropped]
-        stamps = _stamps(moment, len(frame))
+        stamps = _stamps(moment, len(index))
         for feature in self.features:
-            values = [_json_value(v) for v in computed[feature.name].tolist()]
+            values = json_values(computed[feature.name])
             statuses = ["PRESENT" if v is not None else "NULL_VALUE" for v in values]
             kept.append((feature.name, {"values": values, "statuses": statuses, "event_timestamps": stamps}))
         answer = dict(answer)
         answer["metadata"] = {**answer["metadata"], "feature_names": [n for n, _ in kept]}
         answer["results"] = [r for _, r in kept]
         return answer
+
+
+def _stored_column(values: list[Any], dtype: DType) -> pd.Series:
+    """A stored input as Feast's JSON answers it, as numpy numbers where it holds numbers (null as NaN for a
+    double); `filled_column` then puts it in the form training sets have."""
+    try:
+        if dtype is DType.FLOAT64:
+            return pd.Series(np.array(values, dtype=np.float64))
+        if dtype is DType.INT64 and None not in values:
+            return pd.Series(np.array(values, dtype=np.int64))
+    except (TypeError, ValueError, OverflowError):  # not all numbers: filled_column says what they are
+        pass
+    return pd.Series(values, dtype=object)
 
 
 def _fields_problem(fields: Any, declared: dict[str, Any], rows: int) -> RequestProblem | None:
@@ -193,8 +208,19 @@ def _feast_time_text(moment: Any) -> str:
     return "1970-01-01T00:00:00Z" if pd.isna(moment) else pd.Timestamp(moment).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def json_values(values: pd.Series) -> list[Any]:
+    """A column as Feast's JSON answers it: null for a missing value, a time as epoch seconds, lists as lists (a
+    whole column at a time where its type allows)."""
+    if isinstance(values.dtype, np.dtype) and values.dtype.kind in "iub":
+        return values.tolist()
+    if isinstance(values.dtype, np.dtype) and values.dtype.kind == "f":
+        return [None if math.isnan(v) else v for v in values.tolist()]
+    if isinstance(values.dtype, pd.Int64Dtype | pd.BooleanDtype):
+        return values.to_numpy(dtype=object, na_value=None).tolist()
+    return [_json_value(v) for v in values.tolist()]
+
+
 def _json_value(value: Any) -> Any:
-    """A value as Feast's JSON answers it: null for a missing one, a time as epoch seconds, lists as lists."""
     if value is None or value is pd.NA or value is pd.NaT:
         return None
     if isinstance(value, float) and math.isnan(value):
