@@ -212,7 +212,8 @@ def apply_as_earlier_versions_did(root: Path) -> None:
     from feast.repo_config import load_repo_config
     from feast.repo_operations import _get_store_and_registry, apply_total_with_repo_instance
 
-    from features.stores.feast_objects import repo_contents, to_feast
+    from features.stores.feast_objects import to_feast
+    from features.stores.feast_repo import repo_contents
 
     repo = Repo.load(root)
     config = load_repo_config(repo.root, repo.root / "feature_store.yaml")

@@ -197,13 +197,13 @@ def feast_changes(repo: Repo) -> list[FeastChange]:
 
 
 def _desired_contents(repo: Repo, config: Any) -> Any:
-    """The repo's objects as `features apply` assembles them (features.stores.feast_objects.apply_repo), without the
+    """The repo's objects as `features apply` assembles them (features.stores.feast_repo.apply_repo), without the
     apply. Feast imports the modules from the repo folder and prints notes on stdout: both kept in check (the notes
     go to stderr, but for the one every such repo gets, `without_project_note`)."""
     import os
 
     from features.pipelines.registration import without_project_note
-    from features.stores.feast_objects import repo_contents
+    from features.stores.feast_repo import repo_contents
 
     before = os.getcwd()
     try:

@@ -95,7 +95,7 @@ def apply(repo_path: str, *, prune: bool = False) -> list[str]:
     stream running the group cannot take (a new join key or timestamp column) is refused while it runs."""
     from features.engine.session import session_soon
     from features.pipelines.stream_handoff import check_running_streams_take
-    from features.stores.feast_objects import apply_repo
+    from features.stores.feast_repo import apply_repo
 
     repo = Repo.load(repo_path)
     check_running_streams_take(repo)
