@@ -37,6 +37,7 @@ from pyspark.sql import functions as F
 from features.demo import generate_transactions, write_events
 from features.engine.session import get_spark
 from features.pipelines.backfill import BackfillResult, backfill_group
+from features.pipelines.options import BackfillOptions
 from features.pipelines.registration import apply
 from features.repo import Repo
 
@@ -157,7 +158,7 @@ def run_group(spark: SparkSession, repo: Repo, every: str, days: float) -> Backf
     """The product's backfill of every window end from the first event to a day after the last (all windows
     the naive query makes)."""
     start, end = START, START + timedelta(days=days + 1)
-    return backfill_group(spark, repo, repo.groups[f"count_24h_{every}"], start, end, progress=False)
+    return backfill_group(spark, repo, repo.groups[f"count_24h_{every}"], start, end, BackfillOptions(progress=False))
 
 
 @dataclass

@@ -33,6 +33,7 @@ from pyspark.sql import functions as F
 from features import Feature, FeatureGroup, Hop, agg
 from features.demo import generate_transactions, write_events
 from features.pipelines.backfill import backfill_group
+from features.pipelines.options import BackfillOptions
 from features.pipelines.registration import apply
 from features.repo import Repo
 from features.spec import AggKind
@@ -175,7 +176,7 @@ def timed_backfills(spark: SparkSession, repo: Repo, name: str, days: float, run
     walls = []
     for _ in range(runs):
         began = time.perf_counter()
-        backfill_group(spark, repo, group, START, end, progress=False)
+        backfill_group(spark, repo, group, START, end, BackfillOptions(progress=False))
         walls.append(time.perf_counter() - began)
     return walls
 

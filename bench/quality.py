@@ -28,6 +28,7 @@ from pyspark.sql import SparkSession
 from features.demo import generate_transactions, write_events
 from features.engine.session import get_spark
 from features.pipelines.backfill import BackfillResult, backfill_group
+from features.pipelines.options import BackfillOptions
 from features.pipelines.registration import apply
 from features.quality import derived_checks, validate_batch
 from features.quality.profiling import profile_rows
@@ -110,7 +111,8 @@ def measure(args: argparse.Namespace, spark: SparkSession, repo: Repo) -> int:
 
     def run(variant: str) -> BackfillResult:
         validate, stats = VARIANTS[variant]
-        return backfill_group(spark, repo, group, start, end, progress=False, validate=validate, statistics=stats)
+        options = BackfillOptions(progress=False, validate=validate, statistics=stats)
+        return backfill_group(spark, repo, group, start, end, options)
 
     # Warm-up of every variant (their Spark plans differ: the write computes the rows, or reads them cached): JIT,
     # file caches, Great Expectations' imports and Data Context, the Python workers of the statistics.

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from features.cli_backfill import add_backfill_parser, run_backfill
 from features.cli_checks import print_json, validate_command, verify_command
 from features.errors import ConfigError, DataError, FeaturesError, JobStalled, machine_problem
 from features.stores.serving_input import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_ENTITY_ROWS, RequestLimits
@@ -69,45 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _job_args(apply)
 
-    backfill = sub.add_parser(
-        "backfill", help="compute change points for a time range, a day, or every day not done yet, into both stores"
-    )
-    _repo_arg(backfill)
-    _job_args(backfill)
-    backfill.add_argument("--start", help="first window end, ISO-8601 UTC (e.g. 2026-01-01); with --end")
-    backfill.add_argument("--end", help="end of the range (exclusive), ISO-8601 UTC")
-    backfill.add_argument(
-        "--date", help="one UTC day, YYYY-MM-DD, unless already completed; also recomputes stale partitions"
-    )
-    backfill.add_argument(
-        "--since-last",
-        action="store_true",
-        help="every day after the last completed one up to the last complete day, and the stale partitions",
-    )
-    backfill.add_argument("--force", action="store_true", help="with --date: recompute the day even if completed")
-    backfill.add_argument(
-        "--days-per-run",
-        help="at most this many consecutive days per Spark pass over the source, a memory cap (default 31); "
-        "each day is still recorded as completed on its own",
-    )
-    backfill.add_argument(
-        "--only-changed",
-        action="store_true",
-        help="after features were added or changed, compute only those and keep the others' values from the table "
-        "(faster when the others are costly and their change points few; see docs/operations.md)",
-    )
-    backfill.add_argument("--dry-run", action="store_true", help="print what would be computed, and stop")
-    backfill.add_argument("--group", action="append", default=[], help="only this group (repeatable)")
-    backfill.add_argument("--no-online", action="store_true", help="write the offline table only")
-    backfill.add_argument(
-        "--no-tracking", action="store_true", help="do not record the run in MLflow (e.g. for benchmarks)"
-    )
-    backfill.add_argument(
-        "--on-invalid",
-        choices=["fail", "quarantine"],
-        help="what change points failing validation do, for every group: fail (stop, write nothing; the default) "
-        "or quarantine (set them aside, write nothing of them, carry on); default: each group's on_invalid",
-    )
+    add_backfill_parser(sub, _repo_arg, _job_args)
 
     stream = sub.add_parser("stream", help="run groups as Spark streams that keep both stores fresh")
     _repo_arg(stream)
@@ -298,8 +261,8 @@ def _run(args: argparse.Namespace) -> int:
         return _status(args)
     if args.command == "plan":
         return _plan(args)
-    if args.command == "backfill" and args.json:
-        return _backfill_json(args)
+    if args.command == "backfill":
+        return run_backfill(args)
     if args.command == "apply":
         from features.pipelines.registration import apply
 
@@ -311,24 +274,6 @@ def _run(args: argparse.Namespace) -> int:
         else:
             print(f"applied feature groups: {', '.join(applied) or 'none'}")
         return 0
-    if args.command == "backfill":
-        from features.pipelines.schedule import backfill_command
-
-        return backfill_command(
-            args.repo,
-            start=args.start,
-            end=args.end,
-            day=args.date,
-            since_last=args.since_last,
-            force=args.force,
-            days_per_run=args.days_per_run,
-            only_changed=args.only_changed,
-            dry_run=args.dry_run,
-            groups=args.group,
-            online=not args.no_online,
-            on_invalid=args.on_invalid,
-            track=not args.no_tracking,
-        )
     if args.command == "monitor":
         from features import cli_monitor
 
@@ -439,61 +384,14 @@ def _show(report: Any, as_json: bool) -> int:
     return 0
 
 
-def _backfill_json(args: argparse.Namespace) -> int:
-    """`features backfill --json`: the plan and progress on stderr, one JSON line per result on stdout (per
-    group and date range; with --dry-run, per group the days it would compute and why)."""
-    from features.pipelines import schedule
-
-    repo, the_plan = schedule.command_plan(
-        args.repo,
-        args.group,
-        start=args.start,
-        end=args.end,
-        day=args.date,
-        since_last=args.since_last,
-        force=args.force,
-        days_per_run=args.days_per_run,
-        only_changed=args.only_changed,
-    )
-    print(the_plan.describe(), file=sys.stderr, flush=True)
-    if args.dry_run:
-        for gp in the_plan.groups:
-            print_json({"group": gp.group.name, "dry_run": True, "days": gp.todo, "notes": gp.notes})
-        return 0
-    results = schedule.execute(
-        repo,
-        the_plan,
-        online=not args.no_online,
-        on_invalid=args.on_invalid,
-        track=not args.no_tracking,
-        say=lambda line: print(line, file=sys.stderr, flush=True),
-    )
-    for result in results:
-        print_json(result)
-    return 0
-
-
 def _stream(args: argparse.Namespace) -> int:
     """`features stream`: run until stopped (Ctrl-C stops cleanly) or, with --available-now, until done."""
     from features.errors import ValidationFailed
     from features.pipelines import stream_handoff
+    from features.pipelines.options import StreamOptions
     from features.repo import Repo
 
-    if args.max_files_per_trigger is not None and args.max_files_per_trigger < 1:
-        raise ConfigError(f"--max-files-per-trigger: {args.max_files_per_trigger} is not a positive number of files")
-    repo = Repo.load(args.repo)
-    if args.buckets is not None and not args.reset and args.from_savepoint is None:
-        # Every group named runs in a live stream: each takes the rescale up in its own process.
-        held = stream_handoff.live_holders(repo, args.group, args.checkpoint_dir)
-        for name, checkpoint in (held or {}).items():
-            print(stream_handoff.ask_rescale(name, checkpoint, args.buckets), file=sys.stderr, flush=True)
-        if held:
-            return 0
-    from features.pipelines.stream import stream  # Spark, for a stream this process runs
-
-    run = stream(
-        repo,
-        args.group,
+    options = StreamOptions(
         trigger=args.trigger,
         available_now=args.available_now,
         checkpoint_root=args.checkpoint_dir,
@@ -507,6 +405,17 @@ def _stream(args: argparse.Namespace) -> int:
         metrics_every=args.metrics_every,
         retention=None if args.retention.lower() == "none" else args.retention,
     )
+    repo = Repo.load(args.repo)
+    if options.buckets is not None and not options.reset and options.from_savepoint is None:
+        # Every group named runs in a live stream: each takes the rescale up in its own process.
+        held = stream_handoff.live_holders(repo, args.group, options.checkpoint_root)
+        for name, checkpoint in (held or {}).items():
+            print(stream_handoff.ask_rescale(name, checkpoint, options.buckets), file=sys.stderr, flush=True)
+        if held:
+            return 0
+    from features.pipelines.stream import start_streams  # Spark, for a stream this process runs
+
+    run = start_streams(repo, args.group, options)
     try:
         interrupted = run.await_or_interrupt()
     except ValidationFailed as exc:

@@ -491,6 +491,7 @@ def test_backfill_into_redis_serves_the_reference_values(
     from features import Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, agg
     from features.demo import generate_transactions
     from features.pipelines.backfill import backfill_group
+    from features.pipelines.options import BackfillOptions
     from features.repo import Repo
 
     # The range ends while events go on (they span 2026-01-01): every window holds values at the end.
@@ -522,7 +523,8 @@ def test_backfill_into_redis_serves_the_reference_values(
 
         def run(until: pd.Timestamp):  # the online path of `features backfill` (its validation is tested elsewhere)
             begin = start.to_pydatetime()
-            return backfill_group(spark, repo, group, begin, until.to_pydatetime(), progress=False, validate=False)
+            options = BackfillOptions(progress=False, validate=False)
+            return backfill_group(spark, repo, group, begin, until.to_pydatetime(), options)
 
         result = run(end)
         keys = sorted(events["user_id"].unique())

@@ -27,6 +27,7 @@ from conftest import build_feast_repo, definitions_code
 
 from features import Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, Tumble, agg
 from features.cli import build_parser, main
+from features.cli_backfill import backfill_request
 from features.demo import generate_transactions, write_events
 from features.errors import ConfigError, ValidationFailed
 from features.pipelines.days import days_from, last_complete_day, spans
@@ -419,15 +420,7 @@ def test_crontab_example_runs_valid_commands() -> None:
         words = shlex.split(fields[5].split(">>")[0])
         script = next(i for i, w in enumerate(words) if w.endswith("jobs/backfill.py") or w == "backfill")
         args = words[script + 1 :]
-        parsed = parser.parse_args(["backfill", *args])
-        request(
-            start=parsed.start,
-            end=parsed.end,
-            day=parsed.date,
-            since_last=parsed.since_last,
-            force=parsed.force,
-            days_per_run=parsed.days_per_run,
-        )
+        backfill_request(parser.parse_args(["backfill", *args]))  # checked as the command checks it
 
 
 def run_job(*args: str, cwd: Path, python: Sequence[str] = ()) -> subprocess.CompletedProcess[str]:

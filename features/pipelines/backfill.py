@@ -14,13 +14,14 @@ from typing import TYPE_CHECKING
 
 from pyspark.sql import DataFrame, SparkSession
 
-from features.engine.batch import TableRows, change_points, read_lower_bound
+from features.engine.batch import ChangePoints, TableRows, change_points, read_lower_bound
 from features.engine.files import SetAsideFile, file_days
 from features.engine.online_rows import write_online
-from features.engine.schema import FILE_REASONS
 from features.engine.session import is_local, session_soon
-from features.engine.source import observed_count, quarantine_counts, read_source
+from features.engine.source import SourceRead, observed_count, quarantine_counts, read_source
 from features.errors import ConfigError
+from features.pipelines.backfill_result import BackfillResult
+from features.pipelines.options import BackfillOptions
 from features.progress import spark_progress
 from features.repo import Repo
 from features.spec import WINDOW_END, FeatureGroup
@@ -34,91 +35,8 @@ if TYPE_CHECKING:
 
     from features.kernel.profile import FeatureProfile
     from features.quality import ValidationReport
+    from features.quality.profiling import ProfileSoon
     from features.stores.online import OnlineWriter
-
-
-@dataclass(frozen=True)
-class BackfillResult:
-    group: str
-    start: datetime
-    end: datetime
-    rows_in: int
-    rows_out: int
-    online_rows: int
-    seconds: float
-    # Bad source records set aside (per reason) and where; the validation of the change points; and, when they
-    # failed it under the "quarantine" policy, where the batch went instead of the stores.
-    quarantined: Mapping[str, int] = field(default_factory=dict)
-    quarantine_path: str | None = None
-    validation: ValidationReport | None = None
-    batch_quarantined: str | None = None
-    # Where the time went, in seconds: compute (planning the Spark pass: its rows are computed by the first job
-    # that reads them, validation's screen, else the commit), validation, online (while the offline commit runs),
-    # offline (the rest of that commit), tracking (waiting for the MLflow run, made in the background, before
-    # writing), and from `backfill`: spark_start (waiting for the session).
-    timings: dict[str, float] = field(default_factory=dict)
-    # The source files set aside whole (unreadable, or not conforming to the source's schema): a record each
-    # among `quarantined`, and the events they hold.
-    files_set_aside: tuple[SetAsideFile, ...] = ()
-    # The features computed, when only some were (the others' values were kept from the table); () when all were.
-    only: tuple[str, ...] = ()
-
-    @property
-    def records_quarantined(self) -> int:
-        return sum(self.quarantined.values())
-
-    @property
-    def events_set_aside(self) -> int:
-        """The events of the files set aside whole."""
-        return sum(f.events for f in self.files_set_aside)
-
-    def summary(self) -> str:
-        span = f"[{self.start.isoformat()}, {self.end.isoformat()})"
-        if self.batch_quarantined is not None:
-            failed = ", ".join(repr(n) for n in self.validation.failed_names()) if self.validation else ""
-            text = (
-                f"{self.group}: {self.rows_in:,} events in; the change points for {span} failed validation "
-                f"({failed}) and were quarantined in {self.batch_quarantined}, nothing written, {self.seconds:.1f}s"
-            )
-        else:
-            text = (
-                f"{self.group}: {self.rows_in:,} events in, {self.rows_out:,} change points out for {span}, "
-                f"{self.online_rows:,} keys online, {self.seconds:.1f}s"
-            )
-            if self.only:
-                text += f" (computed {', '.join(self.only)}; the others kept from the table)"
-
-        return text + self._set_aside_text()
-
-    def _set_aside_text(self) -> str:
-        """What was set aside: the files (how many, of what kind, their names and events), then the bad
-        records (how many, per reason), and where they went."""
-        parts = []
-        if self.files_set_aside:
-            kinds: dict[str, list[str]] = {}
-            for f in self.files_set_aside:
-                kinds.setdefault(f.kind, []).append(Path(f.file).name)
-            listed = "; ".join(f"{len(names):,} {kind}: {_names(names)}" for kind, names in sorted(kinds.items()))
-            parts.append(
-                f"{_plural(len(self.files_set_aside), 'file')} set aside whole with "
-                f"{_plural(self.events_set_aside, 'event')} ({listed})"
-            )
-        records = {r: n for r, n in self.quarantined.items() if r.split(":", 1)[0] not in FILE_REASONS}
-        if records:
-            reasons = ", ".join(f"{n:,} {reason}" for reason, n in records.items())
-            parts.append(f"{sum(records.values()):,} bad source records quarantined ({reasons})")
-        if not parts:
-            return ""
-        return "; " + ", ".join(parts) + (f" in {self.quarantine_path}" if self.quarantine_path else "")
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n:,} {word}{'' if n == 1 else 's'}"
-
-
-def _names(names: list[str], most: int = 3) -> str:
-    shown = ", ".join(names[:most])
-    return shown if len(names) <= most else f"{shown} and {len(names) - most} more"
 
 
 def parse_time(value: str | datetime, field: str) -> datetime:
@@ -172,18 +90,39 @@ def backfill(
     `track`: record the run in MLflow (features.ml.tracking: definitions, range, counts, validation).
     `on_swapped(group, day)`: called as each date partition of a group is swapped into its table.
     `features`: of one group, compute only these (see `backfill_group`)."""
+    options = BackfillOptions(online=online, on_invalid=on_invalid, track=track, progress=progress, now=now)
+    return backfill_range(repo, start, end, groups, options, spark=spark, on_swapped=on_swapped, features=features)
+
+
+def backfill_range(
+    repo: Repo,
+    start: str | datetime,
+    end: str | datetime,
+    groups: list[str] | None,
+    options: BackfillOptions,
+    *,
+    spark: SparkSession | None = None,
+    on_swapped: Callable[[FeatureGroup, date], None] | None = None,
+    features: Sequence[str] | None = None,
+) -> list[BackfillResult]:
+    """`backfill`, its options as one value (features.pipelines.options)."""
     start_t, end_t = parse_time(start, "--start"), parse_time(end, "--end")
     check_range(start_t, end_t)
     selected = repo.select(groups)
     # Fail before Spark starts when a store cannot take writes (e.g. the repo was never applied).
-    writers = {g.name: ready_writer(repo, g) for g in selected} if online else {}
+    writers = {g.name: ready_writer(repo, g) for g in selected} if options.online else {}
     session = session_soon(spark)  # the JVM starts while the MLflow run is set up
     from features.ml import tracking
 
-    params = {"start": start_t, "end": end_t, "online": online, "on_invalid": on_invalid or "group default"}
+    params = {
+        "start": start_t,
+        "end": end_t,
+        "online": options.online,
+        "on_invalid": options.on_invalid or "group default",
+    }
     # The run is made in the background, while Spark starts and the pass is planned; the groups wait for it
     # before they write anything.
-    with tracking.start_run(repo, "backfill", selected, params, enabled=track, background=True) as run:
+    with tracking.start_run(repo, "backfill", selected, params, enabled=options.track, background=True) as run:
         waiting = time.perf_counter()
         spark = session()
         shared = {"spark_start": time.perf_counter() - waiting}
@@ -195,10 +134,7 @@ def backfill(
                 g,
                 start_t,
                 end_t,
-                online=online,
-                progress=progress,
-                on_invalid=on_invalid,
-                now=now,
+                options,
                 writer=writers.get(g.name),
                 on_swapped=None if on_swapped is None else functools.partial(on_swapped, g),
                 features=features,
@@ -221,154 +157,239 @@ def ready_writer(repo: Repo, group: FeatureGroup) -> OnlineWriter:
     return writer
 
 
+class Laps:
+    """Where a backfill's time goes: `lap(name)` adds the time since the last lap (or the start) to `name`."""
+
+    def __init__(self) -> None:
+        self.began = self._last = time.perf_counter()
+        self.seconds: dict[str, float] = {}
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name] = self.seconds.get(name, 0.0) + now - self._last
+        self._last = now
+
+    def total(self) -> float:
+        return time.perf_counter() - self.began
+
+
+@dataclass(frozen=True)
+class SourcePass:
+    """What the read stage gives the others: the source's records of the range, not read yet (one Spark pass reads
+    them for the change points and counts the bad ones), and the part of the group computed."""
+
+    source: SourceRead
+    computing: FeatureGroup  # the group, or the features of it computed (`features`)
+    beside: TableRows | None  # the table's rows of the others, when only some are computed
+    events: DataFrame  # the good events of [lower bound, end), counting bad records (and events per day) as read
+    bad_seen: Observation  # that count of bad records
+    rejected: DataFrame  # the bad records of the range
+    events_per_day: Observation | None  # that count of events per day, for the statistics
+    table: str  # the offline table
+    records: Path  # where the bad records go
+
+    @property
+    def only(self) -> tuple[str, ...]:
+        """The features computed, when only some are; () when all are."""
+        return () if self.beside is None else tuple(f.name for f in self.computing.features)
+
+
+@dataclass
+class Written:
+    """What the validate and publish stages did (filled as they go: the set-aside stage needs the days swapped in
+    before a failure too)."""
+
+    report: ValidationReport | None = None
+    batch_quarantined: str | None = None  # where the batch went when it failed validation under "quarantine"
+    rows_out: int = 0
+    online_rows: int = 0
+    swapped: list[date] = field(default_factory=list)  # the date partitions swapped into the table
+    profiles: Mapping[tuple[int, str], FeatureProfile] | None = None  # the rows' statistics
+
+
 def backfill_group(
     spark: SparkSession,
     repo: Repo,
     group: FeatureGroup,
     start: datetime,
     end: datetime,
+    options: BackfillOptions,
     *,
-    online: bool = True,
-    progress: bool | None = None,
-    on_invalid: str | None = None,
-    now: datetime | None = None,
-    validate: bool = True,
     writer: OnlineWriter | None = None,
     on_swapped: Callable[[date], None] | None = None,
     features: Sequence[str] | None = None,
     before_writing: Callable[[], object] | None = None,
-    statistics: bool = True,
 ) -> BackfillResult:
-    """Backfill one group. Bad source records go to the group's quarantine folder; the change points are
-    validated (features.quality) before either store is written, and a failure does what the policy says:
-    raise ValidationFailed ("fail", writing nothing) or set the batch aside ("quarantine", writing nothing of
-    it). `validate=False` skips the validation (benchmarks measure its cost that way).
+    """Backfill one group: read the source, compute the change points, validate them, publish them (the offline
+    commit, then the online store) or set the batch aside, and set the bad source records aside. A failed validation
+    does what the policy says: raise ValidationFailed ("fail", writing nothing) or set the batch aside ("quarantine",
+    writing nothing of it).
 
     `features`: compute only these; the other features' values come from the table's rows (features.kernel.beside),
     which must hold them over the range, as computed with the current definition. Online, only these are written.
 
     `before_writing`: called once the rows are computed and validated, before anything is written (and before
-    a failed batch is set aside); its error stops the backfill there.
-
-    `statistics`: record the rows' statistics per feature and day (features.stores.statistics) when they are
-    written; `False` skips them (benchmarks measure their cost that way)."""
+    a failed batch is set aside); its error stops the backfill there."""
     from features import quality
-    from features.quality.profiling import ProfileSoon, observe_days
 
-    began = time.perf_counter()
-    chosen = quality.policy(group, quality.BACKFILL_DEFAULT, on_invalid)
-    source = read_source(spark, group, repo.source_path(group), now=now)
-    if online and writer is None:
+    clock = Laps()
+    chosen = quality.policy(group, quality.BACKFILL_DEFAULT, options.on_invalid)
+    read = read_stage(spark, repo, group, start, end, options, features)
+    if options.online and writer is None:
         writer = ready_writer(repo, group)
-    records = quality.quarantine_root(repo.root, group.name) / "records" / quality.new_run_id()
-    table = repo.offline_path(group)
-    computing, table_rows = _computed_part(spark, table, group, features)
-    if table_rows is not None and writer is not None:
+    if read.only and writer is not None:
         # The others' values online stay as the store has them: the table's rows hold them before `end`, not at it.
-        writer = writer.only([f.name for f in computing.features])
-    lower = read_lower_bound(computing, micros(start))
-    rejected = source.rejected_for(lower, micros(end))
-    # The pass that computes the change points also counts the bad records: only when it finds some (or files
-    # that cannot be read), a second pass sets them aside.
-    events, bad_seen = source.counted_events(lower, micros(end))
-    events_per_day = None
-    if statistics:
-        events, events_per_day = observe_days(events, group.source.timestamp, start, end)
-    profiles = None
-    profiling: ProfileSoon | None = None
-    report: ValidationReport | None = None
-    batch_quarantined: str | None = None
-    online_rows = 0
-    timings: dict[str, float] = {}
-    clock = [began]
-
-    def lap(name: str) -> None:
-        now = time.perf_counter()
-        timings[name] = timings.get(name, 0.0) + now - clock[0]
-        clock[0] = now
-
-    def write_newest_online(newest: DataFrame) -> None:
-        """Each key's newest row to the online store, once the offline table's commit is made."""
-        nonlocal online_rows
-        if writer is not None:
-            lap("offline")
-            online_rows = write_online(writer, newest)
-            lap("online")
-
-    swapped: list[date] = []
+        writer = writer.only(list(read.only))
+    written = Written()
     try:
-        with spark_progress(spark, f"backfill {group.name}", progress):
-            beside = None if table_rows is None else _beside_table(group, computing, table_rows, start)
-            computed = change_points(computing, events, micros(start), micros(end), observe=True, beside=beside)
-            rows = computed.with_latest
-            # stage -> validate -> publish (the offline commit, then the online store), or quarantine
-            with Staged(rows, table, start, end, in_driver=is_local(spark)) as staged:
+        with spark_progress(spark, f"backfill {group.name}", options.progress):
+            computed = compute_stage(read, start, end)
+            with Staged(computed.with_latest, read.table, start, end, in_driver=is_local(spark)) as staged:
                 # Spark computes the rows when they are first needed: in the validation's screen (one pass that
                 # also caches them for both stores), or without validation in the offline commit.
-                lap("plan")
-                if validate:
-                    report = quality.validate_batch(group, staged.rows, range_start=start)
-                if statistics and (report is None or report.success):
-                    profiling = ProfileSoon(group, staged.rows, before=end)  # every feature's, as written
+                clock.lap("plan")
+                written.report, profiling = validate_stage(group, staged, options, start, end)
                 if before_writing is not None:
-                    lap("compute_validation")
+                    clock.lap("compute_validation")
                     before_writing()
-                    lap("tracking")
-                if report is not None and not report.success:
+                    clock.lap("tracking")
+                if written.report is not None and not written.report.success:
                     what = f"change points for [{start.isoformat()}, {end.isoformat()}]"
-                    batch_quarantined = quality.handle_invalid(report, staged.rows, group, repo.root, chosen, what)
-                    rows_out = 0
+                    written.batch_quarantined = quality.handle_invalid(
+                        written.report, staged.rows, group, repo.root, chosen, what
+                    )
                 else:
-                    lap("compute_validation")
-                    info = {
-                        "group": group.name,
-                        "definition_hash": definition_hash(group),
-                        "features": feature_hashes(group),
-                    }
-                    count = None if report is None else report.rows
-                    with profiling.watching() if profiling is not None else contextlib.nullcontext():
-                        rows_out = staged.publish(info, online=write_newest_online, count=count)
-                    swapped = staged.days
-                    if profiling is not None:
-                        profiles = profiling.result()
-                        lap("statistics")
+                    clock.lap("compute_validation")
+                    publish_stage(staged, group, writer, profiling, written, clock)
     except Exception as exc:  # the bad records are set aside whatever else failed
         try:
-            _, by_day = quarantine_counts(rejected, records, group.source.timestamp)
-            record_set_aside(table, group, swapped, source.set_aside, by_day)
+            set_aside_stage(read, group, written.swapped, clock, failed=True)
         except Exception as also:
             exc.add_note(f"Setting the bad source records aside failed too: {also}")
         raise
     if on_swapped is not None:
-        for day in swapped:
+        for day in written.swapped:
             on_swapped(day)
-    lap("offline")
-    quarantined: dict[str, int] = {}
-    by_day: dict[date, int] = {}
-    if source.bad_files or observed_count(bad_seen, "rejected") != 0:  # None (not known): look
-        quarantined, by_day = quarantine_counts(rejected, records, group.source.timestamp)
-        lap("quarantine")
-    record_set_aside(table, group, swapped, source.set_aside, by_day)
-    if profiles is not None and swapped:
-        record_statistics(repo, group, profiles, events_per_day, by_day, start, end)
-        lap("statistics")
-    rows_in = computed.events_read()
+    clock.lap("offline")
+    quarantined, by_day = set_aside_stage(read, group, written.swapped, clock)
+    if written.profiles is not None and written.swapped:
+        record_statistics(repo, group, written.profiles, read.events_per_day, by_day, start, end)
+        clock.lap("statistics")
     return BackfillResult(
         group.name,
         start,
         end,
-        rows_in,
-        rows_out,
-        online_rows,
-        time.perf_counter() - began,
+        computed.events_read(),
+        written.rows_out,
+        written.online_rows,
+        clock.total(),
         quarantined=quarantined,
-        quarantine_path=str(records) if quarantined else None,
-        validation=report,
-        batch_quarantined=batch_quarantined,
-        timings=timings,
-        files_set_aside=source.set_aside,
-        only=() if table_rows is None else tuple(f.name for f in computing.features),
+        quarantine_path=str(read.records) if quarantined else None,
+        validation=written.report,
+        batch_quarantined=written.batch_quarantined,
+        timings=clock.seconds,
+        files_set_aside=read.source.set_aside,
+        only=read.only,
     )
+
+
+def read_stage(
+    spark: SparkSession,
+    repo: Repo,
+    group: FeatureGroup,
+    start: datetime,
+    end: datetime,
+    options: BackfillOptions,
+    features: Sequence[str] | None,
+) -> SourcePass:
+    """The source's records that the change points of [start, end) need, and the part of the group computed. The
+    pass that computes the change points also counts the bad records: only when it finds some (or files that
+    cannot be read), a second pass sets them aside."""
+    from features import quality
+    from features.quality.profiling import observe_days
+
+    source = read_source(spark, group, repo.source_path(group), now=options.now)
+    records = quality.quarantine_root(repo.root, group.name) / "records" / quality.new_run_id()
+    table = repo.offline_path(group)
+    computing, table_rows = _computed_part(spark, table, group, features)
+    beside = None if table_rows is None else _beside_table(group, computing, table_rows, start)
+    lower = read_lower_bound(computing, micros(start))
+    rejected = source.rejected_for(lower, micros(end))
+    events, bad_seen = source.counted_events(lower, micros(end))
+    events_per_day = None
+    if options.statistics:
+        events, events_per_day = observe_days(events, group.source.timestamp, start, end)
+    return SourcePass(source, computing, beside, events, bad_seen, rejected, events_per_day, table, records)
+
+
+def compute_stage(read: SourcePass, start: datetime, end: datetime) -> ChangePoints:
+    """The change points of [start, end), planned: Spark computes them when they are first needed."""
+    return change_points(read.computing, read.events, micros(start), micros(end), observe=True, beside=read.beside)
+
+
+def validate_stage(
+    group: FeatureGroup, staged: Staged, options: BackfillOptions, start: datetime, end: datetime
+) -> tuple[ValidationReport | None, ProfileSoon | None]:
+    """The change points' validation (their first Spark pass), and when they pass, their statistics to compute beside
+    the commit (every feature's, as written)."""
+    from features import quality
+    from features.quality.profiling import ProfileSoon
+
+    report = quality.validate_batch(group, staged.rows, range_start=start) if options.validate else None
+    if options.statistics and (report is None or report.success):
+        return report, ProfileSoon(group, staged.rows, before=end)
+    return report, None
+
+
+def publish_stage(
+    staged: Staged,
+    group: FeatureGroup,
+    writer: OnlineWriter | None,
+    profiling: ProfileSoon | None,
+    written: Written,
+    clock: Laps,
+) -> None:
+    """One commit replaces the range in the offline table; once it is made, each key's newest row goes to the online
+    store; the rows' statistics are computed beside the commit."""
+    info = {"group": group.name, "definition_hash": definition_hash(group), "features": feature_hashes(group)}
+    online = None if writer is None else OnlineWrite(writer, clock)
+    count = None if written.report is None else written.report.rows
+    with profiling.watching() if profiling is not None else contextlib.nullcontext():
+        written.rows_out = staged.publish(info, online=online, count=count)
+    written.swapped = staged.days
+    written.online_rows = 0 if online is None else online.rows
+    if profiling is not None:
+        written.profiles = profiling.result()
+        clock.lap("statistics")
+
+
+@dataclass
+class OnlineWrite:
+    """Each key's newest row to the online store, once the offline table's commit is made (`Staged.publish`)."""
+
+    writer: OnlineWriter
+    clock: Laps
+    rows: int = 0
+
+    def __call__(self, newest: DataFrame) -> None:
+        self.clock.lap("offline")
+        self.rows = write_online(self.writer, newest)
+        self.clock.lap("online")
+
+
+def set_aside_stage(
+    read: SourcePass, group: FeatureGroup, swapped: list[date], clock: Laps, *, failed: bool = False
+) -> tuple[dict[str, int], dict[date, int]]:
+    """The bad source records written to the quarantine folder, when the pass counted some (or could not count, or
+    `failed`: it may not have run), and what was set aside noted for each date swapped in (`record_set_aside`).
+    Returns the records per reason and per date."""
+    quarantined: dict[str, int] = {}
+    by_day: dict[date, int] = {}
+    if failed or read.source.bad_files or observed_count(read.bad_seen, "rejected") != 0:  # None (not known): look
+        quarantined, by_day = quarantine_counts(read.rejected, read.records, group.source.timestamp)
+        clock.lap("quarantine")
+    record_set_aside(read.table, group, swapped, read.source.set_aside, by_day)
+    return quarantined, by_day
 
 
 def _computed_part(

@@ -26,7 +26,6 @@ from pathlib import Path
 from features.quality import quarantine_root
 from features.repo import Repo
 
-DEFAULT_KEEP = "30d"
 SWEEP_EVERY_S = 3600.0  # how often a running stream sweeps
 
 

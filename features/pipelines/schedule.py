@@ -1,17 +1,19 @@
 """Incremental backfills, done: the plan's runs in order (features.pipelines.schedule_plan says which partitions and
 why), each date recorded in the manifest right after its partition is swapped in, so that an interrupted schedule
-resumes with the first date it did not finish; late batches remembered first; the commands that print a plan or
-run it.
+resumes with the first date it did not finish; late batches remembered first.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from datetime import date, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from features.pipelines.days import spans
-from features.pipelines.schedule_plan import Plan, Run, one_run, plan, plural, request
+from features.pipelines.options import BackfillOptions
+from features.pipelines.schedule_plan import Plan, Run, one_run, plural
+from features.pipelines.schedule_plan import plan as plan  # re-exported with `request`: the public API's plan
+from features.pipelines.schedule_plan import request as request
 from features.repo import Repo
 from features.spec import FeatureGroup
 from features.spec.fingerprint import definition_hash, feature_hashes
@@ -43,18 +45,32 @@ def execute(
     schedule still knows), then each run in order, one Spark pass per run, recording each of its dates as
     soon as its partition is in the table. A run of several dates that fails validation is redone a date
     at a time (the dates before the bad one get completed). A failing run stops the schedule with its error;
-    the dates recorded before it stay recorded."""
+    the dates recorded before it stay recorded. `say`: where each run's line goes (default: above the progress
+    bar)."""
+    options = BackfillOptions(online=online, on_invalid=on_invalid, track=track, progress=progress, now=now)
+    return run_plan(repo, the_plan, options, spark=spark, say=say)
+
+
+def run_plan(
+    repo: Repo,
+    the_plan: Plan,
+    options: BackfillOptions,
+    *,
+    spark: SparkSession | None = None,
+    say: Callable[[str], None] | None = None,
+) -> list[BackfillResult]:
+    """`execute`, its options as one value (features.pipelines.options)."""
     from features.errors import ValidationFailed
-    from features.pipelines.backfill import backfill, ready_writer
+    from features.pipelines.backfill import backfill_range, ready_writer
     from features.progress import PartitionProgress
 
     _remember_late(repo, the_plan)
-    if online:  # fail before any Spark work when a store cannot take writes (e.g. the repo was never applied)
+    if options.online:  # fail before any Spark work when a store cannot take writes (e.g. the repo was never applied)
         for gp in the_plan.groups:
             if gp.runs:
                 ready_writer(repo, gp.group).close()
     results: list[BackfillResult] = []
-    with PartitionProgress(the_plan.partitions, "backfill", enabled=progress) as bar:
+    with PartitionProgress(the_plan.partitions, "backfill", enabled=options.progress) as bar:
         write = say or bar.write
         for gp in the_plan.groups:
             todo = list(gp.runs)
@@ -69,17 +85,13 @@ def execute(
                     bar.advance(len(run.days), 0)
                     continue
                 try:
-                    [result] = backfill(
+                    [result] = backfill_range(
                         repo,
                         run.start,
                         run.end,
                         [run.group],
+                        options,
                         spark=spark,
-                        online=online,
-                        progress=progress,
-                        on_invalid=on_invalid,
-                        now=now,
-                        track=track,
                         on_swapped=recorder,
                         features=run.features,
                     )
@@ -147,53 +159,3 @@ def record_completed(
     with update(table, group.name) as manifest:
         for day in days:
             manifest.record(day, current, hashes, rows.get(day, 0), source_read_at=source_read_at)
-
-
-def command_plan(
-    repo_path: str,
-    groups: Sequence[str] = (),
-    *,
-    now: datetime | None = None,
-    spark: SparkSession | None = None,
-    **options: Any,
-) -> tuple[Repo, Plan]:
-    """The repo and the plan of a `features backfill` command: `options` are `request`'s (checked by it)."""
-    repo = Repo.load(repo_path)
-    return repo, plan(repo, request(**options), groups, now=now, spark=spark)
-
-
-def backfill_command(
-    repo_path: str,
-    *,
-    start: str | None = None,
-    end: str | None = None,
-    day: str | None = None,
-    since_last: bool = False,
-    force: bool = False,
-    days_per_run: str | int | None = None,
-    only_changed: bool = False,
-    dry_run: bool = False,
-    groups: Sequence[str] = (),
-    online: bool = True,
-    on_invalid: str | None = None,
-    track: bool = True,
-    now: datetime | None = None,
-    spark: SparkSession | None = None,
-) -> int:
-    """`features backfill`: check the options, print the plan, do it; the exit status (errors raise). Spark
-    starts only once the repo, the groups and the stores checked out, so that a mistake prints one line."""
-    options = {
-        "start": start,
-        "end": end,
-        "day": day,
-        "since_last": since_last,
-        "force": force,
-        "only_changed": only_changed,
-    }
-    repo, the_plan = command_plan(repo_path, groups, now=now, spark=spark, days_per_run=days_per_run, **options)
-    print(the_plan.describe(), flush=True)
-    if dry_run:
-        print("dry run: nothing computed, nothing recorded")
-        return 0
-    execute(repo, the_plan, spark=spark, online=online, on_invalid=on_invalid, now=now, track=track)
-    return 0

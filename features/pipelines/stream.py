@@ -45,15 +45,13 @@ from features.errors import ConfigError, EnvironmentProblem, ValidationFailed
 from features.ml import tracking as mlflow_tracking
 from features.pipelines import savepoint, stream_handoff, stream_reload, stream_upgrade
 from features.pipelines.backfill import ready_writer
-from features.pipelines.retention import DEFAULT_KEEP
+from features.pipelines.options import DEFAULT_KEEP, StreamOptions
 from features.pipelines.rollup import MetricRollup
 from features.pipelines.stream_aside import SetAside
 from features.pipelines.stream_progress import StreamProgress, emitted_watermark
 from features.pipelines.stream_sink import BatchSink
-from features.progress import shown_by_default
 from features.repo import Repo
 from features.spec import FeatureGroup
-from features.spec.durations import parse_duration
 from features.spec.fingerprint import definition_hash
 from features.stores import offline
 
@@ -234,42 +232,52 @@ def stream(
     `retention` (None: for ever), swept when the stream starts and hourly (features.pipelines.retention).
     `from_savepoint`: start the one selected group from a savepoint (features.pipelines.savepoint), in a new
     checkpoint."""
+    options = StreamOptions(
+        trigger=trigger,
+        available_now=available_now,
+        checkpoint_root=checkpoint_root,
+        reset=reset,
+        from_savepoint=from_savepoint,
+        online=online,
+        validate=validate,
+        buckets=buckets,
+        max_files_per_trigger=max_files_per_trigger,
+        progress=progress,
+        tracking=tracking,
+        metrics_every=metrics_every,
+        retention=retention,
+    )
+    return start_streams(repo, groups, options, spark=spark)
 
-    stream_handoff.check_buckets(buckets)
-    every_s = parse_duration(trigger, "--trigger")
-    metrics_s = parse_duration(metrics_every, "--metrics-every")
-    keep_s = None if retention is None else parse_duration(retention, "--retention")
+
+def start_streams(
+    repo: Repo, groups: list[str] | None, options: StreamOptions, *, spark: SparkSession | None = None
+) -> StreamRun:
+    """`stream`, its options as one value (features.pipelines.options)."""
     selected = repo.select(groups)
-    if from_savepoint is not None and (len(selected) != 1 or reset):
+    if options.from_savepoint is not None and (len(selected) != 1 or options.reset):
         raise ConfigError(
             "--from-savepoint: a savepoint starts one group in a new checkpoint: name it with --group, without --reset"
         )
     for group in selected:  # two processes writing one checkpoint would corrupt it
-        stream_handoff.check_free(repo, group.name, Path(repo.checkpoint_path(group, checkpoint_root)))
-    writers = {g.name: ready_writer(repo, g) for g in selected} if online else {}
-    session = session_soon(spark, long_running=not available_now)  # the JVM starts while the MLflow run is made
+        stream_handoff.check_free(repo, group.name, Path(repo.checkpoint_path(group, options.checkpoint_root)))
+    writers = {g.name: ready_writer(repo, g) for g in selected} if options.online else {}
+    session = session_soon(spark, long_running=not options.available_now)  # the JVM starts while the MLflow run is made
     run = StreamRun({}, {})
-    params = {"trigger": "available-now" if available_now else trigger, "buckets": buckets, "online": online}
-    run._tracking = mlflow_tracking.start_run(repo, "stream", selected, params, enabled=tracking, background=True)
-    run.tracker = run._tracking.__enter__()
-    starter = GroupStarter(
-        repo,
-        run,
-        online=online,
-        validate=validate,
-        show=shown_by_default() if progress is None else progress,  # a terminal or a notebook
-        trigger={"availableNow": True} if available_now else {"processingTime": f"{every_s} seconds"},
-        checkpoint_root=checkpoint_root,
-        max_files_per_trigger=max_files_per_trigger,
-        metrics_s=metrics_s,
-        keep_s=keep_s,
+    trigger = "available-now" if options.available_now else options.trigger
+    params = {"trigger": trigger, "buckets": options.buckets, "online": options.online}
+    run._tracking = mlflow_tracking.start_run(
+        repo, "stream", selected, params, enabled=options.tracking, background=True
     )
+    run.tracker = run._tracking.__enter__()
+    starter = GroupStarter(repo, run, options)
     try:
         starter.spark = session()
         _check_not_connect(starter.spark)
         engine.configure(starter.spark)
         for group in selected:
-            starter.start(group, writers.get(group.name), buckets=buckets, reset=reset, from_savepoint=from_savepoint)
+            writer, savepoint_path = writers.get(group.name), options.from_savepoint
+            starter.start(group, writer, buckets=options.buckets, reset=options.reset, from_savepoint=savepoint_path)
     except BaseException as exc:
         for query in [*run.queries.values(), *run.archives.values()]:
             query.stop()
@@ -277,7 +285,7 @@ def stream(
         raise
     # Keeps the run's mark on its checkpoints; a live run takes up `features apply` and `--buckets` handed to it.
     run.watchdog = observing("stream")
-    stream_reload.watch(run, starter, live=not available_now)
+    stream_reload.watch(run, starter, live=not options.available_now)
     return run
 
 
@@ -288,14 +296,7 @@ class GroupStarter:
 
     repo: Repo
     run: StreamRun
-    online: bool
-    validate: bool
-    show: bool
-    trigger: dict[str, Any]
-    checkpoint_root: str | None
-    max_files_per_trigger: int | None
-    metrics_s: float
-    keep_s: float | None
+    options: StreamOptions
     spark: Any = None  # the session, once started
 
     def start(
@@ -310,8 +311,8 @@ class GroupStarter:
         """Continue `group` from its checkpoint (carrying its state over a changed definition or a new `buckets`),
         or start it from a savepoint, or over from the source (`reset`), and put its query in the run. Returns what
         was carried over, if anything was."""
-        spark, repo, run = self.spark, self.repo, self.run
-        checkpoint = Path(repo.checkpoint_path(group, self.checkpoint_root))
+        spark, repo, run, options = self.spark, self.repo, self.run, self.options
+        checkpoint = Path(repo.checkpoint_path(group, options.checkpoint_root))
         path = repo.source_path(group)
         restored = None
         if from_savepoint is not None:
@@ -332,12 +333,14 @@ class GroupStarter:
             layout=stream_upgrade.layout(group, len(labels)).id,
             upgrade=resumed.upgrade,
             nanoseconds=resumed.nanoseconds,
-            max_files_per_trigger=self.max_files_per_trigger,
+            max_files_per_trigger=options.max_files_per_trigger,
         )
-        rollup = MetricRollup(partial(_log_metrics, run.tracker), self.metrics_s)
+        rollup = MetricRollup(partial(_log_metrics, run.tracker), options.metrics_seconds)
         run.rollups.append(rollup)
-        aside = SetAside(repo, group, spark, projection.record_schema, rollup, self.keep_s, resumed.nanoseconds)
-        sink = BatchSink(repo, group, writer, self.validate, run, self.show, spark, aside, rollup)
+        aside = SetAside(
+            repo, group, spark, projection.record_schema, rollup, options.keep_seconds, resumed.nanoseconds
+        )
+        sink = BatchSink(repo, group, writer, options.validate, run, options.shows_progress, spark, aside, rollup)
         sink.stream_id = resumed.stream_id
         sink.checkpoint = checkpoint
         if group.source.kafka is None:
@@ -346,7 +349,7 @@ class GroupStarter:
             sink.finish_upgrade = stream_upgrade.Finish(checkpoint, len(labels))
             run.changing.append(sink.finish_upgrade)
         query = out.writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint / "query"))
-        query = query.queryName(f"features_{group.name}").trigger(**self.trigger)
+        query = query.queryName(f"features_{group.name}").trigger(**options.spark_trigger)
         if group.name not in run.latest:
             # Until its first batch reports, a run stands at the watermark its checkpoint's last batch emitted up to.
             run.latest[group.name] = StreamProgress(group.name, watermark=emitted_watermark(checkpoint / "query"))
@@ -354,11 +357,11 @@ class GroupStarter:
         with query_settings(spark, resumed.partitions):
             run.queries[group.name] = sink.query = query.start()
         run.sinks[group.name] = sink
-        stream_handoff.hold(checkpoint, live="processingTime" in self.trigger)
+        stream_handoff.hold(checkpoint, live=not options.available_now)
         source = group.source
         if source.kafka is not None and source.kafka.archive and source.name not in run.archives:
             archived = checkpoint.parent / f"_archive_{source.name}"
-            run.archives[source.name] = _archive(group, events, path, archived, self.trigger)
+            run.archives[source.name] = _archive(group, events, path, archived, options.spark_trigger)
         return resumed.carried or restored
 
 

@@ -34,6 +34,7 @@ from features.spec.fingerprint import definition_hash
 if TYPE_CHECKING:
     from pyspark.sql.streaming import StreamingQuery
 
+    from features.pipelines.options import StreamOptions
     from features.pipelines.stream_sink import BatchSink
     from features.pipelines.stream_upgrade import Carried
     from features.stores.online import OnlineWriter
@@ -53,7 +54,7 @@ class GroupStarter(Protocol):
     """What starts a group's query into the run (features.pipelines.stream.GroupStarter)."""
 
     repo: Repo
-    online: bool
+    options: StreamOptions
 
     def start(
         self, group: FeatureGroup, writer: OnlineWriter | None, *, buckets: int | None = None
@@ -141,7 +142,7 @@ def take_up(
             _not_taken_up(name, "the repo's definitions changed since `features apply` (or no longer define it)")
             continue
         try:
-            writer = ready_writer(repo, group) if starter.online else None
+            writer = ready_writer(repo, group) if starter.options.online else None
         except FeaturesError as exc:
             _not_taken_up(name, str(exc))
             continue
