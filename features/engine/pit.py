@@ -46,8 +46,9 @@ from features.engine.inputs import SPARK_TYPES
 from features.engine.session import apply_required_conf, is_connect
 from features.errors import ConfigError
 from features.spec import WINDOW_END, DType
+from features.spec.definitions import DATE
 from features.stores.feature_refs import ROW_ID, empty_value, offline_dates
-from features.stores.offline import DATE, read_table
+from features.stores.offline import read_table
 
 if TYPE_CHECKING:
     from features.repo import Repo
