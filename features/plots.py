@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import html
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import date, timedelta
 
@@ -26,6 +26,7 @@ OTHER = "(others)"  # the series of a feature's values beyond the most frequent
 QUANTILE_NAMES = ("p05", "p25", "median", "p75", "p95")
 DRIFT_COLOUR = "#d62728"
 Quantiles = tuple[float, float, float, float, float]  # p05, p25, p50, p75, p95
+Tick = Callable[[float], str]  # a value axis's labels
 
 
 @dataclass(frozen=True)
@@ -179,7 +180,8 @@ def _feature_html(group: str, f: FeatureSeries, reference: tuple[date, date]) ->
         f"null{empty} share", _lines_svg("nulls", f.days, (("nulls", f.null_share),), reference, _percent), []
     )
     legend = [("PSI", PALETTE[0]), ("JS distance", PALETTE[1]), ("drift", DRIFT_COLOUR)]
-    drift = _figure(f"thresholds: PSI {f.psi_threshold:g}, JS {f.js_threshold:g} (dashed)", _drift_svg(f), legend)
+    thresholds = f"drift (dashed: the thresholds, PSI {f.psi_threshold:g} and JS {f.js_threshold:g})"
+    drift = _figure(thresholds, _drift_svg(f), legend)
     since = f.drifted_from
     heading = _text(f.name) + (f" &mdash; drifted from {since}" if since else "")
     return (
@@ -200,7 +202,7 @@ def _colours(names: Sequence[str]) -> list[tuple[str, str]]:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Charts: a day axis shared by a group's pictures, a linear value axis
+# Charts: a slot per day from the first to the last (a missing day leaves its slot empty), a linear value axis
 
 
 @dataclass(frozen=True)
@@ -233,7 +235,7 @@ def _axes(days: Sequence[date], values: Sequence[float], floor: float | None = N
     return _Axes(min(days), max(days), low if floor is not None else low - pad, high + pad)
 
 
-def _svg(kind: str, axes: _Axes | None, body: Sequence[str], reference: tuple[date, date] | None, tick) -> str:
+def _svg(kind: str, axes: _Axes | None, body: Sequence[str], reference: tuple[date, date] | None, tick: Tick) -> str:
     head = (
         f'<svg class="fx-plot" data-plot="{kind}" xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" '
         f'height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}">'
@@ -256,7 +258,7 @@ def _reference(axes: _Axes, reference: tuple[date, date]) -> str:
     )
 
 
-def _grid(axes: _Axes, tick) -> list[str]:
+def _grid(axes: _Axes, tick: Tick) -> list[str]:
     out = []
     for value in _ticks(axes.low, axes.high):
         y = axes.y(value)
@@ -341,7 +343,7 @@ def _lines_svg(
     days: Sequence[date],
     series: Sequence[tuple[str, Sequence[float | int | None]]],
     reference: tuple[date, date] | None,
-    tick,
+    tick: Tick,
 ) -> str:
     values = [float(v) for _, vs in series for v in vs if v is not None]
     if not days or not values:

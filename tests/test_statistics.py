@@ -349,3 +349,69 @@ def test_each_usage_error_names_the_flag_and_the_fix(monitored, capsys, args, na
     assert main(["monitor", "--repo", str(monitored.root), *args]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and named in err and fix in err, err
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The report, in a browser
+
+# Run first in the page (before its own script): the errors of every later script are kept.
+CATCH_ERRORS = (
+    "<script>window.fxErrors = []; addEventListener('error', e => fxErrors.push(String(e.message)));</script>"
+)
+# Run last, once the page has loaded: each feature's pictures and the size of the marks they drew, then which
+# features the page's filter leaves shown for a name and for "drifted only"; written into the DOM as JSON.
+MEASURE = """<script>addEventListener('load', () => {
+  const size = e => { const b = e.getBoundingClientRect(); return [b.width, b.height]; };
+  const features = {};
+  for (const s of document.querySelectorAll('section.fx-feature')) {
+    features[s.dataset.feature] = {drifted: s.dataset.drifted, plots: Object.fromEntries(
+      [...s.querySelectorAll('svg.fx-plot')].map(p => [p.dataset.plot, {svg: size(p),
+        marks: [...p.querySelectorAll('.fx-mark')].map(size)}]))};
+  }
+  const shown = () => [...document.querySelectorAll('section.fx-feature')].filter(s => !s.hidden)
+    .map(s => s.dataset.feature).sort();
+  const filter = document.querySelector('.fx-filter'), only = document.querySelector('.fx-only-drifted');
+  filter.value = 'AVG'; filter.dispatchEvent(new Event('input'));
+  const named = shown();
+  filter.value = ''; filter.dispatchEvent(new Event('input'));
+  only.checked = true; only.dispatchEvent(new Event('change'));
+  const drifted = shown();
+  const out = document.createElement('pre');
+  out.id = 'fx-measured';
+  out.textContent = JSON.stringify({features, named, drifted, errors: fxErrors});
+  document.body.appendChild(out);
+});</script>"""
+
+
+def test_the_report_renders_every_feature_in_a_browser(monitored, tmp_path) -> None:
+    """`features monitor --report` on the shifted data, opened in headless Chromium: every feature's three pictures
+    drew marks of non-zero size, the shifted features are the ones marked drifted, the page's filter works and no
+    script failed."""
+    import html
+    import re
+
+    from chromium import chromium, render
+
+    browser = chromium()
+    report = tmp_path / "report.html"
+    args = ["--reference-start", "2026-03-01", "--reference-end", "2026-03-03", "--no-tracking"]
+    assert main(["monitor", "--repo", str(monitored.root), *args, "--report", str(report)]) == 1
+    page = report.read_text()
+    assert page.count("<head>") == 1 and "</body>" in page
+    probed = tmp_path / "probed.html"
+    probed.write_text(page.replace("<head>", "<head>" + CATCH_ERRORS).replace("</body>", MEASURE + "</body>"))
+    dom = render(browser, probed.as_uri(), tmp_path / "chromium-profile")
+    found = re.search(r'<pre id="fx-measured">(.*?)</pre>', dom, re.DOTALL)
+    assert found is not None, dom[-3000:]
+    measured = json.loads(html.unescape(found.group(1)))
+    assert measured["errors"] == []
+    features = measured["features"]
+    assert set(features) == {f.name for f in GROUP.features}
+    for name, seen in features.items():
+        assert set(seen["plots"]) == {"distribution", "nulls", "drift"}, name
+        for plot, drawn in seen["plots"].items():
+            assert min(drawn["svg"]) > 0, (name, plot)
+            assert any(w > 0 and h > 0 for w, h in drawn["marks"]), (name, plot, drawn["marks"][:5])
+    assert {name for name, seen in features.items() if seen["drifted"] == "true"} == SHIFTED
+    assert measured["named"] == ["x_avg", "y_avg", "z_avg"]
+    assert measured["drifted"] == sorted(SHIFTED)
