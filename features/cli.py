@@ -124,6 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--group", action="append", default=[], help="only this group (repeatable)")
     verify.add_argument("--sample", type=int, default=100, help="keys checked per group (default 100)")
     verify.add_argument("--no-tracking", action="store_true", help="do not record the run in MLflow")
+    verify.add_argument(
+        "--max-staleness",
+        help="pass online rows at most this far behind the key's last offline row, e.g. 10m (default: none)",
+    )
 
     migrate = sub.add_parser(
         "migrate", help="convert offline tables of an earlier version (Parquet folders) into Delta tables, in place"

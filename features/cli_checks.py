@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from features.errors import ConfigError
+
+if TYPE_CHECKING:
+    from features.pipelines.verify import GroupReport
 
 
 def print_json(value: object) -> None:
@@ -18,26 +22,21 @@ def print_json(value: object) -> None:
 
 
 def verify_command(args: argparse.Namespace) -> int:
-    """`features verify`: the tables per group; exit 1 when any value disagrees, naming the feature and key."""
+    """`features verify`: the tables per group; exit 1 when any value disagrees or an online row is staler than
+    --max-staleness, naming the feature and key."""
     from features.pipelines.verify import verify
     from features.repo import Repo
+    from features.spec.durations import parse_duration
 
     if args.sample < 1:
         raise ConfigError(f"--sample: {args.sample} is not a positive number of keys")
-    reports = verify(Repo.load(args.repo), args.group, sample=args.sample, track=not args.no_tracking)
+    tolerated = 0 if args.max_staleness is None else parse_duration(args.max_staleness, "--max-staleness")
+    reports = verify(
+        Repo.load(args.repo), args.group, sample=args.sample, max_staleness_s=tolerated, track=not args.no_tracking
+    )
     for report in reports:
         if args.json:
-            print_json(
-                {
-                    "group": report.group,
-                    "keys": report.keys,
-                    "ok": report.ok,
-                    "tallies": [
-                        {"check": check, "feature": feature, **tally_fields(tally)}
-                        for (check, feature), tally in report.tallies.items()
-                    ],
-                }
-            )
+            print_json(verify_json(report))
         else:
             print(report.table())
     failed = [(r.group, check, feature, t) for r in reports for (check, feature), t in r.tallies.items() if not t.ok]
@@ -45,16 +44,26 @@ def verify_command(args: argparse.Namespace) -> int:
         first = tally.examples[0] if tally.examples else ""
         print(
             f"error: {group}.{feature} ({check}): {tally.mismatch} mismatched, {tally.missing} missing, "
-            f"{tally.extra} extra; {first}",
+            f"{tally.extra} extra, {tally.stale} stale; {first}",
             file=sys.stderr,
         )
     return 1 if failed else 0
 
 
-def tally_fields(tally: object) -> dict[str, object]:
+def verify_json(report: GroupReport) -> dict[str, object]:
+    """One group's outcome as `features verify --json` prints it: per check and feature the counts, the mismatch
+    rate and the largest lag (online), and the examples."""
     from features.pipelines.status import jsonable
 
-    return jsonable(tally)
+    return {
+        "group": report.group,
+        "keys": report.keys,
+        "ok": report.ok,
+        "tallies": [
+            {"check": check, "feature": feature, **jsonable(tally), "mismatch_rate": tally.mismatch_rate}
+            for (check, feature), tally in report.tallies.items()
+        ],
+    }
 
 
 def validate_command(repo_path: str, groups: list[str], *, as_json: bool = False) -> int:

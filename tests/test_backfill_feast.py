@@ -383,41 +383,95 @@ def test_verify_finds_the_stores_consistent(spark, full, repo_root: Path) -> Non
         assert all(t.match > 0 for t in report.tallies.values())
 
 
-def test_verify_names_a_tampered_value(spark, full, repo_root: Path, tmp_path: Path) -> None:
+def _sqlite_online(root: Path, group: FeatureGroup):
+    """The repo's SQLite online store, its table of `group`, and the entity key bytes of a key of it."""
+    import sqlite3
+
+    from feast.infra.key_encoding_utils import serialize_entity_key
+    from feast.protos.feast.types.EntityKey_pb2 import EntityKey
+    from feast.protos.feast.types.Value_pb2 import Value
+
+    def entity_key(key: tuple) -> bytes:
+        values = [Value(string_val=v) if isinstance(v, str) else Value(int64_val=int(v)) for v in key]
+        proto = EntityKey(join_keys=list(group.join_keys), entity_values=values)
+        return serialize_entity_key(proto, entity_key_serialization_version=3)
+
+    return sqlite3.connect(root / "data" / "online_store.db"), f"{store_of(root).project}_{group.name}", entity_key
+
+
+def test_verify_names_tampered_values_and_stale_rows(spark, full, repo_root: Path, tmp_path: Path, capsys) -> None:
+    """An online value changed in SQLite by hand is a mismatch of that feature alone (its rate over the keys
+    compared), an offline value changed by another Delta writer one of the offline check; a key whose online row is
+    an older offline row (its later write lost) is stale in every feature, by the gap between the two window ends,
+    and `--max-staleness` at that gap passes it."""
+    import json
     import shutil
 
     from deltalake import DeltaTable
+    from feast.protos.feast.types.Value_pb2 import Value
 
+    from features.cli import main
     from features.pipelines.backfill import ready_writer
     from features.pipelines.verify import verify_group
-    from features.stores.serving import online_features
 
     root = tmp_path / "repo"
     shutil.copytree(repo_root, root)
     repo = Repo.load(root)
-    key = keys_of(offline.read_pandas(str(table_path(root, USER_GROUP))), USER_GROUP)[0]
-    # Online: the same window end, another count (the event-time guard lets an equal time through).
-    row = online_features(repo, USER_GROUP, [key], with_window_end=True)
-    row["txn_count_lifetime"] = row["txn_count_lifetime"].astype("int64") + 1
-    ready_writer(repo, USER_GROUP).write(row)
-    # Offline: one stored row's sum changed (by another Delta writer).
-    path = str(table_path(root, USER_GROUP))
-    first = offline.read_pandas(path).iloc[0]
-    tampered = tuple(first[list(USER_GROUP.join_keys)])
-    keys = " AND ".join(f"{k} = {first[k]!r}" for k in USER_GROUP.join_keys)
-    moment = pd.Timestamp(first[WINDOW_END]).strftime("%Y-%m-%d %H:%M:%S")
-    DeltaTable(path).update(
-        predicate=f"{keys} AND {WINDOW_END} = '{moment}'", updates={"amount_sum_1h": "amount_sum_1h + 1.0"}
+    changed, behind, tampered = keys_of(read_table(root, USER_GROUP), USER_GROUP)[:3]
+    conn, online_table, entity_key = _sqlite_online(root, USER_GROUP)
+    with conn:
+        [(blob,)] = conn.execute(
+            f"SELECT value FROM {online_table} WHERE entity_key = ? AND feature_name = 'txn_count_lifetime'",
+            (entity_key(changed),),
+        )
+        value = Value.FromString(blob)
+        value.int64_val += 1
+        conn.execute(
+            f"UPDATE {online_table} SET value = ? WHERE entity_key = ? AND feature_name = 'txn_count_lifetime'",
+            (value.SerializeToString(), entity_key(changed)),
+        )
+        conn.execute(f"DELETE FROM {online_table} WHERE entity_key = ?", (entity_key(behind),))
+    conn.close()
+    stored = offline.read_pandas(str(table_path(root, USER_GROUP)))
+    rows = stored[stored["user_id"] == behind[0]].assign(**{WINDOW_END: lambda f: utc(f[WINDOW_END])})
+    rows = rows.sort_values(WINDOW_END)
+    ready_writer(repo, USER_GROUP).write(rows.iloc[[-2]])  # the key's online row: its next-to-last change point
+    gap_s = (rows[WINDOW_END].iloc[-1] - rows[WINDOW_END].iloc[-2]).total_seconds()
+    # Offline: the sum of another key's first row changed (by another Delta writer).
+    moment = stored[stored["user_id"] == tampered[0]][WINDOW_END].min().strftime("%Y-%m-%d %H:%M:%S")
+    DeltaTable(str(table_path(root, USER_GROUP))).update(
+        predicate=f"user_id = '{tampered[0]}' AND {WINDOW_END} = '{moment}'",
+        updates={"amount_sum_1h": "amount_sum_1h + 1.0"},
     )
 
     report = verify_group(spark, repo, USER_GROUP, sample=100)
-    assert not report.ok
-    online_tally = report.tallies["online", "txn_count_lifetime"]
-    assert online_tally.mismatch == 1 and str(key) in online_tally.examples[0]
-    offline_tally = report.tallies["offline", "amount_sum_1h"]
-    assert offline_tally.mismatch == 1 and str(tampered) in offline_tally.examples[0]
-    untouched = [t for (check, f), t in report.tallies.items() if f not in ("txn_count_lifetime", "amount_sum_1h")]
-    assert all(t.ok for t in untouched)
+    features = [f.name for f in USER_GROUP.features]
+    online_tallies = {f: report.tallies["online", f] for f in features}
+    assert [f for f, t in online_tallies.items() if t.mismatch or t.missing] == ["txn_count_lifetime"]
+    counted = online_tallies["txn_count_lifetime"]
+    assert counted.mismatch_rate == pytest.approx(1 / (counted.match + 1))
+    assert [e for e in counted.examples if e.startswith("mismatch")] == [
+        e for e in counted.examples if str(changed) in e
+    ]
+    assert all(t.stale == 1 and t.max_lag_s == gap_s for t in online_tallies.values())
+    assert any(str(behind) in e and e.startswith("stale") for e in online_tallies["last_seen"].examples)
+    offline_tallies = {f: t for (check, f), t in report.tallies.items() if check == "offline" and not t.ok}
+    assert list(offline_tallies) == ["amount_sum_1h"] and offline_tallies["amount_sum_1h"].mismatch == 1
+    assert str(tampered) in offline_tallies["amount_sum_1h"].examples[0]
+    assert "mismatch%" in report.table() and f"{counted.mismatch_rate:.2%}" in report.table()
+
+    tolerated = f"{int(gap_s)}s"
+    args = ["verify", "--repo", str(root), "--group", USER_GROUP.name, "--no-tracking", "--json"]
+    assert main([*args, "--max-staleness", tolerated]) == 1
+    out, err = capsys.readouterr()
+    by_feature = {t["feature"]: t for t in json.loads(out)["tallies"] if t["check"] == "online"}
+    assert by_feature["txn_count_lifetime"]["mismatch_rate"] == counted.mismatch_rate
+    assert all(t["stale"] == 0 and t["max_lag_s"] == gap_s for t in by_feature.values())
+    errors = [line.split()[1:3] for line in err.splitlines() if line.startswith("error:")]
+    assert errors == [
+        [f"{USER_GROUP.name}.txn_count_lifetime", "(online):"],
+        [f"{USER_GROUP.name}.amount_sum_1h", "(offline):"],
+    ]
 
 
 def test_a_range_before_the_data_starts_reads_no_events(

@@ -4,12 +4,15 @@ consistency job Chronon runs (online/offline skew is a bug: docs/semantics.md, O
 For a sample of keys of each group:
 - online: the online store's row (values and window end E) against the offline table's point-in-time value at E
   (the latest change point with window_end <= E); an online row newer than the key's last offline row (an eager
-  value, or a backfill's value as of its end) is checked against the recompute at E instead;
+  value, or a backfill's value as of its end) is checked against the recompute at E instead. An online row older
+  than the key's last offline row is stale (its store missed a later write): its lag is that row's window end
+  minus E, and a lag over `max_staleness_s` counts against every feature of the row (one window end per row);
 - offline: every offline row of those keys against the recompute at its window end, and every recomputed change
   point against the offline table's point-in-time value there (a change point the table lacks shows up so).
 The recompute is the batch engine over the source's events of the sampled keys, read afresh.
 
-Per feature: match, mismatch, missing (a value the store lacks) and extra (a value where the source has none).
+Per feature: match, mismatch, missing (a value the store lacks), extra (a value where the source has none) and,
+online, stale; the mismatch rate (mismatched among the values compared) and the largest lag.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import pandas as pd
 
 from features.errors import ConfigError
 from features.spec import WINDOW_END, FeatureGroup
+from features.spec.durations import format_duration
 from features.stores.feature_refs import as_dict
 
 if TYPE_CHECKING:
@@ -33,7 +37,7 @@ if TYPE_CHECKING:
     from features.repo import Repo
 
 CHECKS = ("online", "offline")
-COUNTS = ("match", "mismatch", "missing", "extra")
+COUNTS = ("match", "mismatch", "missing", "extra", "stale")
 EXAMPLES = 3  # examples kept per feature and problem
 
 
@@ -45,6 +49,8 @@ class Tally:
     mismatch: int = 0
     missing: int = 0
     extra: int = 0
+    stale: int = 0  # online rows that lag the key's last offline row by more than the tolerance
+    max_lag_s: float = 0.0  # the largest lag of an online row behind the key's last offline row
     examples: list[str] = field(default_factory=list)
 
     def add(self, outcome: str, example: str | None = None) -> None:
@@ -53,8 +59,14 @@ class Tally:
             self.examples.append(f"{outcome}: {example}")
 
     @property
+    def mismatch_rate(self) -> float | None:
+        """Mismatched among the values compared; None when none was."""
+        compared = self.match + self.mismatch
+        return self.mismatch / compared if compared else None
+
+    @property
     def ok(self) -> bool:
-        return self.mismatch == self.missing == self.extra == 0
+        return self.mismatch == self.missing == self.extra == self.stale == 0
 
 
 @dataclass
@@ -71,21 +83,26 @@ class GroupReport:
         width = max(len(f) for _, f in self.tallies)
         lines = [
             f"{self.group}: {self.keys} keys sampled",
-            f"  {'check':<8} {'feature':<{width}}  " + "  ".join(f"{c:>8}" for c in COUNTS),
+            f"  {'check':<8} {'feature':<{width}}  " + "  ".join(f"{c:>8}" for c in (*COUNTS, "mismatch%", "max lag")),
         ]
         for (check, feature), t in self.tallies.items():
             counts = "  ".join(f"{getattr(t, c):>8}" for c in COUNTS)
-            lines.append(f"  {check:<8} {feature:<{width}}  {counts}")
+            rate = "-" if t.mismatch_rate is None else f"{t.mismatch_rate:.2%}"
+            lag = _lag_text(t.max_lag_s) if check == "online" else "-"
+            lines.append(f"  {check:<8} {feature:<{width}}  {counts}  {rate:>9}  {lag:>8}")
         for (check, feature), t in self.tallies.items():
             lines += [f"  {check} {feature} {example}" for example in t.examples]
         return "\n".join(lines)
 
-    def metrics(self) -> dict[str, int]:
-        return {
-            f"verify.{check}.{feature}.{c}": getattr(t, c)
-            for (check, feature), t in self.tallies.items()
-            for c in COUNTS
-        }
+    def metrics(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for (check, feature), t in self.tallies.items():
+            out.update({f"verify.{check}.{feature}.{c}": getattr(t, c) for c in COUNTS})
+            if t.mismatch_rate is not None:
+                out[f"verify.{check}.{feature}.mismatch_rate"] = t.mismatch_rate
+            if check == "online":
+                out[f"verify.{check}.{feature}.max_lag_s"] = t.max_lag_s
+        return out
 
 
 def same(a: Any, b: Any) -> bool:
@@ -151,7 +168,9 @@ def _value(group: FeatureGroup, row: pd.Series | None, feature: str) -> Any:
     return _empty_value(group, feature) if row is None else row[feature]
 
 
-def verify_group(spark: SparkSession, repo: Repo, group: FeatureGroup, sample: int = 100, seed: int = 0) -> GroupReport:
+def verify_group(
+    spark: SparkSession, repo: Repo, group: FeatureGroup, sample: int = 100, seed: int = 0, max_staleness_s: int = 0
+) -> GroupReport:
     """Check a sample of `group`'s keys in both stores (see the module docstring)."""
     from pyspark.sql import functions as F
 
@@ -197,6 +216,7 @@ def verify_group(spark: SparkSession, repo: Repo, group: FeatureGroup, sample: i
                 tallies["online", f].add("missing", f"key {key}: no online row")
             continue
         t = int(_micros(pd.Series([end_on]))[0])
+        _tally_lag([tallies["online", f] for f in features], key, t, last_offline.get(key, -1), max_staleness_s)
         reference = stored if t <= last_offline.get(key, -1) else recomputed
         want = reference.at(key, t)
         for f in features:
@@ -235,19 +255,37 @@ def verify_group(spark: SparkSession, repo: Repo, group: FeatureGroup, sample: i
     return GroupReport(group.name, len(key_rows), tallies)
 
 
+def _tally_lag(tallies: list[Tally], key: tuple, t: int, last: int, max_staleness_s: int) -> None:
+    """An online row at window end `t` against the key's last offline row at `last`: its lag, and stale when the
+    lag is over the tolerance."""
+    lag_s = max(last - t, 0) / 1e6
+    for tally in tallies:
+        tally.max_lag_s = max(tally.max_lag_s, lag_s)
+        if lag_s > max_staleness_s:
+            tally.add("stale", f"key {key}: online at {_iso(t)}, offline at {_iso(last)} ({_lag_text(lag_s)} behind)")
+
+
+def _lag_text(seconds: float) -> str:
+    return format_duration(round(seconds)) if round(seconds) else "0"
+
+
 def _iso(t_us: int) -> str:
     return pd.Timestamp(t_us, unit="us", tz="UTC").isoformat()
 
 
-def verify(repo: Repo, groups: Sequence[str] = (), *, sample: int = 100, track: bool = True) -> list[GroupReport]:
-    """`features verify`: every group (or the named ones), logged to MLflow as `verify.*` metrics."""
+def verify(
+    repo: Repo, groups: Sequence[str] = (), *, sample: int = 100, max_staleness_s: int = 0, track: bool = True
+) -> list[GroupReport]:
+    """`features verify`: every group (or the named ones), logged to MLflow as `verify.*` metrics. An online row
+    stale by at most `max_staleness_s` seconds passes."""
     from features.engine.session import get_spark
     from features.ml import tracking
 
     chosen = repo.select(list(groups))
     spark = get_spark("features-verify")
-    reports = [verify_group(spark, repo, g, sample) for g in chosen]
-    with tracking.start_run(repo, "verify", chosen, {"sample": sample}, enabled=track) as run:
+    reports = [verify_group(spark, repo, g, sample, max_staleness_s=max_staleness_s) for g in chosen]
+    params = {"sample": sample, "max_staleness_s": max_staleness_s}
+    with tracking.start_run(repo, "verify", chosen, params, enabled=track) as run:
         for report in reports:
             run.log_metrics(report.metrics(), group=report.group)
     return reports
