@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 from conftest import definitions_code
+from groups import COUNT_1H, HOP, HOP_V1, TYPED_SOURCE, USER
 
-from features import Entity, EventSource, Feature, FeatureGroup, Hop, agg
+from features import EventSource, Feature, FeatureGroup, Hop, agg
 from features.cli import DEFAULT_REPO, build_parser, main, package_version
 from features.demo import generate_transactions
 from features.repo import Repo
@@ -20,19 +21,7 @@ from features.spec.fingerprint import definition_hash, feature_hashes
 from features.stores.manifest import read_manifest, update
 
 D1, D2, D3 = (date(2026, 3, d) for d in range(1, 4))
-SOURCE = EventSource(
-    "transactions",
-    path="data/transactions",
-    timestamp="event_ts",
-    watermark="10m",
-    schema={"user_id": "string", "amount": "double", "status": "string", "event_ts": "timestamp"},
-)
-USER = Entity("user", join_keys=["user_id"])
-COUNT_1H = Feature("txn_count_1h", agg.count(), window=Hop("1h", every="5m"))
-SUM_1H = Feature("amount_sum_1h", agg.sum("amount"), window=Hop("1h", every="5m"))
-HOP_V1 = FeatureGroup("hop", USER, SOURCE, [COUNT_1H])
-HOP = FeatureGroup("hop", USER, SOURCE, [COUNT_1H, SUM_1H])
-OTHER = FeatureGroup("other", USER, SOURCE, [Feature("amount_max_1h", agg.max("amount"), window=Hop("1h", "5m"))])
+OTHER = FeatureGroup("other", USER, TYPED_SOURCE, [Feature("amount_max_1h", agg.max("amount"), window=Hop("1h", "5m"))])
 JOB_COMMANDS = ("apply", "backfill", "stream", "validate", "verify")
 
 
@@ -258,14 +247,14 @@ def test_plan_refuses_a_where_apply_would_refuse_with_apply_s_error(spark, feast
 
     root = feast_repo([HOP], events())
     good = Feature("big_count_1h", agg.count(), window=Hop("1h", every="5m"), where="amount > 100")
-    redefine(root, [FeatureGroup("hop", USER, SOURCE, [*HOP.features, good])])
+    redefine(root, [FeatureGroup("hop", USER, TYPED_SOURCE, [*HOP.features, good])])
     status, out, err = run(capsys, "plan", "--repo", str(root))
     assert status == 0, err
     assert "group changed: hop: added big_count_1h (against the Feast registry)" in out.splitlines()
     assert not (root / WHERE_CHECKS).exists()  # planning records nothing, the checks neither
 
     typo = Feature("big_count_1h", agg.count(), window=Hop("1h", every="5m"), where="amout > 100")
-    redefine(root, [FeatureGroup("hop", USER, SOURCE, [*HOP.features, typo])])
+    redefine(root, [FeatureGroup("hop", USER, TYPED_SOURCE, [*HOP.features, typo])])
     status, out, planned = run(capsys, "plan", "--repo", str(root))
     assert status == 2 and out == ""
     assert planned.startswith("error: Feature('big_count_1h').where: Spark cannot use 'amout > 100': "), planned
@@ -280,7 +269,7 @@ def test_a_where_that_fails_on_every_row_is_refused_before_any_backfill(spark, f
     plan and apply evaluate each `where` on a row of plain values and refuse it, naming the feature."""
     root = feast_repo([HOP], events())
     bad = Feature("odd_1h", agg.count(), window=Hop("1h", every="5m"), where="amount = 'x'")
-    redefine(root, [FeatureGroup("hop", USER, SOURCE, [*HOP.features, bad])])
+    redefine(root, [FeatureGroup("hop", USER, TYPED_SOURCE, [*HOP.features, bad])])
     status, out, planned = run(capsys, "plan", "--repo", str(root))
     assert status == 2 and out == ""
     assert planned.startswith("error: Feature('odd_1h').where: Spark cannot evaluate \"amount = 'x'\": "), planned
@@ -290,7 +279,7 @@ def test_a_where_that_fails_on_every_row_is_refused_before_any_backfill(spark, f
     assert status == 2 and applied == planned
     # A division by the column is fine on real data that holds no zero: no false alarm.
     fine = Feature("odd_1h", agg.count(), window=Hop("1h", every="5m"), where="1000 / amount > 2")
-    redefine(root, [FeatureGroup("hop", USER, SOURCE, [*HOP.features, fine])])
+    redefine(root, [FeatureGroup("hop", USER, TYPED_SOURCE, [*HOP.features, fine])])
     status, _, err = run(capsys, "apply", "--repo", str(root))
     assert status == 0, err
 

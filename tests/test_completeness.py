@@ -16,8 +16,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from conftest import build_feast_repo
+from groups import TYPED_SOURCE, USER
 
-from features import Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, agg
+from features import Feature, FeatureGroup, Hop, Lifetime, agg
 from features.cli import main
 from features.demo import generate_transactions, write_events
 from features.errors import ConfigError
@@ -34,18 +35,10 @@ from features.stores.offline import read_pandas
 D1, D2, D3, D4, D5, D6 = (date(2026, 12, d) for d in range(1, 7))
 NOW = datetime(2026, 12, 6, 9, 0, tzinfo=UTC)  # by the clock alone, every day up to D5 would be complete
 
-SOURCE = EventSource(
-    "transactions",
-    path="data/transactions",
-    timestamp="event_ts",
-    watermark="10m",
-    schema={"user_id": "string", "amount": "double", "status": "string", "event_ts": "timestamp"},
-)
-USER = Entity("user", join_keys=["user_id"])
 GROUP = FeatureGroup(
     "acct",
     USER,
-    SOURCE,
+    TYPED_SOURCE,
     [
         Feature("n_24h", agg.count(), window=Hop("24h", every="1h")),
         Feature("n_ever", agg.count(), window=Lifetime(every="1h")),

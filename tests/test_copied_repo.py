@@ -21,9 +21,11 @@ from pathlib import Path
 import mlflow
 import pandas as pd
 import pytest
+from groups import SOURCE
+from groups import USER_ACTIVITY as USERS
 from mlflow import MlflowClient
 
-from features import Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, agg
+from features import Entity, Feature, FeatureGroup, Hop, agg
 from features.cli import main
 from features.ml import tracking
 from features.ml.sqlite_store import relocate
@@ -32,17 +34,6 @@ from features.stores.feast_paths import in_repo, infra_in_repo
 
 START = pd.Timestamp("2026-01-01", tz="UTC")
 END = pd.Timestamp("2026-01-02 06:00", tz="UTC")
-SOURCE = EventSource("transactions", path="data/transactions", timestamp="event_ts")
-USERS = FeatureGroup(
-    name="user_activity",
-    entity=Entity("user", join_keys=["user_id"]),
-    source=SOURCE,
-    features=[
-        Feature("txn_count_1h", agg.count(), window=Hop("1h", every="5m")),
-        Feature("amount_sum_1h", agg.sum("amount"), window=Hop("1h", every="5m")),
-        Feature("txn_count_lifetime", agg.count(), window=Lifetime(every="1h")),
-    ],
-)
 CARDS = FeatureGroup(
     name="card_activity",
     entity=Entity("card", join_keys=["card_id"]),

@@ -24,8 +24,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from conftest import build_feast_repo, definitions_code
+from groups import COUNT_1H, HOP, HOP_V1, SUM_1H, TYPED_SOURCE, USER
 
-from features import Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, Tumble, agg
+from features import Feature, FeatureGroup, Hop, Lifetime, Tumble, agg
 from features.cli import build_parser, main
 from features.cli_backfill import backfill_request
 from features.demo import generate_transactions, write_events
@@ -46,22 +47,10 @@ D1, D2, D3, D4, D5 = (date(2026, 3, d) for d in range(1, 6))
 NOW = datetime(2026, 3, 4, 0, 30, tzinfo=UTC)  # D3 is the last complete day (10m watermark)
 FAR_AHEAD = datetime(2026, 4, 1, tzinfo=UTC)  # an event past every day the plans look at
 
-SOURCE = EventSource(
-    "transactions",
-    path="data/transactions",
-    timestamp="event_ts",
-    watermark="10m",
-    schema={"user_id": "string", "amount": "double", "status": "string", "event_ts": "timestamp"},
-)
-USER = Entity("user", join_keys=["user_id"])
-COUNT_1H = Feature("txn_count_1h", agg.count(), window=Hop("1h", every="5m"))
-SUM_1H = Feature("amount_sum_1h", agg.sum("amount"), window=Hop("1h", every="5m"))
-HOP_V1 = FeatureGroup("hop", USER, SOURCE, [COUNT_1H])
-HOP = FeatureGroup("hop", USER, SOURCE, [COUNT_1H, SUM_1H])
 LIFE = FeatureGroup(
-    "life", USER, SOURCE, [COUNT_1H, Feature("txn_count_lifetime", agg.count(), window=Lifetime(every="1h"))]
+    "life", USER, TYPED_SOURCE, [COUNT_1H, Feature("txn_count_lifetime", agg.count(), window=Lifetime(every="1h"))]
 )
-DAILY = FeatureGroup("daily", USER, SOURCE, [Feature("txn_count_1d", agg.count(), window=Tumble("1d"))])
+DAILY = FeatureGroup("daily", USER, TYPED_SOURCE, [Feature("txn_count_1d", agg.count(), window=Tumble("1d"))])
 
 
 def at(day: date, hhmm: str = "00:00") -> datetime:
@@ -266,7 +255,7 @@ def test_definition_changes_are_named(repo: Repo) -> None:
     filtered = FeatureGroup(
         "hop",
         USER,
-        SOURCE,
+        TYPED_SOURCE,
         [
             Feature("txn_count_1h", agg.count(), window=Hop("1h", "5m"), where="status = 'OK'"),
             SUM_1H,
@@ -498,7 +487,7 @@ def test_interrupted_schedule_resumes_where_it_stopped(spark, tmp_path: Path) ->
     import great_expectations as gx
 
     cap = gx.expectations.ExpectColumnValuesToBeBetween(column="amount_sum_1h", max_value=1e6)
-    guarded = FeatureGroup("hop", USER, SOURCE, [COUNT_1H, SUM_1H], expectations=[cap], on_invalid="fail")
+    guarded = FeatureGroup("hop", USER, TYPED_SOURCE, [COUNT_1H, SUM_1H], expectations=[cap], on_invalid="fail")
     repo = make_repo(tmp_path / "repo", [guarded], events_for())
     # A huge amount on D2 breaks the user's spend cap: the run of D2 fails validation.
     spike = late_rows([at(D2, "12:00")]).assign(amount=1e7)
@@ -635,11 +624,11 @@ def test_late_events_heal_to_a_backfill_of_the_full_source(spark, tmp_path: Path
 
 LIFETIME_COUNT = Feature("txn_count_lifetime", agg.count(), window=Lifetime(every="1h"))
 MAX_2H = Feature("amount_max_2h", agg.max("amount"), window=Hop("2h", every="10m"))
-GROWN_V1 = FeatureGroup("grown", USER, SOURCE, [COUNT_1H, LIFETIME_COUNT, MAX_2H])
+GROWN_V1 = FeatureGroup("grown", USER, TYPED_SOURCE, [COUNT_1H, LIFETIME_COUNT, MAX_2H])
 GROWN_V2 = FeatureGroup(  # one feature added, one widened
-    "grown", USER, SOURCE, [COUNT_1H, LIFETIME_COUNT, SUM_1H, replace(MAX_2H, window=Hop("3h", every="10m"))]
+    "grown", USER, TYPED_SOURCE, [COUNT_1H, LIFETIME_COUNT, SUM_1H, replace(MAX_2H, window=Hop("3h", every="10m"))]
 )
-GROWN_V3 = FeatureGroup("grown", USER, SOURCE, [COUNT_1H, LIFETIME_COUNT, SUM_1H])  # one removed
+GROWN_V3 = FeatureGroup("grown", USER, TYPED_SOURCE, [COUNT_1H, LIFETIME_COUNT, SUM_1H])  # one removed
 
 
 @pytest.mark.spark

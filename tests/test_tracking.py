@@ -25,9 +25,11 @@ import pandas as pd
 import pytest
 from great_expectations.core import ExpectationSuite, ExpectationSuiteValidationResult
 from great_expectations.core.expectation_validation_result import ExpectationValidationResult
+from groups import SOURCE
+from groups import USER_ACTIVITY as GROUP
 from mlflow import MlflowClient
 
-from features import ConfigError, Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, agg
+from features import ConfigError, Entity, Feature, FeatureGroup, Hop, agg
 from features.errors import ValidationFailed
 from features.ml import tracking
 from features.pipelines.backfill import BackfillResult, backfill
@@ -37,17 +39,6 @@ from features.spec.fingerprint import definition_hash, describe, feature_hashes
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
 END = datetime(2026, 1, 2, tzinfo=UTC)
-SOURCE = EventSource("transactions", path="data/transactions", timestamp="event_ts")
-GROUP = FeatureGroup(
-    name="user_activity",
-    entity=Entity("user", join_keys=["user_id"]),
-    source=SOURCE,
-    features=[
-        Feature("txn_count_1h", agg.count(), window=Hop("1h", every="5m")),
-        Feature("amount_sum_1h", agg.sum("amount"), window=Hop("1h", every="5m")),
-        Feature("txn_count_lifetime", agg.count(), window=Lifetime(every="1h")),
-    ],
-)
 OTHER = FeatureGroup(
     name="user_failures",
     entity=Entity("user", join_keys=["user_id"]),
