@@ -242,7 +242,7 @@ def test_a_stream_whose_batch_gets_no_task_is_said_stuck_then_ends_and_its_resta
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not said:
             lines = status_lines(status(Repo.load(root)))
-            said.extend(line for line in lines if "stuck since" in line)
+            said.extend(line for line in lines if line.startswith("  stream ") and "stuck since" in line)
             time.sleep(0.5)
 
     with Blocker(spark):
