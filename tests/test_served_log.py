@@ -27,8 +27,8 @@ from features.cli import main
 from features.errors import ConfigError
 from features.kernel.profile import profile_days
 from features.repo import Repo, read_config
-from features.stores.served_log import read_served, served_table
-from features.stores.served_logging import ServedRequest, ServedWriter
+from features.stores.served_log import read_served
+from features.stores.served_logging import ServedRequest, ServedWriter, served_rows
 from features.stores.statistics import record_backfill, statistics_table
 
 KEYS = [f"u{i:04d}" for i in range(1_000)]
@@ -111,7 +111,11 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 
 
 def test_the_served_log_holds_each_entity_row_as_answered(served: Served) -> None:
-    logged = read_served(served_table(served.root)).to_pandas().sort_values(["served_at", "row"])
+    from deltalake import DeltaTable
+
+    # As docs/serving.md reads it
+    logged = DeltaTable(str(served.root / "data" / "served")).to_pandas(filters=[("date", ">=", date(2024, 1, 1))])
+    logged = logged.sort_values(["served_at", "row"])
     assert len(logged) == sum(len(next(iter(body["entities"].values()))) for body, _, _ in served.answers)
     by_request = [part.sort_values("row") for _, part in logged.groupby("request_id", sort=False)]
     by_request.sort(key=lambda part: part["served_at"].iloc[0])
@@ -184,6 +188,26 @@ def _request(keys: list[str]) -> ServedRequest:
         "results": [{"values": keys}, {"values": list(range(len(keys)))}],
     }
     return ServedRequest(datetime.now(UTC), None, json.dumps(body).encode(), json.dumps(answer).encode())
+
+
+def test_a_request_time_feature_is_logged_under_its_name() -> None:
+    """The answer's extra results (features.stores.serving_request_time) are logged under their names; stored
+    features asked under full names or through a feature service under their references."""
+    body = {
+        "feature_service": SERVICE,
+        "full_feature_names": True,
+        "entities": {"user_id": ["u1"]},
+        "request_features": ["amount_ratio"],
+        "request": {"amount": [3.0]},
+    }
+    answer = {
+        "metadata": {"feature_names": ["user_id", "scored__txn_count", "amount_ratio"]},
+        "results": [{"values": ["u1"]}, {"values": [4]}, {"values": [0.75]}],
+    }
+    request = ServedRequest(datetime.now(UTC), "m", json.dumps(body).encode(), json.dumps(answer).encode())
+    [row] = served_rows(request, lambda name: [("scored", USER.name, "txn_count")] if name == SERVICE else [])
+    assert json.loads(row["values"]) == {f"{USER.name}:txn_count": 4, "amount_ratio": 0.75}
+    assert (row["feature_service"], row["model"], row["entity_key"]) == (SERVICE, "m", '{"user_id": "u1"}')
 
 
 def test_the_writer_holds_a_bounded_queue_and_never_raises(tmp_path: Path, monkeypatch, caplog) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import queue
 import random
 import threading
@@ -26,16 +25,15 @@ from datetime import UTC, datetime
 from typing import Any
 
 from features.errors import ConfigError
-from features.stores.served_log import append_served
+from features.stores.served_log import append_served, served_table
+from features.stores.serving_requests import LOG, ONLINE_PATH
 
-ONLINE_PATH = "/get-online-features"
 MODEL_HEADER = b"x-model"
 DEFAULT_SAMPLE = 0.01
 QUEUE_BYTES = 64 << 20  # request and answer bytes waiting for the writer, per worker
 FLUSH_S = 5.0
 FLUSH_ROWS = 10_000
 CLOSE_TIMEOUT_S = 10.0  # what a shutting-down worker waits for its last append
-LOG = logging.getLogger("uvicorn.error")  # the workers' log (gunicorn's error log, stderr)
 
 
 def served_sample(log_served: bool, sample: float | None) -> float | None:
@@ -62,8 +60,7 @@ class ServedRequest:
     answer: bytes
 
 
-# A feature service's features: (the view name its answer uses, the view, the feature) of each; a KeyError when
-# the registry has no such service.
+# A feature service's features: (the view name its answer uses, the view, the feature) of each.
 ServiceFeatures = Callable[[str], list[tuple[str, str, str]]]
 
 
@@ -78,11 +75,10 @@ def served_rows(request: ServedRequest, service_features: ServiceFeatures) -> li
         for name, result in zip(names, answer["results"], strict=True)
         if name not in entities
     }
-    request_id = uuid.uuid4().hex
     common = {
         "date": request.served_at.date(),
         "served_at": request.served_at,
-        "request_id": request_id,
+        "request_id": uuid.uuid4().hex,
         "model": request.model,
         "feature_service": body.get("feature_service"),
     }
@@ -186,17 +182,17 @@ class ServedLog:
     """The ASGI middleware that offers a sample of the answered `POST /get-online-features` to a ServedWriter
     (see the module's text)."""
 
-    def __init__(self, app: Any, writer: ServedWriter, sample: float, draw: Callable[[], float] = random.random):
+    def __init__(self, app: Any, writer: ServedWriter, sample: float) -> None:
         self.app = app
         self.writer = writer
         self.sample = sample
-        self.draw = draw  # forked workers reseed `random` (CPython does at fork), so workers draw apart
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
             await self.app(scope, self._closing(receive), send)
             return
-        if scope["type"] != "http" or scope["path"] != ONLINE_PATH or self.draw() >= self.sample:
+        # Forked workers draw apart: CPython reseeds `random` in a forked child.
+        if scope["type"] != "http" or scope["path"] != ONLINE_PATH or random.random() >= self.sample:
             await self.app(scope, receive, send)
             return
         served_at = datetime.now(UTC)
@@ -239,7 +235,6 @@ class ServedLog:
 
 def with_served_log(app: Any, store: Any, sample: float) -> None:
     """Feast's app (`app`, of the FeatureStore `store`) with ServedLog outside its other middleware."""
-    from features.stores.served_log import served_table
 
     def service_features(name: str) -> list[tuple[str, str, str]]:
         service = store.get_feature_service(name, allow_cache=True)
