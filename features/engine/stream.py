@@ -33,7 +33,7 @@ import shutil
 import uuid
 from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -47,6 +47,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
 from features import kernel as pt
+from features.engine.files import null_rows
 from features.engine.inputs import bucket_of, ddl, kernel_inputs
 from features.engine.kafka import read_kafka
 from features.engine.schema import (
@@ -80,6 +81,7 @@ from features.kernel.state import LAYOUT_CHUNK
 from features.spec import WINDOW_END, DType, FeatureGroup
 
 if TYPE_CHECKING:
+    from pyspark.sql.streaming import DataStreamReader
     from pyspark.sql.types import StructType
 
 BUCKET = "fx_bucket"
@@ -91,6 +93,10 @@ STATE_FORMAT = 4  # the layout of a bucket's state, saved with the checkpoint (3
 RESIDENT_BUCKETS = 4  # buckets whose state a Python worker keeps between batches (_Resident)
 COMPACT_SLACK = 1024  # codes of departed keys a bucket's key dictionary may hold beyond twice its live keys
 STATE_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+BINARY_FILE = "path string, modificationTime timestamp, length bigint, content binary"  # Spark's binaryFile source
+# Whether a new checkpoint's stream reads the Parquet files holding a column as Arrow's null type (`read_stream`);
+# a checkpoint saved before it could has no such source. bench/stream_nulls.py turns it off for its baseline.
+NULLS_READ = True
 
 
 def configure(spark: SparkSession) -> None:
@@ -135,32 +141,48 @@ def reads_nanoseconds(spark: SparkSession, group: FeatureGroup, path: str) -> bo
 
 
 def read_stream(
-    spark: SparkSession, group: FeatureGroup, path: str, max_files: int | None, nanoseconds: bool = True
+    spark: SparkSession,
+    group: FeatureGroup,
+    path: str,
+    max_files: int | None,
+    nanoseconds: bool = True,
+    nulls: bool = True,
 ) -> DataFrame:
     """The group's source as a streaming DataFrame with the source's columns (plus `_corrupt_record` for JSON).
 
     Parquet files are read as the batch reads them (features.engine.source.read_parquet): microsecond and
-    nanosecond timestamps both, and a file that cannot be read is skipped instead of failing the stream."""
+    nanosecond timestamps both, and a file that cannot be read is skipped instead of failing the stream. With
+    `nulls`, the files holding a column as Arrow's null type are read apart, as the batch reads them
+    (features.engine.files.null_rows), from a listing of the folder of its own: a source more in the query, so the
+    choice is made when a checkpoint starts (`features.engine.stream.NULLS_READ`) and kept with it."""
     from pyspark.sql import types as T
 
     source = group.source
     if source.kafka is not None:
         return read_kafka(spark, group)
     schema = source_schema(spark, group, path)
-    # maxFileAge is Spark's default, set here because the log's pruning relies on it (features.engine.source_log).
-    reader = spark.readStream.option("recursiveFileLookup", "true").option("maxFileAge", FILE_AGE)
-    if max_files:
-        reader = reader.option("maxFilesPerTrigger", max_files)
     if source.format == "json":
         with_corrupt = T.StructType([*schema.fields, T.StructField(CORRUPT, T.StringType())])
-        events = (
-            reader.schema(with_corrupt).option("mode", "PERMISSIVE").json(path).withColumn(META, F.col("_metadata"))
-        )
+        reader = _landed_files(spark, max_files).schema(with_corrupt).option("mode", "PERMISSIVE")
+        events = reader.json(path).withColumn(META, F.col("_metadata"))
     else:
-        events = read_parquet(spark, reader, schema, path, None if nanoseconds else [])
+        reader = _landed_files(spark, max_files)
+        events = read_parquet(spark, reader, schema, path, None if nanoseconds else [], null_read=nulls)
+        if nulls:
+            # Both sources list the folder alike, each file in the same micro-batch (barring a file that lands
+            # between their listings, which the later batch then reads); each file's records come from one.
+            listing = _landed_files(spark, max_files).format("binaryFile").schema(BINARY_FILE).load(path)
+            events = events.unionByName(null_rows(listing, schema, events.schema[META].dataType))
     check_columns(group, events)
     landed = F.unix_micros(F.col(META)["file_modification_time"])
     return events.withColumn(LANDED, landed).withColumn(FILE, F.col(META)["file_path"]).drop(META)
+
+
+def _landed_files(spark: SparkSession, max_files: int | None) -> DataStreamReader:
+    """A file source's reader of the landing folder, as every source of a stream's query reads it."""
+    # maxFileAge is Spark's default, set here because the log's pruning relies on it (features.engine.source_log).
+    reader = spark.readStream.option("recursiveFileLookup", "true").option("maxFileAge", FILE_AGE)
+    return reader.option("maxFilesPerTrigger", max_files) if max_files else reader
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -299,33 +321,46 @@ class PaneProcessor(StatefulProcessor):
         landed: int | None,
         stream_newest: int | None = None,
     ) -> Iterator[pd.DataFrame]:
-        plan = self.coded
-        upto = timer_values.getCurrentWatermarkInMs() * 1000
+        """One micro-batch of a bucket: its state loaded, stepped on with the events, stored."""
+        state = self._load(bucket)
+        stepped = self._step(state, events, timer_values.getCurrentWatermarkInMs() * 1000, stream_newest)
+        yield from stepped.output
+        yield self._store(bucket, state, stepped, n, landed)
+
+    def _load(self, bucket: int) -> _Loaded:
+        """The bucket's state: the worker's copy when it is the one the store holds, else read from the store
+        (and carried over a definition change, or refiled from chunks of another length)."""
         meta = self.meta.get() if self.meta.exists() else None
         resident = _RESIDENT.pop((self.group_name, bucket), None)  # taken: put back only once the step is stored
-        layout, mark, misfiled = self.layout, False, set()
         if resident is not None and meta is not None and (resident.token, resident.layout) == (meta[2], self.layout):
-            tables, stored, keys = [resident.table], resident.sizes, resident.keys
+            return _Loaded(resident.held, resident.keys, resident.sizes, meta, self.layout)
+        blobs = {int(k[0]): v[0] for k, v in self.chunks.iterator()}
+        marker = blobs.pop(LAYOUT_CHUNK, None)
+        layout = self.layout
+        if marker is not None or self.upgrade is not None:
+            layout = marker.decode() if marker is not None else self.upgrade.unmarked(meta is not None)  # type: ignore[union-attr]
+        stored, keys = {c: len(b) for c, b in blobs.items()}, self._dictionary()
+        misfiled: set[int] = set()
+        if layout == self.layout:
+            tables = [pt.from_bytes(self.coded, blob) for blob in blobs.values()]
+            misfiled = self._misfiled(blobs, tables)
         else:
-            blobs = {int(k[0]): v[0] for k, v in self.chunks.iterator()}
-            marker = blobs.pop(LAYOUT_CHUNK, None)
-            layout = self.layout
-            if marker is not None or self.upgrade is not None:
-                layout = marker.decode() if marker is not None else self.upgrade.unmarked(meta is not None)  # type: ignore[union-attr]
-            mark = marker != self.layout.encode()  # every stored state names its layout, from its first step on
-            stored, keys = {c: len(b) for c, b in blobs.items()}, self._dictionary()
-            if layout == self.layout:
-                tables = [pt.from_bytes(plan, blob) for blob in blobs.values()]
-                misfiled = self._misfiled(blobs, tables)
-            else:
-                if self.upgrade is None or layout != self.upgrade.change.before.id:
-                    raise ConfigError(
-                        f"{self.group_name}: bucket {bucket}'s saved state was built for a definition this stream "
-                        "no longer knows how to carry over (two changes applied before the first had reached every "
-                        "bucket). Start over with `features stream --reset`"
-                    )
-                table, keys, moved = self.upgrade.apply(self.coded, self.plan.keys, bucket, blobs, keys, self.keys)
-                tables, meta = [table], moved or meta
+            if self.upgrade is None or layout != self.upgrade.change.before.id:
+                raise ConfigError(
+                    f"{self.group_name}: bucket {bucket}'s saved state was built for a definition this stream "
+                    "no longer knows how to carry over (two changes applied before the first had reached every "
+                    "bucket). Start over with `features stream --reset`"
+                )
+            table, keys, moved = self.upgrade.apply(self.coded, self.plan.keys, bucket, blobs, keys, self.keys)
+            tables, meta = [table], moved or meta
+        held = pt.Held.of(self.coded, self.chunk_us, tables)
+        # every stored state names its layout, from its first step on
+        return _Loaded(held, keys, stored, meta, layout, marker != self.layout.encode(), misfiled)
+
+    def _step(self, state: _Loaded, events: pd.DataFrame | None, upto: int, stream_newest: int | None) -> _Stepped:
+        """The events (None: none, only the batch's event time) merged into the state, and what that emits: the
+        change points up to the watermark, eager values, late events."""
+        plan, keys, meta = self.coded, state.keys, state.meta
         after = None if meta is None else meta[0]
         if events is None:
             coded = pd.DataFrame({pt.KEY: np.zeros(0, np.int64), pt.TS: np.zeros(0, np.int64)})
@@ -355,35 +390,39 @@ class PaneProcessor(StatefulProcessor):
             previous = upto if seen is None else max(upto, plan.closed_end(seen))
             if latest > upto and (len(ts) or previous < latest):
                 eager_at, eager_after = latest, previous
-        step = pt.step(
-            plan, tables, coded, after, upto, align_us=self.chunk_us, eager_at=eager_at, eager_after=eager_after
-        )
-        # Decoded before a compaction renumbers the keys.
+        step = pt.advance(state.held, coded, after, upto, self.chunk_us, eager_at, eager_after)
+        output = []  # decoded before a compaction renumbers the keys
         if len(step.rows):
             eager_keys = None if step.eager is None else step.eager[pt.KEY].to_numpy(dtype=np.int64)
-            yield self.frames.rows(step.rows, keys, superseded=eager_keys)
+            output.append(self.frames.rows(step.rows, keys, superseded=eager_keys))
         if step.eager is not None and len(step.eager):
-            yield self.frames.rows(step.eager, keys, EAGER)
+            output.append(self.frames.rows(step.eager, keys, EAGER))
         if len(step.late):
             decoded = keys.decode(step.late[pt.KEY].to_numpy())
             late = pd.DataFrame({**{k: v.to_pandas() for k, v in decoded.items()}, pt.TS: step.late[pt.TS].to_numpy()})
             record = late.to_json(orient="records", lines=True).splitlines()
-            yield self.frames.side(LATE, np.full(len(late), "late", dtype=object), np.array(record, dtype=object))
-        touched = misfiled | set(_chunk_ids(ts - ts % plan.pane_us, self.chunk_us))
-        if step.folded:  # the BASE chunk holds a row per key ever seen: rewritten only when its rows changed
-            touched.add(pt.BASE)
-        if layout != self.layout:  # carried over a definition change: every chunk is rewritten
+            output.append(
+                self.frames.side(LATE, np.full(len(late), "late", dtype=object), np.array(record, dtype=object))
+            )
+        return _Stepped(step, upto, newest, output)
+
+    def _store(self, bucket: int, state: _Loaded, stepped: _Stepped, n: int, landed: int | None) -> pd.DataFrame:
+        """Write what the step changed (the chunks whose rows changed, all of them after a definition change or
+        a compaction of the keys), keep the state in the worker, set the timer; the bucket's stat row."""
+        held, stored = state.held, state.stored
+        touched = state.misfiled | set(stepped.step.changed)
+        if state.layout != self.layout:  # carried over a definition change: every chunk is rewritten
             touched.update(stored)
-        if mark:
+        if state.mark:
             self.chunks.updateValue((LAYOUT_CHUNK,), (self.layout.encode(),))
-        table = self._compact(step.table, keys, stored, touched)
-        sizes = self._store(table, stored, touched)
+        self._compact(held, state.keys, stored, touched)
+        sizes = self._write_chunks(held, stored, touched)
         token = secrets.randbits(63)
-        self.meta.update((upto, newest, token))
-        _keep_resident((self.group_name, bucket), _Resident(token, self.layout, table, sizes, keys))
-        if step.next_change is not None:
-            self.handle.registerTimer(step.next_change // 1000)
-        yield self.frames.stat(bucket, len(table), sum(sizes.values()), upto, n, landed)
+        self.meta.update((stepped.upto, stepped.newest, token))
+        _keep_resident((self.group_name, bucket), _Resident(token, self.layout, held, sizes, state.keys))
+        if stepped.step.next_change is not None:
+            self.handle.registerTimer(stepped.step.next_change // 1000)
+        return self.frames.stat(bucket, held.rows, sum(sizes.values()), stepped.upto, n, landed)
 
     def _misfiled(self, blobs: dict[int, bytes], tables: list[pd.DataFrame]) -> set[int]:
         """The stored chunks holding panes of other chunks: written with another chunk length (by an earlier
@@ -401,39 +440,34 @@ class PaneProcessor(StatefulProcessor):
         frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else (frames[0] if frames else None)
         return pt.KeyDictionary(self.plan.keys, frame)
 
-    def _compact(
-        self, table: pd.DataFrame, keys: pt.KeyDictionary, stored: dict[int, int], touched: set[int]
-    ) -> pd.DataFrame:
+    def _compact(self, held: pt.Held, keys: pt.KeyDictionary, stored: dict[int, int], touched: set[int]) -> None:
         """Drop the codes of keys no pane holds any more once they make up most of the dictionary (keys come
         and go): renumber the rest, and rewrite the dictionary and every chunk."""
-        held = np.bincount(table[pt.KEY].to_numpy(dtype=np.int64), minlength=len(keys)) > 0
-        if len(keys) <= 2 * np.count_nonzero(held) + COMPACT_SLACK:
-            return table
-        live = np.flatnonzero(held)
-        renumber = keys.compact(live)
-        table = table.assign(**{pt.KEY: renumber[table[pt.KEY].to_numpy(dtype=np.int64)]})
+        if len(keys) <= 2 * held.most_keys() + COMPACT_SLACK:  # no chunk-by-chunk count needed
+            return
+        live = held.key_codes()
+        if len(keys) <= 2 * len(live) + COMPACT_SLACK:
+            return
+        held.renumbered(keys.compact(live))
         for (first,), _ in list(self.keys.iterator()):
             self.keys.removeKey((first,))
         if len(keys):
             self.keys.updateValue((0,), (pt.to_bytes(keys.frame),))
         touched.update(stored)
-        return table
 
-    def _store(self, table: pd.DataFrame, stored: dict[int, int], touched: set[int]) -> dict[int, int]:
+    def _write_chunks(self, held: pt.Held, stored: dict[int, int], touched: set[int]) -> dict[int, int]:
         """Write the chunks whose rows changed; remove the ones pruned. `stored`: the stored chunks' sizes;
         returns them after the write."""
-        of_row = pt.chunk_of(table, self.chunk_us)
-        current = set(pd.unique(of_row).tolist())
         sizes = {}
-        for chunk in current:
+        for chunk, s in held.chunks.items():
             if chunk not in stored or chunk in touched:
-                blob = pt.to_bytes(table[of_row == chunk])
+                blob = pt.to_bytes(s.table)
                 self.chunks.updateValue((chunk,), (blob,))
                 sizes[chunk] = len(blob)
             else:
                 sizes[chunk] = stored[chunk]
         for chunk in stored:
-            if chunk not in current:
+            if chunk not in held.chunks:
                 self.chunks.removeKey((chunk,))
         return sizes
 
@@ -445,14 +479,44 @@ class PaneProcessor(StatefulProcessor):
 class _Resident:
     """A bucket's state as its last step left it, kept in the Python worker that ran the step: the next batch
     of the bucket that lands on this worker (Spark reuses its Python workers) skips reading and decoding the
-    chunks and the key dictionary. `token` is the one the step saved in the bucket's meta state: a batch whose
-    state store holds another (a failed or replayed batch, a step on another worker) reads the store."""
+    chunks and the key dictionary, and reads the summaries the steps before merged. `token` is the one the step
+    saved in the bucket's meta state: a batch whose state store holds another (a failed or replayed batch, a step
+    on another worker) reads the store."""
 
     token: int
     layout: str  # the definition's Layout.id the table has
-    table: pd.DataFrame
+    held: pt.Held
     sizes: dict[int, int]  # serialized bytes of each stored chunk
     keys: pt.KeyDictionary
+
+    @property
+    def table(self) -> pd.DataFrame:
+        """Every pane row held (for a look at the state; a step reads the chunks)."""
+        return self.held.frame()
+
+
+@dataclass(frozen=True)
+class _Loaded:
+    """A bucket's state at the start of a step (`PaneProcessor._load`)."""
+
+    held: pt.Held
+    keys: pt.KeyDictionary
+    stored: dict[int, int]  # the stored chunks' serialized sizes
+    meta: tuple[int | None, int | None, int] | None  # (emitted up to, newest event time, token) as stored
+    layout: str  # the definition the stored state was built for
+    mark: bool = False  # the stored state does not name this definition yet
+    misfiled: set[int] = field(default_factory=set)  # stored chunks holding other chunks' panes
+
+
+@dataclass(frozen=True)
+class _Stepped:
+    """What a step did (`PaneProcessor._step`): the kernel's step, the watermark it emitted up to, the newest event
+    time seen, and its output rows."""
+
+    step: pt.Step
+    upto: int
+    newest: int | None
+    output: list[pd.DataFrame]
 
 
 _RESIDENT: OrderedDict[tuple[str, int], _Resident] = OrderedDict()  # (group, bucket), least recently stored first
@@ -509,10 +573,6 @@ def _unpack(frames: Iterator[pd.DataFrame]) -> tuple[Any, int | None]:
             top = int(frame[NEWEST].max())
             newest = top if newest is None else max(newest, top)
     return (pa.concat_tables(tables) if tables else None), newest
-
-
-def _chunk_ids(panes: np.ndarray, chunk_us: int) -> list[int]:
-    return [int(c) for c in pd.unique(panes - panes % chunk_us)]
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -1,101 +1,97 @@
-"""The stream's micro-batch over a pane table (features.kernel.table): merge the batch's panes, emit the change
+"""The stream's micro-batch over a held pane table (features.kernel.held): merge the batch's panes, emit the change
 points the watermark passed, and drop the panes no later window reads. Pure numpy/pandas, no Spark; the meaning
 of every value is docs/semantics.md."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
-from features.kernel.kinds import KINDS
-from features.kernel.plan import BASE, KEY, PANE, TS, Calc, Plan
-from features.kernel.table import (
-    ASKED,
-    Sorted,
-    change_ends,
-    combine,
-    combine_sorted,
-    emit,
-    frame_of,
-    inserted,
-    keys_at,
-    phase1,
-    renumbered,
-    session_runs,
-    values_at,
-)
+from features.kernel.held import Held, folded_base, prune_cut
+from features.kernel.plan import BASE, KEY, PANE, TS, Plan
+from features.kernel.state import chunk_length
+from features.kernel.summaries import value_rows
+from features.kernel.table import KeyDictionary, Sorted, frame_of, pane_columns, phase1, renumbered
 
 
 def prune(plan: Plan, table: pd.DataFrame, upto_us: int, align_us: int | None = None) -> pd.DataFrame:
     """Drop panes that no window ending after `upto` reads; fold those only Lifetime windows still read into
     each key's BASE row. With `align_us`, only whole stretches of that length go (stored chunks)."""
-    return _pruned(plan, table, upto_us, align_us)[0]
-
-
-def _pruned(plan: Plan, table: pd.DataFrame, upto_us: int, align_us: int | None) -> tuple[pd.DataFrame, bool]:
-    """`prune`, and whether it folded panes into BASE rows."""
-    cut = min(
-        (upto_us - upto_us % c.every_us) - (c.size_us if c.size_us is not None else c.every_us) for c in plan.calcs
-    )
-    cut = min(cut, _session_cut(plan, table, upto_us))
-    if align_us:
-        cut -= cut % align_us
+    cut = prune_cut(plan, (lambda: Sorted.of(plan, table)) if plan.session_conditions else None, upto_us, align_us)
     pane = table[PANE].to_numpy(dtype=np.int64)
     old = pane < cut  # BASE rows among them: each fold merges the newly old panes into them
     if not (old & (pane != BASE)).any():
-        return table, False
+        return table
     keep = table[~old]
     if all(c.bounded for c in plan.calcs):
-        return renumbered(keep), False
-    folded = table[old].copy()
-    folded[PANE] = BASE
-    base = combine(plan, [folded])
-    for i in range(len(plan.conditions)):  # the base row never makes a change point, nor is part of a session
-        base[f"fx_n{i}"] = 0
-    for calc in plan.calcs:  # nor carries a Hop's or a Session's data
-        if calc.bounded:
-            base = _clear(calc, base)
-    put = inserted(plan, keep, base)  # kept sorted for the next step's insertion where it applies
-    if put is not None:
-        return put.table, True
-    return pd.concat([base, keep], ignore_index=True), True
-
-
-def _clear(calc: Calc, table: pd.DataFrame) -> pd.DataFrame:
-    for part, values in KINDS[calc.kind].empty(calc, len(table)).items():
-        table[calc.col(part)] = values
-    return table
-
-
-def _session_cut(plan: Plan, table: pd.DataFrame, upto_us: int) -> int:
-    """The earliest pane a session feature still reads after `upto`: the start of the earliest session that may
-    still be open then (one that a later event can extend), else one gap and one `every` back."""
-    cut = np.iinfo(np.int64).max
-    calcs = [c for c in plan.calcs if c.gap_us is not None]
-    if not calcs:
-        return cut
-    s = Sorted.of(plan, table)
-    pane = s.table[PANE].to_numpy(dtype=np.int64)
-    for calc in calcs:
-        gap = calc.gap_us
-        cut = min(cut, upto_us - upto_us % calc.every_us - gap - calc.every_us)  # type: ignore[operator]
-        live = session_runs(s, calc).live_starts(upto_us - upto_us % calc.every_us - calc.every_us, gap)  # type: ignore[arg-type]
-        if len(live):
-            cut = min(cut, int(pane[live].min()))
-    return cut
+        return renumbered(keep)
+    return pd.concat([folded_base(plan, [], [table[old]]), keep], ignore_index=True)
 
 
 @dataclass(frozen=True)
 class Step:
-    table: pd.DataFrame  # the pane table after the step
+    table: pd.DataFrame | None  # the pane table after the step (None when the step was on a `Held` table)
     rows: pd.DataFrame  # change points with window end in (after, upto]
     late: pd.DataFrame  # input events behind `after`: they would change rows already emitted
     next_change: int | None  # the first window end after `upto` where a value may change
     eager: pd.DataFrame | None = None  # the value at `eager_at` of each key the events touched
     folded: bool = False  # panes were folded into BASE rows: the keys' Lifetime partials changed
+    changed: frozenset[int] = frozenset()  # the chunks whose rows changed, came or went
+
+
+def advance(
+    held: Held,
+    events: pd.DataFrame,
+    after: int | None,
+    upto: int,
+    align_us: int | None = None,
+    eager_at: int | None = None,
+    eager_after: int | None = None,
+) -> Step:
+    """One micro-batch for one bucket's keys (their codes, `fx_key`): merge the events' pane partials into the
+    held table, emit the change points whose window end the watermark passed, and drop what no later window
+    reads. The work grows with the chunks of panes the batch touches and the values it emits, not with the panes
+    held (features.kernel.summaries).
+
+    `after` is the watermark the previous step emitted up to: an event before the window end it closed
+    (`Plan.closed_end`) is late (it would change a change point emitted already) and is returned instead of used;
+    one between that end and `after` changes only rows still to come, and is used.
+
+    `eager_at` (a window end ahead of the watermark): also the value there, from the events received so far, of
+    each key the events touched and of each key whose value changes in (`eager_after`, `eager_at`] (a pane of an
+    earlier batch closed, or left a window, since the previous eager value was written)."""
+    plan = held.plan
+    late = np.zeros(len(events), dtype=bool)
+    if after is not None:
+        late = events[TS].to_numpy(dtype=np.int64) < plan.closed_end(after)
+    fresh = events[~late]
+    changed = held.add(phase1(plan, fresh))
+    # Every end in (after, horizon] where a value may change, found once for the rows, the eager values and the
+    # timer (the panes `prune` drops make no change after `upto`).
+    horizon = upto if eager_at is None else max(upto, eager_at)
+    key, end = held.changes(after, horizon)
+    emitted = end <= upto if after is None or upto > after else np.zeros(len(end), dtype=bool)
+    rows = value_rows(held, key[emitted], end[emitted]) if emitted.any() else _no_rows(plan)
+    eager = None
+    if eager_at is not None and held.chunks:  # an empty table (every pane pruned) has no value to give
+        wanted = [fresh[KEY].to_numpy(dtype=np.int64)]
+        if eager_after is not None and eager_after < eager_at:
+            wanted.append(key[(end > eager_after) & (end <= eager_at)])
+        keys = np.unique(np.concatenate(wanted))
+        eager = value_rows(held, keys, np.full(len(keys), eager_at, dtype=np.int64))
+    folded, pruned = held.prune(upto, align_us)
+    later = end[end > upto]
+    next_change = int(later.min()) if len(later) else held.first_change(horizon)
+    return Step(None, rows, events[late], next_change, eager, folded, frozenset(changed | pruned))
+
+
+def _no_rows(plan: Plan) -> pd.DataFrame:
+    return pd.DataFrame({c: [] for c in (KEY, "window_end", *(c.name for c in plan.calcs))})
 
 
 def step(
@@ -108,61 +104,57 @@ def step(
     eager_at: int | None = None,
     eager_after: int | None = None,
 ) -> Step:
-    """One micro-batch for one set of keys: merge the events' pane partials into the table (or its chunks, in
-    any order), emit the change points whose window end the watermark passed, and drop what no later window
-    reads.
-
-    `after` is the watermark the previous step emitted up to: an event before the window end it closed
-    (`Plan.closed_end`) is late (it would change a change point emitted already) and is returned instead of used;
-    one between that end and `after` changes only rows still to come, and is used.
-
-    `eager_at` (a window end ahead of the watermark): also the value there, from the events received so far, of
-    each key the events touched and of each key whose value changes in (`eager_after`, `eager_at`] (a pane of an
-    earlier batch closed, or left a window, since the previous eager value was written)."""
-    late = np.zeros(len(events), dtype=bool)
-    if after is not None:
-        late = events[TS].to_numpy(dtype=np.int64) < plan.closed_end(after)
+    """`advance` over a pane table given whole (or in chunks, in any order), keyed by the group's join keys or by
+    the stream's key codes: the same step, and the pane table after it (`Step.table`)."""
     tables = [table] if isinstance(table, pd.DataFrame) else list(table)
-    fresh = events[~late]
-    merged = combine_sorted(plan, [*tables, phase1(plan, fresh)])
-    # Every end in (after, horizon] where a value may change, found once for the rows, the eager values and the
-    # timer (the panes `prune` drops make no change after `upto`).
-    horizon = upto if eager_at is None else max(upto, eager_at)
-    row, end = change_ends(plan, merged, after, horizon)
-    if eager_at is not None and plan.keys == (KEY,):
-        # The keys whose values the rows and the eager values read (key codes here: the stream's), so that what
-        # they share is built once (`values_at`).
-        merged.memo[ASKED] = np.concatenate([fresh[KEY].to_numpy(dtype=np.int64), merged.key_code[row]])
-    if after is None or upto > after:
-        rows = emit(plan, merged, after, upto, changes=(row, end))
-    else:
-        rows = emit(plan, merged.table.iloc[:0], None, 0)
-    eager = None
-    if eager_at is not None and len(merged.table):  # an empty table (every pane pruned) has no value to give
-        wanted = fresh[list(plan.keys)]
-        if eager_after is not None and eager_after < eager_at:
-            changed = row[(end > eager_after) & (end <= eager_at)]
-            wanted = pd.concat([wanted, merged.table[list(plan.keys)].iloc[changed]])
-        eager = values_of(plan, merged, wanted, eager_at)
-    table, folded = _pruned(plan, merged.table, upto, align_us)
-    later = end[end > upto]
-    if not len(later):  # none before the horizon: the first one after it, if any
-        later = change_ends(plan, merged, horizon, None)[1]
-    return Step(table, rows, events[late], int(later.min()) if len(later) else None, eager, folded)
+    dictionary, given = None, events
+    if plan.keys != (KEY,):  # the join keys as codes, as the stream's processor hands them
+        dictionary = KeyDictionary(plan.keys)
+        tables = [_coded(dictionary, t) for t in tables]
+        events = _coded(dictionary, events)
+    coded = replace(plan, keys=(KEY,))
+    held = Held.of(coded, align_us or _chunk_of_step(coded, [*tables, events]), tables)
+    out = advance(held, events, after, upto, align_us, eager_at, eager_after)
+    after_step = held.frame()
+    if dictionary is None:
+        return replace(out, table=after_step)
+    decoded = {k: v.to_numpy(zero_copy_only=False) for k, v in dictionary.decode(after_step[KEY].to_numpy()).items()}
+    return replace(
+        out,
+        table=frame_of({**decoded, **{c: after_step[c] for c in pane_columns(coded)[1:]}}),
+        rows=_decoded(dictionary, out.rows),
+        late=given.loc[out.late.index],
+        eager=None if out.eager is None else _decoded(dictionary, out.eager),
+    )
 
 
-def values_of(plan: Plan, s: Sorted, keys: pd.DataFrame, at_us: int) -> pd.DataFrame:
-    """Rows (keys, `window_end` = at, features): the value at `at` of each key of `keys` that `s` holds."""
-    first = s.key_firsts()
-    held = s.table[list(plan.keys)].iloc[first]
-    wanted = keys.drop_duplicates()
-    if len(plan.keys) == 1:
-        hit = pd.Index(held.iloc[:, 0]).isin(wanted.iloc[:, 0])
-    else:
-        hit = pd.MultiIndex.from_frame(held).isin(pd.MultiIndex.from_frame(wanted))
-    rows = first[hit]
-    ends = np.full(len(rows), at_us, dtype=np.int64)
-    out = keys_at(plan, s, rows)
-    out["window_end"] = ends
-    out.update(values_at(plan, s, s.key_code[rows], ends))
+STEP_CHUNKS = 16  # a table given whole (a test's, a rebuild's) is held in about this many chunks
+
+
+def _chunk_of_step(plan: Plan, frames: list[pd.DataFrame]) -> int:
+    """The chunk length to hold a table given whole in: the stream's, or a sixteenth of the time its panes and
+    events span when longer (each chunk costs a table of its own; a step over a stored table gets its length)."""
+    times = [f[c].to_numpy(dtype=np.int64) for f in frames for c in (PANE, TS) if c in f.columns and len(f)]
+    times = [t[t != BASE] for t in times]
+    span = max((int(t.max()) for t in times if len(t)), default=0) - min(
+        (int(t.min()) for t in times if len(t)), default=0
+    )
+    return max(chunk_length(plan), -(-span // STEP_CHUNKS))
+
+
+def _coded(dictionary: KeyDictionary, frame: pd.DataFrame) -> pd.DataFrame:
+    codes, _ = dictionary.encode(frame)
+    return frame.drop(columns=dictionary.keys).assign(**{KEY: codes})
+
+
+def _decoded(dictionary: KeyDictionary, rows: pd.DataFrame) -> pd.DataFrame:
+    """Rows keyed by codes, keyed by the join keys again (text as Arrow, as the batch engine's rows have it)."""
+    out: dict[str, Any] = {}
+    for k, values in dictionary.decode(rows[KEY].to_numpy(dtype=np.int64)).items():
+        out[k] = (
+            pd.arrays.ArrowExtensionArray(values)
+            if pa.types.is_string(values.type)
+            else values.to_numpy(zero_copy_only=False)
+        )
+    out.update({c: rows[c] for c in rows.columns if c != KEY})
     return frame_of(out)

@@ -35,8 +35,9 @@ def read_frame(blob: bytes) -> pd.DataFrame:
 
 
 def _narrow(values: Any) -> Any:
-    if isinstance(values, pd.arrays.ArrowExtensionArray):
-        return pa.array(values)  # lists of variable-length partials pickle as Arrow
+    if isinstance(values, pd.arrays.ArrowExtensionArray):  # lists of variable-length partials pickle as Arrow
+        array = pa.array(values)
+        return array.combine_chunks() if isinstance(array, pa.ChunkedArray) else array  # (a concatenation's)
     if values.dtype != np.int64 or len(values) == 0:
         return values
     low, high = int(values.min()), int(values.max())

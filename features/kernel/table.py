@@ -162,7 +162,7 @@ class Sorted:
     position: np.ndarray  # key_code * span + pane rank: sorted, so ranges are found by searchsorted
     origin: int
     span: int
-    memo: dict[str, Any] = field(default_factory=dict, repr=False)  # what reads of the table share
+    memo: dict[Any, Any] = field(default_factory=dict, repr=False)  # what reads of the table share
 
     @classmethod
     def of(cls, plan: Plan, table: pd.DataFrame) -> Sorted:
@@ -184,16 +184,24 @@ class Sorted:
     def key_start(self, key_code: np.ndarray) -> np.ndarray:
         return np.searchsorted(self.position, key_code * self.span, side="left")
 
+    def array(self, column: str) -> Any:
+        """A column's values (`column_array`), kept for the reads that follow (a pandas column costs more to find
+        than a small chunk's values to read)."""
+        key = ("array", column)
+        if key not in self.memo:
+            self.memo[key] = column_array(self.table[column])
+        return self.memo[key]
+
     def columns(self, calc: Calc) -> dict[str, Any]:
         """A feature's partial columns by part, and for a session feature its `where`'s bounds (`bounds`)."""
-        out = {p: column_array(self.table[calc.col(p)]) for p in KINDS[calc.kind].parts}
+        out = {p: self.array(calc.col(p)) for p in KINDS[calc.kind].parts}
         if calc.gap_us is not None:
             out.update(self.bounds(calc.condition))
         return out
 
     def bounds(self, condition: int) -> dict[str, Any]:
         """A session `where`'s event count `sn` and first and last event times `s0`, `s1` per row."""
-        return {p: column_array(self.table[c]) for p, c in sessions.columns(condition).items()}
+        return {p: self.array(c) for p, c in sessions.columns(condition).items()}
 
 
 def _positions(plan: Plan, *tables: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, int, int]:
@@ -254,6 +262,8 @@ def combine_sorted(plan: Plan, tables: Sequence[pd.DataFrame]) -> Sorted:
     position = position[order]
     first = np.r_[True, np.diff(position) != 0]
     if first.all():
+        if (np.diff(order) == 1).all():  # sorted already (a stored chunk): not copied
+            return Sorted(renumbered(table.copy(deep=False)), codes, position, origin, span)
         return Sorted(renumbered(table.iloc[order]), codes[order], position, origin, span)
     starts = np.flatnonzero(first)
     ends = np.r_[starts[1:], len(position)]
@@ -265,7 +275,7 @@ def combine_sorted(plan: Plan, tables: Sequence[pd.DataFrame]) -> Sorted:
     rows = order[within]
     group = Sorted(renumbered(table.iloc[rows]), codes[rows], position[within], origin, span)
     bounds = np.r_[0, np.cumsum(lengths)]
-    partials = _merged_partials(plan, group, bounds[:-1], bounds[1:])
+    partials = merged_partials(plan, group, bounds[:-1], bounds[1:])
     keep = order[starts]
     columns = {}
     for column in table.columns:
@@ -320,7 +330,7 @@ def inserted(plan: Plan, big: pd.DataFrame, small: pd.DataFrame) -> Sorted | Non
         both = pd.concat([big.iloc[pairs], small.iloc[order[hit]]], ignore_index=True)
         interleave = np.ravel(np.c_[np.arange(len(pairs)), len(pairs) + np.arange(len(pairs))])
         group = Sorted(renumbered(both.iloc[interleave]), np.repeat(codes[n:][order[hit]], 2), np.zeros(0), 0, 0)
-        partials = _merged_partials(plan, group, np.arange(0, 2 * len(pairs), 2), np.arange(2, 2 * len(pairs) + 1, 2))
+        partials = merged_partials(plan, group, np.arange(0, 2 * len(pairs), 2), np.arange(2, 2 * len(pairs) + 1, 2))
     else:
         partials = {}
 
@@ -352,8 +362,11 @@ def inserted(plan: Plan, big: pd.DataFrame, small: pd.DataFrame) -> Sorted | Non
     )
 
 
-def _merged_partials(plan: Plan, s: Sorted, starts: np.ndarray, ends: np.ndarray) -> dict[str, np.ndarray]:
-    """Every partial column merged over rows [start, end) of `s`, each range the rows of one (key, pane)."""
+def merged_partials(
+    plan: Plan, s: Sorted, starts: np.ndarray, ends: np.ndarray, same_pane: bool = True
+) -> dict[str, np.ndarray]:
+    """Every partial column merged over rows [start, end) of `s`: each range the rows of one (key, pane), or with
+    `same_pane` False, consecutive panes of one key in time order."""
     out = {}
     for i in range(len(plan.conditions)):
         out[f"fx_n{i}"] = ranges_add(s.table[f"fx_n{i}"].to_numpy(dtype=np.int64), starts, ends)
@@ -361,7 +374,7 @@ def _merged_partials(plan: Plan, s: Sorted, starts: np.ndarray, ends: np.ndarray
         merged = sessions.merged_parts(s.bounds(i), starts, ends)
         out.update({sessions.columns(i)[p]: merged[p] for p in ("s0", "s1")})  # the count is fx_n's, above
     for calc in plan.calcs:
-        merged = KINDS[calc.kind].merge(calc, s.columns(calc), starts, ends, s.key_code, same_pane=True)
+        merged = KINDS[calc.kind].merge(calc, s.columns(calc), starts, ends, s.key_code, same_pane=same_pane)
         out.update({calc.col(p): v for p, v in merged.items()})
     return out
 
@@ -380,9 +393,9 @@ def change_ends(
     for condition, every_us, size_us, gap_us in shapes:
         counts = s.table[f"fx_n{condition}"].to_numpy(dtype=np.int64)
         # A pane enters its window at an end in (pane, pane + every] and leaves it `size` later.
-        moves = [_moves(pane, counts, every_us, 0, after_us, upto_us, clamp_us)]
+        moves = [pane_moves(pane, counts, every_us, 0, after_us, upto_us, clamp_us)]
         if size_us is not None:
-            moves.append(_moves(pane, counts, every_us, size_us, after_us, upto_us, clamp_us))
+            moves.append(pane_moves(pane, counts, every_us, size_us, after_us, upto_us, clamp_us))
         if gap_us is not None:
             calc = next(c for c in plan.calcs if (c.condition, c.every_us, c.gap_us) == (condition, every_us, gap_us))
             moves.append(session_runs(s, calc).closes(every_us, gap_us))
@@ -399,7 +412,7 @@ def change_ends(
     return np.concatenate(rows), np.concatenate(ends)
 
 
-def _moves(
+def pane_moves(
     pane: np.ndarray,
     counts: np.ndarray,
     every_us: int,
