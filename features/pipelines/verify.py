@@ -5,8 +5,9 @@ For a sample of keys of each group:
 - online: the online store's row (values and window end E) against the offline table's point-in-time value at E
   (the latest change point with window_end <= E); an online row newer than the key's last offline row (an eager
   value, or a backfill's value as of its end) is checked against the recompute at E instead. An online row older
-  than the key's last offline row is stale (its store missed a later write): its lag is that row's window end
-  minus E, and a lag over `max_staleness_s` counts against every feature of the row (one window end per row);
+  than the key's last offline row is stale (its store missed a later write): its lag is the last offline row's
+  window end minus E, and a lag over `max_staleness_s` counts against every feature of the row (one window end
+  per row);
 - offline: every offline row of those keys against the recompute at its window end, and every recomputed change
   point against the offline table's point-in-time value there (a change point the table lacks shows up so).
 The recompute is the batch engine over the source's events of the sampled keys, read afresh.
