@@ -6,6 +6,8 @@
 - `feast_repo_factory` (session scope) / `feast_repo` (per test): a Feast repo in a temporary folder holding a
   copy of feature_repo/feature_store.yaml and a definitions module generated from the FeatureGroups a test
   passes, with their `to_feast` objects as module-level names, applied like `features apply`.
+
+Under pytest-xdist (`./dev test`) the files that take longest run first (tests/suite_order.py).
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ EXAMPLE_REPO = TESTS.parent / "feature_repo"
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
-from features import FeatureGroup  # noqa: E402 - after the sys.path setup above
+from suite_order import longest_first  # noqa: E402 - after the sys.path setup above
+
+from features import FeatureGroup  # noqa: E402
 from features.spec.definitions import DEFAULT_MIN_TIMESTAMP_US  # noqa: E402
 
 SHUFFLE_PARTITIONS = 2
@@ -55,6 +59,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
         return None
     from xdist.scheduler import LoadFileScheduling
 
+    config.option.loadscopereorder = False  # the files in the order the processes collected them (below)
+
     connect = {
         str(path.relative_to(config.rootpath))
         for path in TESTS.glob("test_*.py")
@@ -67,6 +73,13 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
             return "spark-connect" if module in connect else module
 
     return WithConnectTogether(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In a process of pytest-xdist, the files that take longest first (tests/suite_order.py): the order in which
+    `--dist loadfile` hands them out."""
+    if hasattr(config, "workerinput"):
+        items[:] = longest_first(items)
 
 
 # What MLFLOW_TRACKING_URI was when the run started. `mlflow.set_tracking_uri` exports its URI to this process's
