@@ -1,5 +1,5 @@
 """Request-time features on rows read from any store: their inputs put in one form, then computed by the one
-function, `features.kernel.request_time.request_values`.
+function, `features.kernel.request_time.request_column`.
 
 Training sets (Feast's join, the Spark join), the logged model (online values) and the feature server (Feast's JSON)
 each hold the stored values in their own form: numpy arrays or lists, pandas or Python timestamps, JSON epoch
@@ -25,6 +25,7 @@ from features.spec.request import REQUEST_TIME, RequestFeature
 from features.spec.types import DType
 from features.stores.feature_refs import FeatureColumn, filled_column
 
+_UTC_MICROS = pd.DatetimeTZDtype("us", "UTC")  # made once: a dtype's name is parsed at every use
 _ELEMENTS = {DType.INT64_LIST: DType.INT64, DType.FLOAT64_LIST: DType.FLOAT64, DType.STRING_LIST: DType.STRING}
 
 
@@ -98,7 +99,7 @@ def request_columns(
     absent = [(ref, c.name) for ref, c in stored.items() if c.name not in columns]
     if absent:
         raise ConfigError(f"request_features: the rows have no column {absent[0][1]!r} ({absent[0][0]}), which is read")
-    inputs = {ref: stored_values(filled_column(columns[c.name], c), c) for ref, c in stored.items()}
+    inputs = {ref: stored_input(columns[c.name], c) for ref, c in stored.items()}
     fields = {field: typed_request_field(columns, field, dtype) for field, dtype in request_fields(features).items()}
     if any(f.wants_request_time for f in features):
         fields[REQUEST_TIME] = request_times(times, index)
@@ -111,24 +112,32 @@ def request_columns(
     return out
 
 
-def stored_values(values: pd.Series, column: FeatureColumn) -> pd.Series:
-    """A stored input `filled_column` filled, a timestamp as UTC (epoch seconds from JSON too)."""
+def stored_input(values: pd.Series, column: FeatureColumn) -> pd.Series:
+    """A stored input in the one form: as `filled_column` fills it, a time as UTC (null where there is none, a
+    time's empty value), from a datetime, its text or JSON's epoch seconds."""
     if column.dtype is not DType.TIMESTAMP:
-        return values
-    numeric = values.dtype.kind in "iuf" or (len(values) and all(isinstance(v, int | float) for v in values.dropna()))
-    if numeric and values.dtype.kind != "M":
-        return pd.to_datetime(pd.to_numeric(values), unit="s", utc=True).astype("datetime64[us, UTC]")
-    return pd.to_datetime(values, utc=True).astype("datetime64[us, UTC]")
+        return filled_column(values, column)
+    if values.dtype.kind in "iuf":
+        return _from_epoch_seconds(values)
+    if values.dtype.kind == "O" and len(values) and all(isinstance(v, int | float) for v in values.dropna()):
+        return _from_epoch_seconds(pd.to_numeric(values))
+    return pd.to_datetime(values, utc=True).astype(_UTC_MICROS)
+
+
+def _from_epoch_seconds(values: pd.Series) -> pd.Series:
+    seconds = values.to_numpy(dtype=np.float64)
+    micros = np.where(np.isnan(seconds), np.iinfo(np.int64).min, np.round(seconds * 1e6)).astype(np.int64)
+    return pd.Series(pd.array(micros.view("M8[us]"), dtype=_UTC_MICROS), index=values.index)  # int64 min: NaT
 
 
 def request_times(times: pd.Series | datetime | None, index: pd.Index) -> pd.Series:
     if times is None:
         raise ConfigError(f"request_features: no {REQUEST_TIME} for features that take it")
     if isinstance(times, pd.Series):
-        return pd.Series(pd.to_datetime(times, utc=True).astype("datetime64[us, UTC]").to_numpy(), index=index)
+        return pd.Series(pd.to_datetime(times, utc=True).astype(_UTC_MICROS).to_numpy(), index=index)
     moment = pd.Timestamp(times)
     moment = moment.tz_localize("UTC") if moment.tzinfo is None else moment.tz_convert("UTC")
-    return pd.Series([moment] * len(index), index=index, dtype="datetime64[us, UTC]")
+    return pd.Series([moment] * len(index), index=index, dtype=_UTC_MICROS)
 
 
 _FIXES = {
@@ -156,7 +165,7 @@ def typed_request_field(columns: Columns, field: str, dtype: DType) -> pd.Series
     if dtype is DType.BOOL and kind == "b":
         return values.astype("boolean")
     if dtype is DType.TIMESTAMP and kind == "M":
-        return pd.to_datetime(values, utc=True).astype("datetime64[us, UTC]")
+        return pd.to_datetime(values, utc=True).astype(_UTC_MICROS)
     given = values.tolist()
     if dtype is DType.FLOAT64 and set(map(type, given)) <= _NUMBERS:  # JSON's numbers: converted in one go
         return pd.Series(np.array(given, dtype=np.float64), index=values.index)
@@ -177,7 +186,7 @@ def typed_request_field(columns: Columns, field: str, dtype: DType) -> pd.Series
     if dtype is DType.BOOL:
         return pd.Series(pd.array(plain, dtype="boolean"), index=values.index)
     if dtype is DType.TIMESTAMP:
-        return pd.Series(pd.to_datetime(plain, utc=True), index=values.index).astype("datetime64[us, UTC]")
+        return pd.Series(pd.to_datetime(plain, utc=True), index=values.index).astype(_UTC_MICROS)
     return pd.Series(plain, index=values.index, dtype=object)
 
 

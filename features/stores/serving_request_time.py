@@ -33,6 +33,7 @@ from features.stores.request_inputs import input_refs, request_columns, request_
 from features.stores.serving_input import RequestProblem
 
 REQUEST_FEATURES_FIELD = "request_features"
+INLINE_ROWS = 100  # requests of at most this many rows are completed on the event loop (a millisecond or two)
 REQUEST_FIELD = "request"
 
 
@@ -148,9 +149,9 @@ class Extended:
 
 def _stored_column(values: list[Any], dtype: DType) -> pd.Series:
     """A stored input as Feast's JSON answers it, as numpy numbers where it holds numbers (null as NaN for a
-    double); `filled_column` then puts it in the form training sets have."""
+    double or a time); `stored_input` then puts it in the one form."""
     try:
-        if dtype is DType.FLOAT64:
+        if dtype in (DType.FLOAT64, DType.TIMESTAMP):  # a time as epoch seconds
             return pd.Series(np.array(values, dtype=np.float64))
         if dtype is DType.INT64 and None not in values:
             return pd.Series(np.array(values, dtype=np.int64))
@@ -200,7 +201,7 @@ def _times(values: list[Any]) -> pd.Series:
 def _stamps(moment: pd.Series | datetime, rows: int) -> list[str]:
     if isinstance(moment, pd.Series):
         return [_feast_time_text(t) for t in moment]
-    return [_feast_time_text(moment)] * rows
+    return [moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")] * rows  # the server's moment
 
 
 def _feast_time_text(moment: Any) -> str:
@@ -260,7 +261,12 @@ class HeldRequest:
                 await self.send(message)
             return None
         body = b"".join(m.get("body", b"") for m in self.messages if m["type"] == "http.response.body")
-        completed = await run_in_threadpool(self.extended.completed, json.loads(body))
+        answer = json.loads(body)
+        rows = len(answer["results"][0]["values"]) if answer.get("results") else 0
+        if rows <= INLINE_ROWS:  # a thread's hand-over would cost more than the work (and adds to the tail)
+            completed = self.extended.completed(answer)
+        else:  # many rows, or slow functions: the event loop stays free for other requests
+            completed = await run_in_threadpool(self.extended.completed, answer)
         if isinstance(completed, RequestProblem):
             return completed
         content = json.dumps(completed).encode()
