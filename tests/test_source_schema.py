@@ -465,7 +465,7 @@ def _land_nulls(folder: Path) -> pd.DataFrame:
     """A declared `note` (string) the group reads: a file of notes, one whose notes are all None (pandas writes
     the column as Arrow's null type), and one whose notes are integers. Returns the events of the first two."""
     folder.mkdir(parents=True, exist_ok=True)
-    noted = _events([1, 2, 3], [10.0, 20.0, 70.0], [10, 20, 90]).assign(note=["a", None, "b"])
+    noted = _events([1, 2, 3], [10.0, 20.0, 70.0], [10, 20, 25]).assign(note=["a", None, "b"])
     blank = _events([1, 2, 3], [30.0, 40.0, 50.0], [30, 40, 50]).assign(note=[None, None, None])
     numbered = _events([3], [60.0], [60]).assign(note=[7])
     noted.to_parquet(folder / "1-noted.parquet")
@@ -475,6 +475,15 @@ def _land_nulls(folder: Path) -> pd.DataFrame:
     return pd.concat([noted, blank], ignore_index=True)
 
 
+def _land_later_nulls(folder: Path) -> pd.DataFrame:
+    """A file whose notes and amounts are all None: Spark's reader reads the amounts' null type as a double, not
+    the notes' as a string; the file is read once all the same. Returns its events."""
+    later = _events([2, 3], [0.0, 0.0], [45, 70]).assign(amount=[None, None], note=[None, None])
+    later.to_parquet(folder / "4-later.parquet")
+    assert pq.read_schema(folder / "4-later.parquet").field("amount").type == pa.null()
+    return later
+
+
 def _noted_group() -> FeatureGroup:
     source = EventSource("transactions", path="data/transactions", timestamp="event_ts", watermark="10m", schema=NOTED)
     base = _group()
@@ -482,40 +491,122 @@ def _noted_group() -> FeatureGroup:
     return FeatureGroup(name=base.name, entity=base.entity, source=source, features=features)
 
 
+@pytest.mark.parametrize(
+    ("stamps", "micros"),
+    [
+        (pa.array([-1, 1_500_000_999, None], pa.timestamp("ns")), [-1, 1_500_000, None]),  # naive: UTC; floored
+        (pa.array([-1, 2, None], pa.timestamp("ms", tz="Europe/Paris")), [-1_000, 2_000, None]),
+        (pa.array([3, 0, None], pa.timestamp("s", tz="UTC")), [3_000_000, 0, None]),
+    ],
+)
+def test_a_file_is_read_in_the_schema_s_arrow_types(stamps: pa.Array, micros: list):
+    """What the read of a file holding a column as Arrow's null type makes of its columns: each in the schema's type
+    as Spark's reader converts it (names matched ignoring case), times in microseconds truncated towards the past,
+    a null-typed or missing column all nulls."""
+    from features.engine.retype import retyped_columns
+
+    table = pa.table(
+        {
+            "User_ID": pa.array([1, 2, None], pa.int32()),
+            "amount": pa.array([1.5, None, 2.0], pa.float32()),
+            "event_ts": stamps,
+            "note": pa.nulls(3),
+            "tag": pa.array(["x", None, "x"]).dictionary_encode(),
+        }
+    )
+    utc = pa.timestamp("us", tz="UTC")
+    fields = [
+        pa.field("user_id", pa.int64()),
+        pa.field("amount", pa.float64()),
+        pa.field("event_ts", utc),
+        pa.field("note", pa.string()),
+        pa.field("tag", pa.string()),
+        pa.field("flag", pa.bool_()),
+    ]
+    got = retyped_columns(table, fields)
+    assert [c.type for c in got] == [f.type for f in fields]
+    assert [c.to_pylist() for c in got[:2]] == [[1, 2, None], [1.5, None, 2.0]]
+    assert got[2].cast(pa.int64()).to_pylist() == micros
+    assert [c.to_pylist() for c in got[3:]] == [[None] * 3, ["x", None, "x"], [None] * 3]
+
+
+def test_a_file_with_a_null_typed_column_is_read_apart_unless_it_does_not_conform(tmp_path: Path):
+    """The check of landed files and the read of files holding a column as Arrow's null type decide alike: such a
+    file is left to that read (nothing set aside, no Spark read), unless a column the group reads is missing, or
+    a column it holds does not convert to the schema's type, read by the group or not."""
+    from pyspark.sql import types as T
+
+    from features.engine.files import FileCheck
+    from features.engine.schema import READ
+
+    types = {"user_id": T.LongType(), "amount": T.DoubleType(), "event_ts": T.TimestampType(), "note": T.StringType()}
+    read = [T.StructField(c, t, True, {READ: True}) for c, t in types.items()]
+    schema = T.StructType([*read, T.StructField("tag", T.StringType())])  # a column the group does not read
+    blank = _events([1], [1.0], [10]).assign(note=[None], tag=["x"])
+    files = {
+        "blank": blank,
+        "no-amount": blank.drop(columns="amount"),
+        "tag-number": blank.assign(tag=[7]),  # `tag`, which the group does not read, holds an integer
+    }
+    for name, frame in files.items():
+        frame.to_parquet(tmp_path / f"{name}.parquet")
+    check = FileCheck(None, schema, nulls=True)  # type: ignore[arg-type]  # no session: a probe would fail
+    bad = check.unreadable([(tmp_path / f"{name}.parquet").as_uri() for name in files])
+    reasons = {Path(file).name: reason for reason, file in bad}
+    assert sorted(reasons) == ["no-amount.parquet", "tag-number.parquet"], reasons
+    assert "column 'amount' missing" in reasons["no-amount.parquet"]
+    assert "column 'tag' is int64 where the source schema has string" in reasons["tag-number.parquet"]
+
+
+@pytest.mark.spark
+def test_a_stream_from_before_the_read_of_null_typed_columns_names_the_fix(spark, tmp_path: Path):
+    """A stream whose checkpoint started without the read of such files sets one aside, saying how to read it."""
+    from features.engine.files import NULLS_LATE, FileCheck
+    from features.engine.schema import spark_schema
+
+    _events([1], [1.0], [10]).assign(note=[None]).to_parquet(tmp_path / "blank.parquet")
+    schema = spark_schema({c: DType(t) for c, t in NOTED.items()}, NOTED)
+    [(reason, _)] = FileCheck(spark, schema, nulls=False).unreadable([(tmp_path / "blank.parquet").as_uri()])
+    assert reason.startswith("unreadable_file: ") and reason.endswith(f"; {NULLS_LATE}"), reason
+    assert "`features stream --reset`" in NULLS_LATE
+
+
 @pytest.mark.spark
 @pytest.mark.parametrize("engine", ["backfill", "stream"])
 def test_a_column_of_nulls_alone_fits_its_declared_type(spark, feast_repo_factory, tmp_path: Path, capfd, engine: str):
-    """pandas writes a column of None alone as Arrow's null type: a backfill reads its file's events (the column
-    as nulls of the declared type); a column of another type is still set aside, with its reason. The stream
-    still sets the file aside as unreadable, with Spark's reason (its one read of the folder cannot give such a
-    file a schema of its own): said, not lost."""
+    """pandas writes a column of None alone as Arrow's null type: a backfill and a stream read its file's events
+    once (the column as nulls of the declared type), beside the other files; only a column of another type is set
+    aside, with its reason. The stream reads such a file landing after a restart too, and no file twice."""
     from features.pipelines.stream import stream
 
     root = tmp_path / "repo"
-    good = _land_nulls(root / "data" / "transactions")
+    folder = root / "data" / "transactions"
+    good = _land_nulls(folder)
     feast_repo_factory(root, [_noted_group()])
     repo = Repo.load(root)
     group = repo.groups["user_spend"]
     capfd.readouterr()
     if engine == "backfill":
+        good = pd.concat([good, _land_later_nulls(folder)], ignore_index=True)
         _backfill_day(root, spark)
         out = capfd.readouterr().out
         assert f"user_spend: {len(good)} events in" in out, out
         assert "1 file set aside whole with 1 event (1 nonconforming_file: 3-numbered.parquet)" in out, out
         end = "2026-01-02"
     else:
-        run = stream(repo, available_now=True, max_files_per_trigger=1, online=False, progress=False, tracking=False)
+        options = {"available_now": True, "online": False, "progress": False}
+        stream(repo, tracking=False, **options).await_termination()
+        good = pd.concat([good, _land_later_nulls(folder)], ignore_index=True)  # lands before a restart
+        run = stream(repo, tracking=False, **options)
         run.await_termination()
         [progress] = run.progress()
         end = pd.Timestamp(progress.watermark).isoformat()
-        blank, *_ = (r for r in _file_records(root) if r["source_file"].endswith("2-blank.parquet"))
-        assert blank["reason"].startswith("unreadable_file: "), blank
-        good = good.iloc[:3]  # the noted file's events
-    [record] = (r for r in _file_records(root) if r["source_file"].endswith("3-numbered.parquet"))
+        assert not list(Path(repo.late_path(group)).rglob("*.json")), "no event is late"
+    [record] = _file_records(root)  # nothing else is set aside
+    assert record["source_file"].endswith("3-numbered.parquet")
     assert record["reason"].startswith("nonconforming_file: ") and "column 'note' is int64" in record["reason"], record
     want = _expected(spark, group, good, end)
-    if engine == "backfill":
-        assert want["unnoted_1h"].max() == 2, want  # user 2: a None note in each file
+    assert want["unnoted_1h"].max() == 3, want  # user 2: a None note in each file read, at 20, 40 and 45 min
     pd.testing.assert_frame_equal(_offline(repo, group)[want.columns], want, check_dtype=False)
 
 

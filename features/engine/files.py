@@ -2,15 +2,16 @@
 reads missing, or of a type that does not convert without loss: `nonconforming_file`), decided from its footer,
 or one Spark cannot read (`unreadable_file`), decided by a small read of one file per physical layout. The
 batch read leaves them out by path, the stream by a check of each file's footer on the workers. A column of
-Arrow's null type (pandas' type of a column of None alone) fits any type: the batch reads such a file apart, the
-column as nulls (`null_typed`); the stream sets it aside as unreadable.
+Arrow's null type (pandas' type of a column of None alone) fits any type, but Spark's vectorized reader refuses it
+as a string, a boolean or a timestamp: both engines read such a file apart (`null_rows`), the column as nulls of
+its type.
 """
 
 from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import date, timedelta
 from pathlib import Path
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
     import pyarrow.parquet as pq
     from pyspark.sql import Column, DataFrame, SparkSession
-    from pyspark.sql.types import StructType
+    from pyspark.sql.types import DataType, StructType
 
 
 from features.engine.schema import (
@@ -34,10 +35,14 @@ from features.engine.schema import (
     interrupted,
     quiet_spark_errors,
     read_types,
+    schema_of,
     source_columns,
     spark_reason,
     timestamp_columns,
 )
+
+# A file's column types, as (column, DType value) pairs: hashable, so a worker's verdict on a file is cached.
+Columns = tuple[tuple[str, str], ...]
 
 
 @dataclass(frozen=True)
@@ -54,16 +59,19 @@ class SetAsideFile:
         return self.reason.split(":", 1)[0]
 
 
-def conforms(expected: Mapping[str, DType]) -> Column:
+def conforms(expected: Mapping[str, DType], null_read: StructType | None = None) -> Column:
     """Whether a record's file conforms to `expected` (`nonconformity`), decided once per file in each Python
-    worker, from the file's footer. A file the worker cannot open (a remote store) is left to Spark's reader."""
+    worker, from the file's footer; with `null_read` (the read's schema, when `null_rows` reads the files holding
+    one of its columns as Arrow's null type), also whether the file holds none. A file the worker cannot open (a
+    remote store) is left to Spark's reader."""
     import pandas as pd
     from pyspark.sql import functions as F
 
-    wanted = tuple((column, dtype.value) for column, dtype in expected.items())
+    wanted = _columns(expected)
+    held = None if null_read is None else _columns(schema_of(null_read))
 
     def conforms(files: pd.Series) -> pd.Series:
-        verdicts = {file: _file_conforms(file, wanted) for file in files.unique()}
+        verdicts = {file: _file_conforms(file, wanted, held) for file in files.unique()}
         return files.map(verdicts).astype(bool)
 
     # PySpark reads a pandas UDF's kind from its type hints: here objects, not this module's postponed strings.
@@ -71,19 +79,27 @@ def conforms(expected: Mapping[str, DType]) -> Column:
     return F.pandas_udf(conforms, "boolean")(F.col(META)["file_path"])  # type: ignore[call-overload]
 
 
-def _file_conforms(uri: str, wanted: tuple[tuple[str, str], ...]) -> bool:
+def _columns(types: Mapping[str, DType]) -> Columns:
+    return tuple((column, dtype.value) for column, dtype in types.items())
+
+
+def _file_conforms(uri: str, wanted: Columns, held: Columns | None) -> bool:
     local = _local_path(uri)
     if local is None:
         return True
     stat = os.stat(local)
-    return _conforms_cached(local, stat.st_size, stat.st_mtime_ns, wanted)
+    return _conforms_cached(local, stat.st_size, stat.st_mtime_ns, wanted, held)
 
 
 @functools.lru_cache(maxsize=4096)
-def _conforms_cached(local: str, size: int, mtime_ns: int, wanted: tuple[tuple[str, str], ...]) -> bool:
+def _conforms_cached(local: str, size: int, mtime_ns: int, wanted: Columns, held: Columns | None) -> bool:
     """A file's verdict, kept while its size and time stay (the key): files land once and are not rewritten."""
     footer = _arrow_schema(_footer(local))
-    return footer is None or nonconformity(footer, {column: DType(t) for column, t in wanted}) is None
+    if footer is None:
+        return True
+    if held is not None and _null_typed(footer, held, wanted) is not None:
+        return False  # read by `null_rows`, or set aside whole
+    return nonconformity(footer, {column: DType(t) for column, t in wanted}) is None
 
 
 def timestamp_unit(column: str) -> Column:
@@ -108,6 +124,14 @@ NANOS_LATE = (
     'df.to_parquet(path, coerce_timestamps="us", allow_truncated_timestamps=True)), or start the stream over '
     "with `features stream --reset` to read nanosecond files too (a plain restart keeps the checkpoint's reads; "
     "slower: each file is read twice)"
+)
+# The fix for a file a stream sets aside for a column of Arrow's null type: its checkpoint is older than the read of
+# such files (`null_rows`), which takes a source of its own in the query.
+NULLS_LATE = (
+    "the file holds a column as Arrow's null type (pandas writes a column of None alone so), which this stream, "
+    "started before streams read such files, cannot read; fix: land the file again with the column's type "
+    '(pandas: df.astype({"column": "string"})), or start the stream over with `features stream --reset`, after '
+    "which it reads such files (a plain restart keeps the checkpoint's reads)"
 )
 
 
@@ -184,12 +208,13 @@ class FileCheck:
         self, spark: SparkSession, schema: StructType | None, nanoseconds: bool = True, nulls: bool = False
     ) -> None:
         """`nanoseconds`: whether the read being checked reads nanosecond files (see `read_parquet`); `nulls`:
-        whether it reads a file's null-typed columns as nulls (`null_typed`: the batch does; a stream, which
-        learns of its files only as one read takes them all, does not, and sets such a file aside)."""
+        whether it reads the files holding a column as Arrow's null type apart (`null_rows`: a batch does, and a
+        stream whose checkpoint started with that read)."""
         from pyspark.sql import types as T
 
         self.spark, self.schema, self.nanoseconds, self.nulls = spark, schema, nanoseconds, nulls
         self.expected = expected_columns(schema)
+        self.held = _columns(schema_of(schema)) if schema is not None else ()
         # Spark checks the columns the group reads (all of the schema's, where none is marked): a read of
         # the source prunes the others, so a file whose other columns do not fit is read all the same.
         self.checked = schema
@@ -207,11 +232,20 @@ class FileCheck:
             return None
         layouts: dict[object, list[tuple[int, str]]] = {}
         bad = []
+        late = set()  # files holding a column as the null type, which this read does not read apart
         for file, local_path in zip(files, local, strict=True):
             metadata = _footer(local_path)  # type: ignore[arg-type]
             rows = metadata.num_rows if metadata is not None else 0
             self.rows[file] = rows
             footer = _arrow_schema(metadata)
+            nulls = _null_typed(footer, self.held, _columns(self.expected)) if footer is not None else None
+            if nulls is not None and self.nulls:
+                # `null_rows` reads it, unless it does not conform: decided alike there.
+                if nulls.misfit is not None and rows:
+                    bad.append((nulls.misfit.reason(local_path), file))  # type: ignore[arg-type]
+                continue
+            if nulls is not None:
+                late.add(file)
             misfit = nonconformity(footer, self.expected) if footer is not None and self.expected else None
             if misfit is not None and rows:  # a file with no rows loses nothing and reads whatever its types
                 bad.append((misfit.reason(local_path), file))  # type: ignore[arg-type]
@@ -226,19 +260,15 @@ class FileCheck:
         for layout, group in layouts.items():
             # The file with the most rows: a file with no rows reads without error, whatever its columns' types.
             (most, first), *_ = sorted(group)
-            # The files of a layout share their null-typed columns, which the batch reads as nulls.
-            checked = self.checked
-            if checked is not None and self.nulls:
-                checked = without_values(checked, first)
-            reason = _why_unreadable(self.spark, checked, first, not self.nanoseconds)
+            reason = _why_unreadable(self.spark, self.checked, first, not self.nanoseconds)
             if reason is None:
                 if most and isinstance(layout, tuple):
                     self.readable.add(layout)
                 continue
             for _, file in sorted(group):  # Spark's reason names the file: each one's own
-                why = reason if file == first else _why_unreadable(self.spark, checked, file, not self.nanoseconds)
+                why = reason if file == first else _why_unreadable(self.spark, self.checked, file, not self.nanoseconds)
                 if why is not None:
-                    bad.append((f"{UNREADABLE_FILE}: {why}", file))
+                    bad.append((f"{UNREADABLE_FILE}: {why}{f'; {NULLS_LATE}' if file in late else ''}", file))
         return bad
 
     def _native(self, metadata: pq.FileMetaData | None) -> bool:
@@ -306,56 +336,96 @@ def nonconformity(footer: pa.Schema, expected: Mapping[str, DType]) -> Misfit | 
     return None
 
 
-def null_typed(file: str, schema: StructType) -> frozenset[str]:
-    """The columns of `schema` that a Parquet file holds as Arrow's null type: pandas writes a column of None
-    alone so, with no values and no type of its own. Spark's vectorized Parquet reader refuses such a column as
-    a string, a boolean or a timestamp (failing the whole file), though it has nothing to convert: a batch reads
-    them as nulls (`without_values`), cast to the schema's type. Empty where the driver cannot open the file."""
-    local = _local_path(file)
-    if local is None:
-        return frozenset()
-    stat = os.stat(local)
-    nulls = _nulls_cached(local, stat.st_size, stat.st_mtime_ns)
-    return frozenset(f.name for f in schema.fields if f.name.lower() in nulls)
+@dataclass(frozen=True)
+class NullTyped:
+    """A Parquet file holding some of a schema's columns as Arrow's null type (pandas writes a column of None alone
+    so, with no values and no type of its own), and whether it conforms to the schema all the same."""
+
+    misfit: Misfit | None  # how it does not conform (set aside whole), else None: `null_rows` reads it
 
 
-@functools.lru_cache(maxsize=4096)
-def _nulls_cached(local: str, size: int, mtime_ns: int) -> frozenset[str]:
-    """The null-typed columns of a file (lower case), kept while its size and time stay."""
+def _null_typed(footer: pa.Schema, held: Columns, expected: Columns) -> NullTyped | None:
+    """Whether a file (its footer) holds a column of `held` (the read's schema) as Arrow's null type: None if not;
+    else its misfit over the columns the group reads (`expected`) and every other column of
+    `held` it holds (a null-typed one fits any type; `null_rows` converts them all)."""
     import pyarrow as pa
 
-    footer = _arrow_schema(_footer(local))
-    if footer is None:
-        return frozenset()
-    return frozenset(name.lower() for name in footer.names if pa.types.is_null(footer.field(name).type))
+    names = {name.lower(): name for name in footer.names}
+    found = (names.get(c.lower()) for c, _ in held)
+    if not any(n is not None and pa.types.is_null(footer.field(n).type) for n in found):
+        return None
+    wanted = {c: DType(t) for c, t in held if c.lower() in names} | {c: DType(t) for c, t in expected}
+    return NullTyped(nonconformity(footer, wanted))
 
 
-def without_values(schema: StructType, file: str) -> StructType:
-    """`schema` with the columns `file` holds as Arrow's null type (`null_typed`) read as Spark's null type."""
-    from pyspark.sql import types as T
-
-    nulls = null_typed(file, schema)
-    if not nulls:
-        return schema
-    return T.StructType(
-        [T.StructField(f.name, T.NullType(), True, f.metadata) if f.name in nulls else f for f in schema]
-    )
-
-
-def files_without_values(folder: str, schema: StructType) -> dict[frozenset[str], list[str]]:
-    """The Parquet files under a folder the driver can open that hold some of `schema`'s columns as Arrow's null
-    type (`null_typed`), grouped by those columns (as file URIs, the way Spark lists them); empty where the
-    driver cannot list the folder (a remote store: such a file is then set aside as unreadable)."""
+def null_typed_files(folder: str, schema: StructType) -> list[str]:
+    """The Parquet files under a folder the driver can open that hold a column of `schema` as Arrow's null type
+    (as file URIs, the way Spark lists them): the batch reads them apart (`null_rows`). Empty where the driver
+    cannot list the folder (a remote store: such a file is then set aside as unreadable)."""
     if "://" in folder or folder.startswith("dbfs:") or not Path(folder).is_dir():
-        return {}
-    found: dict[frozenset[str], list[str]] = {}
+        return []
+    held = _columns(schema_of(schema))
+    found = []
     for file in sorted(Path(folder).rglob("*.parquet")):
         if any(part.startswith((".", "_")) for part in file.relative_to(folder).parts):
             continue  # hidden from Spark's listing
-        nulls = null_typed(str(file), schema)
-        if nulls:
-            found.setdefault(nulls, []).append(file.resolve().as_uri())
+        footer = _arrow_schema(_footer(str(file)))
+        if footer is not None and _null_typed(footer, held, ()) is not None:
+            found.append(file.resolve().as_uri())
     return found
+
+
+LISTED = "fx_listed"  # a listed file's `_metadata` (a binaryFile read's), the input of `null_rows`
+
+
+def null_rows(listing: DataFrame, schema: StructType, meta: DataType) -> DataFrame:
+    """The records of the files a binaryFile read lists (batch or stream, their content left unread) that hold a
+    column of `schema` as Arrow's null type and conform to it (`_null_typed`, decided from each footer in the
+    Python workers, as `FileCheck` decides): read by pyarrow in `schema` (features.engine.retype), with their
+    file's metadata in `META` of type `meta` (the one Spark's Parquet reads give, whose fields it fills by name).
+    Every other file gives none: it is read by Spark's reader (`read_parquet`), or set aside whole."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    held, expected = _columns(schema_of(schema)), _columns(expected_columns(schema))
+    out = T.StructType([*schema.fields, T.StructField(META, meta)])
+
+    def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        return _null_batches(batches, held, expected, out)
+
+    return listing.select(F.col("path"), F.col("_metadata").alias(LISTED)).mapInArrow(read, out)
+
+
+def _null_batches(
+    batches: Iterator[pa.RecordBatch], held: Columns, expected: Columns, out: StructType
+) -> Iterator[pa.RecordBatch]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    from features.engine.retype import retyped_columns
+
+    schema = to_arrow_schema(out, timezone="UTC")
+    meta = schema.field(META).type
+    for batch in batches:
+        listed = batch.column(LISTED)
+        for i, uri in enumerate(batch.column("path").to_pylist()):
+            local = _local_path(uri)
+            footer = _arrow_schema(_footer(local)) if local is not None else None
+            if footer is None:
+                continue  # not Parquet, or on a store the worker cannot open: read by Spark's reader, or set aside
+            nulls = _null_typed(footer, held, expected)
+            if nulls is None or nulls.misfit is not None:
+                continue
+            read = {c.lower() for c, _ in held}
+            table = pq.read_table(local, columns=[name for name in footer.names if name.lower() in read])
+            n = table.num_rows
+            known = {field.name: pa.repeat(listed[i][field.name], n) for field in listed.type}
+            known["row_index"] = pa.array(range(n), pa.int64())
+            info = [known.get(f.name, pa.nulls(n)).cast(f.type) for f in meta]
+            columns = retyped_columns(table, list(schema)[:-1])
+            whole = pa.Table.from_arrays([*columns, pa.StructArray.from_arrays(info, fields=list(meta))], schema=schema)
+            yield from whole.to_batches(max_chunksize=10_000)
 
 
 def file_days(file: str, timestamp: str) -> dict[date, int] | None:

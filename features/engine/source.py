@@ -42,11 +42,11 @@ from features.engine.files import (
     FileCheck,
     SetAsideFile,
     conforms,
-    files_without_values,
     nanosecond_files,
+    null_rows,
+    null_typed_files,
     timestamp_unit,
     unreadable_files,
-    without_values,
 )
 from features.engine.schema import (
     CORRUPT,
@@ -360,24 +360,19 @@ def _load(spark: SparkSession, group: FeatureGroup, path: str) -> tuple[DataFram
 def _read_parquet_folder(spark: SparkSession, schema: StructType, path: str) -> DataFrame:
     """A batch read of a Parquet folder with `schema` (`read_parquet`). The driver lists the folder: only its
     nanosecond files get the second read, and the files holding a column as Arrow's null type (pandas' type of a
-    column of None alone) are read apart, each set of such columns with a schema of its own that reads them as
-    nulls of the schema's types (features.engine.files.null_typed). None of either on a remote store, where such a
-    file is then set aside as unreadable."""
+    column of None alone) are read apart, as a stream reads them (features.engine.files.null_rows). None of either
+    on a remote store, where such a file is then set aside as unreadable."""
     from pyspark.sql import functions as F
 
     nanos = nanosecond_files(path, timestamp_columns(schema)) or []
-    apart = files_without_values(path, schema)
+    apart = null_typed_files(path, schema)
     events = read_parquet(spark, spark.read, schema, path, nanos)
     if not apart:
         return events
-    spellings = [spelling for files in apart.values() for file in files for spelling in uri_spellings(file)]
+    spellings = [spelling for file in apart for spelling in uri_spellings(file)]
     events = events.where(~F.col(META)["file_path"].isin(spellings))
-    for files in apart.values():
-        voided = without_values(schema, files[0])
-        read = read_parquet(spark, spark.read, voided, files, [f for f in nanos if f in files])
-        typed = [F.col(f"`{f.name}`").cast(f.dataType).alias(f.name) for f in schema.fields]
-        events = events.unionByName(read.select(*typed, F.col(META)))
-    return events
+    listing = spark.read.format("binaryFile").load(apart)
+    return events.unionByName(null_rows(listing, schema, events.schema[META].dataType))
 
 
 def parquet_schema(spark: SparkSession, group: FeatureGroup, path: str) -> StructType:
@@ -410,8 +405,9 @@ def read_parquet(
     spark: SparkSession,
     reader: DataFrameReader | DataStreamReader,
     schema: StructType,
-    path: str | Sequence[str],
+    path: str,
     nanosecond_files: Sequence[str] | None = None,
+    null_read: bool = False,
 ) -> DataFrame:
     """A Parquet folder (batch or stream) read with `schema`: the union of a read with microsecond timestamps
     and one of the files with nanosecond timestamps (cast to microseconds), each skipping the files it cannot
@@ -426,12 +422,13 @@ def read_parquet(
 
     A stream also leaves out the records of every file that does not conform to the columns `schema` marks as
     read (`nonconformity`), as each file lands: the batch read finds those files before it reads
-    (`read_source`), and a stream learns of its files only as it reads them."""
+    (`read_source`), and a stream learns of its files only as it reads them. With `null_read`, it leaves out the
+    files holding a column as Arrow's null type too, which a read of their own takes (features.engine.files.null_rows).
+    """
     from pyspark.sql import functions as F
 
     reader = reader.option("recursiveFileLookup", "true").option("ignoreCorruptFiles", "true")
-    paths = [path] if isinstance(path, str) else list(path)  # a folder, or a batch's own files
-    micros = reader.schema(schema).parquet(*paths).withColumn(META, F.col("_metadata"))  # type: ignore[call-arg, misc]
+    micros = reader.schema(schema).parquet(path).withColumn(META, F.col("_metadata"))
     nanos = enable_nanosecond_read(spark) if timestamp_columns(schema) else None
     if nanos == "long" and nanosecond_files is not None and not nanosecond_files:
         nanos = None  # no file needs the second read
@@ -441,7 +438,7 @@ def read_parquet(
         # The schema of this read may have types PySpark cannot parse: columns are cast before anything asks.
         typed = reader.schema(ddl_of(schema, nanos=nanos))
         whole = nanos == "type" or nanosecond_files is None
-        other = typed.parquet(*paths) if whole else typed.parquet(*nanosecond_files)  # type: ignore[call-arg, misc]
+        other = typed.parquet(path) if whole else typed.parquet(*nanosecond_files)  # type: ignore[call-arg, misc]
         other = other.withColumn(META, F.col("_metadata"))
         if nanos == "type":
             other = other.select(*in_microseconds(schema), F.col(META))
@@ -450,7 +447,7 @@ def read_parquet(
         read = micros.select(*[F.col(f"`{f.name}`") for f in schema.fields], F.col(META)).unionByName(other)
     expected = expected_columns(schema)
     if read.isStreaming and expected:
-        read = read.where(conforms(expected))
+        read = read.where(conforms(expected, schema if null_read else None))
     return read
 
 

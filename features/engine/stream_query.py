@@ -32,11 +32,13 @@ def stateful_query(
     layout: str,
     upgrade: PendingUpgrade | None,
     nanoseconds: bool,
+    nulls: bool,
     max_files_per_trigger: int | None = None,
 ) -> tuple[DataFrame, engine.Projection, DataFrame]:
     """A group's stream up to its stateful operator: the events read from `path`, their projection, and the
-    operator's output (change points, late events, bad records, bucket stats) for the sink."""
-    events = engine.read_stream(spark, group, path, max_files_per_trigger, nanoseconds)
+    operator's output (change points, late events, bad records, bucket stats) for the sink. `nanoseconds` and
+    `nulls`: the reads its checkpoint started with (features.engine.stream.read_stream)."""
+    events = engine.read_stream(spark, group, path, max_files_per_trigger, nanoseconds, nulls)
     projected, projection = engine.project(group, events, labels)
     fields = StructType.fromDDL(projection.output_schema).fields
     output = {f.name: to_arrow_type(f.dataType, timezone="UTC") for f in fields}  # times in UTC, as the kernel's

@@ -313,7 +313,9 @@ def _seed(
     else:
         schema = engine.source_schema(spark, group, source)
         spark.createDataFrame([], schema).coalesce(1).write.parquet(str(empty))
-    _, _, out = stateful_query(spark, group, str(empty), labels, layout=layout, upgrade=None, nanoseconds=nanoseconds)
+    _, _, out = stateful_query(
+        spark, group, str(empty), labels, layout=layout, upgrade=None, nanoseconds=nanoseconds, nulls=True
+    )
     # The batch must run its plan for the state stores to commit: Spark's no-op sink runs it and keeps nothing.
     writer = out.writeStream.foreachBatch(_run_plan).trigger(availableNow=True)
     with query_settings(spark, partitions):

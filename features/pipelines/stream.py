@@ -333,12 +333,20 @@ class GroupStarter:
             layout=stream_upgrade.layout(group, len(labels)).id,
             upgrade=resumed.upgrade,
             nanoseconds=resumed.nanoseconds,
+            nulls=resumed.nulls,
             max_files_per_trigger=options.max_files_per_trigger,
         )
         rollup = MetricRollup(partial(_log_metrics, run.tracker), options.metrics_seconds)
         run.rollups.append(rollup)
         aside = SetAside(
-            repo, group, spark, projection.record_schema, rollup, options.keep_seconds, resumed.nanoseconds
+            repo,
+            group,
+            spark,
+            projection.record_schema,
+            rollup,
+            options.keep_seconds,
+            resumed.nanoseconds,
+            resumed.nulls,
         )
         sink = BatchSink(repo, group, writer, options.validate, run, options.shows_progress, spark, aside, rollup)
         sink.stream_id = resumed.stream_id
@@ -409,6 +417,9 @@ class Resumed:
     # checkpoint starts, as that decides how many sources its query has, which Spark keeps).
     nanoseconds: bool
     stream_id: str
+    # Whether it reads files holding a column as Arrow's null type (features.engine.stream.read_stream: a source
+    # more, so also decided when the checkpoint starts).
+    nulls: bool
     upgrade: PendingUpgrade | None = None  # a definition change its buckets apply as they step
     carried: stream_upgrade.Carried | None = None  # that change, when this start made it
 
@@ -446,6 +457,7 @@ def _check_checkpoint(
     if saved is not None:
         # A checkpoint from before the choice always read nanosecond files (a second source).
         labels, partitions, nanoseconds = saved["labels"], saved["partitions"], saved.get("nanoseconds", True)
+        nulls = saved.get("nulls", False)  # a checkpoint from before that read has no source for it
         if saved["buckets"] != buckets:
             target = _rescaled_partitions(spark, checkpoint / "query", int(buckets), partitions)
             labels = bucket_labels(int(buckets), target)
@@ -464,11 +476,12 @@ def _check_checkpoint(
         partitions = cores(spark)
         labels = bucket_labels(buckets or partitions, partitions)
         nanoseconds = engine.reads_nanoseconds(spark, group, repo.source_path(group))
+        nulls = engine.NULLS_READ
     current = stream_upgrade.state_record(
-        group, labels, partitions, nanoseconds, upgrade, (saved or {}).get("stream_id")
+        group, labels, partitions, nanoseconds, upgrade, (saved or {}).get("stream_id"), nulls
     )
     save_definition(checkpoint, current)
-    return Resumed(labels, partitions, nanoseconds, current["stream_id"], upgrade, carried)
+    return Resumed(labels, partitions, nanoseconds, current["stream_id"], nulls, upgrade, carried)
 
 
 def _rescaled_partitions(spark: SparkSession, query: Path, buckets: int, partitions: int) -> int:

@@ -35,10 +35,13 @@ class SetAside:
         rollup: MetricRollup,
         keep_s: float | None,
         nanoseconds: bool,
+        nulls: bool,
     ) -> None:
         self.repo, self.group, self.spark, self.rollup = repo, group, spark, rollup
         self.record_schema = record_schema  # a bad record's columns (engine.Projection.record_schema)
-        self.nanoseconds = nanoseconds  # whether the stream reads nanosecond files (engine.stream.reads_nanoseconds)
+        # The reads the stream's checkpoint started with (engine.stream.read_stream): whether it reads nanosecond
+        # files, and files holding a column as Arrow's null type.
+        self.nanoseconds, self.nulls = nanoseconds, nulls
         self.keep_s, self.swept = keep_s, None
         self.file_check: files.FileCheck | None = None  # unreadable Parquet files, checked as they land
         self.checked: set[str] = set()
@@ -105,7 +108,7 @@ class SetAside:
         path = self.repo.source_path(self.group)
         if self.file_check is None:
             read_schema = engine.source_schema(self.spark, self.group, path)
-            self.file_check = files.FileCheck(self.spark, read_schema, nanoseconds=self.nanoseconds)
+            self.file_check = files.FileCheck(self.spark, read_schema, self.nanoseconds, self.nulls)
         reader = self.spark.read.schema(self.file_check.schema).option("recursiveFileLookup", "true")
         listed = set(reader.parquet(path).inputFiles())
         new = sorted(listed - self.checked)

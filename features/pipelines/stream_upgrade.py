@@ -120,6 +120,7 @@ def state_record(
     nanoseconds: bool,
     upgrade: PendingUpgrade | None,
     stream_id: str | None = None,
+    nulls: bool = True,
 ) -> dict[str, Any]:
     """What a checkpoint saves beside Spark's files (`features-definition.json`): the definition and layout its
     state holds, its buckets, and a change its buckets have yet to apply."""
@@ -129,6 +130,7 @@ def state_record(
         "labels": labels,
         "partitions": partitions,
         "nanoseconds": nanoseconds,
+        "nulls": nulls,  # whether it reads files holding a column as Arrow's null type (engine.stream.read_stream)
         "state_format": engine.STATE_FORMAT,
         "definition": describe(group),
         "layout": layout(group, len(labels)).to_json(),
