@@ -378,7 +378,7 @@ def log_model(
     fields = [f for f in request_field_names(wrapped.request_features) if f not in wrapped.input_columns]
     if any(f.wants_request_time for f in wrapped.request_features) and REQUEST_TIME in input_example.columns:
         fields.append(REQUEST_TIME)  # in the signature (MLflow drops other columns): each request's time is given
-    needed = [*wrapped.keys, *wrapped.input_columns, *fields]
+    needed = list(dict.fromkeys([*wrapped.keys, *wrapped.input_columns, *fields]))  # a field may be a key too
     missing = [c for c in needed if c not in input_example.columns]
     if missing:
         raise ConfigError(

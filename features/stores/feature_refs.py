@@ -169,6 +169,8 @@ def as_dict(value: Any, empty: Empty = Empty.NULL) -> dict[str, Any] | None:
 
 def _as_list(value: Any, empty: Empty = Empty.NULL) -> list[Any] | None:
     """A list value as a list of plain Python values; a null becomes `empty`'s value (None, or a new [])."""
+    if isinstance(value, np.ndarray):  # what Arrow gives (a Spark batch): converted by numpy, element types too
+        return value.tolist()
     if _missing(value):
         return empty.make()
     return [v.item() if isinstance(v, np.generic) else v for v in value]

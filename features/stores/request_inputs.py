@@ -19,13 +19,12 @@ import numpy as np
 import pandas as pd
 
 from features.errors import ConfigError, RequestFieldError
-from features.kernel.request_time import Columns, request_column
+from features.kernel.request_time import UTC_MICROS, Columns, request_column, utc_micros
 from features.repo import Repo
 from features.spec.request import REQUEST_TIME, RequestFeature
 from features.spec.types import DType
 from features.stores.feature_refs import FeatureColumn, filled_column
 
-_UTC_MICROS = pd.DatetimeTZDtype("us", "UTC")  # made once: a dtype's name is parsed at every use
 _ELEMENTS = {DType.INT64_LIST: DType.INT64, DType.FLOAT64_LIST: DType.FLOAT64, DType.STRING_LIST: DType.STRING}
 
 
@@ -121,23 +120,23 @@ def stored_input(values: pd.Series, column: FeatureColumn) -> pd.Series:
         return _from_epoch_seconds(values)
     if values.dtype.kind == "O" and len(values) and all(isinstance(v, int | float) for v in values.dropna()):
         return _from_epoch_seconds(pd.to_numeric(values))
-    return pd.to_datetime(values, utc=True).astype(_UTC_MICROS)
+    return utc_micros(values)
 
 
 def _from_epoch_seconds(values: pd.Series) -> pd.Series:
     seconds = values.to_numpy(dtype=np.float64)
     micros = np.where(np.isnan(seconds), np.iinfo(np.int64).min, np.round(seconds * 1e6)).astype(np.int64)
-    return pd.Series(pd.array(micros.view("M8[us]"), dtype=_UTC_MICROS), index=values.index)  # int64 min: NaT
+    return pd.Series(pd.array(micros.view("M8[us]"), dtype=UTC_MICROS), index=values.index)  # int64 min: NaT
 
 
 def request_times(times: pd.Series | datetime | None, index: pd.Index) -> pd.Series:
     if times is None:
         raise ConfigError(f"request_features: no {REQUEST_TIME} for features that take it")
     if isinstance(times, pd.Series):
-        return pd.Series(pd.to_datetime(times, utc=True).astype(_UTC_MICROS).to_numpy(), index=index)
+        return utc_micros(times).set_axis(index)  # by position
     moment = pd.Timestamp(times)
     moment = moment.tz_localize("UTC") if moment.tzinfo is None else moment.tz_convert("UTC")
-    return pd.Series([moment] * len(index), index=index, dtype=_UTC_MICROS)
+    return pd.Series([moment] * len(index), index=index, dtype=UTC_MICROS)
 
 
 _FIXES = {
@@ -165,10 +164,13 @@ def typed_request_field(columns: Columns, field: str, dtype: DType) -> pd.Series
     if dtype is DType.BOOL and kind == "b":
         return values.astype("boolean")
     if dtype is DType.TIMESTAMP and kind == "M":
-        return pd.to_datetime(values, utc=True).astype(_UTC_MICROS)
+        return utc_micros(values)
     given = values.tolist()
-    if dtype is DType.FLOAT64 and set(map(type, given)) <= _NUMBERS:  # JSON's numbers: converted in one go
+    types = set(map(type, given))  # one look per type where all values of the types fit: converted in one go
+    if dtype is DType.FLOAT64 and types <= _NUMBERS:
         return pd.Series(np.array(given, dtype=np.float64), index=values.index)
+    if dtype is DType.STRING and types <= _TEXTS:
+        return pd.Series(given, index=values.index, dtype=object)
     plain = [_as_field_value(v, dtype) for v in given]
     bad = next((i for i, v in enumerate(plain) if v is _WRONG), None)
     if bad is not None:
@@ -186,12 +188,13 @@ def typed_request_field(columns: Columns, field: str, dtype: DType) -> pd.Series
     if dtype is DType.BOOL:
         return pd.Series(pd.array(plain, dtype="boolean"), index=values.index)
     if dtype is DType.TIMESTAMP:
-        return pd.Series(pd.to_datetime(plain, utc=True), index=values.index).astype(_UTC_MICROS)
+        return pd.Series(pd.to_datetime(plain, utc=True), index=values.index).astype(UTC_MICROS)
     return pd.Series(plain, index=values.index, dtype=object)
 
 
 _WRONG = object()
 _NUMBERS = frozenset({float, int, type(None)})  # what a double field takes as its number (None: missing)
+_TEXTS = frozenset({str, type(None)})
 
 
 def _as_field_value(value: Any, dtype: DType) -> Any:
