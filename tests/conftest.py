@@ -7,7 +7,8 @@
   copy of feature_repo/feature_store.yaml and a definitions module generated from the FeatureGroups a test
   passes, with their `to_feast` objects as module-level names, applied like `features apply`.
 
-Under pytest-xdist (`./dev test`) the files that take longest run first (tests/suite_order.py).
+Under pytest-xdist (`./dev test`) the files that take longest run first (tests/suite_order.py;
+`--record-file-seconds` records their seconds again).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ EXAMPLE_REPO = TESTS.parent / "feature_repo"
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
-from suite_order import longest_first  # noqa: E402 - after the sys.path setup above
+from suite_order import longest_first, record, recorded  # noqa: E402 - after the sys.path setup above
 
 from features import FeatureGroup  # noqa: E402
 from features.spec.definitions import DEFAULT_MIN_TIMESTAMP_US  # noqa: E402
@@ -79,7 +80,34 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """In a process of pytest-xdist, the files that take longest first (tests/suite_order.py): the order in which
     `--dist loadfile` hands them out."""
     if hasattr(config, "workerinput"):
-        items[:] = longest_first(items)
+        items[:] = longest_first(items, recorded())
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--record-file-seconds",
+        action="store_true",
+        help="write each test file's seconds in this (whole) run to tests/file_seconds.json: the order of the "
+        "files under pytest-xdist (tests/suite_order.py)",
+    )
+
+
+class FileSeconds:
+    """`--record-file-seconds`: the run's test reports, each file's seconds written from them at its end."""
+
+    def __init__(self) -> None:
+        self.reports: list[pytest.TestReport] = []
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.reports.append(report)
+
+    def pytest_sessionfinish(self) -> None:
+        record(self.reports, [path.name for path in TESTS.glob("test_*.py")])
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("record_file_seconds") and not hasattr(config, "workerinput"):  # xdist's main process
+        config.pluginmanager.register(FileSeconds(), "file-seconds")
 
 
 # What MLFLOW_TRACKING_URI was when the run started. `mlflow.set_tracking_uri` exports its URI to this process's

@@ -2,44 +2,43 @@
 
 xdist hands out whole files, those with the most tests first. The files that take longest hold few tests (one
 soak, one README run), so they came last, and a run ended with one process on a long file while the other had
-nothing left to do. Here the files that took longest in a whole run go first, longest first, and the rest after
-them, those with the most tests first as before: the run ends on short files, both processes busy until then.
+nothing left to do. Here the files go longest first, by their seconds in a recorded whole run (file_seconds.json:
+`./dev test --record-file-seconds` writes it again), so that a run ends on short files, both processes busy until
+then. A file the record lacks (a new one) takes the median of the recorded files' seconds.
 """
 
 from __future__ import annotations
 
+import json
+import statistics
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 import pytest
 
-# Longest first, by the sum of their tests' seconds in a whole `./dev test` (pytest --durations=0). A file left
-# out only goes back to xdist's own order; test_suite_order.py checks that each one named here still exists.
-# test_connect.py stands for the Spark Connect files, one unit of work (tests/conftest.py).
-LONGEST = (
-    "test_stream_upgrade.py",
-    "test_stream.py",
-    "test_connect.py",
-    "test_soak.py",
-    "test_offline_table.py",
-    "test_quiet_output.py",
-    "test_cli.py",
-    "test_deployment.py",
-    "test_notebooks.py",
-    "test_newcomer.py",
-    "test_stream_kafka.py",
-    "test_schedule.py",
-    "test_readme.py",
-    "test_source_schema.py",
-    "test_demo_kafka.py",
-    "test_cluster.py",
-    "test_stream_kafka_upgrade.py",
-)
+RECORD = Path(__file__).resolve().with_name("file_seconds.json")
 
 
-def longest_first(items: Sequence[pytest.Item]) -> list[pytest.Item]:
-    """`items` with the files in LONGEST first, in its order, then the other files, most tests first; each file's
-    tests stay together and in their order (a stable sort)."""
-    tests = Counter(item.path.name for item in items)
-    rank = {name: i for i, name in enumerate(LONGEST)}
-    return sorted(items, key=lambda item: (rank.get(item.path.name, len(LONGEST)), -tests[item.path.name]))
+def recorded() -> dict[str, float]:
+    """Each test file's seconds (its tests' setup, call and teardown) in the recorded run, by file name."""
+    return json.loads(RECORD.read_text(encoding="utf-8")) if RECORD.is_file() else {}
+
+
+def longest_first(items: Sequence[pytest.Item], seconds: dict[str, float]) -> list[pytest.Item]:
+    """`items` with the files that take longest first; each file's tests stay together and in their order (a
+    stable sort, and a file's tests are collected together)."""
+    unknown = statistics.median(seconds.values()) if seconds else 0.0
+    return sorted(items, key=lambda item: -seconds.get(item.path.name, unknown))
+
+
+def record(reports: Iterable[pytest.TestReport], existing: Iterable[str]) -> None:
+    """Write to RECORD the seconds of each file the reports are of, keeping the recorded seconds of the files
+    in `existing` (file names) that this run did not run."""
+    seconds: Counter[str] = Counter()
+    for report in reports:
+        seconds[Path(report.nodeid.split("::")[0]).name] += report.duration
+    kept = {name: s for name, s in recorded().items() if name in set(existing) and name not in seconds}
+    merged = {**kept, **{name: round(s, 1) for name, s in seconds.items()}}
+    ordered = dict(sorted(merged.items(), key=lambda item: -item[1]))
+    RECORD.write_text(json.dumps(ordered, indent=0) + "\n", encoding="utf-8")
