@@ -10,14 +10,24 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from features.kernel.kinds import KINDS
 from features.kernel.plan import BASE, KEY, PANE, Calc, Plan
 from features.kernel.state import chunk_of
-from features.kernel.table import Sorted, column_array, combine, combine_sorted, frame_of, pane_moves, session_runs
+from features.kernel.table import (
+    Sorted,
+    column_array,
+    combine,
+    combine_sorted,
+    frame_of,
+    pane_moves,
+    session_runs,
+)
 
 
 @dataclass
@@ -36,12 +46,12 @@ class Held:
     def of(cls, plan: Plan, chunk_us: int, tables: Sequence[pd.DataFrame]) -> Held:
         """The chunks of pane tables given in any order or chunking (stored chunks of another length are refiled);
         rows of one (key, pane) in several tables are merged."""
-        pieces: dict[int, list[pd.DataFrame]] = {}
+        pieces: dict[int, list[tuple[pd.DataFrame, dict[str, Any]]]] = {}
         for table in tables:
-            for chunk, rows in _by_chunk(table, chunk_us):
-                pieces.setdefault(chunk, []).append(rows)
+            for chunk, rows, columns in _by_chunk(table, chunk_us):
+                pieces.setdefault(chunk, []).append((rows, columns))
         held = cls(plan, chunk_us)
-        held.chunks = {chunk: combine_sorted(plan, rows) for chunk, rows in pieces.items()}
+        held.chunks = {chunk: _filed(plan, parts) for chunk, parts in pieces.items()}
         return held
 
     @property
@@ -62,13 +72,19 @@ class Held:
     def add(self, panes: pd.DataFrame) -> set[int]:
         """Merge a micro-batch's pane rows (one per (key, pane), sorted by key and pane) into their chunks;
         returns the chunks changed."""
-        changed = set()
-        for chunk, rows in _by_chunk(panes, self.chunk_us):
+        pieces = list(_by_chunk(panes, self.chunk_us))
+        if len(pieces) == 1:  # a steady batch: its panes put in place in the chunk they fall in
+            chunk, rows, _ = pieces[0]
             held = self.chunks.get(chunk)
             self.chunks[chunk] = combine_sorted(self.plan, [rows] if held is None else [held.table, rows])
+        elif pieces:  # panes of several chunks: merged with theirs in one combine, then filed again
+            held = [self.chunks[c].table for c, _, _ in pieces if c in self.chunks]
+            merged = combine_sorted(self.plan, [*held, panes]).table
+            for chunk, rows, columns in _by_chunk(merged, self.chunk_us):
+                self.chunks[chunk] = _filed(self.plan, [(rows, columns)])
+        for chunk, _, _ in pieces:
             self.changed(chunk)
-            changed.add(chunk)
-        return changed
+        return {chunk for chunk, _, _ in pieces}
 
     def changed(self, chunk: int) -> None:
         """Forget what was derived from a chunk whose rows changed (or that came or went)."""
@@ -80,9 +96,22 @@ class Held:
             self.summaries.pop((h, number >> h), None)
 
     def whole(self) -> Sorted:
-        """All the rows as one sorted table: what session features read (a session has no bound on its length)."""
+        """All the rows as one table sorted by key and pane: what session features read (a session has no bound
+        on its length), and a step asking for many values. The chunks are sorted and in time order, so a stable
+        sort by key alone puts each key's rows in pane order."""
         if "whole" not in self.memo:
-            self.memo["whole"] = Sorted.of(self.plan, self.frame())
+            chunks = [self.chunks[c] for c in sorted(self.chunks)]
+            if not chunks:
+                return Sorted.of(self.plan, _empty(self.plan))
+            codes = np.concatenate([s.key_code for s in chunks])
+            pane = np.concatenate([s.array(PANE) for s in chunks]).astype(np.int64, copy=False)
+            starts = self.starts()
+            origin = int(starts[0] - starts[0] % self.plan.pane_us) if len(starts) else 0
+            rank = np.where(pane == BASE, 0, (pane - origin) // self.plan.pane_us + 1)
+            span = int(rank.max(initial=0)) + 2
+            order = np.argsort(codes, kind="stable")
+            columns = {c: stacked(chunks, c, order) for c in chunks[0].table.columns}
+            self.memo["whole"] = Sorted.of_columns(columns, codes[order], (codes * span + rank)[order], origin, span)
         return self.memo["whole"]  # type: ignore[return-value]
 
     def between(self, after_us: int | None, before_us: int | None) -> Iterator[tuple[int, Sorted]]:
@@ -218,20 +247,46 @@ def folded_base(plan: Plan, base: list[pd.DataFrame], old: list[pd.DataFrame]) -
     return out
 
 
-def _by_chunk(table: pd.DataFrame, chunk_us: int) -> Iterator[tuple[int, pd.DataFrame]]:
-    """A table's rows by chunk, each chunk's in the table's order."""
+def stacked(tables: Sequence[Sorted], column: str, order: np.ndarray) -> Any:
+    """A column of tables one after the other, its rows taken in `order`."""
+    parts = [t.array(column) for t in tables]
+    if isinstance(parts[0], pd.arrays.ArrowExtensionArray):
+        arrays = [arrow_array(p) for p in parts]
+        joined = pa.concat_arrays([a.cast(arrays[0].type) for a in arrays])
+        return pd.arrays.ArrowExtensionArray(joined.take(pa.array(order)))
+    return np.concatenate(parts)[order]
+
+
+def arrow_array(values: Any) -> pa.Array:
+    """A column's values as one Arrow array (a concatenation's come chunked)."""
+    array = pa.array(values)
+    return array.combine_chunks() if isinstance(array, pa.ChunkedArray) else array
+
+
+def _by_chunk(table: pd.DataFrame, chunk_us: int) -> Iterator[tuple[int, pd.DataFrame, dict[str, Any]]]:
+    """A table's rows by chunk, each chunk's in the table's order, with its columns' values."""
     if not len(table):
         return
     of_row = chunk_of(table, chunk_us)
+    columns = {c: column_array(table[c]) for c in table.columns}
     if of_row[0] == of_row[-1] and (of_row == of_row[0]).all():
-        yield int(of_row[0]), table
+        yield int(of_row[0]), table, columns
         return
     order = np.argsort(of_row, kind="stable")
     of_row = of_row[order]
-    columns = {c: column_array(table[c])[order] for c in table.columns}  # one take each, then slices (no copy)
+    columns = {c: values[order] for c, values in columns.items()}  # one take each, then slices (no copy)
     bounds = np.r_[0, np.flatnonzero(np.diff(of_row)) + 1, len(order)]
     for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
-        yield int(of_row[lo]), frame_of({c: values[lo:hi] for c, values in columns.items()})
+        part = {c: values[lo:hi] for c, values in columns.items()}
+        yield int(of_row[lo]), frame_of(part), part
+
+
+def _filed(plan: Plan, parts: list[tuple[pd.DataFrame, dict[str, Any]]]) -> Sorted:
+    """A chunk from pieces of tables (rows, their columns' values), merged where they share a (key, pane)."""
+    s = combine_sorted(plan, [rows for rows, _ in parts])
+    if s.table is parts[0][0]:  # as given (sorted, one row each): its columns' values are at hand
+        s.memo.update({("array", c): v for c, v in parts[0][1].items()})
+    return s
 
 
 def _shapes(plan: Plan) -> list[tuple[int, int, int | None, int | None]]:

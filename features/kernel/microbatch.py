@@ -128,11 +128,11 @@ def step(
     )
 
 
-STEP_CHUNKS = 16  # a table given whole (a test's, a rebuild's) is held in about this many chunks
+STEP_CHUNKS = 8  # a table given whole (a test's, a rebuild's) is held in about this many chunks
 
 
 def _chunk_of_step(plan: Plan, frames: list[pd.DataFrame]) -> int:
-    """The chunk length to hold a table given whole in: the stream's, or a sixteenth of the time its panes and
+    """The chunk length to hold a table given whole in: the stream's, or an eighth of the time its panes and
     events span when longer (each chunk costs a table of its own; a step over a stored table gets its length)."""
     times = [f[c].to_numpy(dtype=np.int64) for f in frames for c in (PANE, TS) if c in f.columns and len(f)]
     times = [t[t != BASE] for t in times]

@@ -112,6 +112,12 @@ class ValueK(Kind):
         self.largest = largest
 
     def _order(self, values: np.ndarray) -> np.ndarray:
+        """A key that sorts the values best first (equal values alike): numbers as they are (descending by their
+        bitwise complement or negation, which cannot overflow), text by its rank: one sort, not two."""
+        if values.dtype.kind == "i":
+            return ~values if self.largest else values
+        if values.dtype.kind == "f":
+            return -values if self.largest else values
         rank = _value_ranks(values)
         return -rank if self.largest else rank
 

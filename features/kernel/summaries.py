@@ -21,17 +21,16 @@ import pandas as pd
 import pyarrow as pa
 
 from features.kernel import sessions
-from features.kernel.held import Held
+from features.kernel.held import Held, arrow_array, stacked
 from features.kernel.kinds import KINDS
 from features.kernel.plan import BASE, KEY, PANE, Calc, Plan
 from features.kernel.table import (
     Sorted,
-    column_array,
     frame_of,
     merged_partials,
     pane_columns,
-    renumbered,
     session_runs,
+    values_at,
 )
 
 
@@ -47,9 +46,17 @@ def value_rows(held: Held, key: np.ndarray, ends: np.ndarray) -> pd.DataFrame:
     return frame_of(out)
 
 
+# A step asking for values at least an eighth as many as the panes held (a catch-up batch, hours of events) reads
+# them from the panes whole, as the batch engine does (`table.values_at`): sorting them once then costs less than
+# reading some tens of rows for each value. Steady batches ask for a few hundredths.
+WHOLE_SHARE = 8
+
+
 def window_values(held: Held, key: np.ndarray, ends: np.ndarray) -> dict[str, Any]:
-    """Every feature's value at window end E for each (key code, E) query."""
+    """Every feature's value at window end E for each (key code, E) query (sorted by key, then E)."""
     plan, out = held.plan, {}
+    if len(key) * WHOLE_SHARE >= held.rows:
+        return values_at(plan, held.whole(), key, ends)
     shapes: dict[tuple[int, int | None, int | None, int | None], list[Calc]] = {}
     for calc in plan.calcs:
         shape = (calc.every_us, calc.size_us, calc.gap_us, None if calc.gap_us is None else calc.condition)
@@ -145,31 +152,35 @@ def _middle(
     held: Held, numbers: np.ndarray, key: np.ndarray, query: np.ndarray, left: np.ndarray, right: np.ndarray
 ) -> list[_Taken]:
     """The summary rows of the whole chunks [left, right) (by number) of each query, in time order: the runs of
-    the segment tree that cover them."""
-    found: list[tuple[np.ndarray, int, np.ndarray]] = []  # (queries, h, runs)
-    h = 0
-    while (open_ := left < right).any():
-        take = open_ & (left & 1 == 1)
-        found.append((query[take], h, left[take]))
-        left = left + take
-        take = open_ & (right & 1 == 1)
-        right = right - take
-        found.append((query[take], h, right[take]))
-        left, right, h = left >> 1, right >> 1, h + 1
-    if not found:
+    the segment tree that cover them. Queries of one stretch (the keys read at one window end) share its runs, so
+    each distinct stretch is split into runs once."""
+    if not len(query):
         return []
-    q = np.concatenate([f[0] for f in found])
-    level = np.concatenate([np.full(len(f[0]), f[1], dtype=np.int64) for f in found])
-    run = np.concatenate([f[2] for f in found])
-    order = np.lexsort((q, level, run << level))  # by start: a query's runs in time order
-    q, level, run = q[order], level[order], run[order]
-    bounds = np.r_[0, np.flatnonzero((np.diff(level) != 0) | (np.diff(run) != 0)) + 1, len(q)]
+    width = int((right - left).max()) + 1
+    stretch, of_query = np.unique((left - left.min()) * width + (right - left), return_inverse=True)
+    by_stretch = np.argsort(of_query, kind="stable")
+    bounds = np.r_[0, np.cumsum(np.bincount(of_query, minlength=len(stretch)))]
+    lo = stretch // width + left.min()
+    hi = lo + stretch % width
+    runs: dict[tuple[int, int], list[int]] = {}  # (h, run) -> the stretches it covers part of
+    h, which = 0, np.arange(len(stretch))
+    while (open_ := lo < hi).any():
+        take = open_ & (lo & 1 == 1)
+        for i, run in zip(which[take].tolist(), lo[take].tolist(), strict=True):
+            runs.setdefault((h, run), []).append(i)
+        lo = lo + take
+        take = open_ & (hi & 1 == 1)
+        hi = hi - take
+        for i, run in zip(which[take].tolist(), hi[take].tolist(), strict=True):
+            runs.setdefault((h, run), []).append(i)
+        lo, hi, h = lo >> 1, hi >> 1, h + 1
+    summaries(held, numbers, list(runs))
     out = []
-    summaries(held, numbers, [(int(level[lo]), int(run[lo])) for lo in bounds[:-1].tolist()])
-    for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
-        s = held.summaries[int(level[lo]), int(run[lo])]
+    for h, run in sorted(runs, key=lambda r: r[1] << r[0]):  # by start: a query's runs in time order
+        s = held.summaries[h, run]
         if s is not None:
-            out.append(_summary_rows(s, key[q[lo:hi]], q[lo:hi]))
+            q = np.concatenate([query[by_stretch[bounds[i] : bounds[i + 1]]] for i in runs[h, run]])
+            out.append(_summary_rows(s, key[q], q))
     return out
 
 
@@ -190,7 +201,7 @@ def _stacked_rows(taken: list[_Taken], columns: list[str], n: int) -> tuple[Sort
     for column in columns:
         parts = [t.table.array(column) for t in taken]
         if any(isinstance(p, pd.arrays.ArrowExtensionArray) for p in parts):
-            arrays = [_arrow(p).take(pa.array(t.rows)) for p, t in zip(parts, taken, strict=True)]
+            arrays = [arrow_array(p).take(pa.array(t.rows)) for p, t in zip(parts, taken, strict=True)]
             joined = pa.concat_arrays([a.cast(arrays[0].type) for a in arrays])
             back = np.empty(total, dtype=np.int64)
             back[np.concatenate(places)] = np.arange(total)
@@ -201,22 +212,7 @@ def _stacked_rows(taken: list[_Taken], columns: list[str], n: int) -> tuple[Sort
             values[place] = p[t.rows]
         out[column] = values
     query = np.repeat(np.arange(n), counts)
-    return Sorted(frame_of(out), query, query, 0, 1), starts, ends
-
-
-def _stacked_column(tables: list[Sorted], column: str, order: np.ndarray) -> Any:
-    """A column of tables one after the other, its rows taken in `order`."""
-    parts = [t.array(column) for t in tables]
-    if isinstance(parts[0], pd.arrays.ArrowExtensionArray):
-        arrays = [_arrow(p) for p in parts]
-        joined = pa.concat_arrays([a.cast(arrays[0].type) for a in arrays])
-        return pd.arrays.ArrowExtensionArray(joined.take(pa.array(order)))
-    return np.concatenate(parts)[order]
-
-
-def _arrow(values: Any) -> pa.Array:
-    array = pa.array(values)
-    return array.combine_chunks() if isinstance(array, pa.ChunkedArray) else array
+    return Sorted.of_columns(out, query, query, 0, 1), starts, ends
 
 
 def summaries(held: Held, numbers: np.ndarray, wanted: list[tuple[int, int]]) -> None:
@@ -261,28 +257,27 @@ def _merged_runs(plan: Plan, parts: list[list[Sorted]]) -> list[Sorted]:
     of_part = np.repeat(np.arange(len(parts)), [sum(len(t.key_code) for t in p) for p in parts])
     group = of_part * (int(codes.max(initial=0)) + 1) + codes
     order = np.argsort(group, kind="stable")
-    stacked = frame_of({c: _stacked_column(tables, c, order) for c in columns})
-    group = group[order]
+    group = group[order]  # each (list, key) its own group: a moment's shift is taken within it
+    rows = Sorted.of_columns({c: stacked(tables, c, order) for c in columns}, group, group, 0, 1)
     starts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
     ends = np.r_[starts[1:], len(group)]
     several = np.flatnonzero(ends - starts > 1)
-    partials = merged_partials(plan, Sorted(stacked, group, group, 0, 1), starts[several], ends[several], False)
+    partials = merged_partials(plan, rows, starts[several], ends[several], False)
     out: dict[str, Any] = {}
     for column in columns:
-        values = column_array(stacked[column])
+        values = rows.array(column)
         if isinstance(values, pd.arrays.ArrowExtensionArray):
             pick = starts.copy()
             pick[several] = len(values) + np.arange(len(several))
-            joined = pa.chunked_array([_arrow(values), pa.array(partials[column]).cast(_arrow(values).type)])
+            joined = pa.chunked_array([arrow_array(values), pa.array(partials[column]).cast(arrow_array(values).type)])
             out[column] = pd.arrays.ArrowExtensionArray(joined.take(pa.array(pick)).combine_chunks())
             continue
         out[column] = values[starts]
         if column in partials:
             out[column][several] = partials[column]
-    table = frame_of(out)
     key = out[KEY]
     bounds = np.r_[np.searchsorted(of_part[order][starts], np.arange(len(parts))), len(starts)]
     return [
-        Sorted(renumbered(table.iloc[a:b]), key[a:b], key[a:b], 0, 1)
+        Sorted.of_columns({c: v[a:b] for c, v in out.items()}, key[a:b], key[a:b], 0, 1)
         for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)
     ]

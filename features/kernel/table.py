@@ -165,6 +165,15 @@ class Sorted:
     memo: dict[Any, Any] = field(default_factory=dict, repr=False)  # what reads of the table share
 
     @classmethod
+    def of_columns(
+        cls, columns: dict[str, Any], key_code: np.ndarray, position: np.ndarray, origin: int, span: int
+    ) -> Sorted:
+        """A sorted table of these columns' values, which reads of it take as they are (`array`)."""
+        s = cls(frame_of(columns), key_code, position, origin, span)
+        s.memo.update({("array", c): v for c, v in columns.items()})
+        return s
+
+    @classmethod
     def of(cls, plan: Plan, table: pd.DataFrame) -> Sorted:
         codes, position, origin, span = _positions(plan, table)
         order = np.argsort(position, kind="stable")
@@ -263,7 +272,9 @@ def combine_sorted(plan: Plan, tables: Sequence[pd.DataFrame]) -> Sorted:
     first = np.r_[True, np.diff(position) != 0]
     if first.all():
         if (np.diff(order) == 1).all():  # sorted already (a stored chunk): not copied
-            return Sorted(renumbered(table.copy(deep=False)), codes, position, origin, span)
+            if not table.index.equals(pd.RangeIndex(len(table))):
+                table = renumbered(table.copy(deep=False))
+            return Sorted(table, codes, position, origin, span)
         return Sorted(renumbered(table.iloc[order]), codes[order], position, origin, span)
     starts = np.flatnonzero(first)
     ends = np.r_[starts[1:], len(position)]
