@@ -426,10 +426,20 @@ def test_a_stream_of_microsecond_files_reads_them_once_and_names_a_later_nanosec
     restarted = stream(repo, available_now=True, progress=False, tracking=False)
     restarted.await_termination()
     records = list((root / "data" / "quarantine" / "g" / "records").glob("file-*"))
-    assert len(records) == 2  # part-3 set aside too: the checkpoint's query has one source, and keeps it
+    assert len(records) == 2  # part-3 set aside too: the checkpoint's query reads microseconds alone, and keeps to it
     # The restart set aside part-3 alone: part-2's record is neither counted again nor rewritten.
     assert restarted.progress()[0].bad_records_total == 1
     assert {p: p.stat().st_mtime_ns for p in first.rglob("*")} == written
     again = stream(repo, available_now=True, reset=True, progress=False, tracking=False)
     again.await_termination()
     assert again.status()["events"].sum() == len(events)  # every file, both kinds
+
+
+def test_a_batch_in_which_no_bucket_ran_says_its_state_is_not_read_yet() -> None:
+    """A batch whose only file was set aside runs no bucket: its line says the state is not read yet, not that it
+    holds no panes (it is intact)."""
+    from features.pipelines.stream_progress import StreamProgress
+
+    assert ", state not read yet, " in StreamProgress("g", batch_id=0).line()
+    assert ", state 0 panes, " in StreamProgress("g", batch_id=1, state_rows=0).line()
+    assert ", state 1,234 panes, " in StreamProgress("g", batch_id=2, state_rows=1234).line()
