@@ -447,3 +447,22 @@ def test_a_repo_feature_pickles_by_value_and_unpickles_without_its_module(tmp_pa
         sys.modules[module] = kept
     assert again.name == feature.name and again.request == feature.request and again.features == feature.features
     assert request_values(ROWS, again).tolist() == [2.0, math.inf, 15.0]
+
+
+def test_stored_inputs_are_filled_as_training_sets_fill_them_whatever_their_form() -> None:
+    """fill_empty's empty-window values, for the forms the stores give: numpy floats with NaN, numpy integers,
+    pandas' nullable integers, objects (JSON)."""
+    from features.spec.aggregations import Empty
+    from features.stores.feature_refs import FeatureColumn, fill_empty
+
+    sums, counts = FeatureColumn("sum", DType.FLOAT64, Empty.ZERO), FeatureColumn("count", DType.INT64, Empty.ZERO)
+    biggest = FeatureColumn("max", DType.FLOAT64, Empty.NULL)
+    for given in (
+        {"sum": [np.nan, 2.5], "count": [0, 3], "max": [np.nan, 4.0]},
+        {"sum": [None, 2.5], "count": pd.array([None, 3], dtype="Int64"), "max": [None, 4.0]},
+        {"sum": pd.Series([None, 2.5], dtype=object), "count": pd.Series([None, 3], dtype=object), "max": [None, 4.0]},
+    ):
+        filled = fill_empty(pd.DataFrame(given), [sums, counts, biggest])
+        assert filled["sum"].tolist() == [0.0, 2.5] and filled["sum"].dtype == np.float64
+        assert filled["count"].tolist() == [0, 3] and filled["count"].dtype == np.int64
+        assert math.isnan(filled["max"].iloc[0]) and filled["max"].iloc[1] == 4.0

@@ -138,10 +138,10 @@ def filled_column(values: pd.Series, column: FeatureColumn) -> pd.Series:
         return pd.Series([_as_list(v, column.empty) for v in values], index=values.index, dtype=object)
     if empty is not None and plain_numbers:
         numbers = values.to_numpy()
-        if numbers.dtype == np.dtype(type(empty)):  # never null (numpy), already of its type
-            return values
         if numbers.dtype.kind == "f":
             numbers = np.where(np.isnan(numbers), empty, numbers)
+        elif numbers.dtype == np.dtype(type(empty)):  # numpy integers: never null, and already of its type
+            return values
         return pd.Series(numbers.astype(type(empty)), index=values.index)
     if empty is not None:
         return pd.to_numeric(values).fillna(empty).astype(type(empty))
