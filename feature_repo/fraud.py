@@ -1,12 +1,14 @@
-"""Example fraud feature groups, and the Feast objects generated from them so that `feast apply` works here."""
+"""Example fraud feature groups, the request-time features a transaction is scored with, and the Feast objects
+generated from the groups so that `feast apply` works here."""
 
 from pathlib import Path
 
-from features import Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, agg, to_feast
+from features import Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, RequestFeature, agg, to_feast
 
 HERE = Path(__file__).resolve().parent
 
 user = Entity("user", join_keys=["user_id"])
+card = Entity("card", join_keys=["card_id"])
 card_merchant = Entity("card_merchant", join_keys=["card_id", "merchant_id"])
 
 transactions = EventSource(
@@ -37,7 +39,19 @@ user_transactions = FeatureGroup(
         Feature("amount_max_24h", agg.max("amount"), window=Hop("24h", every="5m")),
         Feature("merchants_24h", agg.approx_count_distinct("merchant_id"), window=Hop("24h", every="1h")),
         Feature("txn_count_lifetime", agg.count(), window=Lifetime(every="1h")),
+        # What the request-time features below read
+        Feature("amount_avg_24h", agg.avg("amount"), window=Hop("24h", every="5m")),
+        Feature("attempts_1h", agg.count(), window=Hop("1h", every="5m")),
+        Feature("attempts_30d", agg.count(), window=Hop("30d", every="1h")),
+        Feature("merchants_30d", agg.distinct_values("merchant_id"), window=Hop("30d", every="1h")),
     ],
+)
+
+card_activity = FeatureGroup(
+    name="card_activity",
+    entity=card,
+    source=transactions,
+    features=[Feature("last_txn_at", agg.last_event_time(), window=Lifetime(every="5m"))],
 )
 
 card_merchant_activity = FeatureGroup(
@@ -53,9 +67,52 @@ card_merchant_activity = FeatureGroup(
     ],
 )
 
+# Request-time features: computed when a transaction is scored, from its own fields and the stored values, by the
+# same function in training sets, in the logged model and in `features serve` (docs/definitions.md).
+amount_vs_avg_24h = RequestFeature(
+    "amount_vs_avg_24h",
+    lambda amount, amount_avg_24h: amount / amount_avg_24h.where(amount_avg_24h > 0),
+    request={"amount": "double"},
+    features=["user_transactions:amount_avg_24h"],
+    dtype="double",
+    description="this amount against the user's average of the last 24 hours (null without one)",
+)
+amount_vs_max_24h = RequestFeature(
+    "amount_vs_max_24h",
+    lambda amount, amount_max_24h: amount / amount_max_24h.where(amount_max_24h > 0),
+    request={"amount": "double"},
+    features=["user_transactions:amount_max_24h"],
+    dtype="double",
+    description="this amount against the user's largest of the last 24 hours (null without one)",
+)
+seconds_since_card_txn = RequestFeature(
+    "seconds_since_card_txn",
+    lambda request_time, last_txn_at: (request_time - last_txn_at).dt.total_seconds(),
+    features=["card_activity:last_txn_at"],
+    dtype="double",
+    description="seconds since the card's last transaction, of the panes closed by then (null for a new card)",
+)
+merchant_new_30d = RequestFeature(
+    "merchant_new_30d",
+    lambda merchant_id, merchants_30d: merchant_id not in merchants_30d,
+    request={"merchant_id": "string"},
+    features=["user_transactions:merchants_30d"],
+    dtype="bool",
+    row=True,
+    description="whether the user paid this merchant in none of the last 30 days",
+)
+attempts_vs_usual_1h = RequestFeature(
+    "attempts_vs_usual_1h",
+    lambda attempts_1h, attempts_30d: (attempts_1h + 1) / (attempts_30d / 720).where(attempts_30d > 0),
+    features=["user_transactions:attempts_1h", "user_transactions:attempts_30d"],
+    dtype="double",
+    description="this hour's attempts, this one included, against the user's hourly rate of the last 30 days",
+)
+
 # Feast's `feast apply` picks up module-level Feast objects only (not objects inside a list), so each one gets
 # its own name. A composite key becomes one Feast entity per join key.
 user_entity, user_transactions_source, user_transactions_view = to_feast(user_transactions, repo_root=HERE)
 card_entity, merchant_entity, card_merchant_source, card_merchant_view = to_feast(
     card_merchant_activity, repo_root=HERE
 )
+card_activity_entity, card_activity_source, card_activity_view = to_feast(card_activity, repo_root=HERE)

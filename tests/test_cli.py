@@ -18,7 +18,7 @@ from features.demo import generate_transactions, write_events
 
 EXAMPLE_REPO = Path(__file__).resolve().parents[1] / "feature_repo"
 USER_FEATURES = ["failed_count_24h", "amount_sum_1h", "amount_max_24h", "merchants_24h", "txn_count_lifetime"]
-GROUPS = ["user_transactions", "card_merchant"]
+GROUPS = ["user_transactions", "card_activity", "card_merchant"]
 
 
 def features_command() -> list[str]:

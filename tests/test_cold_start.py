@@ -26,7 +26,7 @@ def test_loading_a_repo_with_exports_imports_no_heavy_library() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     out = json.loads(done.stdout.splitlines()[-1])
-    assert out == {"groups": ["card_merchant", "user_transactions"], "loaded": []}
+    assert out == {"groups": ["card_activity", "card_merchant", "user_transactions"], "loaded": []}
 
 
 def test_a_deferred_export_becomes_the_object_to_feast_makes() -> None:

@@ -26,7 +26,7 @@ import pytest
 from chromium import chromium, render
 from conftest import EXAMPLE_REPO, build_feast_repo
 
-DEMO_VIEWS = {"user_transactions", "card_merchant"}
+DEMO_VIEWS = {"user_transactions", "card_activity", "card_merchant"}
 START_TIMEOUT_S = 90.0  # importing Feast and building the app takes a while on 2 cores
 STOP_TIMEOUT_S = 15.0
 

@@ -595,8 +595,10 @@ def test_the_demo_classifier_beats_the_amount_alone_on_a_later_range(spark, tmp_
     transactions, _ = demo.prepare(repo, **DEMO, start=datetime(2026, 1, 1, tzinfo=UTC), seed=demo.SEED)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        frame = training_set(demo.labelled_rows(transactions), demo.FEATURES, repo, log_lineage=False)
+        rows = demo.labelled_rows(transactions)
+        frame = training_set(rows, demo.FEATURES, repo, request_features=demo.REQUEST_FEATURES, log_lineage=False)
     result = demo.compare(frame)
+    assert set(demo.REQUEST_FEATURES) <= set(result.columns)
     assert result.test_fraud >= 10 and result.train_fraud >= 20, result.metrics()
     assert result.train_rows > 3 * result.test_rows / 2  # trained on the earlier two thirds, minus the warm-up
     assert frame.loc[frame["event_timestamp"] >= result.cutoff, "event_timestamp"].min() >= result.cutoff

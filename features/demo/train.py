@@ -45,6 +45,15 @@ FEATURES = [
     "card_merchant:amount_sum_24h",
     "card_merchant:failed_count_1h",
 ]
+# The example repo's request-time features (feature_repo/fraud.py): computed from the transaction's own fields
+# (amount, merchant_id) and the stored values, at training per row and in the served model at every request.
+REQUEST_FEATURES = [
+    "amount_vs_avg_24h",
+    "amount_vs_max_24h",
+    "seconds_since_card_txn",
+    "merchant_new_30d",
+    "attempts_vs_usual_1h",
+]
 MODEL_NAME = "fraud_classifier"
 SEED = 20260101
 
@@ -109,8 +118,8 @@ def require_scikit_learn() -> None:
 
 
 def feature_columns(frame: pd.DataFrame) -> list[str]:
-    """The windowed feature columns of a training set built with FEATURES."""
-    names = [ref.split(":", 1)[1] for ref in FEATURES]
+    """The windowed and request-time feature columns of a training set built with FEATURES and REQUEST_FEATURES."""
+    names = [ref.split(":", 1)[1] for ref in FEATURES] + REQUEST_FEATURES
     return [c for c in names if c in frame.columns]
 
 
@@ -196,15 +205,16 @@ def build_model(
     seed: int = SEED,
     name: str = MODEL_NAME,
 ) -> tuple[int, Comparison]:
-    """Everything notebook 02 does, in one call: data, backfill, training set, both models, and the model
-    with the windowed features logged with its lineage and registered as `name`. Returns its version."""
+    """Everything notebook 02 does, in one call: data, backfill, training set (with the request-time features too),
+    both models, and the model with the features logged with its lineage and registered as `name` (it computes the
+    request-time features itself at every request). Returns its version."""
     from features.ml import tracking
     from features.ml.model import log_model
 
     loaded = features.load_repo(repo) if isinstance(repo, str | PathLike) else repo
     transactions, _results = prepare(loaded, events=events, users=users, days=days, seed=seed)
     with tracking.training_run(loaded, run_name=name):
-        frame = features.training_set(labelled_rows(transactions), FEATURES, loaded)
+        frame = features.training_set(labelled_rows(transactions), FEATURES, loaded, request_features=REQUEST_FEATURES)
         result = compare(frame)
         tracking.log_run_metrics(result.metrics())
         info = log_model(
@@ -213,6 +223,7 @@ def build_model(
             loaded,
             input_example=frame,
             input_columns=INPUT_COLUMNS,
+            request_features=REQUEST_FEATURES,
             registered_model_name=name,
         )
     return int(info.registered_model_version), result
