@@ -31,6 +31,7 @@ from features.repo import Repo
 from features.spec.request import REQUEST_TIME, RequestFeature
 from features.spec.types import DType
 from features.stores.feature_refs import FeatureColumn, resolve_features
+from features.stores.request_inputs import request_columns
 
 if TYPE_CHECKING:
     from feast import FeatureView, OnDemandFeatureView
@@ -93,12 +94,10 @@ def request_view(repo: Repo, feature: RequestFeature, views: Mapping[str, Featur
     refs = resolve_features(repo, [s.ref for s in feature.features]) if feature.features else []
     stored = {r.ref: FeatureColumn(r.ref, r.dtype, r.feature.aggregation.kind.op.empty) for r in refs}
     udf, source = transformation(feature, stored)
-    view = OnDemandFeatureView(
+    view = OnDemandFeatureView(  # its field without the description: Feast's apply compares that too
         name=feature.name,
         sources=sources,
-        schema=[
-            Field(name=feature.name, dtype=feast_type(feature.dtype))
-        ],  # Feast's apply compares it, description too
+        schema=[Field(name=feature.name, dtype=feast_type(feature.dtype))],
         udf=udf,
         udf_string=source,
         mode="pandas",
@@ -140,8 +139,6 @@ def _unpacked(packed: str) -> tuple[RequestFeature, dict[str, FeatureColumn]]:
 def feast_request_frame(rows: pd.DataFrame, packed: str) -> pd.DataFrame:
     """The feature's column for Feast's rows (its stored inputs as `<view>__<feature>`, the request fields, the
     request time), by the one function."""
-    from features.stores.request_inputs import request_columns
-
     feature, stored = _unpacked(packed)
     columns = {ref: rows[ref.replace(":", "__")] for ref in stored}  # the ref is the column's name in `stored`
     columns |= {name: rows[name] for name in feature.request if name in rows.columns}
