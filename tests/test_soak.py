@@ -1,5 +1,5 @@
 """The soak (bench/soak.py), short: a live `features stream --trigger 1s` in a process of its own, fed a file a
-second whose event time runs from a day ago to now in 15 s (5,760 times the wall clock) and then live, killed
+second whose event time runs from a day ago to now in 7.2 s (12,000 times the wall clock) and then live, killed
 (SIGKILL) halfway and started again; at the end its stores against a backfill, the reference and verify."""
 
 from __future__ import annotations
@@ -48,10 +48,10 @@ def drain_here(repo: Path) -> None:
 def test_a_stream_soaked_through_event_time_and_a_kill(spark, tmp_path) -> None:
     soak = _bench()
     work = tmp_path / "soak"
-    # The bench samples every 5 s and kills at the first sample past half the run: 18 s kills at 10 s, where 24 s
-    # waited until 15 s. The restart's cold start outlasts the rest either way, so that live events still land.
+    # The bench samples every 5 s and kills at the first sample past half the run: 9.6 s kills at 5 s, where 18 s
+    # waited until 10 s. The restart's cold start outlasts the rest either way, so that live events still land.
     result = soak.soak(
-        work, catch_up_min=0.25, live_min=0.05, days=1.0, events_per_file=50, drain=drain_here, apply=apply_here
+        work, catch_up_min=0.12, live_min=0.04, days=1.0, events_per_file=50, drain=drain_here, apply=apply_here
     )
     # Micro-batches with events before the kill and after the restart (how many depends on the machine's speed).
     assert 0 < result["batches_before_kill"] < result["batches"]
