@@ -45,6 +45,15 @@ SHUFFLE_PARTITIONS = 2
 JAVA_OPTIONS = "FEATURES_JAVA_OPTIONS"
 OURS = JAVA_OPTIONS not in os.environ
 os.environ.setdefault(JAVA_OPTIONS, "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m")
+
+
+def spark_submit_java_options() -> list[str]:
+    """spark-submit's flag for the options above (Java's first compiler only), for a JVM a test starts with
+    spark-submit: its driver starts before a session could add them."""
+    options = os.environ.get(JAVA_OPTIONS, "")
+    return ["--driver-java-options", options] if options else []
+
+
 # One OpenMP thread in this process and every one it starts (notebook kernels, commands). scikit-learn's gradient
 # boosting runs on OpenMP, whose threads spin at each barrier: with the other pytest process and its Spark on the
 # same two cores, notebook 02's training cell took 28.5 s in a whole run against 0.5 s alone.

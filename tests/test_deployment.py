@@ -30,6 +30,7 @@ import pyspark
 import pytest
 import redis_server as redis_fixtures
 import yaml
+from conftest import spark_submit_java_options
 from redis_server import RedisServer
 
 from features.cli import build_parser
@@ -474,7 +475,7 @@ def test_spark_submit_runs_a_backfill_from_the_installed_wheel(
         result = subprocess.run(
             [
                 str(spark_submit), "--master", "local[2]", "--conf", "spark.sql.shuffle.partitions=4",
-                *delta_args(), str(ROOT / "jobs" / "backfill.py"),
+                *delta_args(), *spark_submit_java_options(), str(ROOT / "jobs" / "backfill.py"),
                 "--repo", str(repo), "--start", start.isoformat(), "--end", end.isoformat(), "--no-tracking",
             ],
             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900, check=False,
