@@ -1,6 +1,6 @@
 """A stream's micro-batch against the panes it holds: the processor's Python time per batch as the state fills.
 
-    python bench/state_size.py [--keys 5000] [--events 50000] [--minutes 1 10 30 60] [--repeats 5]
+    python bench/state_size.py [--keys 5000] [--events 50000] [--minutes 1 10 30 60] [--repeats 7]
                                [--shapes count_sum min_max top_k]
 
 One bucket of the stream (`--keys` keys, each with an event about every second) driven through the stream's own
@@ -12,7 +12,8 @@ stream's Python workers do (`features.engine.worker_daemon.keep_freed_memory`). 
 top_k (3 largest). The state grows a minute of events at a time (every key one event a second: a pane per key
 and second); at each of `--minutes` it has held, `--repeats` batches of `--events` events (one second of event
 time each) are timed, and the bytes of the chunks they write counted (what RocksDB is then handed to write and
-checkpoint). Baseline: the same group's batch with the fewest minutes held (what the held panes add).
+checkpoint). Baseline: a second bucket of the same group holding the fewest minutes (what the held panes add),
+timed in turns with the first, so that each ratio pairs two batches run a moment apart on a shared machine.
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ def main() -> int:
     parser.add_argument("--keys", type=int, default=5000)
     parser.add_argument("--events", type=int, default=50_000)
     parser.add_argument("--minutes", type=int, nargs="+", default=[1, 10, 30, 60])
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
     parser.add_argument("--no-save", action="store_true", help="do not update bench/RESULTS.md")
     args = parser.parse_args()
@@ -118,42 +119,66 @@ def main() -> int:
             }
         )
 
-    def run(shape: str) -> list[tuple[int, int, float, list[float], float]]:
-        """(minutes held, panes, median s, batch seconds, MB written per batch) at each of `--minutes`."""
-        group = group_of(shape)
-        rng = np.random.default_rng(0)
-        engine._RESIDENT.clear()
-        processor = engine.PaneProcessor(pt.Plan.of(group, TYPES), group.name, output_of(group), delay_us=WATERMARK_US)
-        handle = _CountingHandle()
-        processor.init(handle)
-        held, out = 0, []
+    class Bucket:
+        """One bucket of a group's stream, its state grown a minute of events at a time."""
 
-        def batch(events: pd.DataFrame, upto_s: int) -> float:
+        def __init__(self, group: FeatureGroup, label: int, rng: np.random.Generator) -> None:
+            self.label, self.rng, self.held = label, rng, 0
+            self.processor = engine.PaneProcessor(
+                pt.Plan.of(group, TYPES), group.name, output_of(group), delay_us=WATERMARK_US
+            )
+            self.handle = _CountingHandle()
+            self.processor.init(self.handle)
+
+        def batch(self, events: pd.DataFrame, upto_s: int) -> float:
             packed_events = packed(events)
             timers = Timers(T0 + upto_s * S - WATERMARK_US)
             began = time.perf_counter()
-            for _ in processor.handleInputRows((0,), iter([packed_events]), timers):
+            for _ in self.processor.handleInputRows((self.label,), iter([packed_events]), timers):
                 pass
             return time.perf_counter() - began
 
-        for minutes in args.minutes:
-            while held < minutes * 60:  # a minute at a time, every key one event a second (not timed)
-                seconds = min(60, minutes * 60 - held)
-                second = np.repeat(np.arange(held, held + seconds), args.keys)
+        def grow(self, minutes: int) -> None:
+            """Up to `minutes` of panes, every key one event a second (not timed)."""
+            while self.held < minutes * 60:
+                seconds = min(60, minutes * 60 - self.held)
+                second = np.repeat(np.arange(self.held, self.held + seconds), args.keys)
                 keys = np.tile(np.arange(args.keys), seconds)
-                batch(frame(keys, T0 + second * S + rng.integers(0, S, len(keys)), rng), held + seconds)
-                held += seconds
-            times, written = [], []
-            for _ in range(args.repeats):
-                handle.written = 0
-                keys = rng.integers(0, args.keys, args.events)
-                times.append(batch(frame(keys, T0 + held * S + rng.integers(0, S, args.events), rng), held + 1))
-                written.append(handle.written / 1e6)
-                held += 1
-            panes = engine._RESIDENT[(group.name, 0)].held.rows
-            out.append((minutes, panes, statistics.median(times), times, statistics.median(written)))
+                self.batch(
+                    frame(keys, T0 + second * S + self.rng.integers(0, S, len(keys)), self.rng), self.held + seconds
+                )
+                self.held += seconds
+
+        def timed(self) -> tuple[float, float]:
+            """A batch of `--events` events in the next second: (seconds, MB written)."""
+            self.handle.written = 0
+            keys = self.rng.integers(0, args.keys, args.events)
+            ts = T0 + self.held * S + self.rng.integers(0, S, args.events)
+            took = self.batch(frame(keys, ts, self.rng), self.held + 1)
+            self.held += 1
+            return took, self.handle.written / 1e6
+
+    def run(shape: str) -> list[tuple[int, int, float, float, float, list[float]]]:
+        """At each of `--minutes`: (minutes held, panes, median s, the baseline's median s, the median of the
+        paired ratios, MB written per batch). A bucket holding the fewest minutes and one holding more are timed
+        in turns, so each ratio pairs two batches run a moment apart on the shared machine."""
+        group = group_of(shape)
+        engine._RESIDENT.clear()
+        fewest, grown = Bucket(group, 0, np.random.default_rng(0)), Bucket(group, 1, np.random.default_rng(1))
+        fewest.grow(args.minutes[0])
+        out = []
+        for minutes in args.minutes:
+            grown.grow(minutes)
+            pairs = [(fewest.timed(), grown.timed()) for _ in range(args.repeats)]
+            base, times = [b[0] for b, _ in pairs], [g[0] for _, g in pairs]
+            ratio = statistics.median(g[0] / b[0] for b, g in pairs)
+            panes = engine._RESIDENT[(group.name, 1)].held.rows
+            written = statistics.median(g[1] for _, g in pairs)
+            out.append((minutes, panes, statistics.median(times), statistics.median(base), ratio, written))
             print(
-                f"{shape}, {minutes} min: {panes:,} panes, median {out[-1][2]:.3f} s, {out[-1][4]:.1f} MB", flush=True
+                f"{shape}, {minutes} min: {panes:,} panes, median {out[-1][2]:.3f} s (fewest held "
+                f"{out[-1][3]:.3f} s, {ratio:.2f}x), {written:.1f} MB; batches {' / '.join(f'{t:.3f}' for t in times)}",
+                flush=True,
             )
         return out
 
@@ -161,7 +186,7 @@ def main() -> int:
     load_before = load()
     chunk_us = pt.chunk_length(pt.Plan.of(group_of(args.shapes[0]), TYPES))
     runs = {shape: run(shape) for shape in args.shapes}
-    header = " | ".join(f"{shape}: batch s | / fewest held" for shape in args.shapes)
+    header = " | ".join(f"{shape}: batch s | fewest held: batch s | paired ratio" for shape in args.shapes)
     lines = [
         f"{load_before} at the start, {load()} at the end.",
         "",
@@ -169,26 +194,22 @@ def main() -> int:
         f'bucket of {args.keys:,} keys, three groups over `Hop("1h", every="1s")` (count and sum; min and max; '
         f"top_k of 3), micro-batches of {args.events:,} events (one second of event time) through the stream's "
         "processor (`PaneProcessor.handleInputRows`) with in-memory state handles: its Python time per batch "
-        f"(decode, step, store the changed chunks, emit), without Spark or RocksDB, medians of {args.repeats} "
-        "batches, with the state holding some minutes of 1 s panes of every key, in chunks of "
-        f"{chunk_us / S:g} s. Baseline: the same group with the fewest minutes held.",
+        f"(decode, step, store the changed chunks, emit), without Spark or RocksDB, with the state holding some "
+        f"minutes of 1 s panes of every key, in chunks of {chunk_us / S:g} s. Baseline: a bucket of the same group "
+        f"holding about {args.minutes[0]} minute(s), timed in turns with the one holding more ({args.repeats} "
+        "pairs): medians of each, and the median of the pairs' ratios.",
         "",
         f"| panes held | panes | {header} |",
-        "|---|---|" + "---|---|" * len(args.shapes),
+        "|---|---|" + "---|---|---|" * len(args.shapes),
         *[
             f"| {m} min | {n:,} | "
-            + " | ".join(f"{runs[s][i][2]:.3f} | {runs[s][i][2] / runs[s][0][2]:.2f}x" for s in args.shapes)
+            + " | ".join(f"{runs[s][i][2]:.3f} | {runs[s][i][3]:.3f} | {runs[s][i][4]:.2f}x" for s in args.shapes)
             + " |"
-            for i, (m, n, _, _, _) in enumerate(runs[args.shapes[0]])
+            for i, (m, n, *_) in enumerate(runs[args.shapes[0]])
         ],
         "",
         "MB written per batch (median): "
-        + "; ".join(f"{s} " + " / ".join(f"{w:.1f}" for *_, w in runs[s]) for s in args.shapes),
-        "",
-        "Batch seconds: "
-        + "; ".join(
-            f"{s} {m} min {' / '.join(f'{x:.3f}' for x in ts)}" for s in args.shapes for m, _, _, ts, _ in runs[s]
-        ),
+        + "; ".join(f"{s} " + " / ".join(f"{r[5]:.1f}" for r in runs[s]) for s in args.shapes),
     ]
     print("\n".join(lines))
     if not args.no_save:

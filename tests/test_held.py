@@ -17,12 +17,13 @@ from features import kernel as pt
 from features.kernel import summaries
 from features.spec import DType
 
-# Every sort of partial a pane keeps, over hops of three lengths and a Lifetime (the BASE chunk).
+# Every sort of partial a pane keeps, over hops and tumbles and a Lifetime (the BASE chunk).
 CHOSEN = {
     *("n", "n_failed", "qty_sum", "amount_sum", "amount_avg", "status_min", "amount_max", "amount_sd"),
     *("status_first", "amount_last", "amounts_last3", "merchants", "merchants_exact", "amount_p90"),
     *("amount_skew", "qty_skew", "amount_first2", "amount_top3", "amount_bottom4", "status_hist"),
     *("merchant_top2", "merchants_max5", "last_seen", "merchant_set", "qty_set_life", "qty_kurt"),
+    *("qty_top2", "status_top2", "qty_bottom1"),  # integers and text, with ties
 }
 GROUP = FeatureGroup(
     "held", USER, SOURCE, [f for f in (*GROUP_AGGS.features, *GROUP_NEWER.features) if f.name in CHOSEN]
