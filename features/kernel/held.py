@@ -9,7 +9,7 @@ the chunks it touches, not with the panes held. The meaning of every value is do
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -21,9 +21,11 @@ from features.kernel.plan import BASE, KEY, PANE, Calc, Plan
 from features.kernel.state import chunk_of
 from features.kernel.table import (
     Sorted,
+    change_ends,
     column_array,
     combine,
     combine_sorted,
+    empty_table,
     frame_of,
     pane_moves,
     session_runs,
@@ -61,7 +63,9 @@ class Held:
     def frame(self) -> pd.DataFrame:
         """Every row, chunk after chunk (BASE first)."""
         frames = [self.chunks[c].table for c in sorted(self.chunks)]
-        return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0] if frames else _empty(self.plan)
+        return (
+            pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0] if frames else empty_table(self.plan)
+        )
 
     def starts(self) -> np.ndarray:
         """The start of each chunk of panes (BASE aside), in time order."""
@@ -102,7 +106,7 @@ class Held:
         if "whole" not in self.memo:
             chunks = [self.chunks[c] for c in sorted(self.chunks)]
             if not chunks:
-                return Sorted.of(self.plan, _empty(self.plan))
+                return Sorted.of(self.plan, empty_table(self.plan))
             codes = np.concatenate([s.key_code for s in chunks])
             pane = np.concatenate([s.array(PANE) for s in chunks]).astype(np.int64, copy=False)
             starts = self.starts()
@@ -123,27 +127,22 @@ class Held:
             yield chunk, self.chunks[chunk]
 
     def changes(self, after_us: int | None, upto_us: int) -> tuple[np.ndarray, np.ndarray]:
-        """(key, E) for every window end in (after, upto] where some feature's value may change: where a pane
-        holding rows for it enters or leaves its window (read from the chunks near those ends), or where a
-        session closes."""
-        keys, ends = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
-        for condition, every_us, size_us, gap_us in _shapes(self.plan):
+        """(key, E) for every window end in (after, upto] where some feature's value may change (`change_ends`):
+        read from the chunks that can hold panes entering or leaving a window then, and for session features
+        from the panes whole (a session closes a gap after its last pane, however old)."""
+        hops = replace(self.plan, calcs=tuple(c for c in self.plan.calcs if c.gap_us is None))
+        near: set[int] = set()
+        for _, every_us, size_us, _ in _shapes(hops):
             for offset in (0,) if size_us is None else (0, size_us):
                 low = None if after_us is None else after_us - offset - every_us
-                for _, s in self.between(low, upto_us - offset):
-                    pane, counts = _moving(s, condition)
-                    at, e = pane_moves(pane, counts, every_us, offset, after_us, upto_us, None)
-                    keep = (e <= upto_us) & (e > after_us if after_us is not None else True)
-                    keys.append(s.key_code[at[keep]])
-                    ends.append(e[keep])
-            if gap_us is not None:
-                whole = self.whole()
-                rows, e = session_runs(whole, _session_calc(self.plan, condition, every_us, gap_us)).closes(
-                    every_us, gap_us
-                )
-                keep = (e <= upto_us) & (e > after_us if after_us is not None else True)
-                keys.append(whole.key_code[rows[keep]])
-                ends.append(e[keep])
+                near.update(chunk for chunk, _ in self.between(low, upto_us - offset))
+        found = [(s, *change_ends(hops, s, after_us, upto_us)) for s in (self.chunks[c] for c in sorted(near))]
+        if self.plan.session_conditions:
+            sessions = replace(self.plan, calcs=tuple(c for c in self.plan.calcs if c.gap_us is not None))
+            whole = self.whole()
+            found.append((whole, *change_ends(sessions, whole, after_us, upto_us)))
+        keys = [np.zeros(0, np.int64), *(s.key_code[rows] for s, rows, _ in found)]
+        ends = [np.zeros(0, np.int64), *(e for _, _, e in found)]
         return np.concatenate(keys), np.concatenate(ends)
 
     def first_change(self, after_us: int) -> int | None:
@@ -307,9 +306,3 @@ def _moving(s: Sorted, condition: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _session_calc(plan: Plan, condition: int, every_us: int, gap_us: int) -> Calc:
     return next(c for c in plan.calcs if (c.condition, c.every_us, c.gap_us) == (condition, every_us, gap_us))
-
-
-def _empty(plan: Plan) -> pd.DataFrame:
-    from features.kernel.table import empty_table
-
-    return empty_table(plan)

@@ -71,22 +71,17 @@ def advance(
         late = events[TS].to_numpy(dtype=np.int64) < plan.closed_end(after)
     fresh = events[~late]
     changed = held.add(phase1(plan, fresh))
-    # Every end in (after, horizon] where a value may change, found once for the rows, the eager values and the
-    # timer (the panes `prune` drops make no change after `upto`).
-    horizon = upto if eager_at is None else max(upto, eager_at)
-    key, end = held.changes(after, horizon)
-    emitted = end <= upto if after is None or upto > after else np.zeros(len(end), dtype=bool)
-    rows = value_rows(held, key[emitted], end[emitted]) if emitted.any() else _no_rows(plan)
+    key, end = held.changes(after, upto)  # only the window ends this step emits or brings eager values to
+    rows = value_rows(held, key, end) if len(key) else _no_rows(plan)
     eager = None
     if eager_at is not None and held.chunks:  # an empty table (every pane pruned) has no value to give
         wanted = [fresh[KEY].to_numpy(dtype=np.int64)]
         if eager_after is not None and eager_after < eager_at:
-            wanted.append(key[(end > eager_after) & (end <= eager_at)])
+            wanted.append(held.changes(eager_after, eager_at)[0])
         keys = np.unique(np.concatenate(wanted))
         eager = value_rows(held, keys, np.full(len(keys), eager_at, dtype=np.int64))
     folded, pruned = held.prune(upto, align_us)
-    later = end[end > upto]
-    next_change = int(later.min()) if len(later) else held.first_change(horizon)
+    next_change = held.first_change(upto)  # (the panes `prune` dropped make no change after `upto`)
     return Step(None, rows, events[late], next_change, eager, folded, frozenset(changed | pruned))
 
 
@@ -133,12 +128,11 @@ STEP_CHUNKS = 8  # a table given whole (a test's, a rebuild's) is held in about 
 
 def _chunk_of_step(plan: Plan, frames: list[pd.DataFrame]) -> int:
     """The chunk length to hold a table given whole in: the stream's, or an eighth of the time its panes and
-    events span when longer (each chunk costs a table of its own; a step over a stored table gets its length)."""
-    times = [f[c].to_numpy(dtype=np.int64) for f in frames for c in (PANE, TS) if c in f.columns and len(f)]
-    times = [t[t != BASE] for t in times]
-    span = max((int(t.max()) for t in times if len(t)), default=0) - min(
-        (int(t.min()) for t in times if len(t)), default=0
-    )
+    events span when longer (each chunk is a table of its own, which a table given at every step costs again)."""
+    times = [f[c].to_numpy(dtype=np.int64) for f in frames for c in (PANE, TS) if c in f.columns]
+    times = np.concatenate([np.zeros(0, np.int64), *times])
+    times = times[times != BASE]
+    span = int(times.max() - times.min()) if len(times) else 0
     return max(chunk_length(plan), -(-span // STEP_CHUNKS))
 
 
