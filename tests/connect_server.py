@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import spark_submit_java_options
 
 from features.engine import jars
 from features.engine.runtime import parse_version
@@ -66,7 +67,7 @@ def connect_url() -> Iterator[str]:
     # Delta Lake (the offline tables) on the server's class path, as a Connect server of a cluster has it.
     delta = [str(j) for j in jars.class_path(parse_version(pyspark.__version__) or (0, 0))]
     conf |= {"spark.driver.extraClassPath": os.pathsep.join(delta), **jars.DELTA_CONF}
-    command = [str(home / "bin" / "spark-submit"), "--master", "local[2]"]
+    command = [str(home / "bin" / "spark-submit"), "--master", "local[2]", *spark_submit_java_options()]
     for key, value in conf.items():
         command += ["--conf", f"{key}={value}"]
     command += ["--class", "org.apache.spark.sql.connect.service.SparkConnectServer", "spark-internal"]
