@@ -5,6 +5,7 @@ request-time feature Feast can carry (features.stores.feast_request)."""
 from __future__ import annotations
 
 import sys
+import warnings
 from typing import Any
 
 from features.repo import Repo
@@ -27,7 +28,9 @@ def apply_repo(repo: Repo) -> None:
     os.chdir(repo.root)
     store = repo_store(repo, here=True)
     contents = repo_contents(repo, store.config)
-    apply_total_with_repo_instance(store, store.config.project, store.registry, contents, True)
+    with warnings.catch_warnings():  # at every apply with one: docs/serving.md says what it means here
+        warnings.filterwarnings("ignore", "On demand feature view is an experimental feature", RuntimeWarning)
+        apply_total_with_repo_instance(store, store.config.project, store.registry, contents, True)
 
 
 def repo_contents(repo: Repo, config: Any) -> Any:
