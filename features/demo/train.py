@@ -15,6 +15,7 @@ same steps out in its cells. Everything here calls only the public API (`feature
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from os import PathLike
@@ -142,7 +143,7 @@ class Comparison:
     def table(self) -> pd.DataFrame:
         return pd.DataFrame(
             {
-                "model": ["amount only", "amount + windowed features"],
+                "model": ["amount only", "amount + windowed and request-time features"],
                 "columns": [", ".join(INPUT_COLUMNS), ", ".join(self.columns)],
                 "held-out ROC AUC": [self.auc_without, self.auc_with],
             }
@@ -160,10 +161,16 @@ class Comparison:
 
 
 def compare(
-    frame: pd.DataFrame, *, test_fraction: float = 1 / 3, warmup: timedelta = timedelta(hours=6), seed: int = 0
+    frame: pd.DataFrame,
+    *,
+    test_fraction: float = 1 / 3,
+    warmup: timedelta = timedelta(hours=6),
+    seed: int = 0,
+    extra_columns: Sequence[str] = (),
 ) -> Comparison:
     """Split a training set by time (the last `test_fraction` of its span is held out; the first `warmup`,
-    when users have no history yet, is left out) and compare the two models' ROC AUC on the held-out part."""
+    when users have no history yet, is left out) and compare the two models' ROC AUC on the held-out part.
+    `extra_columns`: features of the frame beyond FEATURES and REQUEST_FEATURES the model is fitted on too."""
     require_scikit_learn()
     from sklearn.metrics import roc_auc_score
 
@@ -175,7 +182,7 @@ def compare(
     for part, name in ((train, "training"), (test, "held-out")):
         if part[LABEL].nunique() < 2:
             raise ValueError(f"the {name} range has only one class; generate more events or days")
-    columns = feature_columns(frame)
+    columns = [*feature_columns(frame), *extra_columns]
     with_cols, without_cols = [*INPUT_COLUMNS, *columns], list(INPUT_COLUMNS)
     with_model = classifier(seed).fit(train[with_cols], train[LABEL])
     without_model = classifier(seed).fit(train[without_cols], train[LABEL])
