@@ -262,7 +262,8 @@ def test_historical_features_are_point_in_time_correct(tmp_path: Path) -> None:
 
 
 def test_example_repo_applies_with_feast(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`feast apply` in feature_repo/ registers both example groups (module-level objects are picked up)."""
+    """`feast apply` in feature_repo/ registers the example groups (module-level objects are picked up); the
+    request-time features' on-demand views are registered by `features apply` (docs/definitions.md)."""
     from feast.repo_config import load_repo_config
     from feast.repo_operations import apply_total
 
@@ -276,8 +277,10 @@ def test_example_repo_applies_with_feast(tmp_path: Path, monkeypatch: pytest.Mon
     apply_total(load_repo_config(repo, repo / "feature_store.yaml"), repo, skip_source_validation=True)
     sys.modules.pop("fraud", None)
     store = FeatureStore(repo_path=str(repo))
-    assert sorted(v.name for v in store.list_feature_views()) == ["card_merchant", "user_transactions"]
+    assert sorted(v.name for v in store.list_feature_views()) == ["card_activity", "card_merchant", "user_transactions"]
+    assert store.list_on_demand_feature_views() == []  # the request-time features: `features apply`'s
     assert sorted(e.name for e in store.list_entities()) == [
+        "card",
         "card_merchant__card_id",
         "card_merchant__merchant_id",
         "user",

@@ -24,6 +24,7 @@ from features.demo.run import (
     START,
     check_sizes,
     clear_outputs,
+    features_shown,
     most_recent,
     online_group,
     print_table,
@@ -84,13 +85,14 @@ def run_kafka_demo(repo: str, *, events: int, users: int, days: float, bootstrap
             print(f"   {line}")
 
     store = loaded.feature_store()
-    refs = [f"{group.name}:{feat.name}" for feat in group.features]
+    names = features_shown(group)
+    refs = [f"{group.name}:{name}" for name in names]
     key = group.join_keys[0]
     print("\n   Online values after the stream (FeatureStore.get_online_features):")
     recent = most_recent(transactions[key], transactions["event_ts"], SHOW_USERS)
     online = store.get_online_features(features=refs, entity_rows=[{key: k} for k in recent]).to_df()
     schema = dict(group.source.schema or {})
-    print_table(with_types(online[[key, *[f.name for f in group.features]]], group, schema))
+    print_table(with_types(online[[key, *names]], group, schema))
 
     kept = f"Topic {topic!r} stays on the broker at {servers}. " if not started else ""
     print(

@@ -42,6 +42,11 @@ SHOW_USERS = 5
 SHOW_TRANSACTIONS = 10
 
 
+def features_shown(group: FeatureGroup) -> list[str]:
+    """The names of `group`'s features the demo prints: SHOW_FEATURES it has, or all of them when it has none."""
+    return [f.name for f in group.features if f.name in SHOW_FEATURES] or [f.name for f in group.features]
+
+
 def run_demo(repo: str, *, events: int, users: int, days: float) -> None:
     """Run the whole loop on `repo` (normally the example `feature_repo/`) and print what each step gives."""
     check_sizes(events, users, days)
@@ -83,7 +88,7 @@ def _run_demo(repo: str, *, events: int, users: int, days: float) -> None:
     execute(loaded, plan(loaded, request(start=START, end=end)), say=lambda line: print(f"   {line}"))
 
     store = loaded.feature_store()
-    shown_features = [f.name for f in group.features if f.name in SHOW_FEATURES] or [f.name for f in group.features]
+    shown_features = features_shown(group)
     refs = [f"{group.name}:{name}" for name in shown_features]
     key = group.join_keys[0]
 
