@@ -365,17 +365,18 @@ def _cluster_site(root: Path, *, pyspark_registered: bool) -> Path:
 
 @pytest.fixture(scope="module")
 def blank_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A new virtualenv with nothing but its own pip, which each test copies rather than creating its own: the
-    copy is the same folder, without the seconds that `venv` takes to install pip."""
+    """A new virtualenv with nothing in it, not even pip (`_pip` runs this environment's pip on it: `venv` took
+    5 s to install one), which each test copies rather than creating its own."""
     path = tmp_path_factory.mktemp("blank") / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(path)], check=True, capture_output=True, timeout=300)
+    command = [sys.executable, "-m", "venv", "--without-pip", str(path)]
+    subprocess.run(command, check=True, capture_output=True, timeout=300)
     return path
 
 
 def _fresh_venv(path: Path, cluster: Path, blank: Path) -> Path:
-    """A new virtualenv (its own pip) that also sees the cluster's libraries, after its own: its python. A copy
-    of `blank`: nothing in a virtualenv names its folder but the activation and entry-point scripts, which
-    these tests do not use (`python -m pip`; pip writes the entry points of what it installs here)."""
+    """A new virtualenv that also sees the cluster's libraries, after its own: its python. A copy of `blank`:
+    nothing in a virtualenv names its folder but the activation and entry-point scripts, which these tests do
+    not use (pip writes the entry points of what it installs here)."""
     shutil.copytree(blank, path, symlinks=True)
     python = path / "bin" / "python"
     purelib = _run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip()
@@ -390,7 +391,11 @@ def _run(python: Path, *args: str, check: bool = True) -> subprocess.CompletedPr
 
 
 def _pip(python: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return _run(python, "-m", "pip", "--disable-pip-version-check", *args, check=False)
+    """pip on the virtualenv of `python` (`--python`: it inspects and installs into that environment as its own
+    pip would), in the virtualenv's folder."""
+    venv = python.parent.parent
+    command = [sys.executable, "-m", "pip", "--python", str(python), "--disable-pip-version-check", *args]
+    return subprocess.run(command, cwd=venv, capture_output=True, text=True, timeout=600, check=False)
 
 
 def _pyspark_of(python: Path) -> tuple[str, str]:
