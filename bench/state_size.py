@@ -4,8 +4,8 @@
                                [--shapes count_sum min_max top_k]
 
 One bucket of the stream (`--keys` keys, each with an event about every second) driven through the stream's own
-processor (`features.engine.stream.PaneProcessor`) with in-memory state handles (tests/state_handles.py) instead
-of Spark's: each batch is what a worker does for the bucket (decode the events, step the pane table, store the
+processor (`features.engine.stream_operator.PaneProcessor`) with in-memory state handles (tests/state_handles.py)
+instead of Spark's: each batch is what a worker does for the bucket (decode the events, step the pane table, store the
 chunks it changed, emit the rows), without Spark or RocksDB, in a process that keeps freed memory for reuse as the
 stream's Python workers do (`features.engine.worker_daemon.keep_freed_memory`). Three groups (`--shapes`), each over
 `Hop("1h", every="1s")` with a 2m watermark: a count and a sum (aggregations that add up), a min and a max, and a
@@ -35,7 +35,7 @@ from state_handles import MemoryHandle, Timers, packed
 
 import features.kernel as pt
 from features import Entity, EventSource, Feature, FeatureGroup, Hop, agg
-from features.engine import stream as engine
+from features.engine import stream_operator, stream_rows
 from features.engine.batch import ARROW_TYPES
 from features.engine.worker_daemon import keep_freed_memory
 from features.spec import DType
@@ -68,14 +68,14 @@ def group_of(shape: str) -> FeatureGroup:
 def output_of(group: FeatureGroup) -> dict[str, pa.DataType]:
     types = group.output_types(TYPES)
     return {
-        engine.KIND: pa.string(),
+        stream_rows.KIND: pa.string(),
         "user_id": pa.string(),
         "window_end": pa.int64(),
         **{f.name: ARROW_TYPES[types[f.name]] for f in group.features},
-        engine.LATEST: pa.bool_(),
-        engine.REPLACED: pa.bool_(),
-        engine.REASON: pa.string(),
-        engine.RECORD: pa.string(),
+        stream_operator.LATEST: pa.bool_(),
+        stream_rows.REPLACED: pa.bool_(),
+        stream_rows.REASON: pa.string(),
+        stream_rows.RECORD: pa.string(),
     }
 
 
@@ -113,9 +113,9 @@ def main() -> int:
                 "user_id": users[keys],
                 pt.TS: ts,
                 "fx_v_raw_amount": rng.random(n),
-                engine.REASON: np.full(n, None, dtype=object),
-                engine.RECORD: np.full(n, None, dtype=object),
-                engine.LANDED: np.full(n, 1, dtype=np.int64),
+                stream_rows.REASON: np.full(n, None, dtype=object),
+                stream_rows.RECORD: np.full(n, None, dtype=object),
+                stream_operator.LANDED: np.full(n, 1, dtype=np.int64),
             }
         )
 
@@ -124,7 +124,7 @@ def main() -> int:
 
         def __init__(self, group: FeatureGroup, label: int, rng: np.random.Generator) -> None:
             self.label, self.rng, self.held = label, rng, 0
-            self.processor = engine.PaneProcessor(
+            self.processor = stream_operator.PaneProcessor(
                 pt.Plan.of(group, TYPES), group.name, output_of(group), delay_us=WATERMARK_US
             )
             self.handle = _CountingHandle()
@@ -163,7 +163,7 @@ def main() -> int:
         paired ratios, MB written per batch). A bucket holding the fewest minutes and one holding more are timed
         in turns, so each ratio pairs two batches run a moment apart on the shared machine."""
         group = group_of(shape)
-        engine._RESIDENT.clear()
+        stream_operator._RESIDENT.clear()
         fewest, grown = Bucket(group, 0, np.random.default_rng(0)), Bucket(group, 1, np.random.default_rng(1))
         fewest.grow(args.minutes[0])
         out = []
@@ -172,7 +172,7 @@ def main() -> int:
             pairs = [(fewest.timed(), grown.timed()) for _ in range(args.repeats)]
             base, times = [b[0] for b, _ in pairs], [g[0] for _, g in pairs]
             ratio = statistics.median(g[0] / b[0] for b, g in pairs)
-            panes = engine._RESIDENT[(group.name, 1)].held.rows
+            panes = stream_operator._RESIDENT[(group.name, 1)].held.rows
             written = statistics.median(g[1] for _, g in pairs)
             out.append((minutes, panes, statistics.median(times), statistics.median(base), ratio, written))
             print(

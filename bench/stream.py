@@ -40,7 +40,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from features.demo import generate_transactions, write_events
-from features.engine import stream as engine
+from features.engine import stream_operator
 from features.engine.session import get_spark
 from features.pipelines.registration import apply
 from features.pipelines.stream import stream
@@ -240,7 +240,7 @@ def sample(events: Path, count: int) -> Path:
 
 def run_naive(spark: SparkSession, subset: Path) -> dict[str, float]:
     """What users write without this project: Spark's streaming window aggregation, appended to Parquet."""
-    engine.configure(spark)
+    stream_operator.configure(spark)
     schema = spark.read.parquet(str(subset)).schema
     counts = (
         spark.readStream.schema(schema)

@@ -4,11 +4,11 @@
 
 A stream reads such files (pandas writes a column of None alone so) by a source of its own: a second listing of the
 landing folder, a look at each new file's footer in a Python worker, and the same look in the main read's check of
-each file (features.engine.stream.read_stream). For each size (`events:files`), the example group
+each file (features.engine.stream_source.read_stream). For each size (`events:files`), the example group
 `user_transactions` (5 features, bench/stream.py's) streams the files with `--available-now`, one file per
 micro-batch, through the product's whole path (validation, offline table, SQLite online store; tracking off), from a
-fresh checkpoint each run, with that read (`features.engine.stream.NULLS_READ`, as every new checkpoint has it) and
-without it (as a checkpoint from before it), in rounds whose order alternates, in one Spark session. None of the
+fresh checkpoint each run, with that read (`features.engine.stream_source.NULLS_READ`, as every new checkpoint has
+it) and without it (as a checkpoint from before it), in rounds whose order alternates, in one Spark session. None of the
 files holds a null-typed column. A run's figure is its steady seconds per micro-batch (the batches after the first
 two, as bench/stream.py counts them). Required: with / without <= 1.05, the median of the rounds' ratios, each size.
 """
@@ -21,7 +21,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from features.engine import stream as engine
+from features.engine import stream_source
 from features.engine.session import get_spark
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -38,7 +38,7 @@ def measure(events: int, files: int, users: int, repeats: int) -> dict[bool, lis
     runs: dict[bool, list[float]] = {True: [], False: []}
     for i in range(repeats + 1):  # round 0 warms up both (JIT, Python workers)
         for on in (False, True) if i % 2 == 0 else (True, False):
-            engine.NULLS_READ = on
+            stream_source.NULLS_READ = on
             repo = make_repo(
                 f"{events}-{files}-r{i}-{'on' if on else 'off'}", landed, FULL_GROUP.format(name="user_transactions")
             )
@@ -65,7 +65,7 @@ def main() -> int:
         for events, files in sizes:
             measured[(events, files)] = measure(events, files, args.users, args.repeats)
     finally:
-        engine.NULLS_READ = True
+        stream_source.NULLS_READ = True
         shutil.rmtree(stream_bench.WORK, ignore_errors=True)
     lines = [
         f"`python bench/stream_nulls.py --sizes {args.sizes}`: generated events of {args.users:,} users over 2 days "

@@ -1,5 +1,5 @@
 """In-memory stand-ins for the state handles Spark gives a `transformWithStateInPandas` processor, so that the
-stream's processor (features.engine.stream.PaneProcessor) runs without Spark: in the unit tests, and in
+stream's processor (features.engine.stream_operator.PaneProcessor) runs without Spark: in the unit tests, and in
 bench/state_size.py (which then times the processor's own work, not RocksDB's)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pandas as pd
 import pyarrow as pa
 
-from features.engine import stream as engine
+from features.engine import stream_operator
 
 
 class _Value:
@@ -62,4 +62,6 @@ class Timers:
 
 
 def packed(events: pd.DataFrame) -> pd.DataFrame:
-    return pd.DataFrame({engine.PACK: [engine._ipc(pa.RecordBatch.from_pandas(events, preserve_index=False))]})
+    return pd.DataFrame(
+        {stream_operator.PACK: [stream_operator._ipc(pa.RecordBatch.from_pandas(events, preserve_index=False))]}
+    )

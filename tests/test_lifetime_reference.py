@@ -4,7 +4,7 @@ The stream keeps a key's pane table only as far back as a later window still rea
 read any more is folded into one BASE row per key (features.kernel.microbatch.prune), stored as a chunk of its own,
 and merged again with newer panes at each later fold. The events here span 30 hours, far beyond that horizon
 (two to three hours here), so every key's Lifetime values past the first hours come from its BASE row. The stream's
-processor (features.engine.stream.PaneProcessor) runs without Spark, on in-memory state handles, its state read
+processor (features.engine.stream_operator.PaneProcessor) runs without Spark, on in-memory state handles, its state read
 back from bytes at every batch; the batch engine runs on Spark, from the range start (its first rows carry the
 whole history) and over the full range.
 """
@@ -34,7 +34,7 @@ from test_kernel import TYPES, processor_input
 
 from features import Feature, FeatureGroup, Hop, Lifetime, agg
 from features import kernel as pt
-from features.engine import stream as engine
+from features.engine import stream_operator, stream_rows
 from features.engine.batch import ARROW_TYPES
 from features.spec import WINDOW_END, DType
 
@@ -96,26 +96,26 @@ LATENESS = H
 
 
 def _output() -> dict[str, pa.DataType]:
-    """The processor's output columns, as features.engine.stream.project declares them."""
+    """The processor's output columns, as features.engine.stream_operator.project declares them."""
     types = GROUP.output_types({**TYPES, "event_ts": DType.TIMESTAMP})
     return {
-        engine.KIND: pa.string(),
+        stream_rows.KIND: pa.string(),
         **{k: ARROW_TYPES[types[k]] for k in GROUP.join_keys},
         WINDOW_END: pa.int64(),
         **{f.name: ARROW_TYPES[types[f.name]] for f in GROUP.features},
-        engine.LATEST: pa.bool_(),
-        engine.REPLACED: pa.bool_(),
-        engine.REASON: pa.string(),
-        engine.RECORD: pa.string(),
+        stream_operator.LATEST: pa.bool_(),
+        stream_rows.REPLACED: pa.bool_(),
+        stream_rows.REASON: pa.string(),
+        stream_rows.RECORD: pa.string(),
     }
 
 
 def _input(plan: pt.Plan, events: pd.DataFrame) -> pd.DataFrame:
     """One micro-batch of one bucket as the processor receives it (packed Arrow IPC)."""
     frame = processor_input(plan, GROUP, events)
-    frame[engine.REASON] = np.full(len(frame), None, dtype=object)
-    frame[engine.RECORD] = np.full(len(frame), None, dtype=object)
-    frame[engine.LANDED] = np.zeros(len(frame), dtype=np.int64)
+    frame[stream_rows.REASON] = np.full(len(frame), None, dtype=object)
+    frame[stream_rows.RECORD] = np.full(len(frame), None, dtype=object)
+    frame[stream_operator.LANDED] = np.zeros(len(frame), dtype=np.int64)
     return packed(frame)
 
 
@@ -124,7 +124,7 @@ def _as_timestamps(rows: pd.DataFrame) -> pd.DataFrame:
     return rows.assign(**{WINDOW_END: ends.astype("datetime64[us, UTC]")})
 
 
-def _base_keys(processor: engine.PaneProcessor) -> int:
+def _base_keys(processor: stream_operator.PaneProcessor) -> int:
     """How many keys the stored BASE chunk holds."""
     base = processor.chunks.items.get(pt.BASE)
     return 0 if base is None else len(pt.read_frame(base))
@@ -137,7 +137,9 @@ def streamed() -> dict[str, object]:
     read back from its bytes at every batch. The change points, each batch's eager values with the events
     delivered so far, and how many keys the BASE chunk held after each batch and at the end."""
     plan = pt.Plan.of(GROUP, TYPES)
-    processor = engine.PaneProcessor(plan, GROUP.name, _output(), delay_us=int(LATENESS / pd.Timedelta(microseconds=1)))
+    processor = stream_operator.PaneProcessor(
+        plan, GROUP.name, _output(), delay_us=int(LATENESS / pd.Timedelta(microseconds=1))
+    )
     processor.init(MemoryHandle())
     rng = np.random.default_rng(11)
     late_us = int(LATENESS / pd.Timedelta(microseconds=1))
@@ -145,20 +147,20 @@ def streamed() -> dict[str, object]:
     parts = np.array_split(np.argsort(arrival, kind="stable"), 9)
     rows, eager, base_keys, newest = [], [], [], None
     for n, part in enumerate(parts):
-        engine._RESIDENT.clear()  # every batch reads its state from the stored bytes, the BASE chunk among them
+        stream_operator._RESIDENT.clear()  # every batch reads its state from the stored bytes, the BASE chunk too
         watermark = 0 if newest is None else newest - late_us  # Spark's first watermark is the epoch
         batch = EVENTS.iloc[part]
         delivered = EVENTS.iloc[np.sort(np.concatenate(parts[: n + 1]))]
         for out in processor.handleInputRows((0,), iter([_input(plan, batch)]), Timers(watermark)):
-            assert not out[engine.KIND].isin([engine.LATE, engine.BAD]).any()
-            rows.append(out[out[engine.KIND] == engine.ROW])
-            if (out[engine.KIND] == engine.EAGER).any():
-                eager.append((out[out[engine.KIND] == engine.EAGER], delivered))
+            assert not out[stream_rows.KIND].isin([stream_rows.LATE, stream_rows.BAD]).any()
+            rows.append(out[out[stream_rows.KIND] == stream_rows.ROW])
+            if (out[stream_rows.KIND] == stream_rows.EAGER).any():
+                eager.append((out[out[stream_rows.KIND] == stream_rows.EAGER], delivered))
         newest = max(newest or 0, max(to_micros(t) for t in batch["event_ts"]))
         base_keys.append(_base_keys(processor))
     # The rest of the window ends: the bucket's timer fires with the watermark past every event's expiry.
     for out in processor.handleExpiredTimer((0,), Timers(to_micros(RANGES["full"][1])), None):
-        rows.append(out[out[engine.KIND] == engine.ROW])
+        rows.append(out[out[stream_rows.KIND] == stream_rows.ROW])
     base_keys.append(_base_keys(processor))
     columns = [*GROUP.join_keys, WINDOW_END, *(f.name for f in GROUP.features)]
     change_points = pd.concat(rows, ignore_index=True)[columns]

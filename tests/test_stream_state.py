@@ -11,7 +11,7 @@ from state_handles import MemoryHandle, Timers, packed
 
 from features import Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, agg, atomic
 from features import kernel as pt
-from features.engine import stream as engine
+from features.engine import stream_operator, stream_rows
 from features.engine.stream_definition import save_definition, saved_definition
 from features.spec import DType
 
@@ -25,14 +25,14 @@ GROUP = FeatureGroup(
 DELAY_US = GROUP.source.watermark_s * 1_000_000
 PLAN = pt.Plan.of(GROUP, {"user_id": DType.STRING, "ts": DType.INT64, "amount": DType.INT64})
 OUTPUT = {
-    engine.KIND: pa.string(),
+    stream_rows.KIND: pa.string(),
     "user_id": pa.string(),
     "window_end": pa.int64(),
     "n_2h": pa.int64(),
     "total_2h": pa.int64(),
-    engine.LATEST: pa.bool_(),
-    engine.REASON: pa.string(),
-    engine.RECORD: pa.string(),
+    stream_operator.LATEST: pa.bool_(),
+    stream_rows.REASON: pa.string(),
+    stream_rows.RECORD: pa.string(),
 }
 
 
@@ -49,9 +49,9 @@ def _batches() -> list[pd.DataFrame]:
                     "user_id": rng.choice(users, n),
                     pt.TS: hour * H + rng.integers(0, H, n),
                     "fx_v_raw_amount": rng.integers(1, 100, n),
-                    engine.REASON: np.full(n, None, dtype=object),
-                    engine.RECORD: np.full(n, None, dtype=object),
-                    engine.LANDED: np.full(n, 1, dtype=np.int64),
+                    stream_rows.REASON: np.full(n, None, dtype=object),
+                    stream_rows.RECORD: np.full(n, None, dtype=object),
+                    stream_operator.LANDED: np.full(n, 1, dtype=np.int64),
                 }
             )
         )
@@ -59,20 +59,20 @@ def _batches() -> list[pd.DataFrame]:
 
 
 def _run(
-    monkeypatch, slack: int, resident: bool = True, kinds: tuple[str, ...] = (engine.ROW,)
-) -> tuple[pd.DataFrame, engine.PaneProcessor]:
-    monkeypatch.setattr(engine, "COMPACT_SLACK", slack)
-    processor = engine.PaneProcessor(PLAN, GROUP.name, OUTPUT, delay_us=DELAY_US)
+    monkeypatch, slack: int, resident: bool = True, kinds: tuple[str, ...] = (stream_rows.ROW,)
+) -> tuple[pd.DataFrame, stream_operator.PaneProcessor]:
+    monkeypatch.setattr(stream_operator, "COMPACT_SLACK", slack)
+    processor = stream_operator.PaneProcessor(PLAN, GROUP.name, OUTPUT, delay_us=DELAY_US)
     processor.init(MemoryHandle())
     rows = []
     for events in _batches():
         if not resident:  # as if each batch ran on another Python worker
-            engine._RESIDENT.clear()
+            stream_operator._RESIDENT.clear()
         arrow = pa.Table.from_pandas(events, preserve_index=False).to_batches(max_chunksize=150)
-        packed = pd.DataFrame({engine.PACK: [engine._ipc(b) for b in arrow]})
+        packed = pd.DataFrame({stream_operator.PACK: [stream_operator._ipc(b) for b in arrow]})
         watermark = int(events[pt.TS].max()) - 10 * 60 * 1_000_000
         for out in processor.handleInputRows((0,), iter([packed]), Timers(watermark)):
-            rows.append(out[out[engine.KIND].isin(kinds)])
+            rows.append(out[out[stream_rows.KIND].isin(kinds)])
     return pd.concat(rows, ignore_index=True), processor
 
 
@@ -83,7 +83,7 @@ def test_compacting_the_key_dictionary_changes_no_value(monkeypatch) -> None:
     assert len(kept) > 1000
     # 160 users came and went (40 per 3 hours); the dictionary holds at most twice the keys the state holds.
     keys = processor._dictionary()
-    chunks = [b for chunk, b in processor.chunks.items.items() if chunk != engine.LAYOUT_CHUNK]
+    chunks = [b for chunk, b in processor.chunks.items.items() if chunk != stream_operator.LAYOUT_CHUNK]
     live = {int(c) for b in chunks for c in pt.read_frame(b)[pt.KEY]}
     assert len(live) <= len(keys) <= 2 * len(live) < 160
     assert live <= set(range(len(keys)))
@@ -93,23 +93,23 @@ def test_compacting_the_key_dictionary_changes_no_value(monkeypatch) -> None:
 def test_state_kept_in_the_worker_gives_what_the_state_store_gives(monkeypatch, slack: int) -> None:
     """A bucket whose next batch runs on the same Python worker starts from the state the worker kept; every
     row, eager value and stat equals a run that reads the state store each batch."""
-    kinds = (engine.ROW, engine.EAGER, engine.STAT)
+    kinds = (stream_rows.ROW, stream_rows.EAGER, stream_rows.STAT)
     reads = []
-    dictionary = engine.PaneProcessor._dictionary
-    monkeypatch.setattr(engine.PaneProcessor, "_dictionary", lambda self: reads.append(1) or dictionary(self))
+    dictionary = stream_operator.PaneProcessor._dictionary
+    monkeypatch.setattr(stream_operator.PaneProcessor, "_dictionary", lambda self: reads.append(1) or dictionary(self))
     stored, _ = _run(monkeypatch, slack, resident=False, kinds=kinds)
     assert len(reads) == len(_batches())
     reads.clear()
     kept, _ = _run(monkeypatch, slack, resident=True, kinds=kinds)
     assert len(reads) == 1  # only the first batch read the store
     pd.testing.assert_frame_equal(kept, stored)
-    assert (kept[engine.KIND] == engine.EAGER).any()
+    assert (kept[stream_rows.KIND] == stream_rows.EAGER).any()
 
 
 def test_a_worker_keeps_no_state_that_the_store_does_not_hold(monkeypatch) -> None:
     """A step whose batch Spark then discards (its state store not committed) leaves the worker's copy
     unusable: the next batch reads the store."""
-    processor = engine.PaneProcessor(PLAN, GROUP.name, OUTPUT, delay_us=DELAY_US)
+    processor = stream_operator.PaneProcessor(PLAN, GROUP.name, OUTPUT, delay_us=DELAY_US)
     handle = MemoryHandle()
     processor.init(handle)
     batches = _batches()
@@ -120,8 +120,8 @@ def test_a_worker_keeps_no_state_that_the_store_does_not_hold(monkeypatch) -> No
     for name, items in committed[1].items():
         handle.maps[name].items = items
     reads = []
-    dictionary = engine.PaneProcessor._dictionary
-    monkeypatch.setattr(engine.PaneProcessor, "_dictionary", lambda self: reads.append(1) or dictionary(self))
+    dictionary = stream_operator.PaneProcessor._dictionary
+    monkeypatch.setattr(stream_operator.PaneProcessor, "_dictionary", lambda self: reads.append(1) or dictionary(self))
     list(processor.handleInputRows((0,), iter([packed(batches[2])]), Timers(int(batches[2][pt.TS].max()))))
     assert reads == [1]
 
@@ -139,7 +139,7 @@ def test_a_batch_rewrites_the_lifetime_base_chunk_only_when_it_folded_panes() ->
     )
     plan = pt.Plan.of(group, {"user_id": DType.STRING, "ts": DType.INT64})
     output = {name: t for name, t in OUTPUT.items() if name not in ("n_2h", "total_2h")}
-    processor = engine.PaneProcessor(
+    processor = stream_operator.PaneProcessor(
         plan, group.name, {**output, "n_life": pa.int64(), "n_1h": pa.int64()}, delay_us=DELAY_US
     )
     handle = MemoryHandle()
@@ -156,14 +156,14 @@ def test_a_batch_rewrites_the_lifetime_base_chunk_only_when_it_folded_panes() ->
             {
                 "user_id": rng.choice([f"u{k}" for k in range(50)], n),
                 pt.TS: 10 * H + i * minute + rng.integers(0, minute, n),
-                engine.REASON: np.full(n, None, dtype=object),
-                engine.RECORD: np.full(n, None, dtype=object),
-                engine.LANDED: np.full(n, 1, dtype=np.int64),
+                stream_rows.REASON: np.full(n, None, dtype=object),
+                stream_rows.RECORD: np.full(n, None, dtype=object),
+                stream_operator.LANDED: np.full(n, 1, dtype=np.int64),
             }
         )
         list(processor.handleInputRows((0,), iter([packed(events)]), Timers(10 * H + i * minute - 5 * minute)))
-        stored = [pt.read_frame(b) for c, b in chunks.items.items() if c != engine.LAYOUT_CHUNK]
-        held = engine._RESIDENT[(group.name, 0)].table
+        stored = [pt.read_frame(b) for c, b in chunks.items.items() if c != stream_operator.LAYOUT_CHUNK]
+        held = stream_operator._RESIDENT[(group.name, 0)].table
         order = [pt.KEY, pt.PANE]
         want = held.sort_values(order, ignore_index=True)
         pd.testing.assert_frame_equal(pd.concat(stored).sort_values(order, ignore_index=True), want)
@@ -177,19 +177,19 @@ def _emitted_per_batch(delay_us: int, inputs: list[pd.DataFrame | None], newest:
     """One bucket's change points after each batch (`inputs`: its events, None for none; `newest`: the batch's
     newest event time, which every bucket is told), handed Spark's watermark (the batches before less the 10
     minutes), then after Spark's batch without events that fires the timers the last watermark passed."""
-    engine._RESIDENT.clear()
-    processor = engine.PaneProcessor(PLAN, GROUP.name, OUTPUT, delay_us=delay_us)
+    stream_operator._RESIDENT.clear()
+    processor = stream_operator.PaneProcessor(PLAN, GROUP.name, OUTPUT, delay_us=delay_us)
     processor.init(MemoryHandle())
     columns = ["user_id", "window_end", "n_2h", "total_2h"]
     emitted, spark_watermark = [], 0
     for events, top in zip(inputs, newest, strict=True):
-        frame = pd.DataFrame({engine.PACK: [None]}) if events is None else packed(events)
-        frame[engine.NEWEST] = top
+        frame = pd.DataFrame({stream_operator.PACK: [None]}) if events is None else packed(events)
+        frame[stream_operator.NEWEST] = top
         out = list(processor.handleInputRows((0,), iter([frame]), Timers(spark_watermark)))
-        emitted.append(pd.concat([o[o[engine.KIND] == engine.ROW][columns] for o in out], ignore_index=True))
+        emitted.append(pd.concat([o[o[stream_rows.KIND] == stream_rows.ROW][columns] for o in out], ignore_index=True))
         spark_watermark = top - DELAY_US
     out = list(processor.handleExpiredTimer((0,), Timers(spark_watermark), None))
-    emitted.append(pd.concat([o[o[engine.KIND] == engine.ROW][columns] for o in out] or [emitted[0][:0]]))
+    emitted.append(pd.concat([o[o[stream_rows.KIND] == stream_rows.ROW][columns] for o in out] or [emitted[0][:0]]))
     return [e.reset_index(drop=True) for e in emitted]
 
 
@@ -266,20 +266,20 @@ def test_state_stored_in_chunks_of_another_length_continues_and_is_refiled(monke
     def run(lengths: list[int]) -> tuple[pd.DataFrame, MemoryHandle]:
         handle, rows = MemoryHandle(), []
         for events, length in zip(_batches(), lengths, strict=True):
-            engine._RESIDENT.clear()  # each batch reads the store
-            processor = engine.PaneProcessor(PLAN, GROUP.name, OUTPUT, delay_us=DELAY_US)
+            stream_operator._RESIDENT.clear()  # each batch reads the store
+            processor = stream_operator.PaneProcessor(PLAN, GROUP.name, OUTPUT, delay_us=DELAY_US)
             processor.chunk_us = length
             processor.init(handle)
             watermark = int(events[pt.TS].max()) - 10 * 60 * 1_000_000
             for out in processor.handleInputRows((0,), iter([packed(events)]), Timers(watermark)):
-                rows.append(out[out[engine.KIND].isin((engine.ROW, engine.EAGER))])
+                rows.append(out[out[stream_rows.KIND].isin((stream_rows.ROW, stream_rows.EAGER))])
         return pd.concat(rows, ignore_index=True), handle
 
     n = len(_batches())
     always, _ = run([chunk] * n)
     upgraded, handle = run([H] * (n // 2) + [chunk] * (n - n // 2))
     pd.testing.assert_frame_equal(upgraded, always)
-    stored = {c: pt.read_frame(b) for c, b in handle.maps["chunks"].items.items() if c != engine.LAYOUT_CHUNK}
+    stored = {c: pt.read_frame(b) for c, b in handle.maps["chunks"].items.items() if c != stream_operator.LAYOUT_CHUNK}
     assert len(stored) > 2
     for at, frame in stored.items():
         assert (pt.chunk_of(frame, chunk) == at).all()

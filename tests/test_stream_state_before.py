@@ -24,7 +24,7 @@ from test_kernel import TYPES, check_rows_sample, processor_input
 
 from features import FeatureGroup
 from features import kernel as pt
-from features.engine import stream as engine
+from features.engine import stream_operator, stream_rows
 from features.engine.batch import ARROW_TYPES
 from features.spec import WINDOW_END, DType
 
@@ -50,14 +50,14 @@ SAVED_AFTER = 4  # the fixture holds the state after this many batches
 def _output() -> dict[str, pa.DataType]:
     types = GROUP.output_types({**TYPES, "event_ts": DType.TIMESTAMP})
     return {
-        engine.KIND: pa.string(),
+        stream_rows.KIND: pa.string(),
         "user_id": pa.string(),
         WINDOW_END: pa.int64(),
         **{f.name: ARROW_TYPES[types[f.name]] for f in GROUP.features},
-        engine.LATEST: pa.bool_(),
-        engine.REPLACED: pa.bool_(),
-        engine.REASON: pa.string(),
-        engine.RECORD: pa.string(),
+        stream_operator.LATEST: pa.bool_(),
+        stream_rows.REPLACED: pa.bool_(),
+        stream_rows.REASON: pa.string(),
+        stream_rows.RECORD: pa.string(),
     }
 
 
@@ -68,24 +68,24 @@ def _parts() -> list[np.ndarray]:
     return np.array_split(np.argsort(arrival, kind="stable"), BATCHES)
 
 
-def _run(processor: engine.PaneProcessor, parts: list[np.ndarray], newest: int | None) -> list[pd.DataFrame]:
+def _run(processor: stream_operator.PaneProcessor, parts: list[np.ndarray], newest: int | None) -> list[pd.DataFrame]:
     """The change points and eager values of each batch of `parts`, the first one read from the stored state."""
     out = []
-    engine._RESIDENT.clear()
+    stream_operator._RESIDENT.clear()
     for part in parts:
         frame = processor_input(PLAN, GROUP, EVENTS.iloc[part])
-        frame[engine.REASON] = np.full(len(frame), None, dtype=object)
-        frame[engine.RECORD] = np.full(len(frame), None, dtype=object)
-        frame[engine.LANDED] = np.zeros(len(frame), dtype=np.int64)
+        frame[stream_rows.REASON] = np.full(len(frame), None, dtype=object)
+        frame[stream_rows.RECORD] = np.full(len(frame), None, dtype=object)
+        frame[stream_operator.LANDED] = np.zeros(len(frame), dtype=np.int64)
         watermark = 0 if newest is None else newest - LATE_US
         for rows in processor.handleInputRows((0,), iter([packed(frame)]), Timers(watermark)):
-            out.append(rows[rows[engine.KIND].isin([engine.ROW, engine.EAGER])])
+            out.append(rows[rows[stream_rows.KIND].isin([stream_rows.ROW, stream_rows.EAGER])])
         newest = max(newest or 0, int(frame[pt.TS].max()))
     return out
 
 
-def _processor(handle: MemoryHandle) -> engine.PaneProcessor:
-    processor = engine.PaneProcessor(PLAN, GROUP.name, _output(), delay_us=LATE_US)
+def _processor(handle: MemoryHandle) -> stream_operator.PaneProcessor:
+    processor = stream_operator.PaneProcessor(PLAN, GROUP.name, _output(), delay_us=LATE_US)
     processor.init(handle)
     return processor
 
@@ -119,10 +119,10 @@ def test_a_state_written_before_the_chunked_summaries_continues_as_if_this_versi
     parts = _parts()
     continued = pd.concat(_run(_processor(_saved()), parts[SAVED_AFTER:], _newest(parts[:SAVED_AFTER])))
     continued = continued.astype({"user_id": object})
-    rows = continued[continued[engine.KIND] == engine.ROW]
+    rows = continued[continued[stream_rows.KIND] == stream_rows.ROW]
     assert len(rows) > 100 and rows[WINDOW_END].min() > _newest(parts[:SAVED_AFTER]) - 2 * LATE_US
     check_rows_sample(GROUP, rows, EVENTS, n=25)
-    eager = continued[continued[engine.KIND] == engine.EAGER]
+    eager = continued[continued[stream_rows.KIND] == stream_rows.EAGER]
     delivered = EVENTS.iloc[np.concatenate(parts[: SAVED_AFTER + 1])]
     first = eager[eager[WINDOW_END] == eager[WINDOW_END].min()]
     check_rows_sample(GROUP, first, delivered, n=10)

@@ -1,4 +1,4 @@
-"""Kafka sources of the stream (features.engine.stream): a topic read through Spark's connector into the
+"""Kafka sources of the stream (features.engine.stream_source): a topic read through Spark's connector into the
 columns a landing folder's read has, and the archive of what was read.
 
 Spark keeps each micro-batch's offsets in the query's checkpoint, so a restart reads on from the end of the last

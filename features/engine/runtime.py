@@ -14,7 +14,7 @@ from features.errors import EnvironmentProblem
 from features.version import DISTRIBUTION
 
 # The oldest Spark with every API the package uses. Spark 4.0.0 brought transformWithStateInPandas with its
-# StatefulProcessor, MapState and event-time timers (features/engine/stream.py), GroupedData.applyInArrow
+# StatefulProcessor, MapState and event-time timers (features/engine/stream_operator.py), GroupedData.applyInArrow
 # (features/engine/batch.py) and Spark Connect's registerProgressHandler (features/progress.py); 4.1.0 brought
 # DataFrame.repartitionById (features/stores/offline.py) and the `spark.sql.unionOutputPartitioning` setting that
 # `features.engine.session.REQUIRED_CONF` turns off.

@@ -13,7 +13,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql.pandas.types import to_arrow_type
 from pyspark.sql.types import StructType
 
-from features.engine import stream as engine
+from features.engine import stream_operator, stream_source
 from features.session_conf import session_setting
 
 if TYPE_CHECKING:
@@ -34,15 +34,15 @@ def stateful_query(
     nanoseconds: bool,
     nulls: bool,
     max_files_per_trigger: int | None = None,
-) -> tuple[DataFrame, engine.Projection, DataFrame]:
+) -> tuple[DataFrame, stream_operator.Projection, DataFrame]:
     """A group's stream up to its stateful operator: the events read from `path`, their projection, and the
     operator's output (change points, late events, bad records, bucket stats) for the sink. `nanoseconds` and
-    `nulls`: the reads its checkpoint started with (features.engine.stream.read_stream)."""
-    events = engine.read_stream(spark, group, path, max_files_per_trigger, nanoseconds, nulls)
-    projected, projection = engine.project(group, events, labels)
+    `nulls`: the reads its checkpoint started with (features.engine.stream_source.read_stream)."""
+    events = stream_source.read_stream(spark, group, path, max_files_per_trigger, nanoseconds, nulls)
+    projected, projection = stream_operator.project(group, events, labels)
     fields = StructType.fromDDL(projection.output_schema).fields
     output = {f.name: to_arrow_type(f.dataType, timezone="UTC") for f in fields}  # times in UTC, as the kernel's
-    processor = engine.PaneProcessor(
+    processor = stream_operator.PaneProcessor(
         projection.plan,
         group.name,
         output,
@@ -52,7 +52,7 @@ def stateful_query(
         upgrade=upgrade,
         labels=tuple(labels),
     )
-    out = projected.groupBy(engine.BUCKET).transformWithStateInPandas(
+    out = projected.groupBy(stream_operator.BUCKET).transformWithStateInPandas(
         processor, projection.output_schema, "append", "EventTime"
     )
     return events, projection, out

@@ -1,5 +1,5 @@
 """The rows a stream's stateful operator outputs, one schema for every kind: change points, eager values, late
-events, bad records and each bucket's stats (features.engine.stream.PaneProcessor makes them, the stream's sink
+events, bad records and each bucket's stats (features.engine.stream_operator.PaneProcessor makes them, the stream's sink
 splits them by `KIND`)."""
 
 from __future__ import annotations

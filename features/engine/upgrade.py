@@ -80,7 +80,7 @@ EMITTED = "features-emitted.json"  # in the query's checkpoint folder, which a `
 
 def record_emitted(query_checkpoint: Path, batch: int, watermark_us: int) -> None:
     """Note the watermark micro-batch `batch` emitted up to, once its rows are written. Its buckets emit up to the
-    watermark the batch's own events set (features.engine.stream.PaneProcessor), which Spark writes into the
+    watermark the batch's own events set (features.engine.stream_operator.PaneProcessor), which Spark writes into the
     offsets of the next batch only; this is where a stopped stream's last batch keeps it."""
     write_whole(query_checkpoint / EMITTED, json.dumps({"batch": batch, "watermark_us": watermark_us}))
 

@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from features.engine import stream as engine
+from features.engine import stream_operator, stream_source
 from features.engine.inputs import bucket_labels
 from features.engine.kafka import OffsetRange
 from features.engine.savepoint import (
@@ -114,7 +114,7 @@ def take(
     source = repo.source_path(group)
     position = committed_position(checkpoint / "query", batch)
     files = held_files(spark, position, source)  # the log's, and those it no longer lists
-    key_types = group.output_types(schema_of(engine.source_schema(spark, group, source)))
+    key_types = group.output_types(schema_of(stream_source.source_schema(spark, group, source)))
     try:
         dumped = dump_panes(
             spark, checkpoint / "query", group, {k: key_types[k] for k in group.join_keys}, batch, aside
@@ -174,7 +174,7 @@ def _offsets(manifest: dict[str, Any]) -> OffsetRange | None:
 
 
 def _not_savable(group: FeatureGroup, saved: dict[str, Any]) -> str | None:
-    if saved.get("state_format") != engine.STATE_FORMAT:
+    if saved.get("state_format") != stream_operator.STATE_FORMAT:
         return (
             "was written by another version of features, in a layout this version does not read: take the "
             "savepoint with the version that wrote it, and restore it with this one (`features stream "
@@ -261,7 +261,7 @@ def restore(
     partitions = cores(spark)
     labels = bucket_labels(buckets or int(manifest["buckets"]), partitions)
     source = repo.source_path(group)
-    nanoseconds = engine.reads_nanoseconds(spark, group, source)
+    nanoseconds = stream_source.reads_nanoseconds(spark, group, source)
     after = stream_upgrade.layout(group, len(labels))
     change = Change(Layout.from_json(manifest["layout"]), after)
     watermark = manifest["watermark_us"]
@@ -311,7 +311,7 @@ def _seed(
         empty.mkdir(parents=True)
         (empty / "seed.json").write_text("")
     else:
-        schema = engine.source_schema(spark, group, source)
+        schema = stream_source.source_schema(spark, group, source)
         spark.createDataFrame([], schema).coalesce(1).write.parquet(str(empty))
     _, _, out = stateful_query(
         spark, group, str(empty), labels, layout=layout, upgrade=None, nanoseconds=nanoseconds, nulls=True

@@ -27,8 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import DataFrame, SparkSession
 
-from features.engine import kafka
-from features.engine import stream as engine
+from features.engine import kafka, stream_operator, stream_source
 from features.engine.inputs import bucket_labels
 from features.engine.session import cores, is_connect, session_soon
 from features.engine.source_log import Pruning
@@ -274,7 +273,7 @@ def start_streams(
     try:
         starter.spark = session()
         _check_not_connect(starter.spark)
-        engine.configure(starter.spark)
+        stream_operator.configure(starter.spark)
         for group in selected:
             writer, savepoint_path = writers.get(group.name), options.from_savepoint
             starter.start(group, writer, buckets=options.buckets, reset=options.reset, from_savepoint=savepoint_path)
@@ -413,12 +412,12 @@ class Resumed:
 
     labels: list[int]  # the bucket labels the state was built with
     partitions: int  # the stateful operator's partitions
-    # Whether the stream reads nanosecond Parquet files (features.engine.stream.reads_nanoseconds: decided when the
-    # checkpoint starts, as that decides how many sources its query has, which Spark keeps).
+    # Whether the stream reads nanosecond Parquet files (features.engine.stream_source.reads_nanoseconds: decided
+    # when the checkpoint starts, as that decides how many sources its query has, which Spark keeps).
     nanoseconds: bool
     stream_id: str
-    # Whether it reads files holding a column as Arrow's null type (features.engine.stream.read_stream: a source
-    # more, so also decided when the checkpoint starts).
+    # Whether it reads files holding a column as Arrow's null type (features.engine.stream_source.read_stream: a
+    # source more, so also decided when the checkpoint starts).
     nulls: bool
     upgrade: PendingUpgrade | None = None  # a definition change its buckets apply as they step
     carried: stream_upgrade.Carried | None = None  # that change, when this start made it
@@ -444,7 +443,7 @@ def _check_checkpoint(
         saved = None
     if saved is not None and buckets is None:
         buckets = saved["buckets"]
-    if saved is not None and saved.get("state_format") != engine.STATE_FORMAT:
+    if saved is not None and saved.get("state_format") != stream_operator.STATE_FORMAT:
         raise _cannot_continue(
             repo,
             group,
@@ -475,8 +474,8 @@ def _check_checkpoint(
     else:
         partitions = cores(spark)
         labels = bucket_labels(buckets or partitions, partitions)
-        nanoseconds = engine.reads_nanoseconds(spark, group, repo.source_path(group))
-        nulls = engine.NULLS_READ
+        nanoseconds = stream_source.reads_nanoseconds(spark, group, repo.source_path(group))
+        nulls = stream_source.NULLS_READ
     current = stream_upgrade.state_record(
         group, labels, partitions, nanoseconds, upgrade, (saved or {}).get("stream_id"), nulls
     )

@@ -13,8 +13,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from features import quality
-from features.engine import files, schema
-from features.engine import stream as engine
+from features.engine import files, schema, stream_operator, stream_rows, stream_source
 from features.kernel import TS
 from features.pipelines.retention import SWEEP_EVERY_S, held, sweep
 from features.pipelines.rollup import MetricRollup
@@ -38,8 +37,8 @@ class SetAside:
         nulls: bool,
     ) -> None:
         self.repo, self.group, self.spark, self.rollup = repo, group, spark, rollup
-        self.record_schema = record_schema  # a bad record's columns (engine.Projection.record_schema)
-        # The reads the stream's checkpoint started with (engine.stream.read_stream): whether it reads nanosecond
+        self.record_schema = record_schema  # a bad record's columns (stream_operator.Projection.record_schema)
+        # The reads the stream's checkpoint started with (stream_source.read_stream): whether it reads nanosecond
         # files, and files holding a column as Arrow's null type.
         self.nanoseconds, self.nulls = nanoseconds, nulls
         self.keep_s, self.swept = keep_s, None
@@ -50,10 +49,10 @@ class SetAside:
     def write(self, batch: DataFrame, batch_id: int, counts: dict[str, int]) -> tuple[int, int]:
         """Set aside the batch's late events and bad records (their rows counted in `counts` by kind), and the
         landed files found unreadable since the last batch; returns (late events, bad records)."""
-        late = counts.get(engine.LATE, 0)
+        late = counts.get(stream_rows.LATE, 0)
         if late:
             self._write_late(batch, batch_id)
-        bad = counts.get(engine.BAD, 0)
+        bad = counts.get(stream_rows.BAD, 0)
         if bad:
             self._write_bad(batch, batch_id)
         return late, bad + self._set_aside_unreadable_files()
@@ -73,29 +72,31 @@ class SetAside:
 
     def _write_late(self, batch: DataFrame, batch_id: int) -> None:
 
-        late = batch.where(F.col(engine.KIND) == engine.LATE).select(
-            F.from_json(F.col(engine.RECORD), engine.late_schema(self.group, self._key_types())).alias("r")
+        late = batch.where(F.col(stream_rows.KIND) == stream_rows.LATE).select(
+            F.from_json(F.col(stream_rows.RECORD), stream_operator.late_schema(self.group, self._key_types())).alias(
+                "r"
+            )
         )
         late = late.select(
             *[F.col(f"r.{k}").alias(k) for k in self.group.join_keys],
             F.timestamp_micros(F.col(f"r.{TS}")).alias(self.group.source.timestamp),
             F.lit(batch_id).alias("batch_id"),
         )
-        engine.write_json_records(late, Path(self.repo.late_path(self.group)) / f"batch={batch_id}", None)
+        stream_operator.write_json_records(late, Path(self.repo.late_path(self.group)) / f"batch={batch_id}", None)
 
     def _write_bad(self, batch: DataFrame, batch_id: int) -> None:
 
         # The columns of the backfill's quarantined records (features.engine.source.SourceRead.rejected); the batch
         # id is in the folder's name.
-        bad = batch.where(F.col(engine.KIND) == engine.BAD).select(
-            F.col(engine.REASON).alias(schema.REASON),
-            F.from_json(F.col(engine.RECORD), self.record_schema).alias("r"),
+        bad = batch.where(F.col(stream_rows.KIND) == stream_rows.BAD).select(
+            F.col(stream_rows.REASON).alias(schema.REASON),
+            F.from_json(F.col(stream_rows.RECORD), self.record_schema).alias("r"),
         )
         bad = bad.select(schema.REASON, "r.*")
         if self.group.source.format != "json" and self.group.source.kafka is None:
             bad = bad.drop(schema.RAW_RECORD)  # only a JSON text has a raw text beside its parsed columns
         folder = quality.quarantine_root(self.repo.root, self.group.name) / "records" / f"stream-b{batch_id}"
-        engine.write_json_records(bad, folder, None)
+        stream_operator.write_json_records(bad, folder, None)
 
     def _set_aside_unreadable_files(self) -> int:
         """The landed Parquet files set aside whole (the stream's reads skip them): those that do not conform to
@@ -107,7 +108,7 @@ class SetAside:
             return 0
         path = self.repo.source_path(self.group)
         if self.file_check is None:
-            read_schema = engine.source_schema(self.spark, self.group, path)
+            read_schema = stream_source.source_schema(self.spark, self.group, path)
             self.file_check = files.FileCheck(self.spark, read_schema, self.nanoseconds, self.nulls)
         reader = self.spark.read.schema(self.file_check.schema).option("recursiveFileLookup", "true")
         listed = set(reader.parquet(path).inputFiles())
@@ -122,7 +123,7 @@ class SetAside:
             record = self.spark.createDataFrame(
                 [(reason, file)], f"{schema.REASON} string, {schema.SOURCE_FILE} string"
             )
-            engine.write_json_records(record, folder, None)
+            stream_operator.write_json_records(record, folder, None)
         return len(bad)
 
     def _file_record(self, file: str) -> Path:

@@ -21,7 +21,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from features import quality
-from features.engine import stream as engine
+from features.engine import stream_rows
 from features.engine.online_rows import write_online
 from features.engine.source_log import Pruning
 from features.engine.upgrade import handed_watermark, record_emitted
@@ -122,10 +122,12 @@ class BatchSink:
             stats = _stats(batch)
             # The watermark (µs) the buckets emitted up to; None when no bucket ran (a batch of bad records only).
             upto = max((r["watermark"] for r in stats), default=0) or None
-            eager = bool(counts.get(engine.EAGER)) and self._eager_valid(batch, batch_id, screens[engine.EAGER])
-            rows = rows_of(self.group, batch, engine.ROW)
-            final = bool(counts.get(engine.ROW)) and self._rows_valid(rows, batch_id, screens[engine.ROW])
-            rows_out = counts[engine.ROW] if final else 0
+            eager = bool(counts.get(stream_rows.EAGER)) and self._eager_valid(
+                batch, batch_id, screens[stream_rows.EAGER]
+            )
+            rows = rows_of(self.group, batch, stream_rows.ROW)
+            final = bool(counts.get(stream_rows.ROW)) and self._rows_valid(rows, batch_id, screens[stream_rows.ROW])
+            rows_out = counts[stream_rows.ROW] if final else 0
             appended = self._publish(batch, batch_id, rows if final else None, eager, rows_out, upto)
             late, bad = self.aside.write(batch, batch_id, counts)
             if self.statistics:
@@ -163,14 +165,14 @@ class BatchSink:
     def _online_rows(self, batch: DataFrame, final: bool, eager: bool) -> DataFrame | None:
         """What the online store gets of the batch: each key's newest final row (when the final rows are valid) and
         the valid eager rows; None when there is no store or nothing to write."""
-        kind = F.col(engine.KIND)
+        kind = F.col(stream_rows.KIND)
         online = []
         if final:
-            latest = (kind == engine.ROW) & F.col(engine.LATEST)
+            latest = (kind == stream_rows.ROW) & F.col(stream_rows.LATEST)
             # A key's eager value is newer than its last change point: the store needs only that one.
-            online.append(latest & ~F.coalesce(F.col(engine.REPLACED), F.lit(False)) if eager else latest)
+            online.append(latest & ~F.coalesce(F.col(stream_rows.REPLACED), F.lit(False)) if eager else latest)
         if eager:
-            online.append(kind == engine.EAGER)
+            online.append(kind == stream_rows.EAGER)
         if self.writer is None or not online:
             return None
         # Eager values are ahead of the final rows, and newer-or-equal wins: one write takes both.
@@ -214,7 +216,7 @@ class BatchSink:
         pass validation like the change points; they are left out of the store when they fail."""
         if not self.validate or self.writer is None:
             return self.writer is not None
-        report = quality.validate_batch(self.group, rows_of(self.group, batch, engine.EAGER), screened=screened)
+        report = quality.validate_batch(self.group, rows_of(self.group, batch, stream_rows.EAGER), screened=screened)
         if not report.success:
             self.run.tracker.log_validation(report, step=batch_id, artifact=True)
         return report.success
@@ -310,14 +312,14 @@ def screen_kinds(group: FeatureGroup, batch: DataFrame, validate: bool) -> dict[
     """The batch's rows of each kind, screened (final and eager rows; the other kinds are only counted)."""
 
     if validate:
-        return quality.screen_batches(group, batch.select(engine.KIND, *feature_columns(group)), engine.KIND)
-    return {k: Screen(n, {}, {}) for k, n in batch.groupBy(engine.KIND).agg(F.count(F.lit(1))).collect()}
+        return quality.screen_batches(group, batch.select(stream_rows.KIND, *feature_columns(group)), stream_rows.KIND)
+    return {k: Screen(n, {}, {}) for k, n in batch.groupBy(stream_rows.KIND).agg(F.count(F.lit(1))).collect()}
 
 
 def rows_of(group: FeatureGroup, batch: DataFrame, kind: str) -> DataFrame:
     """The batch's feature rows of one kind (ROW or EAGER), as the stores take them."""
 
-    return batch.where(F.col(engine.KIND) == kind).select(*feature_columns(group))
+    return batch.where(F.col(stream_rows.KIND) == kind).select(*feature_columns(group))
 
 
 def feature_columns(group: FeatureGroup) -> list[Any]:
@@ -332,5 +334,5 @@ def feature_columns(group: FeatureGroup) -> list[Any]:
 def _stats(batch: DataFrame) -> list[dict[str, Any]]:
     """Each bucket's stats row of the batch: events read, watermark, state held, oldest landing."""
 
-    rows = batch.where(F.col(engine.KIND) == engine.STAT).select(engine.RECORD).collect()
-    return [dict(zip(engine.STAT_FIELDS, json.loads(r[0]), strict=True)) for r in rows]
+    rows = batch.where(F.col(stream_rows.KIND) == stream_rows.STAT).select(stream_rows.RECORD).collect()
+    return [dict(zip(stream_rows.STAT_FIELDS, json.loads(r[0]), strict=True)) for r in rows]

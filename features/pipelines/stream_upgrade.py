@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from features.engine import stream as engine
+from features.engine import stream_operator, stream_source
 from features.engine.schema import schema_of
 from features.engine.stream_definition import save_definition, saved_definition
 from features.engine.upgrade import (
@@ -130,8 +130,8 @@ def state_record(
         "labels": labels,
         "partitions": partitions,
         "nanoseconds": nanoseconds,
-        "nulls": nulls,  # whether it reads files holding a column as Arrow's null type (engine.stream.read_stream)
-        "state_format": engine.STATE_FORMAT,
+        "nulls": nulls,  # whether it reads files holding a column as Arrow's null type (stream_source.read_stream)
+        "state_format": stream_operator.STATE_FORMAT,
         "definition": describe(group),
         "layout": layout(group, len(labels)).to_json(),
         "upgrade": None if upgrade is None else upgrade.to_json(),
@@ -252,7 +252,7 @@ def rescale(
     before, after = saved_layout(saved), layout(group, len(labels))
     folder = checkpoint / FOLDER / after.id
     shutil.rmtree(folder, ignore_errors=True)
-    key_types = group.output_types(schema_of(engine.source_schema(spark, group, repo.source_path(group))))
+    key_types = group.output_types(schema_of(stream_source.source_schema(spark, group, repo.source_path(group))))
     moved = rebucket_state(
         spark, checkpoint / "query", group, {k: key_types[k] for k in group.join_keys}, labels, folder
     )

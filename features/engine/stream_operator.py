@@ -1,13 +1,14 @@
-"""The Spark Structured Streaming engine: a group's source read as a stream, both phases in
-`transformWithStateInPandas`, and the change points written to the offline table and the online store once
-per micro-batch, exactly once across restarts.
+"""The stream's stateful operator: a group's events projected to what the features read, packed per hash
+bucket, and both phases run per bucket in `transformWithStateInPandas` (PaneProcessor), which outputs the
+change points, eager values, late events, bad records and each bucket's stats (features.engine.stream_rows).
 
-Layout of the query:
-    source (file landing folder or Kafka) -> bad records marked with their reason (features.engine.source)
+Layout of the query (features.engine.stream_query builds it; features.pipelines.stream.sink takes its output):
+    source (file landing folder or Kafka: features.engine.stream_source) -> bad records marked with their reason
     -> event-time watermark on the source timestamp -> projection to what the features read
     -> mapInArrow: each bucket's events of an Arrow batch packed into one row
     -> groupBy(hash bucket of the key) -> transformWithStateInPandas(PaneProcessor)  [RocksDB state]
-    -> foreachBatch(sink): validate, then offline files + online store; late events and bad records aside
+    -> foreachBatch(sink): validate, then the offline table's commit + online store; late events and bad records
+       aside
 
 Why hash buckets: a Python call per entity key and batch costs about half a millisecond; one call per bucket
 handles all its keys with vectorized pandas (features.kernel). Why packed: PySpark hands
@@ -36,7 +37,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -47,42 +48,15 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
 from features import kernel as pt
-from features.engine.files import null_rows
 from features.engine.inputs import bucket_of, ddl, kernel_inputs
-from features.engine.kafka import read_kafka
-from features.engine.schema import (
-    CORRUPT,
-    FILE,
-    LANDED,
-    META,
-    RAW_RECORD,
-    SOURCE_FILE,
-    declared_spark_schema,
-    schema_of,
-)
+from features.engine.schema import CORRUPT, FILE, LANDED, RAW_RECORD, SOURCE_FILE, schema_of
 from features.engine.schema import source_columns as all_source_columns
-from features.engine.source import (
-    check_columns,
-    cleaned_columns,
-    parquet_schema,
-    read_parquet,
-    reason_of,
-    stream_reads_nanoseconds,
-)
-from features.engine.source_log import FILE_AGE
-from features.engine.stream_rows import BAD, EAGER, KIND, LATE, LATEST, REASON, RECORD, OutputFrames
-from features.engine.stream_rows import REPLACED as REPLACED  # the names the sink reads the output by, kept here
-from features.engine.stream_rows import ROW as ROW
-from features.engine.stream_rows import STAT as STAT
-from features.engine.stream_rows import STAT_FIELDS as STAT_FIELDS
+from features.engine.source import cleaned_columns, reason_of
+from features.engine.stream_rows import BAD, EAGER, KIND, LATE, LATEST, REASON, RECORD, REPLACED, OutputFrames
 from features.engine.upgrade import PendingUpgrade
-from features.errors import ConfigError, DefinitionError
+from features.errors import ConfigError
 from features.kernel.state import LAYOUT_CHUNK
 from features.spec import WINDOW_END, DType, FeatureGroup
-
-if TYPE_CHECKING:
-    from pyspark.sql.streaming import DataStreamReader
-    from pyspark.sql.types import StructType
 
 BUCKET = "fx_bucket"
 PACK = "fx_pack"  # the processor's input: one bucket's events of one Arrow batch, as Arrow IPC stream bytes
@@ -93,10 +67,6 @@ STATE_FORMAT = 4  # the layout of a bucket's state, saved with the checkpoint (3
 RESIDENT_BUCKETS = 4  # buckets whose state a Python worker keeps between batches (_Resident)
 COMPACT_SLACK = 1024  # codes of departed keys a bucket's key dictionary may hold beyond twice its live keys
 STATE_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-BINARY_FILE = "path string, modificationTime timestamp, length bigint, content binary"  # Spark's binaryFile source
-# Whether a new checkpoint's stream reads the Parquet files holding a column as Arrow's null type (`read_stream`);
-# a checkpoint saved before it could has no such source. bench/stream_nulls.py turns it off for its baseline.
-NULLS_READ = True
 
 
 def configure(spark: SparkSession) -> None:
@@ -106,83 +76,6 @@ def configure(spark: SparkSession) -> None:
     spark.conf.set("spark.sql.streaming.stateStore.providerClass", STATE_PROVIDER)
     spark.conf.set("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
     spark.conf.set("spark.sql.maxConcurrentOutputFileWriters", "8")
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Source
-
-
-def source_schema(spark: SparkSession, group: FeatureGroup, path: str) -> StructType:
-    """The stream's schema: the declared one, else the one of the Parquet files already landed."""
-    declared = declared_spark_schema(group)
-    if declared is not None:
-        return declared
-    source = group.source
-    if source.format != "parquet":
-        raise DefinitionError(
-            f"EventSource({source.name!r}).schema",
-            f"a {source.format} stream needs a declared schema",
-            'add schema={"column": "type", ...} to the EventSource',
-        )
-    if "://" not in path and not any(Path(path).rglob("*.parquet")):
-        raise ConfigError(
-            f"EventSource({source.name!r}).path: no Parquet files in {path} to take the stream's schema from; "
-            'land a first file there, or declare schema={"column": "type", ...} on the EventSource'
-        )
-    return parquet_schema(spark, group, path)
-
-
-def reads_nanoseconds(spark: SparkSession, group: FeatureGroup, path: str) -> bool:
-    """Whether the group's stream reads nanosecond Parquet files (features.engine.source.stream_reads_nanoseconds;
-    fixed when the stream starts: its read and its check of landed files must agree)."""
-    if group.source.kafka is not None or group.source.format != "parquet":
-        return True
-    return stream_reads_nanoseconds(spark, source_schema(spark, group, path), path)
-
-
-def read_stream(
-    spark: SparkSession,
-    group: FeatureGroup,
-    path: str,
-    max_files: int | None,
-    nanoseconds: bool = True,
-    nulls: bool = True,
-) -> DataFrame:
-    """The group's source as a streaming DataFrame with the source's columns (plus `_corrupt_record` for JSON).
-
-    Parquet files are read as the batch reads them (features.engine.source.read_parquet): microsecond and
-    nanosecond timestamps both, and a file that cannot be read is skipped instead of failing the stream. With
-    `nulls`, the files holding a column as Arrow's null type are read apart, as the batch reads them
-    (features.engine.files.null_rows), from a listing of the folder of its own: a source more in the query, so the
-    choice is made when a checkpoint starts (`features.engine.stream.NULLS_READ`) and kept with it."""
-    from pyspark.sql import types as T
-
-    source = group.source
-    if source.kafka is not None:
-        return read_kafka(spark, group)
-    schema = source_schema(spark, group, path)
-    if source.format == "json":
-        with_corrupt = T.StructType([*schema.fields, T.StructField(CORRUPT, T.StringType())])
-        reader = _landed_files(spark, max_files).schema(with_corrupt).option("mode", "PERMISSIVE")
-        events = reader.json(path).withColumn(META, F.col("_metadata"))
-    else:
-        reader = _landed_files(spark, max_files)
-        events = read_parquet(spark, reader, schema, path, None if nanoseconds else [], null_read=nulls)
-        if nulls:
-            # Both sources list the folder alike, each file in the same micro-batch (barring a file that lands
-            # between their listings, which the later batch then reads); each file's records come from one.
-            listing = _landed_files(spark, max_files).format("binaryFile").schema(BINARY_FILE).load(path)
-            events = events.unionByName(null_rows(listing, schema, events.schema[META].dataType))
-    check_columns(group, events)
-    landed = F.unix_micros(F.col(META)["file_modification_time"])
-    return events.withColumn(LANDED, landed).withColumn(FILE, F.col(META)["file_path"]).drop(META)
-
-
-def _landed_files(spark: SparkSession, max_files: int | None) -> DataStreamReader:
-    """A file source's reader of the landing folder, as every source of a stream's query reads it."""
-    # maxFileAge is Spark's default, set here because the log's pruning relies on it (features.engine.source_log).
-    reader = spark.readStream.option("recursiveFileLookup", "true").option("maxFileAge", FILE_AGE)
-    return reader.option("maxFilesPerTrigger", max_files) if max_files else reader
 
 
 # ---------------------------------------------------------------------------------------------------------
