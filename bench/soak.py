@@ -410,7 +410,7 @@ def backfill_twin(  # type: ignore[no-untyped-def]
     final watermark); per group, the soaked rows and how many rows differ between the two tables. `apply` as in
     `soak`."""
     from features.pipelines.backfill import backfill
-    from features.pipelines.stream_progress import emitted_watermark
+    from features.pipelines.stream.batch_progress import emitted_watermark
     from features.repo import Repo
 
     soaked = Repo.load(repo)

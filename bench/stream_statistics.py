@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from features.engine.session import get_spark
-from features.pipelines import stream_sink
+from features.pipelines.stream import sink
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import stream as stream_bench
@@ -47,13 +47,13 @@ def main() -> int:
     try:
         for i in range(args.repeats + 1):  # round 0 warms up both (JIT, Python workers)
             for on in (False, True) if i % 2 == 0 else (True, False):
-                stream_sink.BatchSink.statistics = on
+                sink.BatchSink.statistics = on
                 repo = make_repo(f"r{i}-{'on' if on else 'off'}", events, FULL_GROUP.format(name="user_transactions"))
                 result = run_ours(repo)
                 if i:
                     runs[on].append(result)
     finally:
-        stream_sink.BatchSink.statistics = True
+        sink.BatchSink.statistics = True
         shutil.rmtree(stream_bench.WORK, ignore_errors=True)
     ratios = [w["batch_s"] / wo["batch_s"] for w, wo in zip(runs[True], runs[False], strict=True)]
     ratio = statistics.median(ratios)

@@ -391,8 +391,8 @@ def _show(report: Any, as_json: bool) -> int:
 def _stream(args: argparse.Namespace) -> int:
     """`features stream`: run until stopped (Ctrl-C stops cleanly) or, with --available-now, until done."""
     from features.errors import ValidationFailed
-    from features.pipelines import stream_handoff
     from features.pipelines.options import StreamOptions
+    from features.pipelines.stream import handoff
     from features.repo import Repo
 
     options = StreamOptions(
@@ -412,12 +412,12 @@ def _stream(args: argparse.Namespace) -> int:
     repo = Repo.load(args.repo)
     if options.buckets is not None and not options.reset and options.from_savepoint is None:
         # Every group named runs in a live stream: each takes the rescale up in its own process.
-        held = stream_handoff.live_holders(repo, args.group, options.checkpoint_root)
+        held = handoff.live_holders(repo, args.group, options.checkpoint_root)
         for name, checkpoint in (held or {}).items():
-            print(stream_handoff.ask_rescale(name, checkpoint, options.buckets), file=sys.stderr, flush=True)
+            print(handoff.ask_rescale(name, checkpoint, options.buckets), file=sys.stderr, flush=True)
         if held:
             return 0
-    from features.pipelines.stream import start_streams  # Spark, for a stream this process runs
+    from features.pipelines.stream.runner import start_streams  # Spark, for a stream this process runs
 
     run = start_streams(repo, args.group, options)
     try:

@@ -17,7 +17,7 @@ def run(args: argparse.Namespace) -> int:
 def savepoint(repo_path: str, group_name: str, to: str | None, checkpoint_dir: str | None) -> int:
     """`features savepoint`: a group's stream state after its last committed micro-batch, written to a folder."""
     from features.engine.session import get_spark
-    from features.pipelines.savepoint import take
+    from features.pipelines.stream.savepoint import take
     from features.repo import Repo
 
     repo = Repo.load(repo_path)

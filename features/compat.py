@@ -18,11 +18,12 @@ _LAYERS = {
         "serving_requests"
     ),
     "quality": "checks screen",
-    "pipelines": ("backfill stream stream_sink schedule stale verify retention rollup registration plan status"),
+    "pipelines": ("backfill stream schedule stale verify retention rollup registration plan status"),
     "ml": "training lineage model tracking",
     "kernel": "panes",
 }
 MOVED = {f"features.{name}": f"features.{layer}.{name}" for layer, names in _LAYERS.items() for name in names.split()}
+MOVED["features.stream_sink"] = "features.pipelines.stream.sink"  # the stream's stages are one package now
 
 
 class _MovedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):

@@ -183,7 +183,7 @@ def test_a_change_the_state_cannot_be_carried_over_says_why_and_how_to_start_ove
 
     from features import Entity, EventSource
     from features.errors import ConfigError
-    from features.pipelines.stream_upgrade import check_carriable
+    from features.pipelines.stream.upgrade import check_carriable
 
     group = GROUP_AGGS
     saved = {"definition": describe(group), "upgrade": {"before": {}} if change == "pending" else None}

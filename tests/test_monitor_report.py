@@ -25,9 +25,9 @@ from features import Entity, EventSource, Feature, FeatureGroup, Tumble, agg
 from features.cli import main
 from features.demo import write_events
 from features.kernel.profile import QUANTILES, profile_days
-from features.pipelines import stream_handoff
 from features.pipelines.monitor_report import monitor_report
 from features.pipelines.status import status
+from features.pipelines.stream import handoff
 from features.plots import OTHER, FeatureSeries, GroupSeries, HealthItem, ReportPage
 from features.repo import Repo
 from features.spec import WINDOW_END
@@ -247,18 +247,18 @@ def test_health_says_the_last_event_backfill_and_whether_the_stream_is_alive(tmp
 
     checkpoint = Path(repo.checkpoint_path(GROUP))
     (checkpoint / "query").mkdir(parents=True)  # a stream that has not committed a micro-batch yet
-    stream_handoff.hold(checkpoint, live=True)
+    handoff.hold(checkpoint, live=True)
     try:
         [g] = status(repo, runs=0).groups
         assert g.health is not None and (g.health.stream, g.health.last_batch) == ("alive", None)
-        stream_handoff.note_stuck(checkpoint, ("2026-05-03 09:00:00 UTC", "stage 7"))
+        handoff.note_stuck(checkpoint, ("2026-05-03 09:00:00 UTC", "stage 7"))
         assert main(["status", "--repo", str(repo.root), "--json"]) == 0
         [said] = json.loads(capsys.readouterr().out)["groups"]
         assert said["health"]["stream"] == "stuck" and said["health"]["stuck_since"] == "2026-05-03 09:00:00 UTC"
         assert main(["status", "--repo", str(repo.root)]) == 0
         assert "stream stuck since 2026-05-03 09:00:00 UTC, last batch none yet" in capsys.readouterr().out
     finally:
-        stream_handoff.release(checkpoint)
+        handoff.release(checkpoint)
     [g] = status(repo, runs=0).groups
     assert g.health is not None and g.health.stream == "stopped"
 

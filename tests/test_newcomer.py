@@ -439,7 +439,7 @@ def test_a_stream_of_microsecond_files_reads_them_once_and_names_a_later_nanosec
 def test_a_batch_in_which_no_bucket_ran_says_its_state_is_not_read_yet() -> None:
     """A batch whose only file was set aside runs no bucket: its line says the state is not read yet, not that it
     holds no panes (it is intact)."""
-    from features.pipelines.stream_progress import StreamProgress
+    from features.pipelines.stream.batch_progress import StreamProgress
 
     assert ", state not read yet, " in StreamProgress("g", batch_id=0).line()
     assert ", state 0 panes, " in StreamProgress("g", batch_id=1, state_rows=0).line()

@@ -173,19 +173,19 @@ def test_a_stream_started_and_stopped_with_ctrl_c_prints_no_chatter(feast_repo, 
 STOP_SCRIPT = textwrap.dedent(
     """
     import sys, threading
-    from features.pipelines import stream_sink
+    from features.pipelines.stream import sink
     from features.pipelines.stream import stream
     from features.repo import Repo
 
     inside = threading.Event()
-    publish = stream_sink.BatchSink._publish
+    publish = sink.BatchSink._publish
 
     def slow_publish(self, batch, *args):
         inside.set()
         batch.sparkSession.range(10**12).selectExpr("sum(id)").collect()  # until the stop cancels it
         return publish(self, batch, *args)
 
-    stream_sink.BatchSink._publish = slow_publish
+    sink.BatchSink._publish = slow_publish
     run = stream(Repo.load(sys.argv[1]), max_files_per_trigger=1, progress=False, tracking=False, trigger="1s")
     assert inside.wait(300), "no micro-batch started"
     run.stop()

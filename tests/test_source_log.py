@@ -18,7 +18,7 @@ from test_stream_upgrade import AFTER, BEFORE, assert_online_reference, define, 
 from features.engine import source_log
 from features.engine.source_log import DAY_MS, FILE_AGE_MS, PRUNED, Pruning, landed_before_ms, prune
 from features.engine.upgrade import committed_position
-from features.pipelines import savepoint
+from features.pipelines.stream import savepoint
 from features.repo import Repo
 from features.spec import WINDOW_END
 

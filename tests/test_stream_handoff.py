@@ -1,4 +1,4 @@
-"""Which process streams a group, and a rescale handed to it (features.pipelines.stream_handoff): no Spark. The
+"""Which process streams a group, and a rescale handed to it (features.pipelines.stream.handoff): no Spark. The
 live side (the stream moving its state) is tests/test_stream_upgrade.py's."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from conftest import build_feast_repo
 
 from features import Entity, EventSource, Feature, FeatureGroup, Hop, agg
 from features.errors import ConfigError, EnvironmentProblem
-from features.pipelines import stream_handoff as handoff
+from features.pipelines.stream import handoff
 from features.repo import Repo
 
 
@@ -144,7 +144,7 @@ def test_a_key_change_a_running_stream_cannot_take_is_refused_by_apply_and_plan(
 
     from features.cli import main
     from features.engine.stream_definition import save_definition
-    from features.pipelines.stream_upgrade import state_record
+    from features.pipelines.stream.upgrade import state_record
 
     schema = {"user_id": "string", "card_id": "string", "event_ts": "timestamp"}
     source = EventSource("transactions", path="data/transactions", timestamp="event_ts", schema=schema)

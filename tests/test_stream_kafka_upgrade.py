@@ -20,8 +20,7 @@ from test_stream_upgrade import AFTER, BEFORE, assert_online_reference, define
 from features import EventSource, FeatureGroup, KafkaTopic
 from features.engine.upgrade import committed_position
 from features.errors import ConfigError
-from features.pipelines import savepoint
-from features.pipelines.stream import stream
+from features.pipelines.stream import savepoint, stream
 from features.repo import Repo
 from features.spec import WINDOW_END
 

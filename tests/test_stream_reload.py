@@ -14,8 +14,8 @@ from types import SimpleNamespace
 from conftest import build_feast_repo
 
 from features import Entity, EventSource, Feature, FeatureGroup, Hop, agg
-from features.pipelines import stream_reload
 from features.pipelines.registration import read_applied, record_applied
+from features.pipelines.stream import reload
 from features.repo import Repo
 from features.spec.fingerprint import definition_hash
 
@@ -37,7 +37,7 @@ def test_apply_records_each_groups_definition_hash(tmp_path: Path) -> None:
     assert read_applied(repo.root) == {}  # before any apply recorded one
     record_applied(repo)
     assert read_applied(repo.root) == {"live": definition_hash(GROUP)}
-    (repo.root / stream_reload.APPLIED).write_text("{not json")
+    (repo.root / reload.APPLIED).write_text("{not json")
     assert read_applied(repo.root) == {}  # unreadable: the stream keeps what it runs
 
 
@@ -45,7 +45,7 @@ def test_a_definition_edited_again_after_the_apply_is_not_taken_up(tmp_path: Pat
     repo = Repo.load(build_feast_repo(tmp_path / "repo", [GROUP], apply=False))
     run = idle_run()
     applied = {"live": "the hash applied, which the files no longer give"}
-    stream_reload.take_up(run, SimpleNamespace(repo=repo, online=False), ["live"], applied)
+    reload.take_up(run, SimpleNamespace(repo=repo, online=False), ["live"], applied)
     err = capsys.readouterr().err
     assert "live: the applied definition is not taken up; the stream goes on with the one it runs" in err
     assert "the repo's definitions changed since `features apply`" in err
@@ -56,7 +56,7 @@ def test_definitions_that_no_longer_load_are_not_taken_up(tmp_path: Path, capsys
     repo = Repo.load(build_feast_repo(tmp_path / "repo", [GROUP], apply=False))
     (repo.root / "broken.py").write_text("def broken(:\n")
     run = idle_run()
-    stream_reload.take_up(run, SimpleNamespace(repo=repo, online=False), ["live"], {"live": "new"})
+    reload.take_up(run, SimpleNamespace(repo=repo, online=False), ["live"], {"live": "new"})
     err = capsys.readouterr().err
     assert "live: the applied definition is not taken up; the stream goes on with the one it runs" in err
     assert "broken.py" in err and "SyntaxError" in err
@@ -64,9 +64,9 @@ def test_definitions_that_no_longer_load_are_not_taken_up(tmp_path: Path, capsys
 
 
 def test_a_run_keeps_its_mark_fresh_through_a_swap_and_not_after_it_ended(tmp_path: Path, monkeypatch) -> None:
-    """The mark on a run's checkpoints (features.pipelines.stream_handoff) is refreshed while a query runs and while
+    """The mark on a run's checkpoints (features.pipelines.stream.handoff) is refreshed while a query runs and while
     a swap has none running (a long take-up must not let it go stale), and no longer once no query runs."""
-    monkeypatch.setattr(stream_reload, "POLL_S", 0.02)
+    monkeypatch.setattr(reload, "POLL_S", 0.02)
     query = SimpleNamespace(isActive=True)
     run = SimpleNamespace(stopping=False, errors={}, swapping=threading.Lock(), queries={"live": query})
     run.sinks = {"live": SimpleNamespace(checkpoint=tmp_path)}
@@ -78,7 +78,7 @@ def test_a_run_keeps_its_mark_fresh_through_a_swap_and_not_after_it_ended(tmp_pa
         time.sleep(0.2)
         return marker.stat().st_mtime > 0
 
-    thread = threading.Thread(target=stream_reload._keep_marked, args=(run,))
+    thread = threading.Thread(target=reload._keep_marked, args=(run,))
     thread.start()
     assert refreshed()
     with run.swapping:  # a swap under way: its query stopped, the new one not started yet

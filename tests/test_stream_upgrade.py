@@ -138,9 +138,10 @@ def test_a_live_stream_takes_up_an_applied_change_between_batches(spark, tmp_pat
     new definition in the same process (no restart, no `--reset`), and what it writes after is the batch engine's.
     An apply that leaves the definition as it is swaps nothing; one that a start would refuse (another key) is
     said, and the stream goes on with the definition it ran."""
-    from features.pipelines import stream_reload
 
-    monkeypatch.setattr(stream_reload, "POLL_S", 0.05)
+    from features.pipelines.stream import reload
+
+    monkeypatch.setattr(reload, "POLL_S", 0.05)
     root = tmp_path / "repo"
     events, rest, checkpoint, changed_at = streamed_before(root)
     run = stream(Repo.load(root), trigger="1s", max_files_per_trigger=1, progress=False, tracking=False)
@@ -189,9 +190,10 @@ def test_a_live_stream_takes_up_a_rescale_another_process_hands_it(spark, tmp_pa
     buckets between two batches in its own process, and the asking process prints its line and ends. Refused while
     a definition change is still pending (the stream goes on as it ran); another stream of the group is refused
     while the live one runs. The rows after the changes are the batch engine's."""
-    from features.pipelines import stream_reload
 
-    monkeypatch.setattr(stream_reload, "POLL_S", 0.05)
+    from features.pipelines.stream import reload
+
+    monkeypatch.setattr(reload, "POLL_S", 0.05)
     root = tmp_path / "repo"
     events, rest, checkpoint, changed_at = streamed_before(root)
     saved = lambda: json.loads((checkpoint / "features-definition.json").read_text())  # noqa: E731
@@ -244,7 +246,7 @@ def test_a_stream_rescaled_moves_its_state_and_replays_nothing(spark, tmp_path, 
     their new buckets (read from the checkpoint, not the source), Spark spreads the state over one partition per
     bucket (as many as the cores allow), and the rows after the change equal the batch engine's."""
     from features.engine.upgrade import state_partitions
-    from features.pipelines import stream as stream_module
+    from features.pipelines.stream import runner
 
     events = make_events()
     parts = [events[events["event_ts"] < BASE + 10 * H], events[(events["event_ts"] >= BASE + 10 * H)]]
@@ -255,7 +257,7 @@ def test_a_stream_rescaled_moves_its_state_and_replays_nothing(spark, tmp_path, 
     stream(repo, available_now=True, progress=False, tracking=False).await_termination()
     checkpoint = Path(repo.checkpoint_path(AFTER, None))
     before = json.loads((checkpoint / "features-definition.json").read_text())["buckets"]
-    monkeypatch.setattr(stream_module, "cores", lambda spark: 2 * before)  # the stream moved to a bigger cluster
+    monkeypatch.setattr(runner, "cores", lambda spark: 2 * before)  # the stream moved to a bigger cluster
     for i, buckets in enumerate((2 * before, 1)):
         changed_at = pd.Timestamp(committed_position(checkpoint / "query").watermark_us, unit="us", tz="UTC")
         partitions = state_partitions(checkpoint / "query")

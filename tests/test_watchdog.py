@@ -20,7 +20,7 @@ from test_stream import PAIR_GROUP, arrival_order, land
 from features.engine import watchdog
 from features.engine.watchdog import Quietness, StageView, StallLimit, Watchdog, watching
 from features.errors import ConfigError, JobStalled
-from features.pipelines import stream_handoff
+from features.pipelines.stream import handoff
 
 
 def stage(done: int = 0, read: int = 0, number: int = 7) -> StageView:
@@ -137,20 +137,20 @@ def test_a_stall_limit_that_is_no_duration_is_refused_with_the_fix(value) -> Non
 
 
 def test_the_marker_says_since_when_and_where_a_stream_is_stuck(tmp_path) -> None:
-    stream_handoff.hold(tmp_path, live=True)
-    held = stream_handoff.holder(tmp_path, include_self=True)
+    handoff.hold(tmp_path, live=True)
+    held = handoff.holder(tmp_path, include_self=True)
     assert held is not None and "stuck" not in held.describe()
-    stream_handoff.note_stuck(tmp_path, ("2026-12-06 17:40:02 UTC", "stage 7 (collect at offline.py:12)"))
-    held = stream_handoff.holder(tmp_path, include_self=True)
+    handoff.note_stuck(tmp_path, ("2026-12-06 17:40:02 UTC", "stage 7 (collect at offline.py:12)"))
+    held = handoff.holder(tmp_path, include_self=True)
     assert held is not None
     assert held.describe().endswith(
         "stuck since 2026-12-06 17:40:02 UTC (no Spark task started or finished, nothing read) in stage 7 "
         "(collect at offline.py:12)"
     )
-    stream_handoff.note_stuck(tmp_path, None)
-    held = stream_handoff.holder(tmp_path, include_self=True)
+    handoff.note_stuck(tmp_path, None)
+    held = handoff.holder(tmp_path, include_self=True)
     assert held is not None and held.stuck is None
-    stream_handoff.release(tmp_path)
+    handoff.release(tmp_path)
 
 
 # ---------------------------------------------------------------------------------------------------------

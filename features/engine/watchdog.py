@@ -11,7 +11,7 @@ thread's stack), cancels the jobs, and the command ends with one `error:` line (
 not ended GRACE_S after the cancellation (a call the cancellation cannot reach) is ended by the watchdog itself,
 with the same line and status.
 
-A stream's run shows its quiet in its checkpoint's marker (features.pipelines.stream_handoff), so that
+A stream's run shows its quiet in its checkpoint's marker (features.pipelines.stream.handoff), so that
 `features status` says "stuck since" while a stream hangs, from any process. On Spark Connect the client sees no
 status store: the watchdog sees no stage there, and the server's own limits apply.
 """

@@ -93,7 +93,7 @@ def data_horizon(
 ) -> DataHorizon:
     """The group's horizon: its stream's watermark when it streams, else its source's newest event (Parquet
     footers; a Spark scan of other formats when `scan`, else taken as the clock's)."""
-    from features.pipelines.stream_progress import emitted_watermark
+    from features.pipelines.stream.batch_progress import emitted_watermark
 
     now = now.astimezone(UTC)
     query = Path(repo.checkpoint_path(group)) / "query"

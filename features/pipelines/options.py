@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from features.errors import ConfigError
-from features.pipelines.stream_handoff import check_buckets
+from features.pipelines.stream.handoff import check_buckets
 from features.spec.durations import parse_duration
 
 DEFAULT_KEEP = "30d"  # how long a stream keeps late events and quarantined data (features.pipelines.retention)

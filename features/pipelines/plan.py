@@ -102,7 +102,7 @@ def plan_apply(repo: Repo) -> ApplyPlan:
     `features apply` would refuse raises its SchemaError here (`check_wheres_unapplied`), and so does a change a
     running stream cannot take (`check_running_streams_take`)."""
     from features.pipelines.registration import check_wheres_unapplied, removed_groups
-    from features.pipelines.stream_handoff import check_running_streams_take
+    from features.pipelines.stream.handoff import check_running_streams_take
 
     check_running_streams_take(repo)
     check_wheres_unapplied(repo)

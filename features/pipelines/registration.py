@@ -94,7 +94,7 @@ def apply(repo_path: str, *, prune: bool = False) -> list[str]:
     (else a ConfigError names them): Feast's apply would drop them, and their online values, silently. A change that a
     stream running the group cannot take (a new join key or timestamp column) is refused while it runs."""
     from features.engine.session import session_soon
-    from features.pipelines.stream_handoff import check_running_streams_take
+    from features.pipelines.stream.handoff import check_running_streams_take
     from features.stores.feast_repo import apply_repo
 
     repo = Repo.load(repo_path)
@@ -111,7 +111,7 @@ def apply(repo_path: str, *, prune: bool = False) -> list[str]:
 
 
 # Where `features apply` records each group's definition as it registered it (its hash): a live stream watches it
-# to take a changed definition up between micro-batches (features.pipelines.stream_reload).
+# to take a changed definition up between micro-batches (features.pipelines.stream.reload).
 APPLIED = Path("data") / "applied.json"
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from features.errors import ConfigError
-from features.pipelines import stream_handoff
+from features.pipelines.stream import handoff
 from features.repo import Repo
 from features.spec import FeatureGroup
 from features.stores.manifest import SetAside, now_utc, read_manifest, set_aside_by_day
@@ -59,7 +59,7 @@ class StreamInfo:
     last_batch_at: datetime | None  # when the last micro-batch committed: how fresh the stream is
     newest_event: datetime | None  # the newest event time in the source (Parquet sources only)
     lag_seconds: float | None  # newest_event - watermark
-    streamed_by: str | None = None  # the process streaming it now (features.pipelines.stream_handoff), if one is
+    streamed_by: str | None = None  # the process streaming it now (features.pipelines.stream.handoff), if one is
     last_batch: int | None = None  # the last committed micro-batch
     stuck_since: str | None = None  # since when the process streaming it has had its Spark jobs not moving
 
@@ -196,7 +196,7 @@ def day_ranges(days: list[date]) -> list[tuple[date, date]]:
 def _stream_info(repo: Repo, group: FeatureGroup, checkpoint_root: str | None) -> StreamInfo | None:
     from features.engine.upgrade import last_commit
     from features.pipelines.completeness import newest_event
-    from features.pipelines.stream_progress import emitted_watermark
+    from features.pipelines.stream.batch_progress import emitted_watermark
 
     query = Path(repo.checkpoint_path(group, checkpoint_root)) / "query"
     if not query.is_dir():
@@ -206,7 +206,7 @@ def _stream_info(repo: Repo, group: FeatureGroup, checkpoint_root: str | None) -
     last_at = None if last is None else datetime.fromtimestamp((query / "commits" / str(last)).stat().st_mtime, UTC)
     newest = newest_event(repo, group)
     lag = None if newest is None or watermark is None else max(0.0, (newest - watermark).total_seconds())
-    running = stream_handoff.holder(query.parent, include_self=True)
+    running = handoff.holder(query.parent, include_self=True)
     if running is None:
         return StreamInfo(str(query.parent), watermark, last_at, newest, lag, last_batch=last)
     stuck = running.stuck[0] if running.stuck else None

@@ -38,7 +38,7 @@ from features.engine.upgrade import (
 from features.errors import ConfigError
 from features.kernel.migrate import Change, Layout, layout_of
 from features.kernel.panes import MICROS, lookback_start
-from features.pipelines.stream_handoff import replay_needed
+from features.pipelines.stream.handoff import replay_needed
 from features.repo import Repo
 from features.spec import FeatureGroup
 from features.spec.fingerprint import definition_hash, describe

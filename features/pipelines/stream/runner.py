@@ -42,13 +42,14 @@ from features.engine.upgrade import PendingUpgrade, last_commit, state_partition
 from features.engine.watchdog import observing
 from features.errors import ConfigError, EnvironmentProblem, ValidationFailed
 from features.ml import tracking as mlflow_tracking
-from features.pipelines import savepoint, stream_handoff, stream_reload, stream_upgrade
 from features.pipelines.backfill import ready_writer
 from features.pipelines.options import DEFAULT_KEEP, StreamOptions
 from features.pipelines.rollup import MetricRollup
-from features.pipelines.stream_aside import SetAside
-from features.pipelines.stream_progress import StreamProgress, emitted_watermark
-from features.pipelines.stream_sink import BatchSink
+from features.pipelines.stream import handoff, reload, savepoint
+from features.pipelines.stream.aside import SetAside
+from features.pipelines.stream.batch_progress import StreamProgress, emitted_watermark
+from features.pipelines.stream.sink import BatchSink
+from features.pipelines.stream.upgrade import Carried, Finish, carry_over, layout, rescale, state_record
 from features.repo import Repo
 from features.spec import FeatureGroup
 from features.spec.fingerprint import definition_hash
@@ -72,8 +73,8 @@ class StreamRun:
     _tracking: Any = None  # its context manager, ended when the queries end
     rollups: list[MetricRollup] = field(default_factory=list)  # the batches' metrics not logged yet, per group
     archives: dict[str, StreamingQuery] = field(default_factory=dict)  # per Kafka source archived: its query
-    carried: dict[str, stream_upgrade.Carried] = field(default_factory=dict)  # groups whose definition changed
-    changing: list[stream_upgrade.Finish] = field(default_factory=list)  # their pending changes, settled at the end
+    carried: dict[str, Carried] = field(default_factory=dict)  # groups whose definition changed
+    changing: list[Finish] = field(default_factory=list)  # their pending changes, settled at the end
     sinks: dict[str, BatchSink] = field(default_factory=dict)  # each group's, as its query runs
     watchdog: Any = None  # one that only observes, when no command's runs (its marker shows a stuck run)
     stopping: bool = False
@@ -87,7 +88,7 @@ class StreamRun:
             tracking, self._tracking = self._tracking, None
             for change in self.changing:  # the last batch, which stepped every bucket, committed after its sink
                 change.settle()
-            stream_reload.release(self)
+            reload.release(self)
             if self.watchdog is not None:
                 self.watchdog.stop()
         if tracking is not None:
@@ -229,7 +230,7 @@ def stream(
     run (features.ml.tracking) with the micro-batches' counts as metrics, one point per `metrics_every` of wall
     time (features.pipelines.rollup); `tracking=False` records nothing. Late events and quarantined data are kept for
     `retention` (None: for ever), swept when the stream starts and hourly (features.pipelines.retention).
-    `from_savepoint`: start the one selected group from a savepoint (features.pipelines.savepoint), in a new
+    `from_savepoint`: start the one selected group from a savepoint (features.pipelines.stream.savepoint), in a new
     checkpoint."""
     options = StreamOptions(
         trigger=trigger,
@@ -259,7 +260,7 @@ def start_streams(
             "--from-savepoint: a savepoint starts one group in a new checkpoint: name it with --group, without --reset"
         )
     for group in selected:  # two processes writing one checkpoint would corrupt it
-        stream_handoff.check_free(repo, group.name, Path(repo.checkpoint_path(group, options.checkpoint_root)))
+        handoff.check_free(repo, group.name, Path(repo.checkpoint_path(group, options.checkpoint_root)))
     writers = {g.name: ready_writer(repo, g) for g in selected} if options.online else {}
     session = session_soon(spark, long_running=not options.available_now)  # the JVM starts while the MLflow run is made
     run = StreamRun({}, {})
@@ -284,14 +285,14 @@ def start_streams(
         raise
     # Keeps the run's mark on its checkpoints; a live run takes up `features apply` and `--buckets` handed to it.
     run.watchdog = observing("stream")
-    stream_reload.watch(run, starter, live=not options.available_now)
+    reload.watch(run, starter, live=not options.available_now)
     return run
 
 
 @dataclass
 class GroupStarter:
     """Starts a group's query into a run: at the run's start, and again when a live stream takes up a changed
-    definition (features.pipelines.stream_reload)."""
+    definition (features.pipelines.stream.reload)."""
 
     repo: Repo
     run: StreamRun
@@ -306,7 +307,7 @@ class GroupStarter:
         buckets: int | None = None,
         reset: bool = False,
         from_savepoint: str | None = None,
-    ) -> stream_upgrade.Carried | None:
+    ) -> Carried | None:
         """Continue `group` from its checkpoint (carrying its state over a changed definition or a new `buckets`),
         or start it from a savepoint, or over from the source (`reset`), and put its query in the run. Returns what
         was carried over, if anything was."""
@@ -329,7 +330,7 @@ class GroupStarter:
             group,
             path,
             labels,
-            layout=stream_upgrade.layout(group, len(labels)).id,
+            layout=layout(group, len(labels)).id,
             upgrade=resumed.upgrade,
             nanoseconds=resumed.nanoseconds,
             nulls=resumed.nulls,
@@ -353,7 +354,7 @@ class GroupStarter:
         if group.source.kafka is None:
             sink.source_log = Pruning(checkpoint / "query")
         if resumed.upgrade is not None:
-            sink.finish_upgrade = stream_upgrade.Finish(checkpoint, len(labels))
+            sink.finish_upgrade = Finish(checkpoint, len(labels))
             run.changing.append(sink.finish_upgrade)
         query = out.writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint / "query"))
         query = query.queryName(f"features_{group.name}").trigger(**options.spark_trigger)
@@ -364,7 +365,7 @@ class GroupStarter:
         with query_settings(spark, resumed.partitions):
             run.queries[group.name] = sink.query = query.start()
         run.sinks[group.name] = sink
-        stream_handoff.hold(checkpoint, live=not options.available_now)
+        handoff.hold(checkpoint, live=not options.available_now)
         source = group.source
         if source.kafka is not None and source.kafka.archive and source.name not in run.archives:
             archived = checkpoint.parent / f"_archive_{source.name}"
@@ -420,14 +421,14 @@ class Resumed:
     # source more, so also decided when the checkpoint starts).
     nulls: bool
     upgrade: PendingUpgrade | None = None  # a definition change its buckets apply as they step
-    carried: stream_upgrade.Carried | None = None  # that change, when this start made it
+    carried: Carried | None = None  # that change, when this start made it
 
 
 def _check_checkpoint(
     repo: Repo, group: FeatureGroup, checkpoint: Path, buckets: int | None, reset: bool, spark: SparkSession
 ) -> Resumed:
     """How the stream continues from its checkpoint (new labels and partitions for a new checkpoint). A changed
-    definition carries the state over (features.pipelines.stream_upgrade); other changes to the saved state stop,
+    definition carries the state over (features.pipelines.stream.upgrade); other changes to the saved state stop,
     and `reset` starts over from the source.
 
     A new checkpoint gets one shuffle partition per core and, by default, one bucket per partition: one task
@@ -460,7 +461,7 @@ def _check_checkpoint(
         if saved["buckets"] != buckets:
             target = _rescaled_partitions(spark, checkpoint / "query", int(buckets), partitions)
             labels = bucket_labels(int(buckets), target)
-            upgrade, carried = stream_upgrade.rescale(spark, repo, group, checkpoint, saved, labels)
+            upgrade, carried = rescale(spark, repo, group, checkpoint, saved, labels)
             if carried is not None and state_partitions(checkpoint / "query") != target:
                 began = time.perf_counter()
                 repartition_state(spark, checkpoint / "query", target)
@@ -468,7 +469,7 @@ def _check_checkpoint(
                 carried = replace(carried, seconds=carried.seconds + moved, repartitioned=(partitions, target))
             partitions = target
         elif saved["definition_hash"] != definition_hash(group):
-            upgrade, carried = stream_upgrade.carry_over(spark, repo, group, checkpoint, saved, labels)
+            upgrade, carried = carry_over(spark, repo, group, checkpoint, saved, labels)
         elif saved.get("upgrade"):
             upgrade = PendingUpgrade.from_json(saved["upgrade"])
     else:
@@ -476,9 +477,7 @@ def _check_checkpoint(
         labels = bucket_labels(buckets or partitions, partitions)
         nanoseconds = stream_source.reads_nanoseconds(spark, group, repo.source_path(group))
         nulls = stream_source.NULLS_READ
-    current = stream_upgrade.state_record(
-        group, labels, partitions, nanoseconds, upgrade, (saved or {}).get("stream_id"), nulls
-    )
+    current = state_record(group, labels, partitions, nanoseconds, upgrade, (saved or {}).get("stream_id"), nulls)
     save_definition(checkpoint, current)
     return Resumed(labels, partitions, nanoseconds, current["stream_id"], nulls, upgrade, carried)
 

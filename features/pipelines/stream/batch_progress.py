@@ -13,7 +13,7 @@ from features.pipelines.rollup import MetricRollup
 
 
 class RunState(Protocol):
-    """What a sink reports to: the stream run (features.pipelines.stream.StreamRun) its query belongs to."""
+    """What a sink reports to: the stream run (features.pipelines.stream.runner.StreamRun) its query belongs to."""
 
     latest: dict[str, StreamProgress]
     history: list[StreamProgress]

@@ -42,7 +42,7 @@ from features.engine.upgrade import PendingUpgrade, Position, committed_position
 from features.errors import ConfigError
 from features.kernel.migrate import Change, Layout
 from features.kernel.panes import MICROS
-from features.pipelines import stream_upgrade
+from features.pipelines.stream.upgrade import FOLDER, Carried, build_added, layout, saved_layout, state_record
 from features.repo import Repo
 from features.spec import FeatureGroup
 from features.version import package_version
@@ -127,7 +127,7 @@ def take(
             "state_format": saved["state_format"],
             "definition": saved["definition"],
             "definition_hash": saved["definition_hash"],
-            "layout": stream_upgrade.saved_layout(saved).to_json(),
+            "layout": saved_layout(saved).to_json(),
             "buckets": saved["buckets"],
             "batch": batch,
             "watermark_us": position.watermark_us,
@@ -245,7 +245,7 @@ def read_manifest(path: str | Path, group: FeatureGroup) -> dict[str, Any]:
 
 def restore(
     spark: SparkSession, repo: Repo, group: FeatureGroup, checkpoint: Path, path: str, buckets: int | None
-) -> stream_upgrade.Carried:
+) -> Carried:
     """Make `checkpoint` (which must hold no state) a checkpoint that continues from the savepoint at `path`."""
     began = time.perf_counter()
     manifest = read_manifest(path, group)
@@ -262,7 +262,7 @@ def restore(
     labels = bucket_labels(buckets or int(manifest["buckets"]), partitions)
     source = repo.source_path(group)
     nanoseconds = stream_source.reads_nanoseconds(spark, group, source)
-    after = stream_upgrade.layout(group, len(labels))
+    after = layout(group, len(labels))
     change = Change(Layout.from_json(manifest["layout"]), after)
     watermark = manifest["watermark_us"]
     files = source_uris(manifest["source"]["files"], source)
@@ -272,11 +272,11 @@ def restore(
     marker.write_text(str(path))
     _seed(spark, group, checkpoint, source, labels, partitions, after.id, nanoseconds)
     set_position(query, files, watermark, _offsets(manifest))
-    state = checkpoint / stream_upgrade.FOLDER / f"{after.id}-state"
+    state = checkpoint / FOLDER / f"{after.id}-state"
     regroup_panes(spark, group, Path(path), labels, state)
-    folder = checkpoint / stream_upgrade.FOLDER / after.id
+    folder = checkpoint / FOLDER / after.id
     position = Position(int(manifest["batch"]), watermark, frozenset(files), _offsets(manifest))
-    carried = stream_upgrade.build_added(spark, repo, group, change, manifest["definition"], position, labels, folder)
+    carried = build_added(spark, repo, group, change, manifest["definition"], position, labels, folder)
     upgrade = PendingUpgrade(
         change,
         str(folder) if carried.built else None,
@@ -284,7 +284,7 @@ def restore(
         manifest["emitted_upto_us"],
         manifest["newest_us"],
     )
-    save_definition(checkpoint, stream_upgrade.state_record(group, labels, partitions, nanoseconds, upgrade))
+    save_definition(checkpoint, state_record(group, labels, partitions, nanoseconds, upgrade))
     marker.unlink()
     restored = (str(path), int(manifest["batch"]), int(manifest["keys"]), int(manifest["buckets"]), len(labels))
     return replace(carried, seconds=time.perf_counter() - began, restored=restored)

@@ -13,9 +13,9 @@ Another process's `features stream` of a held group is refused: two processes wr
 corrupt it. One request is taken instead: `features stream --group G --buckets N` while a live run streams G asks
 that run to rescale. The asking process writes `rescale-request.json` beside the marker and waits; the live run
 sees it within a quarter of a second, moves the state to N buckets between two micro-batches, exactly as a restart with
-`--buckets N` would (features.pipelines.stream_upgrade), and writes `rescale-answer.json` with the line a restart
+`--buckets N` would (features.pipelines.stream.upgrade), and writes `rescale-answer.json` with the line a restart
 prints, or the reason it refused. The JVM, the session and the queries' warm state stay: a rescale costs the move
-and the next batch, not a new process (features.pipelines.stream_reload takes the request up).
+and the next batch, not a new process (features.pipelines.stream.reload takes the request up).
 
 No Spark here: the asking process starts none.
 """

@@ -1,5 +1,5 @@
 """The stream's micro-batch sink (foreachBatch): each batch validated, then written to the offline table and
-the online store, late events and bad records set aside (features.pipelines.stream_aside), and its progress
+the online store, late events and bad records set aside (features.pipelines.stream.aside), and its progress
 reported (features.pipelines.stream runs the queries; features.engine.stream computes what a batch holds).
 """
 
@@ -27,8 +27,8 @@ from features.engine.source_log import Pruning
 from features.engine.upgrade import handed_watermark, record_emitted
 from features.ml.runs import validation_metrics, validation_prefix
 from features.pipelines.rollup import MetricRollup
-from features.pipelines.stream_aside import SetAside
-from features.pipelines.stream_progress import RunState
+from features.pipelines.stream.aside import SetAside
+from features.pipelines.stream.batch_progress import RunState
 from features.quality.profiling import ProfileSoon
 from features.quality.screen import Screen
 from features.repo import Repo
@@ -87,10 +87,12 @@ class BatchSink:
         self.compaction: StreamCompaction | None = None
         self.aside, self.rollup = aside, rollup
         self.quarantined = 0  # batches that failed validation
-        self.finish_upgrade: Any = None  # a stream_upgrade.Finish while a definition change is pending
+        self.finish_upgrade: Any = None  # an upgrade.Finish while a definition change is pending
         self.source_log: Pruning | None = None  # a file source's log, kept to what Spark still needs
         self.checkpoint: Path | None = None  # the group's checkpoint folder
-        self.retiring = False  # its query is being stopped for one on a new definition (stream_reload)
+        self.retiring = (
+            False  # its query is being stopped for one on a new definition (features.pipelines.stream.reload)
+        )
 
     @property
     def query_checkpoint(self) -> Path | None:

@@ -3,13 +3,13 @@
 `features apply` records each group's definition hash (features.pipelines.registration.APPLIED). A live run
 (`features stream` without `--available-now`) looks at that record four times a second; when a group it runs was
 applied with another definition, it loads the repo's definitions again, stops that group's query between two batches and
-starts it again on the new definition, exactly as a restart would (features.pipelines.stream_upgrade: unchanged
+starts it again on the new definition, exactly as a restart would (features.pipelines.stream.upgrade: unchanged
 features keep their state, an added one is built over its lookback), with the JVM, the session and the MLflow
 run it already has. What a restart costs beyond that (a new JVM, imports, a new query's first batch on a cold
 JVM) is not paid. A change a start would refuse (a key column changed: `--reset` is the least it takes) is said
 with the same error, and the group goes on with the definition it ran.
 
-The same thread takes up a rescale another process hands the run (features.pipelines.stream_handoff): the state
+The same thread takes up a rescale another process hands the run (features.pipelines.stream.handoff): the state
 moved to the new buckets between two batches, as a restart with `--buckets` would, and the answer written back. A
 thread of its own, in every run, keeps the run's mark on its groups' checkpoints fresh."""
 
@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Protocol
 from features.engine import watchdog
 from features.engine.stream_definition import saved_definition
 from features.errors import FeaturesError
-from features.pipelines import stream_handoff
 from features.pipelines.backfill import ready_writer
 from features.pipelines.registration import APPLIED, read_applied
+from features.pipelines.stream import handoff
 from features.repo import Repo
 from features.spec import FeatureGroup
 from features.spec.fingerprint import definition_hash
@@ -35,13 +35,13 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming import StreamingQuery
 
     from features.pipelines.options import StreamOptions
-    from features.pipelines.stream_sink import BatchSink
-    from features.pipelines.stream_upgrade import Carried
+    from features.pipelines.stream.sink import BatchSink
+    from features.pipelines.stream.upgrade import Carried
     from features.stores.online import OnlineWriter
 
 
 class StreamRun(Protocol):
-    """What a swap changes of the run (features.pipelines.stream.StreamRun)."""
+    """What a swap changes of the run (features.pipelines.stream.runner.StreamRun)."""
 
     queries: dict[str, StreamingQuery]
     sinks: dict[str, BatchSink]
@@ -51,7 +51,7 @@ class StreamRun(Protocol):
 
 
 class GroupStarter(Protocol):
-    """What starts a group's query into the run (features.pipelines.stream.GroupStarter)."""
+    """What starts a group's query into the run (features.pipelines.stream.runner.GroupStarter)."""
 
     repo: Repo
     options: StreamOptions
@@ -90,8 +90,8 @@ def _keep_marked(run: StreamRun) -> None:
         stuck = None if quiet is None else (quiet.since_text(), quiet.describe())
         for checkpoint in _checkpoints(run).values():
             if stuck != noted:
-                stream_handoff.note_stuck(checkpoint, stuck)
-            stream_handoff.refresh(checkpoint)
+                handoff.note_stuck(checkpoint, stuck)
+            handoff.refresh(checkpoint)
         noted = stuck
 
 
@@ -100,7 +100,7 @@ def _watch(run: StreamRun, starter: GroupStarter) -> None:
     while not run.stopping and not run.errors and any(q.isActive for q in run.queries.values()):
         time.sleep(POLL_S)
         for name, checkpoint in _checkpoints(run).items():
-            if (request := stream_handoff.pending(checkpoint)) is not None:
+            if (request := handoff.pending(checkpoint)) is not None:
                 rescale(run, starter, name, checkpoint, request)
         stamp = _stamp(starter)
         if stamp == seen:
@@ -165,35 +165,33 @@ def _checkpoints(run: StreamRun) -> dict[str, Path]:
 def release(run: StreamRun) -> None:
     """The run's groups no longer marked as streamed by it (the run has ended)."""
     for checkpoint in _checkpoints(run).values():
-        stream_handoff.release(checkpoint)
+        handoff.release(checkpoint)
 
 
-def rescale(
-    run: StreamRun, starter: GroupStarter, name: str, checkpoint: Path, request: stream_handoff.Request
-) -> None:
+def rescale(run: StreamRun, starter: GroupStarter, name: str, checkpoint: Path, request: handoff.Request) -> None:
     """Move the group's state to the buckets another process asked for, between two batches, and answer it: the
     line a restart with `--buckets` prints, or why not (the group then goes on as it ran)."""
     sink = run.sinks[name]
     if (saved_definition(checkpoint) or {}).get("buckets") == request.buckets:
         line = f"{name}: already in {request.buckets} buckets; nothing moved"
-        stream_handoff.answer(checkpoint, request, line=line)
+        handoff.answer(checkpoint, request, line=line)
         return
     with run.swapping:
         if run.stopping:
-            stream_handoff.answer(checkpoint, request, error=f"{name}: the stream is stopping; nothing moved")
+            handoff.answer(checkpoint, request, error=f"{name}: the stream is stopping; nothing moved")
             return
         _say(f"{name}: --buckets {request.buckets} was asked for; the stream moves its state between batches")
         try:
             carried = _swap(run, starter, name, sink.repo, sink.group, sink.writer, request.buckets)
         except _Refused as exc:
-            stream_handoff.answer(checkpoint, request, error=str(exc))
+            handoff.answer(checkpoint, request, error=str(exc))
             _say(f"{name}: --buckets {request.buckets} is not taken up; the stream goes on as it ran: {exc}")
             return
         except _RunEnded as exc:
-            stream_handoff.answer(checkpoint, request, error=f"{name}: the stream failed in the rescale: {exc}")
+            handoff.answer(checkpoint, request, error=f"{name}: the stream failed in the rescale: {exc}")
             return
     line = carried.line() if carried is not None else f"{name}: now in {request.buckets} buckets (no state to move)"
-    stream_handoff.answer(checkpoint, request, line=line)
+    handoff.answer(checkpoint, request, line=line)
 
 
 class _Refused(Exception):
