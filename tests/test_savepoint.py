@@ -16,7 +16,7 @@ from test_stream import arrival_order, assert_batch_engine_rows, land, offline_r
 from test_stream_upgrade import AFTER, BEFORE, assert_online_reference, define
 
 from features.cli import main
-from features.engine.upgrade import committed_position
+from features.engine.query_log import committed_position
 from features.errors import ConfigError
 from features.pipelines.stream import savepoint, stream
 from features.repo import Repo

@@ -16,8 +16,8 @@ from test_stream import arrival_order, assert_batch_engine_rows, check_sample, l
 from test_stream_upgrade import AFTER, BEFORE, assert_online_reference, define, stream_files
 
 from features.engine import source_log
+from features.engine.query_log import committed_position
 from features.engine.source_log import DAY_MS, FILE_AGE_MS, PRUNED, Pruning, landed_before_ms, prune
-from features.engine.upgrade import committed_position
 from features.pipelines.stream import savepoint
 from features.repo import Repo
 from features.spec import WINDOW_END
@@ -160,7 +160,7 @@ def test_a_pruned_log_reads_no_file_again_and_a_change_still_builds_from_every_f
 
 
 def test_a_savepoint_names_each_file_once_however_spark_spelled_it(tmp_path) -> None:
-    from features.engine.savepoint import relative_files
+    from features.engine.savepoint_files import relative_files
 
     root = tmp_path / "landing"
     files = frozenset({(root / "a.parquet").as_uri(), f"file:{root}/a.parquet", f"file:{root}/d/b.parquet"})

@@ -289,7 +289,7 @@ def test_the_watermark_a_batch_emitted_is_the_recorded_one_else_sparks(tmp_path)
     """Spark's offsets hold the watermark it handed each batch, a batch behind what the batch emitted; the stream
     records its last batch's. A batch it has no record for (one without events, or a checkpoint of an earlier
     version of features) falls back to Spark's, which is never later than what the batch emitted."""
-    from features.engine.upgrade import EMITTED, last_commit, record_emitted, watermark_at
+    from features.engine.query_log import EMITTED, last_commit, record_emitted, watermark_at
 
     (tmp_path / "offsets").mkdir()
     (tmp_path / "commits").mkdir()

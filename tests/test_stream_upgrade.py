@@ -28,7 +28,7 @@ from test_stream import (
 )
 
 from features import Entity, Feature, FeatureGroup, Hop, Lifetime, agg
-from features.engine.upgrade import committed_position
+from features.engine.query_log import committed_position
 from features.errors import ConfigError
 from features.pipelines.stream import stream
 from features.repo import Repo
@@ -245,7 +245,7 @@ def test_a_stream_rescaled_moves_its_state_and_replays_nothing(spark, tmp_path, 
     """--buckets doubled on a cluster of more cores, then brought down to one: each time the keys' state moves to
     their new buckets (read from the checkpoint, not the source), Spark spreads the state over one partition per
     bucket (as many as the cores allow), and the rows after the change equal the batch engine's."""
-    from features.engine.upgrade import state_partitions
+    from features.engine.query_log import state_partitions
     from features.pipelines.stream import runner
 
     events = make_events()

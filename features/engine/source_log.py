@@ -10,7 +10,7 @@ newest `.compact` file; Spark's next fold starts from that file, so they stay ou
 
 What the state holds is still known: the files a committed batch read are the log's entries, plus every file of
 the folder modified before the cutoff of the last prune, kept in `PRUNED` (a definition change or a savepoint
-reads them, features.engine.upgrade)."""
+reads them: features.engine.query_log.Position)."""
 
 from __future__ import annotations
 

@@ -52,8 +52,8 @@ from features.engine.inputs import bucket_of, ddl, kernel_inputs
 from features.engine.schema import CORRUPT, FILE, LANDED, RAW_RECORD, SOURCE_FILE, schema_of
 from features.engine.schema import source_columns as all_source_columns
 from features.engine.source import cleaned_columns, reason_of
+from features.engine.state_upgrade import PendingUpgrade
 from features.engine.stream_rows import BAD, EAGER, KIND, LATE, LATEST, REASON, RECORD, REPLACED, OutputFrames
-from features.engine.upgrade import PendingUpgrade
 from features.errors import ConfigError
 from features.kernel.state import LAYOUT_CHUNK
 from features.spec import WINDOW_END, DType, FeatureGroup

@@ -19,7 +19,7 @@ from features.session_conf import session_setting
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from features.engine.upgrade import PendingUpgrade
+    from features.engine.state_upgrade import PendingUpgrade
     from features.spec import FeatureGroup
 
 

@@ -194,7 +194,7 @@ def day_ranges(days: list[date]) -> list[tuple[date, date]]:
 
 
 def _stream_info(repo: Repo, group: FeatureGroup, checkpoint_root: str | None) -> StreamInfo | None:
-    from features.engine.upgrade import last_commit
+    from features.engine.query_log import last_commit
     from features.pipelines.completeness import newest_event
     from features.pipelines.stream.batch_progress import emitted_watermark
 

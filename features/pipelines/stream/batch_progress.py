@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from features.engine.upgrade import last_commit
+from features.engine.query_log import last_commit
 from features.pipelines.rollup import MetricRollup
 
 

@@ -29,8 +29,10 @@ from pyspark.sql import DataFrame, SparkSession
 
 from features.engine import kafka, stream_operator, stream_source
 from features.engine.inputs import bucket_labels
+from features.engine.query_log import last_commit, state_partitions
 from features.engine.session import cores, is_connect, session_soon
 from features.engine.source_log import Pruning
+from features.engine.state_upgrade import PendingUpgrade
 from features.engine.stream_definition import save_definition, saved_definition
 from features.engine.stream_query import (
     can_repartition_state,
@@ -38,7 +40,6 @@ from features.engine.stream_query import (
     repartition_state,
     stateful_query,
 )
-from features.engine.upgrade import PendingUpgrade, last_commit, state_partitions
 from features.engine.watchdog import observing
 from features.errors import ConfigError, EnvironmentProblem, ValidationFailed
 from features.ml import tracking as mlflow_tracking

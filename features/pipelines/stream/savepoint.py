@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any
 from features.engine import stream_operator, stream_source
 from features.engine.inputs import bucket_labels
 from features.engine.kafka import OffsetRange
-from features.engine.savepoint import (
+from features.engine.query_log import Position, committed_position, last_commit
+from features.engine.savepoint_files import (
     dump_panes,
     held_files,
     regroup_panes,
@@ -36,9 +37,9 @@ from features.engine.savepoint import (
 )
 from features.engine.schema import schema_of
 from features.engine.session import cores
+from features.engine.state_upgrade import PendingUpgrade
 from features.engine.stream_definition import save_definition, saved_definition
 from features.engine.stream_query import query_settings, stateful_query
-from features.engine.upgrade import PendingUpgrade, Position, committed_position, last_commit
 from features.errors import ConfigError
 from features.kernel.migrate import Change, Layout
 from features.kernel.panes import MICROS

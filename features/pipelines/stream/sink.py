@@ -23,8 +23,8 @@ from pyspark.sql import functions as F
 from features import quality
 from features.engine import stream_rows
 from features.engine.online_rows import write_online
+from features.engine.query_log import handed_watermark, record_emitted
 from features.engine.source_log import Pruning
-from features.engine.upgrade import handed_watermark, record_emitted
 from features.ml.runs import validation_metrics, validation_prefix
 from features.pipelines.rollup import MetricRollup
 from features.pipelines.stream.aside import SetAside

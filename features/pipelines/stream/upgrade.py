@@ -21,20 +21,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from features.engine import stream_operator, stream_source
+from features.engine.query_log import Position, committed_position, last_commit
 from features.engine.schema import schema_of
-from features.engine.stream_definition import save_definition, saved_definition
-from features.engine.upgrade import (
+from features.engine.state_upgrade import (
     Gap,
     PendingUpgrade,
-    Position,
     build_panes,
     committed_file_events,
     committed_kafka_events,
-    committed_position,
     gaps,
-    last_commit,
     rebucket_state,
 )
+from features.engine.stream_definition import save_definition, saved_definition
 from features.errors import ConfigError
 from features.kernel.migrate import Change, Layout, layout_of
 from features.kernel.panes import MICROS, lookback_start

@@ -25,7 +25,8 @@ from pyspark.sql import functions as F
 from features import kernel
 from features.engine.inputs import bucket_of
 from features.engine.kafka import OffsetRange, offsets_json
-from features.engine.upgrade import BLOB, BUCKET, PART, PART_ROWS, Position, rebucket_state
+from features.engine.query_log import Position
+from features.engine.state_upgrade import BLOB, BUCKET, PART, PART_ROWS, rebucket_state
 from features.kernel.state import panes_from_arrow, panes_to_arrow
 from features.spec import DType, FeatureGroup
 
@@ -70,7 +71,7 @@ def dump_panes(
 
 def regroup_panes(spark: SparkSession, group: FeatureGroup, folder: Path, labels: list[int], out: Path) -> None:
     """A savepoint's pane rows as a new stream's buckets take them (`labels`): per bucket, stored as the built
-    panes of a definition change are (features.engine.upgrade.PendingUpgrade)."""
+    panes of a definition change are (features.engine.state_upgrade.PendingUpgrade)."""
     files = sorted((folder / PANES).glob("*.parquet"))
     if not files:
         return  # a state without keys: every bucket starts empty
