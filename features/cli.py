@@ -373,7 +373,7 @@ def _status(args: argparse.Namespace) -> int:
 
 def _plan(args: argparse.Namespace) -> int:
     """`features plan`: what `features apply` would change; changes nothing."""
-    from features.pipelines.plan import plan_apply
+    from features.pipelines.apply_plan import plan_apply
     from features.repo import Repo
 
     return _show(plan_apply(Repo.load(args.repo)), args.json)

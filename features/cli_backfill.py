@@ -14,7 +14,7 @@ from features.cli_checks import print_json
 if TYPE_CHECKING:
     from features.pipelines.backfill import BackfillResult
     from features.pipelines.options import BackfillOptions
-    from features.pipelines.schedule_plan import Plan, Request
+    from features.pipelines.schedule_plan import BackfillPlan, Request
 
 ParserArgs = Callable[[argparse.ArgumentParser], None]
 
@@ -90,9 +90,9 @@ class BackfillReport(Protocol):
     def say(self) -> Callable[[str], None] | None:
         """Where each run's line goes as it ends; None: above the progress bar."""
 
-    def planned(self, the_plan: Plan) -> None: ...
+    def planned(self, the_plan: BackfillPlan) -> None: ...
 
-    def dry_run(self, the_plan: Plan) -> None: ...
+    def dry_run(self, the_plan: BackfillPlan) -> None: ...
 
     def done(self, results: Sequence[BackfillResult]) -> None: ...
 
@@ -102,10 +102,10 @@ class TextReport:
 
     say = None
 
-    def planned(self, the_plan: Plan) -> None:
+    def planned(self, the_plan: BackfillPlan) -> None:
         print(the_plan.describe(), flush=True)
 
-    def dry_run(self, the_plan: Plan) -> None:
+    def dry_run(self, the_plan: BackfillPlan) -> None:
         print("dry run: nothing computed, nothing recorded")
 
     def done(self, results: Sequence[BackfillResult]) -> None:
@@ -119,10 +119,10 @@ class JsonReport:
     def say(self, line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    def planned(self, the_plan: Plan) -> None:
+    def planned(self, the_plan: BackfillPlan) -> None:
         self.say(the_plan.describe())
 
-    def dry_run(self, the_plan: Plan) -> None:
+    def dry_run(self, the_plan: BackfillPlan) -> None:
         for gp in the_plan.groups:
             print_json({"group": gp.group.name, "dry_run": True, "days": gp.todo, "notes": gp.notes})
 

@@ -18,12 +18,14 @@ _LAYERS = {
         "serving_requests"
     ),
     "quality": "checks screen",
-    "pipelines": ("backfill stream schedule stale verify retention rollup registration plan status"),
+    "pipelines": ("backfill stream schedule stale verify retention rollup registration status"),
     "ml": "training lineage model tracking",
     "kernel": "panes",
 }
 MOVED = {f"features.{name}": f"features.{layer}.{name}" for layer, names in _LAYERS.items() for name in names.split()}
-MOVED["features.stream_sink"] = "features.pipelines.stream.sink"  # the stream's stages are one package now
+# Renamed since: the stream's stages are one package, and names are unique across the package.
+MOVED["features.stream_sink"] = "features.pipelines.stream.sink"
+MOVED["features.plan"] = "features.pipelines.apply_plan"
 
 
 class _MovedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):

@@ -204,7 +204,7 @@ def test_a_small_table_put_in_place_in_a_sorted_one_is_the_same_as_both_sorted_t
 
 
 def test_integer_range_sums_are_exact_when_the_running_sum_wraps() -> None:
-    from features.kernel.aggregations import ranges_add
+    from features.kernel.partials import ranges_add
 
     big = np.iinfo(np.int64).max // 2
     values = np.array([big, big, big, -big, -big, 5], dtype=np.int64)  # running sums pass int64's maximum

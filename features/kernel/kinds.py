@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from features.kernel.aggregations import (
+from features.kernel.moments import Moments
+from features.kernel.partials import (
     BoundedDistinct,
     ByTime,
     Count,
@@ -15,7 +16,6 @@ from features.kernel.aggregations import (
     Quantiles,
     Sum,
 )
-from features.kernel.moments import Moments
 from features.kernel.ranked import Counts, DistinctValues, TimeK, ValueK
 from features.kernel.sessions import SessionBounds
 from features.spec import AggKind

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from features.kernel.aggregations import Kind, bincount, first_per_key, nullable, ranges_add, ranges_extreme
 from features.kernel.frames import column_values
+from features.kernel.partials import Kind, bincount, first_per_key, nullable, ranges_add, ranges_extreme
 from features.spec import DType
 
 

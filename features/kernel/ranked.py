@@ -12,7 +12,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from features.kernel.aggregations import (
+from features.kernel.frames import column_values
+from features.kernel.partials import (
     Kind,
     arrow_lists,
     flatten,
@@ -21,7 +22,6 @@ from features.kernel.aggregations import (
     range_of_rows,
     time_order,
 )
-from features.kernel.frames import column_values
 from features.kernel.plan import TS, Calc
 from features.spec import DType
 

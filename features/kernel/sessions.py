@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from features.kernel.aggregations import Kind, bincount, nullable, ranges_add, ranges_extreme
+from features.kernel.partials import Kind, bincount, nullable, ranges_add, ranges_extreme
 from features.kernel.plan import TS
 
 

@@ -2,7 +2,7 @@
 
 A pane table holds one row per (key, pane): the join keys (or the stream's key code `fx_key`), `fx_pane` (pane
 start, µs), `fx_n<i>` (rows passing the group's i-th distinct `where`, which decide where values may change), and
-each feature's partial columns `<feature>.<part>` (features.kernel.aggregations). One row per key may have
+each feature's partial columns `<feature>.<part>` (features.kernel.partials). One row per key may have
 `fx_pane == BASE`: the merged partials of panes that only Lifetime windows still read.
 
 The batch engine runs `phase1` and `emit` on each hash bucket of keys (all of their events at once); the stream
@@ -22,8 +22,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from features.kernel import sessions
-from features.kernel.aggregations import CountDistinct, bincount, ranges_add
 from features.kernel.kinds import KINDS
+from features.kernel.partials import CountDistinct, bincount, ranges_add
 from features.kernel.plan import BASE, KEY, PANE, TS, Calc, Plan
 
 # ---------------------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from features.pipelines.days import spans
 from features.pipelines.options import BackfillOptions
-from features.pipelines.schedule_plan import Plan, Run, one_run, plural
+from features.pipelines.schedule_plan import BackfillPlan, Run, one_run, plural
 from features.pipelines.schedule_plan import plan as plan  # re-exported with `request`: the public API's plan
 from features.pipelines.schedule_plan import request as request
 from features.repo import Repo
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 def execute(
     repo: Repo,
-    the_plan: Plan,
+    the_plan: BackfillPlan,
     *,
     spark: SparkSession | None = None,
     online: bool = True,
@@ -53,7 +53,7 @@ def execute(
 
 def run_plan(
     repo: Repo,
-    the_plan: Plan,
+    the_plan: BackfillPlan,
     options: BackfillOptions,
     *,
     spark: SparkSession | None = None,
@@ -136,7 +136,7 @@ class _Recorder:
             self.recorded.append(day)
 
 
-def _remember_late(repo: Repo, the_plan: Plan) -> None:
+def _remember_late(repo: Repo, the_plan: BackfillPlan) -> None:
     for gp in the_plan.groups:
         if not gp.new_late:
             continue

@@ -235,7 +235,7 @@ class GroupPlan:
 
 
 @dataclass
-class Plan:
+class BackfillPlan:
     request: Request
     groups: list[GroupPlan]
     now: datetime
@@ -276,7 +276,7 @@ def plan(
     now: datetime | None = None,
     spark: SparkSession | None = None,
     scan: bool = True,
-) -> Plan:
+) -> BackfillPlan:
     """What a backfill will compute and why, from each group's manifest, the stream's late batches and how far
     each group's data is in (features.pipelines.completeness).
 
@@ -301,7 +301,7 @@ def plan(
             _plan_since_last(gp, repo, req, manifest, stale, spark)
         _compute_only_changes(gp, manifest, req.only_changed)
         plans.append(gp)
-    return Plan(req, plans, now)
+    return BackfillPlan(req, plans, now)
 
 
 def _check_complete(horizons: Iterable[DataHorizon], day: date) -> None:

@@ -3,7 +3,7 @@
 Every aggregation is one `Operation` entry in `OPERATIONS`: its parameters and their checks, the column types it
 reads, its output type, its empty value, how the kernel receives its input, the expectations its output meets,
 a plain Spark SQL form (the naive baseline the benches time) and its cost. The kernel's reduction of each entry is
-`features.kernel.aggregations.KINDS`, and the tests' brute-force reference `tests/reference.py`; a test checks
+`features.kernel.kinds.KINDS`, and the tests' brute-force reference `tests/reference.py`; a test checks
 that all three cover the same kinds."""
 
 from __future__ import annotations
