@@ -110,11 +110,11 @@ def test_a_savepoint_that_cannot_start_the_group_says_why(tmp_path):
     cases.append((_savepoint(tmp_path / "rekeyed", definition=rekeyed), r"keyed by card_id, and the group by user_id"))
     for path, message in cases:
         with pytest.raises(ConfigError, match=message):
-            savepoint.restore(None, repo, BEFORE, checkpoint, str(path), None)
+            savepoint.restore(None, repo, BEFORE, checkpoint, None, str(path), None)
     (checkpoint).mkdir()
     (checkpoint / "features-definition.json").write_text("{}")
     with pytest.raises(ConfigError, match=r"already holds stream state.*delete that folder"):
-        savepoint.restore(None, repo, BEFORE, checkpoint, str(_savepoint(tmp_path / "good")), None)
+        savepoint.restore(None, repo, BEFORE, checkpoint, None, str(_savepoint(tmp_path / "good")), None)
     with pytest.raises(ConfigError, match=r"no stream state in .* to save.*features stream --repo"):
         savepoint.take(None, repo, BEFORE)
     with pytest.raises(ConfigError, match=r"a savepoint starts one group in a new checkpoint: name it with --group"):

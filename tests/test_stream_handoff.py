@@ -143,8 +143,7 @@ def test_a_key_change_a_running_stream_cannot_take_is_refused_by_apply_and_plan(
     from conftest import definitions_code
 
     from features.cli import main
-    from features.engine.stream_definition import save_definition
-    from features.pipelines.stream.upgrade import state_record
+    from features.engine.stream_definition import save_definition, state_record
 
     schema = {"user_id": "string", "card_id": "string", "event_ts": "timestamp"}
     source = EventSource("transactions", path="data/transactions", timestamp="event_ts", schema=schema)

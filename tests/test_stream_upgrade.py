@@ -246,7 +246,7 @@ def test_a_stream_rescaled_moves_its_state_and_replays_nothing(spark, tmp_path, 
     their new buckets (read from the checkpoint, not the source), Spark spreads the state over one partition per
     bucket (as many as the cores allow), and the rows after the change equal the batch engine's."""
     from features.engine.query_log import state_partitions
-    from features.pipelines.stream import runner
+    from features.pipelines.stream import upgrade as stream_upgrade
 
     events = make_events()
     parts = [events[events["event_ts"] < BASE + 10 * H], events[(events["event_ts"] >= BASE + 10 * H)]]
@@ -257,7 +257,7 @@ def test_a_stream_rescaled_moves_its_state_and_replays_nothing(spark, tmp_path, 
     stream(repo, available_now=True, progress=False, tracking=False).await_termination()
     checkpoint = Path(repo.checkpoint_path(AFTER, None))
     before = json.loads((checkpoint / "features-definition.json").read_text())["buckets"]
-    monkeypatch.setattr(runner, "cores", lambda spark: 2 * before)  # the stream moved to a bigger cluster
+    monkeypatch.setattr(stream_upgrade, "cores", lambda spark: 2 * before)  # the stream moved to a bigger cluster
     for i, buckets in enumerate((2 * before, 1)):
         changed_at = pd.Timestamp(committed_position(checkpoint / "query").watermark_us, unit="us", tz="UTC")
         partitions = state_partitions(checkpoint / "query")

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from features.engine.schema import CORRUPT, FILE, LANDED, UNPARSEABLE_AVRO, declared_spark_schema
+from features.engine.schema import CORRUPT, FILE, LANDED, UNPARSEABLE_AVRO
 from features.engine.session import cores
 from features.errors import EnvironmentProblem
 from features.spec import FeatureGroup, KafkaTopic
@@ -21,6 +22,7 @@ from features.spec.avro import null_indexes
 from features.spec.definitions import AVRO_FORMATS
 
 if TYPE_CHECKING:
+    from pyspark.sql.streaming import StreamingQuery
     from pyspark.sql.types import StructType
 
 KAFKA_PACKAGE = "org.apache.spark:spark-sql-kafka-0-10_2.13:{version}"
@@ -70,7 +72,11 @@ def offsets_json(topic: str, offsets: dict[int, int]) -> str:
 
 
 def read_kafka(
-    spark: SparkSession, group: FeatureGroup, offsets: OffsetRange | None = None, keep: tuple[str, ...] = ()
+    spark: SparkSession,
+    group: FeatureGroup,
+    declared: StructType,
+    offsets: OffsetRange | None = None,
+    keep: tuple[str, ...] = (),
 ) -> DataFrame:
     """The group's Kafka topic through Spark's connector, with the columns a file read has: each value decoded
     with the source's schema (JSON, or Avro by `KafkaTopic.schema`; a value that does not decode keeps its text,
@@ -78,13 +84,13 @@ def read_kafka(
     record (`KafkaTopic.event_time`), and in place of a file's name the record's
     `kafka:<topic>/<partition>/<offset>`, which a bad record keeps.
 
-    A stream, or with `offsets` a batch read of that stretch; `keep`: columns of Spark's Kafka rows to keep too
-    (`partition`, `offset`, ...)."""
+    A stream, or with `offsets` a batch read of that stretch; `declared`: the source's declared schema, which
+    EventSource requires of a Kafka source; `keep`: columns of Spark's Kafka rows to keep too (`partition`,
+    `offset`, ...)."""
     source = group.source
     topic = source.kafka
-    declared = declared_spark_schema(group)
-    if topic is None or declared is None:
-        raise AssertionError("EventSource checks that a Kafka source has a topic and a declared schema")
+    if topic is None:
+        raise AssertionError("read_kafka reads a Kafka source")
     options = {**FETCH, "kafka.bootstrap.servers": topic.bootstrap_servers, "subscribe": topic.topic, **topic.options}
     reader = spark.readStream if offsets is None else spark.read
     if offsets is not None:
@@ -211,3 +217,16 @@ def archive_rows(group: FeatureGroup, events: DataFrame) -> DataFrame:
     kept = [c for c in events.columns if c not in (CORRUPT, LANDED, FILE)]
     day = F.to_date(F.col(group.source.timestamp).cast("timestamp")).alias(ARCHIVE_DATE)
     return events.where(F.col(CORRUPT).isNull()).select(*kept, day)
+
+
+def start_archive(
+    group: FeatureGroup, events: DataFrame, path: str, checkpoint: Path, trigger: dict[str, Any]
+) -> StreamingQuery:
+    """Start the query that writes every record read from a Kafka source (`events`, `read_kafka`'s) into its
+    folder `path`, as Parquet partitioned by event date, for backfills. Spark's file sink writes each micro-batch's
+    files exactly once: its log (`_spark_metadata` in the folder) lists the files of committed batches, and
+    Spark's readers of the folder, the backfill's among them, read only those."""
+    rows = archive_rows(group, events)
+    writer = rows.writeStream.format("parquet").partitionBy(ARCHIVE_DATE).outputMode("append")
+    writer = writer.option("checkpointLocation", str(checkpoint)).queryName(f"features_archive_{group.source.name}")
+    return writer.trigger(**trigger).start(path)

@@ -263,6 +263,7 @@ def reason_of(group: FeatureGroup, raw: DataFrame, now: datetime | Column) -> Co
     def named(prefix: str, columns: list[Column]) -> Column:
         return F.concat(F.lit(f"{prefix}: "), F.concat_ws(", ", *columns))
 
+    floats, latest = _float_values(group, raw), _latest_usable(group, now)
     kafka = source.kafka
     if CORRUPT in raw.columns and FILE in raw.columns and kafka is not None and kafka.schema is not None:
         from features.engine.kafka import undecoded_reason
@@ -284,23 +285,30 @@ def reason_of(group: FeatureGroup, raw: DataFrame, now: datetime | Column) -> Co
         any_missing = any_missing | F.col(k).isNull()
     otherwise(any_missing, named(MISSING_KEY, missing))
     otherwise(ts.isNull(), F.lit(MISSING_TIMESTAMP))
-    floats = _float_values(group, raw)
     if floats:
         any_infinite = F.lit(False)
         for c in floats:
             any_infinite = any_infinite | _is_infinite(F.col(c))
         infinite = [F.when(_is_infinite(F.col(c)), F.lit(c)) for c in floats]
         otherwise(any_infinite, named(INFINITE_VALUE, infinite))
-    if group.source.max_future_s is not None:
-        if isinstance(now, datetime):
-            latest = F.timestamp_micros(F.lit(_future_us(group, now)))
-        else:
-            latest = now + F.make_dt_interval(secs=F.lit(group.source.max_future_s))
+    if latest is not None:
         otherwise(ts > latest, F.lit(FUTURE_TIMESTAMP))
     if group.source.min_timestamp_us is not None:
         otherwise(ts < F.timestamp_micros(F.lit(group.source.min_timestamp_us)), F.lit(PAST_TIMESTAMP))
     assert reason is not None
     return reason
+
+
+def _latest_usable(group: FeatureGroup, now: datetime | Column) -> Column | None:
+    """The latest usable event time under the source's `max_future` (None without one), from `now` as
+    `reason_of` takes it."""
+    from pyspark.sql import functions as F
+
+    if group.source.max_future_s is None:
+        return None
+    if isinstance(now, datetime):
+        return F.timestamp_micros(F.lit(_future_us(group, now)))
+    return now + F.make_dt_interval(secs=F.lit(group.source.max_future_s))
 
 
 def _future_us(group: FeatureGroup, now: datetime) -> int | None:

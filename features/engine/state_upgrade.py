@@ -31,6 +31,7 @@ from features.spec import DType, FeatureGroup
 
 if TYPE_CHECKING:
     from pyspark.sql import Observation, SparkSession
+    from pyspark.sql.types import StructType
 
 BUCKET, PART, BLOB = "fx_bucket", "fx_part", "fx_blob"
 PART_ROWS = 500_000  # pane rows per stored blob of the built panes
@@ -68,13 +69,14 @@ class Gap:
 
 
 def committed_kafka_events(
-    spark: SparkSession, group: FeatureGroup, offsets: OffsetRange
+    spark: SparkSession, group: FeatureGroup, declared: StructType, offsets: OffsetRange
 ) -> tuple[DataFrame, Observation]:
-    """The good events of `offsets`, decoded and checked as the stream does; the Observation gives, once they
-    are read, each partition's first offset read and its event time (`gaps` reads it)."""
+    """The good events of `offsets` (a source of schema `declared`), decoded and checked as the stream does; the
+    Observation gives, once they are read, each partition's first offset read and its event time (`gaps` reads
+    it)."""
     from pyspark.sql import Observation
 
-    events = read_kafka(spark, group, offsets, keep=("partition", "offset"))
+    events = read_kafka(spark, group, declared, offsets, keep=("partition", "offset"))
     ts = F.col(group.source.timestamp).cast("timestamp")
     observed = []
     for p in sorted(offsets.end):
@@ -132,18 +134,18 @@ def build_panes(
 
     def compute(table: pa.Table) -> pa.Table:  # no hints: PySpark infers the UDF type from them
         counted.add(table.num_rows)
-        return _panes(plan, table, upto_us)
+        panes = kernel.phase1(plan, kernel.events_frame(table.drop_columns([BUCKET])))
+        if upto_us is not None and not all(c.bounded for c in plan.calcs):
+            panes = kernel.prune(plan, panes, upto_us)
+        return _packed(int(table[BUCKET][0].as_py()), panes)
 
     out = projected.groupBy(BUCKET).applyInArrow(compute, f"{BUCKET} bigint, {PART} int, {BLOB} binary")
     out.write.mode("overwrite").parquet(str(folder))
     return Built(int(counted.value), since_us)
 
 
-def _panes(plan: kernel.Plan, table: pa.Table, upto_us: int | None) -> pa.Table:
-    bucket = int(table[BUCKET][0].as_py())
-    panes = kernel.phase1(plan, kernel.events_frame(table.drop_columns([BUCKET])))
-    if upto_us is not None and not all(c.bounded for c in plan.calcs):
-        panes = kernel.prune(plan, panes, upto_us)
+def _packed(bucket: int, panes: pd.DataFrame) -> pa.Table:
+    """A bucket's pane table as rows of (bucket, part, blob), PART_ROWS pane rows a blob."""
     blobs = [kernel.to_bytes(panes.iloc[i : i + PART_ROWS]) for i in range(0, max(len(panes), 1), PART_ROWS)]
     n = len(blobs)
     return pa.table(

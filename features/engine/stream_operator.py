@@ -63,7 +63,6 @@ PACK = "fx_pack"  # the processor's input: one bucket's events of one Arrow batc
 # On the processor's input: the newest good event time a task of the batch read (µs), sent to every bucket so that
 # each one knows the stream-wide event time of the batch (eager values are taken there, not at a bucket's own).
 NEWEST = "fx_newest"
-STATE_FORMAT = 4  # the layout of a bucket's state, saved with the checkpoint (3: no token; 2: DataSketches; 1: by key)
 RESIDENT_BUCKETS = 4  # buckets whose state a Python worker keeps between batches (_Resident)
 COMPACT_SLACK = 1024  # codes of departed keys a bucket's key dictionary may hold beyond twice its live keys
 STATE_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"

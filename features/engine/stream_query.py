@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 def stateful_query(
     spark: SparkSession,
     group: FeatureGroup,
-    path: str,
+    source: stream_source.StreamSource,
     labels: list[int],
     *,
     layout: str,
@@ -35,10 +35,10 @@ def stateful_query(
     nulls: bool,
     max_files_per_trigger: int | None = None,
 ) -> tuple[DataFrame, stream_operator.Projection, DataFrame]:
-    """A group's stream up to its stateful operator: the events read from `path`, their projection, and the
+    """A group's stream up to its stateful operator: the events read from `source`, their projection, and the
     operator's output (change points, late events, bad records, bucket stats) for the sink. `nanoseconds` and
     `nulls`: the reads its checkpoint started with (features.engine.stream_source.read_stream)."""
-    events = stream_source.read_stream(spark, group, path, max_files_per_trigger, nanoseconds, nulls)
+    events = stream_source.read_stream(spark, group, source, max_files_per_trigger, nanoseconds, nulls)
     projected, projection = stream_operator.project(group, events, labels)
     fields = StructType.fromDDL(projection.output_schema).fields
     output = {f.name: to_arrow_type(f.dataType, timezone="UTC") for f in fields}  # times in UTC, as the kernel's

@@ -4,6 +4,7 @@ operator (features.engine.stream_operator). The batch reads the same files with 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -12,7 +13,7 @@ from pyspark.sql import functions as F
 
 from features.engine.files import null_rows
 from features.engine.kafka import read_kafka
-from features.engine.schema import CORRUPT, FILE, LANDED, META, declared_spark_schema
+from features.engine.schema import CORRUPT, FILE, LANDED, META
 from features.engine.source import check_columns, parquet_schema, read_parquet, stream_reads_nanoseconds
 from features.engine.source_log import FILE_AGE
 from features.errors import ConfigError, DefinitionError
@@ -28,38 +29,48 @@ BINARY_FILE = "path string, modificationTime timestamp, length bigint, content b
 NULLS_READ = True
 
 
-def source_schema(spark: SparkSession, group: FeatureGroup, path: str) -> StructType:
-    """The stream's schema: the declared one, else the one of the Parquet files already landed."""
-    declared = declared_spark_schema(group)
-    if declared is not None:
-        return declared
+@dataclass(frozen=True)
+class StreamSource:
+    """Where a group's stream reads (its landing folder, or a Kafka source's archive folder) and the schema it
+    reads with: resolved once as the stream starts, and handed to every part that reads the source."""
+
+    path: str
+    schema: StructType
+
+
+def resolve(spark: SparkSession, group: FeatureGroup, path: str) -> StreamSource:
+    """The stream's source at `path`, its schema the declared one, else the one of the Parquet files landed."""
+    return StreamSource(path, _schema(spark, group, path))
+
+
+def _schema(spark: SparkSession, group: FeatureGroup, path: str) -> StructType:
     source = group.source
-    if source.format != "parquet":
+    if source.schema is None and source.format != "parquet":
         raise DefinitionError(
             f"EventSource({source.name!r}).schema",
             f"a {source.format} stream needs a declared schema",
             'add schema={"column": "type", ...} to the EventSource',
         )
-    if "://" not in path and not any(Path(path).rglob("*.parquet")):
+    if source.schema is None and "://" not in path and not any(Path(path).rglob("*.parquet")):
         raise ConfigError(
             f"EventSource({source.name!r}).path: no Parquet files in {path} to take the stream's schema from; "
             'land a first file there, or declare schema={"column": "type", ...} on the EventSource'
         )
-    return parquet_schema(spark, group, path)
+    return parquet_schema(spark, group, path)  # a declared schema whatever the source's format, else the files'
 
 
-def reads_nanoseconds(spark: SparkSession, group: FeatureGroup, path: str) -> bool:
+def reads_nanoseconds(spark: SparkSession, group: FeatureGroup, source: StreamSource) -> bool:
     """Whether the group's stream reads nanosecond Parquet files (features.engine.source.stream_reads_nanoseconds;
     fixed when the stream starts: its read and its check of landed files must agree)."""
     if group.source.kafka is not None or group.source.format != "parquet":
         return True
-    return stream_reads_nanoseconds(spark, source_schema(spark, group, path), path)
+    return stream_reads_nanoseconds(spark, source.schema, source.path)
 
 
 def read_stream(
     spark: SparkSession,
     group: FeatureGroup,
-    path: str,
+    source: StreamSource,
     max_files: int | None,
     nanoseconds: bool = True,
     nulls: bool = True,
@@ -73,11 +84,10 @@ def read_stream(
     choice is made when a checkpoint starts (`NULLS_READ`) and kept with it."""
     from pyspark.sql import types as T
 
-    source = group.source
-    if source.kafka is not None:
-        return read_kafka(spark, group)
-    schema = source_schema(spark, group, path)
-    if source.format == "json":
+    if group.source.kafka is not None:
+        return read_kafka(spark, group, source.schema)
+    path, schema = source.path, source.schema
+    if group.source.format == "json":
         with_corrupt = T.StructType([*schema.fields, T.StructField(CORRUPT, T.StringType())])
         reader = _landed_files(spark, max_files).schema(with_corrupt).option("mode", "PERMISSIVE")
         events = reader.json(path).withColumn(META, F.col("_metadata"))

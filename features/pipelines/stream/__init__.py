@@ -1,6 +1,7 @@
 """`features stream` (docs/streaming.md): a group's stream from its start to its end, one module a stage.
 
 - runner: `stream(repo)` starts a query per group and returns the run (StreamRun) that waits for and stops them;
+- starter: one group's query started: its source resolved, its checkpoint resumed or restored, its sink made;
 - sink: each micro-batch validated and written to the stores, its progress reported (batch_progress);
 - aside: late events, bad records and unreadable files set aside, and swept after their retention;
 - upgrade: a checkpoint resumed, its state carried over a changed definition or another number of buckets;

@@ -13,7 +13,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from features import quality
-from features.engine import files, schema, stream_operator, stream_rows, stream_source
+from features.engine import files, schema, stream_operator, stream_rows
+from features.engine.stream_source import StreamSource
 from features.kernel import TS
 from features.pipelines.retention import SWEEP_EVERY_S, held, sweep
 from features.pipelines.rollup import MetricRollup
@@ -30,13 +31,14 @@ class SetAside:
         repo: Repo,
         group: FeatureGroup,
         spark: SparkSession,
+        source: StreamSource,
         record_schema: str,
         rollup: MetricRollup,
         keep_s: float | None,
         nanoseconds: bool,
         nulls: bool,
     ) -> None:
-        self.repo, self.group, self.spark, self.rollup = repo, group, spark, rollup
+        self.repo, self.group, self.spark, self.source, self.rollup = repo, group, spark, source, rollup
         self.record_schema = record_schema  # a bad record's columns (stream_operator.Projection.record_schema)
         # The reads the stream's checkpoint started with (stream_source.read_stream): whether it reads nanosecond
         # files, and files holding a column as Arrow's null type.
@@ -106,12 +108,10 @@ class SetAside:
         driver cannot open are skipped unreported."""
         if self.group.source.format != "parquet" or self.group.source.kafka is not None:
             return 0
-        path = self.repo.source_path(self.group)
         if self.file_check is None:
-            read_schema = stream_source.source_schema(self.spark, self.group, path)
-            self.file_check = files.FileCheck(self.spark, read_schema, self.nanoseconds, self.nulls)
+            self.file_check = files.FileCheck(self.spark, self.source.schema, self.nanoseconds, self.nulls)
         reader = self.spark.read.schema(self.file_check.schema).option("recursiveFileLookup", "true")
-        listed = set(reader.parquet(path).inputFiles())
+        listed = set(reader.parquet(self.source.path).inputFiles())
         new = sorted(listed - self.checked)
         # Only the names still landed: the set never outgrows the listing Spark's file source makes each batch.
         self.checked = listed

@@ -36,7 +36,6 @@ from typing import Any
 from features.atomic import write_whole
 from features.errors import ConfigError, EnvironmentProblem
 from features.repo import Repo
-from features.spec import FeatureGroup
 
 MARKER = "live.json"
 REQUEST = "rescale-request.json"
@@ -211,21 +210,6 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def replay_needed(group: FeatureGroup, saved: dict[str, Any]) -> str | None:
-    """Why a stream whose checkpoint saved definition `saved` (the checkpoint's features-definition.json) cannot
-    carry its state over to `group` and must replay the source (None: it can). Asked by the stream as it starts
-    and by `features apply` and `plan`, which refuse such a change while a stream runs the group."""
-    before = saved["definition"]
-    if list(before["entity"]["join_keys"]) != list(group.join_keys):
-        return (
-            f"keys its state by {', '.join(before['entity']['join_keys'])}, and the group is now keyed by "
-            f"{', '.join(group.join_keys)}: every key is new, so a replay of the source is the least it takes"
-        )
-    if before["source"]["timestamp"] != group.source.timestamp:
-        return "was built on another timestamp column: every event's time changed, so the source must be replayed"
-    return None
-
-
 def check_running_streams_take(repo: Repo) -> None:
     """Refuse a definition change that a stream running now cannot take (a new join key or timestamp column):
     applied under it, Feast's registry would be keyed by the new columns while the stream keeps writing the old."""
@@ -235,8 +219,13 @@ def check_running_streams_take(repo: Repo) -> None:
         checkpoint = Path(repo.checkpoint_path(group))
         saved = saved_definition(checkpoint)
         running = holder(checkpoint, include_self=True) if saved is not None else None
-        why = replay_needed(group, saved) if running is not None and saved is not None else None
-        if why is not None and running is not None:
+        if running is None or saved is None:
+            continue
+        # The stream's own rule, and its Spark modules, imported only where a stream runs the group.
+        from features.pipelines.stream.upgrade import replay_needed
+
+        why = replay_needed(group, saved)
+        if why is not None:
             raise ConfigError(
                 f"{group.name}: {running.describe()} streams this group, and its saved state in {checkpoint} {why}. "
                 f"Fix: stop that stream, then run `features apply --repo {repo.root}` and `features stream --repo "

@@ -34,8 +34,8 @@ from features.spec.fingerprint import definition_hash
 if TYPE_CHECKING:
     from pyspark.sql.streaming import StreamingQuery
 
-    from features.pipelines.options import StreamOptions
     from features.pipelines.stream.sink import BatchSink
+    from features.pipelines.stream.starter import GroupStarter
     from features.pipelines.stream.upgrade import Carried
     from features.stores.online import OnlineWriter
 
@@ -48,17 +48,6 @@ class StreamRun(Protocol):
     errors: dict[str, BaseException]
     stopping: bool
     swapping: threading.Lock
-
-
-class GroupStarter(Protocol):
-    """What starts a group's query into the run (features.pipelines.stream.runner.GroupStarter)."""
-
-    repo: Repo
-    options: StreamOptions
-
-    def start(
-        self, group: FeatureGroup, writer: OnlineWriter | None, *, buckets: int | None = None
-    ) -> Carried | None: ...
 
 
 POLL_S = 0.25  # how often a live run looks at the applied definitions and for a rescale asked of it

@@ -8,7 +8,9 @@ number of buckets, another machine or a later version of `features`.
 until it is complete: a first micro-batch over no events makes Spark's own checkpoint (its operator, state store
 and logs), whose source position and watermark are then set to the savepoint's; the pane rows go to the new
 buckets, and the stream's buckets take them as their state the first time they step, as after a rescale; features
-the savepoint's definition lacked are built from the source over their lookback, as after a definition change.
+the savepoint's definition lacked are built from the source over their lookback, as after a definition change
+(features.pipelines.stream.upgrade). The Spark side (the pane rows, the source position):
+features.engine.savepoint_files.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from features.engine import stream_operator, stream_source
+from features.engine import stream_source
 from features.engine.inputs import bucket_labels
 from features.engine.kafka import OffsetRange
 from features.engine.query_log import Position, committed_position, last_commit
@@ -38,12 +40,13 @@ from features.engine.savepoint_files import (
 from features.engine.schema import schema_of
 from features.engine.session import cores
 from features.engine.state_upgrade import PendingUpgrade
-from features.engine.stream_definition import save_definition, saved_definition
+from features.engine.stream_definition import STATE_FORMAT, layout, save_state, saved_definition, saved_layout
 from features.engine.stream_query import query_settings, stateful_query
+from features.engine.stream_source import StreamSource
 from features.errors import ConfigError
 from features.kernel.migrate import Change, Layout
 from features.kernel.panes import MICROS
-from features.pipelines.stream.upgrade import FOLDER, Carried, build_added, layout, saved_layout, state_record
+from features.pipelines.stream.upgrade import FOLDER, Carried, build_added
 from features.repo import Repo
 from features.spec import FeatureGroup
 from features.version import package_version
@@ -112,10 +115,10 @@ def take(
     if target.exists() and any(target.iterdir()):
         raise ConfigError(f"--to: {target} already holds files; name a new folder for the savepoint")
     aside = target.with_name(f".{target.name}.writing-{uuid.uuid4().hex[:8]}")
-    source = repo.source_path(group)
+    source = stream_source.resolve(spark, group, repo.source_path(group))
     position = committed_position(checkpoint / "query", batch)
-    files = held_files(spark, position, source)  # the log's, and those it no longer lists
-    key_types = group.output_types(schema_of(stream_source.source_schema(spark, group, source)))
+    files = held_files(spark, position, source.path)  # the log's, and those it no longer lists
+    key_types = group.output_types(schema_of(source.schema))
     try:
         dumped = dump_panes(
             spark, checkpoint / "query", group, {k: key_types[k] for k in group.join_keys}, batch, aside
@@ -136,7 +139,7 @@ def take(
             "newest_us": dumped.newest_us,
             "keys": dumped.keys,
             "rows": dumped.rows,
-            "source": _source_position(position, files, source),
+            "source": _source_position(position, files, source.path),
         }
         (aside / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -175,7 +178,7 @@ def _offsets(manifest: dict[str, Any]) -> OffsetRange | None:
 
 
 def _not_savable(group: FeatureGroup, saved: dict[str, Any]) -> str | None:
-    if saved.get("state_format") != stream_operator.STATE_FORMAT:
+    if saved.get("state_format") != STATE_FORMAT:
         return (
             "was written by another version of features, in a layout this version does not read: take the "
             "savepoint with the version that wrote it, and restore it with this one (`features stream "
@@ -244,8 +247,31 @@ def read_manifest(path: str | Path, group: FeatureGroup) -> dict[str, Any]:
     return manifest
 
 
+def prepare(
+    spark: SparkSession,
+    repo: Repo,
+    group: FeatureGroup,
+    checkpoint: Path,
+    source: StreamSource,
+    path: str | None,
+    buckets: int | None,
+) -> Carried | None:
+    """Start `checkpoint` from the savepoint at `path` (None: no savepoint asked for, and a checkpoint a restore
+    began and did not finish is refused)."""
+    if path is None:
+        check_restored(checkpoint, group)
+        return None
+    return restore(spark, repo, group, checkpoint, source, path, buckets)
+
+
 def restore(
-    spark: SparkSession, repo: Repo, group: FeatureGroup, checkpoint: Path, path: str, buckets: int | None
+    spark: SparkSession,
+    repo: Repo,
+    group: FeatureGroup,
+    checkpoint: Path,
+    source: StreamSource,
+    path: str,
+    buckets: int | None,
 ) -> Carried:
     """Make `checkpoint` (which must hold no state) a checkpoint that continues from the savepoint at `path`."""
     began = time.perf_counter()
@@ -261,23 +287,20 @@ def restore(
         )
     partitions = cores(spark)
     labels = bucket_labels(buckets or int(manifest["buckets"]), partitions)
-    source = repo.source_path(group)
-    nanoseconds = stream_source.reads_nanoseconds(spark, group, source)
-    after = layout(group, len(labels))
-    change = Change(Layout.from_json(manifest["layout"]), after)
-    watermark = manifest["watermark_us"]
-    files = source_uris(manifest["source"]["files"], source)
     # Under a marker that a start refuses and a restore starts again from.
     shutil.rmtree(checkpoint, ignore_errors=True)  # no state: at most what a failed start or restore left
     checkpoint.mkdir(parents=True)
     marker.write_text(str(path))
-    _seed(spark, group, checkpoint, source, labels, partitions, after.id, nanoseconds)
+    after, nanoseconds = _seed(spark, group, checkpoint, source, labels, partitions)
+    change = Change(Layout.from_json(manifest["layout"]), after)
+    watermark = manifest["watermark_us"]
+    files = source_uris(manifest["source"]["files"], source.path)
     set_position(query, files, watermark, _offsets(manifest))
     state = checkpoint / FOLDER / f"{after.id}-state"
     regroup_panes(spark, group, Path(path), labels, state)
     folder = checkpoint / FOLDER / after.id
     position = Position(int(manifest["batch"]), watermark, frozenset(files), _offsets(manifest))
-    carried = build_added(spark, repo, group, change, manifest["definition"], position, labels, folder)
+    carried = build_added(spark, repo, group, source, change, manifest["definition"], position, labels, folder)
     upgrade = PendingUpgrade(
         change,
         str(folder) if carried.built else None,
@@ -285,7 +308,7 @@ def restore(
         manifest["emitted_upto_us"],
         manifest["newest_us"],
     )
-    save_definition(checkpoint, state_record(group, labels, partitions, nanoseconds, upgrade))
+    save_state(checkpoint, group, labels, partitions, nanoseconds, upgrade)
     marker.unlink()
     restored = (str(path), int(manifest["batch"]), int(manifest["keys"]), int(manifest["buckets"]), len(labels))
     return replace(carried, seconds=time.perf_counter() - began, restored=restored)
@@ -295,16 +318,17 @@ def _seed(
     spark: SparkSession,
     group: FeatureGroup,
     checkpoint: Path,
-    source: str,
+    source: StreamSource,
     labels: list[int],
     partitions: int,
-    layout: str,
-    nanoseconds: bool,
-) -> None:
+) -> tuple[Layout, bool]:
     """Run the group's stream for one micro-batch over an empty file: Spark writes the checkpoint of the very
     query `features stream` runs (its sources' logs, offsets, commit, and the operator's state store and schema),
     with a state in which no bucket has stepped. A Kafka source's query is seeded over the same empty file (a
-    topic cannot be read for no records); `set_position` then makes its logs a Kafka source's."""
+    topic cannot be read for no records); `set_position` then makes its logs a Kafka source's. Returns what the
+    query was made with: the layout of its state and whether it reads nanosecond files."""
+    after = layout(group, len(labels))
+    nanoseconds = stream_source.reads_nanoseconds(spark, group, source)
     if group.source.kafka is not None:
         group = replace(group, source=group.source.landing_folder())
     empty = checkpoint / "seed"
@@ -312,10 +336,17 @@ def _seed(
         empty.mkdir(parents=True)
         (empty / "seed.json").write_text("")
     else:
-        schema = stream_source.source_schema(spark, group, source)
-        spark.createDataFrame([], schema).coalesce(1).write.parquet(str(empty))
+        spark.createDataFrame([], source.schema).coalesce(1).write.parquet(str(empty))
+    seeded = replace(source, path=str(empty))
     _, _, out = stateful_query(
-        spark, group, str(empty), labels, layout=layout, upgrade=None, nanoseconds=nanoseconds, nulls=True
+        spark,
+        group,
+        seeded,
+        labels,
+        layout=after.id,
+        upgrade=None,
+        nanoseconds=nanoseconds,
+        nulls=True,
     )
     # The batch must run its plan for the state stores to commit: Spark's no-op sink runs it and keeps nothing.
     writer = out.writeStream.foreachBatch(_run_plan).trigger(availableNow=True)
@@ -323,6 +354,7 @@ def _seed(
         query = writer.option("checkpointLocation", str(checkpoint / "query")).start()
     query.awaitTermination()
     shutil.rmtree(empty)
+    return after, nanoseconds
 
 
 def _run_plan(frame: DataFrame, batch_id: int) -> None:

@@ -1,6 +1,7 @@
-"""The stream's micro-batch sink (foreachBatch): each batch validated, then written to the offline table and
-the online store, late events and bad records set aside (features.pipelines.stream.aside), and its progress
-reported (features.pipelines.stream runs the queries; features.engine.stream computes what a batch holds).
+"""The stream's micro-batch sink (foreachBatch): each batch validated, then appended to the offline table in one
+commit per batch (features.stores.offline.append_batch) and written to the online store, late events and bad
+records set aside (features.pipelines.stream.aside), and its progress reported (features.pipelines.stream.runner
+runs the queries; features.engine.stream_operator computes what a batch holds).
 """
 
 from __future__ import annotations

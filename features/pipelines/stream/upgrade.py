@@ -1,5 +1,9 @@
-"""A running group's definition changed: its stream carries the state over instead of replaying the source
-(docs/streaming.md, "Changing a running group").
+"""How a group's stream continues from its checkpoint (`resume`, as its query starts): with the state as saved,
+with the state carried over a changed definition (`carry_over`) or number of buckets (`rescale`) instead of a
+replay of the source, or over from the source (`--reset`); a change the state cannot take is refused with the fix
+(docs/streaming.md, "Changing a running group"). Beneath it: the checkpoint's saved record
+(features.engine.stream_definition), the Spark jobs that build and move pane rows (features.engine.state_upgrade)
+and the columns a change keeps, builds and drops (features.kernel.migrate).
 
 When `features stream` starts on a checkpoint whose saved definition differs from the group's, the state's columns
 are compared by what they hold (features.kernel.migrate): unchanged features keep their pane partials, removed ones
@@ -14,15 +18,16 @@ from __future__ import annotations
 
 import shutil
 import time
-import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from features.engine import stream_operator, stream_source
-from features.engine.query_log import Position, committed_position, last_commit
+from features.engine import stream_source
+from features.engine.inputs import bucket_labels
+from features.engine.query_log import Position, committed_position, last_commit, state_partitions
 from features.engine.schema import schema_of
+from features.engine.session import cores
 from features.engine.state_upgrade import (
     Gap,
     PendingUpgrade,
@@ -32,14 +37,23 @@ from features.engine.state_upgrade import (
     gaps,
     rebucket_state,
 )
-from features.engine.stream_definition import save_definition, saved_definition
+from features.engine.stream_definition import (
+    STATE_FORMAT,
+    layout,
+    save_definition,
+    save_state,
+    saved_definition,
+    saved_layout,
+)
+from features.engine.stream_query import can_repartition_state, repartition_state
+from features.engine.stream_source import StreamSource
 from features.errors import ConfigError
-from features.kernel.migrate import Change, Layout, layout_of
+from features.kernel.migrate import Change
 from features.kernel.panes import MICROS, lookback_start
-from features.pipelines.stream.handoff import replay_needed
 from features.repo import Repo
 from features.spec import FeatureGroup
-from features.spec.fingerprint import definition_hash, describe
+from features.spec.fingerprint import definition_hash
+from features.stores import offline
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -102,40 +116,97 @@ def _names(names: list[str]) -> str:
     return ", ".join(names) if names else "nothing"
 
 
-def layout(group: FeatureGroup, buckets: int) -> Layout:
-    return layout_of(describe(group), buckets)
+@dataclass(frozen=True)
+class Resumed:
+    """What a stream continues from its checkpoint with."""
+
+    labels: list[int]  # the bucket labels the state was built with
+    partitions: int  # the stateful operator's partitions
+    # Whether the stream reads nanosecond Parquet files (features.engine.stream_source.reads_nanoseconds: decided
+    # when the checkpoint starts, as that decides how many sources its query has, which Spark keeps).
+    nanoseconds: bool
+    stream_id: str
+    # Whether it reads files holding a column as Arrow's null type (features.engine.stream_source.read_stream: a
+    # source more, so also decided when the checkpoint starts).
+    nulls: bool
+    layout: str  # the id of the layout its state has (features.kernel.migrate.Layout)
+    upgrade: PendingUpgrade | None = None  # a definition change its buckets apply as they step
+    carried: Carried | None = None  # that change, when this start made it
 
 
-def saved_layout(saved: dict[str, Any]) -> Layout:
-    """The layout of a checkpoint's state (checkpoints from before layouts were saved: from their definition)."""
-    return Layout.from_json(saved["layout"]) if "layout" in saved else layout_of(saved["definition"])
-
-
-def state_record(
+def resume(
+    spark: SparkSession,
+    repo: Repo,
     group: FeatureGroup,
-    labels: list[int],
-    partitions: int,
-    nanoseconds: bool,
-    upgrade: PendingUpgrade | None,
-    stream_id: str | None = None,
-    nulls: bool = True,
-) -> dict[str, Any]:
-    """What a checkpoint saves beside Spark's files (`features-definition.json`): the definition and layout its
-    state holds, its buckets, and a change its buckets have yet to apply."""
-    return {
-        "definition_hash": definition_hash(group),
-        "buckets": len(labels),
-        "labels": labels,
-        "partitions": partitions,
-        "nanoseconds": nanoseconds,
-        "nulls": nulls,  # whether it reads files holding a column as Arrow's null type (stream_source.read_stream)
-        "state_format": stream_operator.STATE_FORMAT,
-        "definition": describe(group),
-        "layout": layout(group, len(labels)).to_json(),
-        "upgrade": None if upgrade is None else upgrade.to_json(),
-        # Recorded in its offline commits, so that a restart finds its last batch; a new checkpoint, a new id.
-        "stream_id": stream_id or uuid.uuid4().hex,
-    }
+    checkpoint: Path,
+    source: StreamSource,
+    buckets: int | None,
+    reset: bool,
+) -> Resumed:
+    """How the stream continues from its checkpoint (new labels and partitions for a new checkpoint). A changed
+    definition or number of buckets carries the state over (`carry_over`, `rescale`); other changes to the saved
+    state stop, and `reset` starts over from the source.
+
+    A new checkpoint gets one shuffle partition per core and, by default, one bucket per partition: one task
+    and one Python call per core and batch, which costs the least per batch. Both are fixed when a checkpoint
+    starts: Spark keeps the partition count in its checkpoint, and the labels are saved with the definition, as
+    a key's state lives under its bucket's label."""
+
+    saved = None if reset else saved_definition(checkpoint)
+    if saved is not None and buckets is None:
+        buckets = saved["buckets"]
+    if saved is not None and saved.get("state_format") != STATE_FORMAT:
+        raise ConfigError(
+            f"{group.name}: the stream's saved state in {checkpoint} was written by another version of features, in "
+            "a layout this version does not read, so it cannot continue (to keep it: `features savepoint` with the "
+            "version that wrote it, then `features stream --from-savepoint` with this one). Start over with "
+            f"`features stream --repo {repo.root} --group {group.name} --reset`, which deletes that state and "
+            "rebuilds it by replaying the source"
+        )
+    upgrade, carried = None, None
+    if saved is not None:
+        # A checkpoint from before the choice always read nanosecond files (a second source).
+        labels, partitions, nanoseconds = saved["labels"], saved["partitions"], saved.get("nanoseconds", True)
+        nulls = saved.get("nulls", False)  # a checkpoint from before that read has no source for it
+        if saved["buckets"] != buckets:
+            target = _rescaled_partitions(spark, checkpoint / "query", int(buckets), partitions)
+            labels = bucket_labels(int(buckets), target)
+            upgrade, carried = rescale(spark, repo, group, checkpoint, saved, labels, source)
+            if carried is not None and state_partitions(checkpoint / "query") != target:
+                began = time.perf_counter()
+                repartition_state(spark, checkpoint / "query", target)
+                moved = time.perf_counter() - began
+                carried = replace(carried, seconds=carried.seconds + moved, repartitioned=(partitions, target))
+            partitions = target
+        elif saved["definition_hash"] != definition_hash(group):
+            upgrade, carried = carry_over(spark, repo, group, checkpoint, saved, labels, source)
+        elif saved.get("upgrade"):
+            upgrade = PendingUpgrade.from_json(saved["upgrade"])
+    else:
+        partitions = cores(spark)
+        labels = bucket_labels(buckets or partitions, partitions)
+        nanoseconds = stream_source.reads_nanoseconds(spark, group, source)
+        nulls = stream_source.NULLS_READ
+    if reset:  # the state goes, and the replay writes every change point and late event again
+        shutil.rmtree(checkpoint, ignore_errors=True)
+        table = repo.offline_path(group)
+        log = offline.StreamLog(table, "", spans=offline.completed_days(table, group.name))
+        log.refresh()  # the stream's rows are all but those in the ranges backfills wrote
+        offline.remove_stream_rows(spark, table, log.spans)
+        shutil.rmtree(repo.late_path(group), ignore_errors=True)
+    stream_id = (saved or {}).get("stream_id")
+    current = save_state(checkpoint, group, labels, partitions, nanoseconds, upgrade, stream_id, nulls)
+    return Resumed(
+        labels, partitions, nanoseconds, current["stream_id"], nulls, layout(group, len(labels)).id, upgrade, carried
+    )
+
+
+def _rescaled_partitions(spark: SparkSession, query: Path, buckets: int, partitions: int) -> int:
+    """The partitions a rescale to `buckets` runs on: one per bucket up to the session's cores, where Spark can
+    repartition the saved state (PySpark 4.2+, and a committed batch to start from); else the checkpoint's own."""
+    if last_commit(query)[0] is None or not can_repartition_state(spark):
+        return partitions
+    return min(buckets, cores(spark))
 
 
 def carry_over(
@@ -145,6 +216,7 @@ def carry_over(
     checkpoint: Path,
     saved: dict[str, Any],
     labels: list[int],
+    source: StreamSource,
 ) -> tuple[PendingUpgrade | None, Carried | None]:
     """The change the stream's buckets will apply to their state (None when the checkpoint holds no committed
     batch: nothing to carry), with the new features' panes built. Raises where the state cannot be carried."""
@@ -154,7 +226,7 @@ def carry_over(
         return None, None
     change = Change(saved_layout(saved), layout(group, len(labels)))
     folder = checkpoint / FOLDER / change.after.id
-    carried = build_added(spark, repo, group, change, saved["definition"], position, labels, folder)
+    carried = build_added(spark, repo, group, source, change, saved["definition"], position, labels, folder)
     return PendingUpgrade(change, str(folder) if carried.built else None), carried
 
 
@@ -162,6 +234,7 @@ def build_added(
     spark: SparkSession,
     repo: Repo,
     group: FeatureGroup,
+    source: StreamSource,
     change: Change,
     before: dict[str, Any],
     position: Position,
@@ -182,14 +255,14 @@ def build_added(
         since = lookback_start([f.window for f in group.features if f.name in built], watermark_us)
         shutil.rmtree(folder, ignore_errors=True)
         if offsets is None:
-            good, observation = committed_file_events(spark, group, repo.source_path(group), position), None
+            good, observation = committed_file_events(spark, group, source.path, position), None
         else:
-            good, observation = committed_kafka_events(spark, group, offsets)
+            good, observation = committed_kafka_events(spark, group, source.schema, offsets)
         events = build_panes(spark, group, good, labels, since, watermark_us, folder).events
         missing = [] if offsets is None or observation is None else gaps(offsets, observation, since)
         if missing:
             shutil.rmtree(folder, ignore_errors=True)
-            raise ConfigError(_gap_message(repo, group, offsets.topic, missing, since))
+            raise ConfigError(_gap_message(str(repo.root), group.name, offsets.topic, missing, since))
     read = position.file_count() if offsets is None else f"{len(offsets.end)} partitions of {offsets.topic}"
     return Carried(
         group.name,
@@ -204,7 +277,7 @@ def build_added(
     )
 
 
-def _gap_message(repo: Repo, group: FeatureGroup, topic: str, missing: list[Gap], since: int | None) -> str:
+def _gap_message(root: str, name: str, topic: str, missing: list[Gap], since: int | None) -> str:
     """Why the features a change adds cannot be built from the topic, and the choices."""
     where = "; ".join(
         f"partition {g.partition}: offsets {g.start} to {'its end' if g.first is None else g.first - 1}"
@@ -216,10 +289,10 @@ def _gap_message(repo: Repo, group: FeatureGroup, topic: str, missing: list[Gap]
         else f"the events from {datetime.fromtimestamp(since / MICROS, UTC):%Y-%m-%d %H:%M} UTC on"
     )
     return (
-        f"{group.name}: the features this change adds need {need}, and topic {topic!r} no longer holds some of "
+        f"{name}: the features this change adds need {need}, and topic {topic!r} no longer holds some of "
         f"them (its retention deleted {where}). Either keep the previous definition running and add the feature "
-        f"with a window that fits the topic's retention, or start over with `features stream --repo {repo.root} "
-        f"--group {group.name} --reset` (a replay reads only what the topic still holds; `features backfill` over "
+        f"with a window that fits the topic's retention, or start over with `features stream --repo {root} "
+        f"--group {name} --reset` (a replay reads only what the topic still holds; `features backfill` over "
         "the source's path, which a KafkaTopic(archive=True) keeps, fills the offline table's history)"
     )
 
@@ -231,6 +304,7 @@ def rescale(
     checkpoint: Path,
     saved: dict[str, Any],
     labels: list[int],
+    source: StreamSource,
 ) -> tuple[PendingUpgrade | None, Carried | None]:
     """The keys' state moved from the saved buckets to `labels` (read from the checkpoint with Spark's state data
     source, regrouped, applied by each bucket as it first steps): no event is read again."""
@@ -250,7 +324,7 @@ def rescale(
     before, after = saved_layout(saved), layout(group, len(labels))
     folder = checkpoint / FOLDER / after.id
     shutil.rmtree(folder, ignore_errors=True)
-    key_types = group.output_types(schema_of(stream_source.source_schema(spark, group, repo.source_path(group))))
+    key_types = group.output_types(schema_of(source.schema))
     moved = rebucket_state(
         spark, checkpoint / "query", group, {k: key_types[k] for k in group.join_keys}, labels, folder
     )
@@ -261,6 +335,21 @@ def rescale(
         group.name, names, [], [], 0, None, None, "", seconds, rescaled=(saved["buckets"], len(labels), moved.keys)
     )
     return upgrade, carried
+
+
+def replay_needed(group: FeatureGroup, saved: dict[str, Any]) -> str | None:
+    """Why a stream whose checkpoint saved definition `saved` (the checkpoint's features-definition.json) cannot
+    carry its state over to `group` and must replay the source (None: it can). Asked by the stream as it starts
+    and by `features apply` and `plan`, which refuse such a change while a stream runs the group."""
+    before = saved["definition"]
+    if list(before["entity"]["join_keys"]) != list(group.join_keys):
+        return (
+            f"keys its state by {', '.join(before['entity']['join_keys'])}, and the group is now keyed by "
+            f"{', '.join(group.join_keys)}: every key is new, so a replay of the source is the least it takes"
+        )
+    if before["source"]["timestamp"] != group.source.timestamp:
+        return "was built on another timestamp column: every event's time changed, so the source must be replayed"
+    return None
 
 
 def check_carriable(repo: Repo, group: FeatureGroup, checkpoint: Path, saved: dict[str, Any]) -> None:
