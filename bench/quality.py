@@ -35,6 +35,8 @@ from features.quality.profiling import profile_rows
 from features.repo import Repo
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/repo_yaml.py
+from repo_yaml import write_feature_store_yaml
 from results import update_section
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
@@ -78,11 +80,7 @@ def make_repo(args: argparse.Namespace, work: Path) -> Repo:
     (root / "events").mkdir(parents=True)
     frame = generate_transactions(args.events, args.users, START, args.days, seed=11)
     write_events(frame, root / "events", n_files=4)
-    (root / "feature_store.yaml").write_text(
-        "project: bench_quality\nprovider: local\nregistry: data/registry.db\n"
-        "online_store:\n  type: sqlite\n  path: data/online_store.db\noffline_store:\n  type: duckdb\n"
-        "entity_key_serialization_version: 3\n"
-    )
+    write_feature_store_yaml(root, "bench_quality")
     (root / "bench_groups.py").write_text(DEFINITIONS)
     apply(str(root))
     return Repo.load(root)
