@@ -143,7 +143,7 @@ def test_a_key_change_a_running_stream_cannot_take_is_refused_by_apply_and_plan(
     from conftest import definitions_code
 
     from features.cli import main
-    from features.engine.stream_definition import save_definition, state_record
+    from features.engine.stream_definition import save_state
 
     schema = {"user_id": "string", "card_id": "string", "event_ts": "timestamp"}
     source = EventSource("transactions", path="data/transactions", timestamp="event_ts", schema=schema)
@@ -151,7 +151,7 @@ def test_a_key_change_a_running_stream_cannot_take_is_refused_by_apply_and_plan(
     g = FeatureGroup("g", Entity("user", join_keys=["user_id"]), source, count)
     repo = Repo.load(build_feast_repo(tmp_path / "repo", [g], apply=False))
     checkpoint = Path(repo.checkpoint_path(g))
-    save_definition(checkpoint, state_record(g, [0, 1], 2, False, None))  # as the stream saves it when it starts
+    save_state(checkpoint, g, [0, 1], 2, False, None)  # as the stream saves it when it starts
     held_by(checkpoint, other_process)
     card = Entity("card", join_keys=["card_id"])
     rekeyed = [FeatureGroup("g", card, source, count)]

@@ -45,7 +45,8 @@ def saved_layout(saved: dict[str, Any]) -> Layout:
     return Layout.from_json(saved["layout"]) if "layout" in saved else layout_of(saved["definition"])
 
 
-def state_record(
+def save_state(
+    checkpoint: Path,
     group: FeatureGroup,
     labels: list[int],
     partitions: int,
@@ -54,9 +55,10 @@ def state_record(
     stream_id: str | None = None,
     nulls: bool = True,
 ) -> dict[str, Any]:
-    """What a checkpoint saves beside Spark's files (`features-definition.json`): the definition and layout its
-    state holds, its buckets, and a change its buckets have yet to apply."""
-    return {
+    """Save what a checkpoint keeps beside Spark's files (`features-definition.json`, whole, by a rename) and
+    return it: the definition and layout its state holds, its buckets, and a change its buckets have yet to
+    apply."""
+    record = {
         "definition_hash": definition_hash(group),
         "buckets": len(labels),
         "labels": labels,
@@ -71,19 +73,5 @@ def state_record(
         # Recorded in its offline commits, so that a restart finds its last batch; a new checkpoint, a new id.
         "stream_id": stream_id or uuid.uuid4().hex,
     }
-
-
-def save_state(
-    checkpoint: Path,
-    group: FeatureGroup,
-    labels: list[int],
-    partitions: int,
-    nanoseconds: bool,
-    upgrade: PendingUpgrade | None,
-    stream_id: str | None = None,
-    nulls: bool = True,
-) -> dict[str, Any]:
-    """Save the checkpoint's `state_record` (whole, by a rename) and return it."""
-    record = state_record(group, labels, partitions, nanoseconds, upgrade, stream_id, nulls)
     save_definition(checkpoint, record)
     return record
