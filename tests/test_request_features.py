@@ -466,3 +466,46 @@ def test_stored_inputs_are_filled_as_training_sets_fill_them_whatever_their_form
         assert filled["sum"].tolist() == [0.0, 2.5] and filled["sum"].dtype == np.float64
         assert filled["count"].tolist() == [0, 3] and filled["count"].dtype == np.int64
         assert math.isnan(filled["max"].iloc[0]) and filled["max"].iloc[1] == 4.0
+
+
+def test_python_values_give_the_functions_what_columns_give_them() -> None:
+    """A list of Python values per column (the feature server's JSON, Feast's python-mode views) is put in the one
+    form a frame's columns are put in: the function sees the same Series, whichever form the values came in."""
+    from features.spec.aggregations import Empty
+    from features.stores.feature_refs import FeatureColumn
+    from features.stores.request_inputs import request_columns, request_columns_of_values
+
+    seen: list[dict[str, pd.Series]] = []
+
+    def look(amount, merchant, total, count, biggest, last, merchants, request_time):
+        seen.append({name: column for name, column in locals().items() if name != "seen"})  # its parameters
+        return amount
+
+    refs = {"total": "g:total", "count": "g:count", "biggest": "g:biggest", "last": "g:last", "merchants": "g:m"}
+    feature = RequestFeature(
+        "look", look, request={"amount": "double", "merchant": "string"}, features=refs, dtype="double"
+    )
+    kinds = [DType.FLOAT64, DType.INT64, DType.INT64, DType.TIMESTAMP, DType.STRING_LIST]
+    empties = [Empty.ZERO, Empty.ZERO, Empty.NULL, Empty.NULL, Empty.EMPTY_LIST]
+    stored = {r: FeatureColumn(r, k, e) for r, k, e in zip(refs.values(), kinds, empties, strict=True)}
+    last = datetime(2026, 1, 2, 10, 0, 0, 250_000, tzinfo=UTC)
+    values = {
+        "amount": [2.5, None, 4],
+        "merchant": ["m1", None, "m2"],
+        "g:total": [1.5, None, 2.0],
+        "g:count": [3, None, 0],
+        "g:biggest": [7, None, 2],
+        "g:last": [last.timestamp(), None, last.timestamp() + 1],  # JSON's epoch seconds
+        "g:m": [["m1"], None, []],
+    }
+    moment = datetime(2026, 1, 3, tzinfo=UTC)
+    frame = pd.DataFrame(values | {"g:last": pd.Series([last, None, last + timedelta(seconds=1)])})
+    request_columns(frame, [feature], stored, moment, frame.index)
+    request_columns_of_values(values, [feature], stored, moment, 3)
+    feast = values | {"g:last": [last, None, last + timedelta(seconds=1)]}  # Feast's datetimes
+    request_columns_of_values(feast, [feature], stored, moment, 3)
+    assert seen[1]["total"].tolist() == [1.5, 0.0, 2.0] and seen[1]["merchants"].tolist() == [["m1"], [], []]
+    assert seen[1]["biggest"].dtype == "Int64" and seen[1]["last"].iloc[0] == last
+    for given in seen[1:]:
+        for name, column in seen[0].items():
+            pd.testing.assert_series_equal(given[name], column, check_names=False)

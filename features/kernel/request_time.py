@@ -121,6 +121,8 @@ def _typed(feature: RequestFeature, values: Any, index: pd.Index, columns: dict[
     """The function's values as a Series of the declared type, indexed by `index` (by position, as returned); the
     first value that does not fit the type is named with its row."""
     kind = feature.dtype
+    if isinstance(values, list) and _types_fit(values, kind):  # a row function's values: no column of objects first
+        return _from_python(values, kind, index)
     if isinstance(values, pd.Series):
         series = values if values.index is index or values.index.equals(index) else values.set_axis(index)
     elif isinstance(values, np.ndarray) and values.dtype != object:

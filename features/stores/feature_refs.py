@@ -9,7 +9,7 @@ one type per feature, for training sets read from either store and for the onlin
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import date
 from typing import Any
@@ -135,7 +135,7 @@ def filled_column(values: pd.Series, column: FeatureColumn) -> pd.Series:
     if column.dtype is DType.COUNT_MAP:
         return pd.Series([as_dict(v, column.empty) for v in values], index=values.index, dtype=object)
     if column.dtype.name.endswith("_LIST"):
-        return pd.Series([_as_list(v, column.empty) for v in values], index=values.index, dtype=object)
+        return filled_lists(values, column, values.index)
     if empty is not None and plain_numbers:
         numbers = values.to_numpy()
         if numbers.dtype.kind == "f":
@@ -152,6 +152,12 @@ def filled_column(values: pd.Series, column: FeatureColumn) -> pd.Series:
     if column.dtype is DType.BOOL:
         return values.astype("boolean")
     return pd.Series([None if _missing(v) else v for v in values], index=values.index, dtype=object)
+
+
+def filled_lists(values: Iterable[Any], column: FeatureColumn, index: pd.Index) -> pd.Series:
+    """A list feature's values as `fill_empty` gives them (Python lists, the empty value for a null), indexed by
+    `index`."""
+    return pd.Series([_as_list(v, column.empty) for v in values], index=index, dtype=object)
 
 
 def _missing(value: Any) -> bool:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from features.errors import DataError, RequestFieldError
 from features.spec.request import REQUEST_TIME, RequestFeature
 from features.spec.types import DType
 from features.stores.feature_refs import FeatureColumn
-from features.stores.request_inputs import input_refs, request_columns, request_fields, typed_request_field
+from features.stores.request_inputs import input_refs, request_columns_of_values, request_fields, typed_field_values
 from features.stores.serving_input import RequestProblem
 
 REQUEST_FEATURES_FIELD = "request_features"
@@ -52,7 +53,8 @@ class RequestTimeFeatures:
 
             repo = Repo.load(self.root)
             refs = input_refs(list(repo.request_features.values()))
-            self.columns = {r.ref: r.as_column() for r in resolve_features(repo, refs)} if refs else {}
+            resolved = resolve_features(repo, refs) if refs else []
+            self.columns = {r.ref: replace(r.as_column(), name=r.ref) for r in resolved}  # named as in `completed`
             self.features = dict(repo.request_features)
         return self.features
 
@@ -120,15 +122,13 @@ class Extended:
         names = list(answer["metadata"]["feature_names"])
         results = list(answer["results"])
         by_name = dict(zip(names, results, strict=True))
-        index = pd.RangeIndex(len(results[0]["values"]) if results else 0)
-        # The columns as Series of their own, no frame around them: a request's rows are one or a few.
-        columns = {ref: _stored_column(by_name[self.name_of(ref)]["values"], c.dtype) for ref, c in self.stored.items()}
-        columns |= {field: pd.Series(values, dtype=object) for field, values in self.fields.items()}
-        stored = {ref: FeatureColumn(ref, c.dtype, c.empty) for ref, c in self.stored.items()}
+        rows = len(results[0]["values"]) if results else 0
+        # JSON's lists as they are: a request's rows are one or a few, and each pandas object made costs.
+        values = {ref: by_name[self.name_of(ref)]["values"] for ref in self.stored} | self.fields
         times = self.fields.get(REQUEST_TIME)
         try:
-            moment = _times(times) if times is not None else self.moment
-            computed = request_columns(columns, self.features, stored, moment, index)
+            moment = _times(times, rows) if times is not None else self.moment
+            computed = request_columns_of_values(values, self.features, self.stored, moment, rows)
         except RequestFieldError as exc:
             return RequestProblem(400, f"{REQUEST_FIELD}.{exc.field}: {exc.problem}", exc.fix)
         except DataError as exc:
@@ -136,28 +136,15 @@ class Extended:
             return RequestProblem(500, error, fix or "correct the request-time feature's function")
         dropped = {self.name_of(ref) for ref in self.added}
         kept = [(n, r) for n, r in zip(names, results, strict=True) if n not in dropped]
-        stamps = _stamps(moment, len(index))
+        stamps = _stamps(moment, rows)
         for feature in self.features:
-            values = json_values(computed[feature.name])
-            statuses = ["PRESENT" if v is not None else "NULL_VALUE" for v in values]
-            kept.append((feature.name, {"values": values, "statuses": statuses, "event_timestamps": stamps}))
+            answered = json_values(computed[feature.name])
+            statuses = ["PRESENT" if v is not None else "NULL_VALUE" for v in answered]
+            kept.append((feature.name, {"values": answered, "statuses": statuses, "event_timestamps": stamps}))
         answer = dict(answer)
         answer["metadata"] = {**answer["metadata"], "feature_names": [n for n, _ in kept]}
         answer["results"] = [r for _, r in kept]
         return answer
-
-
-def _stored_column(values: list[Any], dtype: DType) -> pd.Series:
-    """A stored input as Feast's JSON answers it, as numpy numbers where it holds numbers (null as NaN for a
-    double or a time); `stored_input` then puts it in the one form."""
-    try:
-        if dtype in (DType.FLOAT64, DType.TIMESTAMP):  # a time as epoch seconds
-            return pd.Series(np.array(values, dtype=np.float64))
-        if dtype is DType.INT64 and None not in values:
-            return pd.Series(np.array(values, dtype=np.int64))
-    except (TypeError, ValueError, OverflowError):  # not all numbers: filled_column says what they are
-        pass
-    return pd.Series(values, dtype=object)
 
 
 def _fields_problem(fields: Any, declared: dict[str, Any], rows: int) -> RequestProblem | None:
@@ -191,11 +178,10 @@ def _fields_problem(fields: Any, declared: dict[str, Any], rows: int) -> Request
     return None
 
 
-def _times(values: list[Any]) -> pd.Series:
+def _times(values: list[Any], rows: int) -> pd.Series:
     """Each row's request time as the body gives it (ISO-8601 or epoch seconds), a RequestFieldError naming one
     that is neither."""
-    frame = pd.DataFrame({REQUEST_TIME: pd.Series(values, dtype=object)})
-    return typed_request_field(frame, REQUEST_TIME, DType.TIMESTAMP)
+    return typed_field_values(values, REQUEST_TIME, DType.TIMESTAMP, pd.RangeIndex(rows))
 
 
 def _stamps(moment: pd.Series | datetime, rows: int) -> list[str]:
