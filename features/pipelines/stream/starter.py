@@ -70,11 +70,13 @@ class GroupStarter:
         checkpoint, path = Path(repo.checkpoint_path(group, options.checkpoint_root)), repo.source_path(group)
         source = stream_source.resolve(spark, group, path)
         restored = savepoint.prepare(spark, repo, group, checkpoint, source, from_savepoint, buckets)
+        if restored is not None:
+            print(restored.line(), file=sys.stderr, flush=True)
+            run.carried[group.name] = restored
         resumed = resume(spark, repo, group, checkpoint, source, buckets, reset)
-        for carried in (restored, resumed.carried):
-            if carried is not None:
-                print(carried.line(), file=sys.stderr, flush=True)
-                run.carried[group.name] = carried
+        if resumed.carried is not None:
+            print(resumed.carried.line(), file=sys.stderr, flush=True)
+            run.carried[group.name] = resumed.carried
         labels = resumed.labels
         events, projection, out = stateful_query(
             spark,
