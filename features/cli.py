@@ -298,7 +298,7 @@ def _run(args: argparse.Namespace) -> int:
         return cli_maintenance.run(args)
     if args.command == "demo":
         if args.kafka:
-            from features.demo.kafka import run_kafka_demo
+            from features.demo.kafka_demo import run_kafka_demo
 
             run_kafka_demo(
                 args.repo,

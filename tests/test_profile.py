@@ -1,5 +1,6 @@
-"""features.kernel.profile and features.kernel.drift without Spark: profiles equal a brute-force computation and merge
-to the profile of the union in any order; the drift measures flag each kind of shift and nothing else."""
+"""features.kernel.profile and features.kernel.drift_measures without Spark: profiles equal a brute-force
+computation and merge to the profile of the union in any order; the drift measures flag each kind of shift and
+nothing else."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from features.kernel.drift import js_distance, measure_drift, psi
+from features.kernel.drift_measures import js_distance, measure_drift, psi
 from features.kernel.profile import (
     CATEGORY_CAP,
     FeatureProfile,

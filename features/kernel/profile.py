@@ -1,6 +1,6 @@
 """Statistics of feature values per UTC day, as partials that merge exactly: what a backfill partition or a stream
 micro-batch records of the rows it writes (features.quality.statistics computes them in Spark's workers,
-features.stores.statistics keeps them), and what drift is measured on (features.kernel.drift).
+features.stores.statistics keeps them), and what drift is measured on (features.kernel.drift_measures).
 
 One `FeatureProfile` per (feature, day of the window end) holds:
 - rows, and nulls (a null or NaN value, or an empty list or map);

@@ -3,8 +3,8 @@
 
 The reference is a range of days (or the days a logged model's training set covered, features.ml.reference),
 its days' profiles merged into one per feature; each recent day's profile is compared with it
-(features.kernel.drift: population stability index and Jensen-Shannon distance over the reference's bins, nulls a
-bin of their own). A day drifts when either measure is above its threshold: the flags', else the group's
+(features.kernel.drift_measures: population stability index and Jensen-Shannon distance over the reference's
+bins, nulls a bin of their own). A day drifts when either measure is above its threshold: the flags', else the group's
 `FeatureGroup(drift=Drift(...))`, else DEFAULT_DRIFT. Days with fewer rows than `min_rows` on either side are
 listed, not judged: a handful of rows moves both measures by chance. With `served`, the days compared are those of
 the values the feature server logged (features.pipelines.served_skew), profiled the same way.
@@ -19,7 +19,7 @@ from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING
 
 from features.errors import ConfigError
-from features.kernel.drift import measure_drift
+from features.kernel.drift_measures import measure_drift
 from features.pipelines.served_skew import served_statistics
 from features.spec import DEFAULT_DRIFT, Drift
 from features.stores.statistics import DayStatistics, day_of, read_statistics, statistics_table, to_date

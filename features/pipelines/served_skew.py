@@ -1,6 +1,6 @@
 """Served values as statistics: the served log (features.stores.served_log) profiled per feature and UTC day of
 serving, by the same profiles the offline statistics hold (features.kernel.profile), so that `features monitor
---served` measures their drift from a model's training days by the same functions (features.kernel.drift)."""
+--served` measures their drift from a model's training days by the same functions (features.kernel.drift_measures)."""
 
 from __future__ import annotations
 
