@@ -8,12 +8,11 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 from features.repo import Repo
 from features.stores.feast_objects import repo_objects
-from features.stores.feast_request import feast_request_frame, request_views
+from features.stores.feast_request import feast_request_values, request_views
 
 EXAMPLE_YAML = Path(__file__).resolve().parents[1] / "feature_repo" / "feature_store.yaml"
 MODULE = """
@@ -57,6 +56,9 @@ constant = RequestFeature("constant", lambda: 1.0, dtype="double", row=True)  # 
 code_as_int = RequestFeature(  # Feast's sample row sends "hello world"
     "code_as_int", lambda code: code.astype(int), request={"code": "string"}, dtype="int64"
 )
+null_on_sample = RequestFeature(  # Feast's sample row sends 1.0, and types the view by what it gives
+    "null_on_sample", lambda amount: amount.where(amount > 1), request={"amount": "double"}, dtype="double"
+)
 """
 
 
@@ -72,17 +74,19 @@ def test_each_feature_feast_can_carry_is_a_view_of_its_name(repo: Repo) -> None:
     by_name = {view.name: view for view in views}
     assert sorted(by_name) == ["amount_vs_max_24h", "hour_of_request"]
     ratio = by_name["amount_vs_max_24h"]
-    assert [f.name for f in ratio.features] == ["amount_vs_max_24h"] and ratio.mode == "pandas"
+    assert [f.name for f in ratio.features] == ["amount_vs_max_24h"] and ratio.mode == "python"
     assert [p.features[0].name for p in ratio.source_feature_view_projections.values()] == ["amount_max_24h"]
     assert list(ratio.get_request_data_schema()) == ["amount"]
     assert list(by_name["hour_of_request"].get_request_data_schema()) == ["request_time"]  # sent by the client
     assert by_name["hour_of_request"].description == "UTC hour"
     # The transformation Feast keeps in its registry computes it by the one function, from Feast's columns.
-    rows = pd.DataFrame({"users__amount_max_24h": [50.0, None], "amount": [10.0, 3.0]})
-    computed = feast_request_frame(rows, ratio.udf_string.split("feast_request_frame(rows, ")[1].split(")")[0][1:-1])
-    assert computed["amount_vs_max_24h"].tolist()[0] == 0.2 and pd.isna(computed["amount_vs_max_24h"].iloc[1])
+    # Feast's python mode gives a list per column (a stored input under both its names) and takes a list back.
+    rows = {"user_id": ["u1", "u2"], "users__amount_max_24h": [50.0, None], "amount_max_24h": [50.0, None]}
+    rows |= {"amount": [10.0, 3.0]}
+    packed = ratio.udf_string.split("feast_request_values(inputs, ")[1].split(")")[0][1:-1]
+    assert feast_request_values(rows, packed) == {"amount_vs_max_24h": [0.2, None]}
     restored = type(ratio).from_proto(ratio.to_proto())  # as Feast reads it back, without this process's objects
-    assert restored.feature_transformation.transform(rows)["amount_vs_max_24h"].tolist()[0] == 0.2
+    assert restored.feature_transformation.transform(rows)["amount_vs_max_24h"] == [0.2, None]
 
 
 def test_features_feast_cannot_carry_are_left_out_with_why_and_the_fix(repo: Repo, capsys) -> None:
@@ -101,11 +105,12 @@ def test_features_feast_cannot_carry_are_left_out_with_why_and_the_fix(repo: Rep
         os.chdir(before)
     assert sorted(v.name for v in contents.on_demand_feature_views) == ["amount_vs_max_24h", "hour_of_request"]
     warned = {line.split("'")[1]: line for line in capsys.readouterr().err.splitlines() if "not registered" in line}
-    assert sorted(warned) == ["code_as_int", "constant", "locked", "users"]
+    assert sorted(warned) == ["code_as_int", "constant", "locked", "null_on_sample", "users"]
     assert all("features' own training sets, models and server compute it" in line for line in warned.values())
     assert "'users' is also a feature group's name" in warned["users"] and "Fix: rename" in warned["users"]
     assert "its function cannot be pickled for Feast's registry (TypeError" in warned["locked"]
     assert "Fix: define the function at a module's top level" in warned["locked"]
     assert "on the sample row Feast computes every new view on when it is applied, it fails" in warned["code_as_int"]
     assert "'hello world'" in warned["code_as_int"] and "Fix: make the function give a value" in warned["code_as_int"]
+    assert "computes every new view on when it is applied, it gives null there" in warned["null_on_sample"]
     assert "it reads no request field, stored feature or request_time. Fix: give the function" in warned["constant"]

@@ -5,11 +5,13 @@
 The view's sources are projections of the groups' views on the stored features it reads and a `RequestSource`
 (`<name>__request`) with its request fields, and `request_time` when the function takes it: Feast asks every
 request for its request sources' fields, so a Feast client sends the request time, and a training set's rows
-hold it as a column. Its transformation (pandas mode) is a few lines of source that Feast keeps in its registry
-and runs where it serves: they call `feast_request_frame` with the feature pickled by value, which computes it by
-the one function training sets, the logged model and `features serve` call (features.kernel.request_time, through
+hold it as a column. Its transformation is a few lines of source that Feast keeps in its registry and runs where
+it serves: they call `feast_request_values` with the feature pickled by value, which computes it by the one
+function training sets, the logged model and `features serve` call (features.kernel.request_time, through
 features.stores.request_inputs). Feast reads such a view back from its registry wherever this package is installed,
-without the repo's modules.
+without the repo's modules. The view is in Feast's python mode: Feast hands it a list of values per column, which
+are put in the one form as the feature server puts Feast's JSON (in pandas mode Feast converted its answer to Arrow,
+then each view's inputs to pandas and its output back, for every view: 8.8x a request's time for five views).
 
 A feature Feast cannot carry is left out of the registry with a warning naming it, why and the fix (our own
 training sets, models and server still compute it): a function cloudpickle cannot pickle, one that fails on the
@@ -27,21 +29,22 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from features.kernel.request_time import plain_values
 from features.repo import Repo
 from features.spec.request import REQUEST_TIME, RequestFeature
 from features.spec.types import DType
 from features.stores.feature_refs import FeatureColumn, resolve_features
-from features.stores.request_inputs import request_columns
+from features.stores.request_inputs import request_columns_of_values, typed_field_values
 
 if TYPE_CHECKING:
     from feast import FeatureView, OnDemandFeatureView
 
 # The transformation as Feast's registry keeps it (and runs it again from there): the feature by value.
-TRANSFORMATION = '''def {name}(rows):
+TRANSFORMATION = '''def {name}(inputs):
     """The request-time feature {name!r} of a features repo, computed by features.stores.feast_request."""
-    from features.stores.feast_request import feast_request_frame
+    from features.stores.feast_request import feast_request_values
 
-    return feast_request_frame(rows, {packed!r})
+    return feast_request_values(inputs, {packed!r})
 '''
 
 
@@ -100,7 +103,7 @@ def request_view(repo: Repo, feature: RequestFeature, views: Mapping[str, Featur
         schema=[Field(name=feature.name, dtype=feast_type(feature.dtype))],
         udf=udf,
         udf_string=source,
-        mode="pandas",
+        mode="python",
         description=feature.description,
         tags={"features.request_feature": feature.name},
     )
@@ -108,9 +111,12 @@ def request_view(repo: Repo, feature: RequestFeature, views: Mapping[str, Featur
         view.infer_features()  # what Feast's apply runs: the function on a sample row of each input's type
     except Exception as exc:  # the function's failure on Feast's sample row, whatever it is, is the reason given
         why = str(exc).partition(". Fix: ")[0]  # the kernel's fix is for rows of ours
+        if isinstance(exc, ValueError) and "nonetype" in why.lower():  # Feast's python mode types it by that value
+            why = "it gives null there, and Feast types the view by its value there"
+        else:
+            why = f"it fails: {type(exc).__name__}: {why}"
         raise NotCarried(
-            f"on the sample row Feast computes every new view on when it is applied, it fails: "
-            f"{type(exc).__name__}: {why}",
+            f"on the sample row Feast computes every new view on when it is applied, {why}",
             "make the function give a value for any row of its input types (1.0, 1, 'hello world', True, now)",
         ) from exc
     return view
@@ -136,12 +142,14 @@ def _unpacked(packed: str) -> tuple[RequestFeature, dict[str, FeatureColumn]]:
     return pickle.loads(base64.b64decode(packed))  # what transformation() wrote into the registry
 
 
-def feast_request_frame(rows: pd.DataFrame, packed: str) -> pd.DataFrame:
-    """The feature's column for Feast's rows (its stored inputs as `<view>__<feature>`, the request fields, the
-    request time), by the one function."""
+def feast_request_values(inputs: Mapping[str, list[Any]], packed: str) -> dict[str, list[Any]]:
+    """The feature's values for Feast's rows, a list per column as Feast's python mode gives them (its stored
+    inputs as `<view>__<feature>`, the request fields, the request time), by the one function."""
     feature, stored = _unpacked(packed)
-    columns = {ref: rows[ref.replace(":", "__")] for ref in stored}  # the ref is the column's name in `stored`
-    columns |= {name: rows[name] for name in feature.request if name in rows.columns}
-    times = rows[REQUEST_TIME] if REQUEST_TIME in rows.columns else None
-    out = request_columns(columns, [feature], stored, times, rows.index)
-    return pd.DataFrame(out, index=rows.index)
+    values = {ref: inputs[ref.replace(":", "__")] for ref in stored}  # the ref is the column's name in `stored`
+    values |= {name: inputs[name] for name in feature.request if name in inputs}
+    rows = len(next(iter(inputs.values())))  # Feast gives the join keys too: never no column
+    given = inputs.get(REQUEST_TIME)
+    times = None if given is None else typed_field_values(given, REQUEST_TIME, DType.TIMESTAMP, pd.RangeIndex(rows))
+    out = request_columns_of_values(values, [feature], stored, times, rows)[feature.name]
+    return {feature.name: plain_values(out)}
