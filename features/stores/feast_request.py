@@ -149,7 +149,7 @@ def feast_request_values(inputs: Mapping[str, list[Any]], packed: str) -> dict[s
     values = {ref: inputs[ref.replace(":", "__")] for ref in stored}  # the ref is the column's name in `stored`
     values |= {name: inputs[name] for name in feature.request if name in inputs}
     rows = len(next(iter(inputs.values())))  # Feast gives the join keys too: never no column
-    given = inputs.get(REQUEST_TIME)
+    given = inputs.get(REQUEST_TIME) if feature.wants_request_time else None  # Feast gives every view all fields
     times = None if given is None else typed_field_values(given, REQUEST_TIME, DType.TIMESTAMP, pd.RangeIndex(rows))
     out = request_columns_of_values(values, [feature], stored, times, rows)[feature.name]
     return {feature.name: plain_values(out)}

@@ -177,6 +177,8 @@ def _as_list(value: Any, empty: Empty = Empty.NULL) -> list[Any] | None:
     """A list value as a list of plain Python values; a null becomes `empty`'s value (None, or a new [])."""
     if isinstance(value, np.ndarray):  # what Arrow gives (a Spark batch): converted by numpy, element types too
         return value.tolist()
+    if type(value) is list and not (value and isinstance(value[0], np.generic)):  # JSON's, Feast's: a list holds
+        return list(value)  # one type, so its first value tells; a copy, as the other forms give a list of its own
     if _missing(value):
         return empty.make()
     return [v.item() if isinstance(v, np.generic) else v for v in value]
