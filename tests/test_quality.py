@@ -244,7 +244,8 @@ def screened(rows) -> set[str]:
 
 @pytest.mark.spark
 def test_clean_rows_pass_in_one_spark_job(spark) -> None:
-    from features.quality import _outcome, validate_batch
+    from features.quality import validate_batch
+    from features.quality.report import outcome_of
 
     rows = clean_rows(spark).persist()
     report = validate_batch(ROWS_GROUP, rows)
@@ -253,7 +254,7 @@ def test_clean_rows_pass_in_one_spark_job(spark) -> None:
     assert len(report.outcomes) == len(checks_of(ROWS_GROUP))
     assert report._built is None  # Great Expectations' objects wait until someone reads them
     assert report.result.success and report.result.statistics["unsuccessful_expectations"] == 0
-    assert [_outcome(r) for r in report.result.results] == report.outcomes  # the same outcomes, made without them
+    assert [outcome_of(r) for r in report.result.results] == report.outcomes  # the same outcomes, made without them
     full = validate_batch(ROWS_GROUP, rows, mode="full")  # Great Expectations agrees, expectation by expectation
     assert full.success, full.summary()
     assert full.evaluated_by == "great_expectations" and len(full.outcomes) == len(report.outcomes)
