@@ -396,11 +396,11 @@ KAFKA_SCHEMA = {
 
 @pytest.mark.slow
 def test_a_killed_kafka_stream_ends_like_an_uninterrupted_one(spark, feast_repo_factory, tmp_path, capsys, kafka_topic):
-    """SIGKILL the stream process at a random point, restart it: the offline table and the online store end
-    exactly as those of a run that was never interrupted. The kill leaves at most the micro-batch in flight to
-    replay, from the offsets in the checkpoint; the test reports which batch the restart replayed and how long it
-    took to catch up. (A stream from files is killed in the soak test, tests/test_soak.py: each kill costs
-    process starts.)"""
+    """SIGKILL the stream process at a random point, restart it (here, in this process's session): the offline
+    table and the online store end exactly as those of a run that was never interrupted. The kill leaves at most
+    the micro-batch in flight to replay, from the offsets in the checkpoint; the test reports which batch the
+    restart replayed and how long it took to catch up. (A stream from files is killed in the soak test,
+    tests/test_soak.py: each kill costs process starts.)"""
     events = arrival_order(make_events(), pd.Timedelta(minutes=20), seed=2)
     group = from_kafka(PAIR_GROUP, kafka_topic, events, FILES)
     command = [sys.executable, "-m", "features.cli", "stream", "--available-now"]
@@ -433,12 +433,16 @@ def test_a_killed_kafka_stream_ends_like_an_uninterrupted_one(spark, feast_repo_
 
 
 def _kill_and_restart(command: list[str], root: Path, group: FeatureGroup, planned: int) -> tuple[int, list[str]]:
-    """Run the stream `command` on `root` until it finishes by itself, SIGKILLed up to `planned` times and
-    restarted each time; how many kills came, and a line per restart."""
+    """Run the stream `command` on `root`, SIGKILLed up to `planned` times and started again each time, until a run
+    finishes by itself; how many kills came, and a line per restart. The run after the last kill is the stream the
+    command runs, in this process: it starts from what the killed process left on disk, without a cold start."""
     query = Path(Repo.load(root).checkpoint_path(group)) / "query"
 
     def batches(log: str) -> set[int]:  # Spark's checkpoint: offsets/<id> planned, commits/<id> done
         return {int(p.name) for p in (query / log).glob("[0-9]*")}
+
+    def caught_up(in_flight: int | None) -> bool:
+        return in_flight is not None and max(batches("commits"), default=-1) >= in_flight
 
     rng = np.random.default_rng(5)
     # Kill i comes once targets[i] batches are committed, at a random moment of the next second and a half: in
@@ -448,36 +452,47 @@ def _kill_and_restart(command: list[str], root: Path, group: FeatureGroup, plann
     targets = sorted(int(t) for t in rng.choice(FILES - 2, size=planned, replace=False))
     kills, report, in_flight = 0, [], None
     deadline = time.monotonic() + 900  # the whole test; an uninterrupted run takes well under a minute
-    while True:
+
+    def restarted(began: float, took: float | None) -> None:
+        if in_flight is not None:
+            after = "killed again before" if took is None else f"{took - began:.1f}s after the restart"
+            report.append(f"restart {kills}: replays batch {in_flight} (in flight at the kill); caught up: {after}")
+
+    while kills < planned:
         began = time.monotonic()
         proc = subprocess.Popen([*command, "--repo", str(root)], stderr=subprocess.PIPE, text=True)
-        kill_at = None
-        caught_up = None
+        kill_at = took = None
         while proc.poll() is None:
             if time.monotonic() > deadline:
                 proc.kill()
                 proc.wait()
                 pytest.fail(f"the stream did not finish within the deadline after {kills} kill(s): {report}")
-            committed = batches("commits")
-            if in_flight is not None and caught_up is None and max(committed, default=-1) >= in_flight:
-                caught_up = time.monotonic() - began
-            if kills < planned and kill_at is None and len(committed) >= targets[kills]:
+            took = took or (time.monotonic() if caught_up(in_flight) else None)
+            if kill_at is None and len(batches("commits")) >= targets[kills]:
                 kill_at = time.monotonic() + float(rng.uniform(0, 1.5))
             if kill_at is not None and time.monotonic() > kill_at:
                 os.kill(proc.pid, signal.SIGKILL)
                 proc.wait()
                 break
             time.sleep(0.1)
-        if in_flight is not None:
-            took = "killed again before" if caught_up is None else f"{caught_up:.1f}s after the restart"
-            report.append(f"restart {kills}: replays batch {in_flight} (in flight at the kill); caught up: {took}")
-        if proc.returncode != -signal.SIGKILL:
+        restarted(began, took)
+        if proc.returncode != -signal.SIGKILL:  # the kill came too late: the stream had finished
+            assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
             break
         kills += 1
         pending = sorted(batches("offsets") - batches("commits"))
         assert len(pending) <= 1, f"more than the batch in flight is uncommitted: {pending}"
         in_flight = pending[0] if pending else None
-    assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
+    if kills == planned:
+        began, took = time.monotonic(), None
+        run = stream(Repo.load(root), available_now=True, progress=False)
+        try:
+            while not run.await_termination(0.1):
+                assert time.monotonic() < deadline, f"the stream did not finish within the deadline: {report}"
+                took = took or (time.monotonic() if caught_up(in_flight) else None)
+        finally:
+            run.stop()
+        restarted(began, took or time.monotonic())
     assert batches("commits") == batches("offsets")
     return kills, report
 
