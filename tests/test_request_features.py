@@ -5,6 +5,7 @@ failing row."""
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 from datetime import UTC, datetime, timedelta
@@ -169,7 +170,12 @@ from features import Entity, EventSource, Feature, FeatureGroup, Hop, RequestFea
 users = FeatureGroup(
     name="users",
     entity=Entity("user", join_keys=["user_id"]),
-    source=EventSource(name="txns", path="data/txns", timestamp="ts"),
+    source=EventSource(
+        name="txns",
+        path="data/txns",
+        timestamp="ts",
+        schema={"user_id": "string", "amount": "double", "ts": "timestamp"},
+    ),
     features=[Feature("amount_max_24h", agg.max("amount"), window=Hop("24h", every="5m"))],
 )
 
@@ -509,3 +515,32 @@ def test_python_values_give_the_functions_what_columns_give_them() -> None:
     for given in seen[1:]:
         for name, column in seen[0].items():
             pd.testing.assert_series_equal(given[name], column, check_names=False)
+
+
+def test_the_server_completes_feasts_answer_with_or_without_the_inputs_it_added(tmp_path) -> None:
+    """`features serve` appends the request-time features to Feast's answer as Feast wrote it when the client asked
+    for every input itself, and removes the inputs it added to the request otherwise: the same values either way."""
+    from starlette.responses import JSONResponse
+
+    from features.stores.serving_request_time import RequestTimeFeatures
+
+    def feast_body(names: list[str], columns: list[list]) -> bytes:  # as Feast's app answers
+        stamps = ["2026-01-01T00:00:00Z"] * 2
+        results = [{"values": v, "statuses": ["PRESENT", "NOT_FOUND"], "event_timestamps": stamps} for v in columns]
+        return JSONResponse({"results": results, "metadata": {"feature_names": names}}).body
+
+    server = RequestTimeFeatures(repo_with(tmp_path, "amount_max_24h"))
+    asked = {"entities": {"user_id": ["u1", "u2"]}, "request_features": ["amount_vs_max_24h"]}
+    asked |= {"request": {"amount": [10.0, 3.0]}}
+    answers = {}
+    for features in (["users:amount_max_24h"], []):  # the input asked for, or added to what Feast is asked
+        extended = server.prepare(asked | {"features": features})
+        assert json.loads(extended.body)["features"] == ["users:amount_max_24h"]
+        answer = extended.completed(feast_body(["user_id", "amount_max_24h"], [["u1", "u2"], [50.0, None]]))
+        answers[len(features)] = json.loads(answer)
+    kept, added = answers[1], answers[0]
+    assert kept["metadata"]["feature_names"] == ["user_id", "amount_max_24h", "amount_vs_max_24h"]
+    assert added["metadata"]["feature_names"] == ["user_id", "amount_vs_max_24h"]
+    assert kept["results"][2] == added["results"][1]
+    assert kept["results"][2]["values"] == [0.2, None]
+    assert kept["results"][2]["statuses"] == ["PRESENT", "NULL_VALUE"]
