@@ -1,12 +1,14 @@
 """Request-time features on rows read from any store: their inputs put in one form, then computed by the one
 function, `features.kernel.request_time.request_column`.
 
-Training sets (Feast's join, the Spark join), the logged model (online values) and the feature server (Feast's JSON)
-each hold the stored values in their own form: numpy arrays or lists, pandas or Python timestamps, JSON epoch
-seconds, null or the empty window's value. `request_columns` gives each stored input the form `fill_empty` gives a
-training set (by its `filled_column`: the empty-window value, Python lists and dicts, integers as int64 or Int64),
-timestamps as UTC `datetime64[us, UTC]`, and each request field its declared type, so that a function sees the
-same values wherever it runs, and gives the same value (docs/definitions.md, "Request-time features").
+Training sets (Feast's join, the Spark join), the logged model (online values), the feature server (Feast's JSON)
+and Feast's on-demand views each hold the stored values in their own form: numpy arrays or lists, pandas or Python
+timestamps, JSON epoch seconds, null or the empty window's value. `request_columns` gives each stored input the
+form `fill_empty` gives a training set (by its `filled_column`: the empty-window value, Python lists and dicts,
+integers as int64 or Int64), timestamps as UTC `datetime64[us, UTC]`, and each request field its declared type, so
+that a function sees the same values wherever it runs, and gives the same value (docs/definitions.md, "Request-time
+features"); `request_columns_of_values` does the same from a list of Python values per column (the feature
+server's JSON, Feast's python-mode views).
 """
 
 from __future__ import annotations
