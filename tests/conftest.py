@@ -6,6 +6,8 @@
 - `feast_repo_factory` (session scope) / `feast_repo` (per test): a Feast repo in a temporary folder holding a
   copy of feature_repo/feature_store.yaml and a definitions module generated from the FeatureGroups a test
   passes, with their `to_feast` objects as module-level names, applied like `features apply`.
+- `connect_url` / `spark_connect` (session scope): the tests' Spark Connect server (tests/connect_server.py), one
+  per test process, and a client session to it.
 
 Under pytest-xdist (`./dev test`) the files that take longest run first (tests/suite_order.py;
 `--record-file-seconds` records their seconds again).
@@ -14,6 +16,7 @@ Under pytest-xdist (`./dev test`) the files that take longest run first (tests/s
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 import uuid
@@ -62,9 +65,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 @pytest.hookimpl(optionalhook=True)  # without xdist (`-p no:xdist`) the hook does not exist
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
-    """`--dist loadfile` (./dev test), except that the modules using the Spark Connect server
-    (tests/connect_server.py, a JVM of its own per test process) are one unit of work: on one worker, the server
-    starts and warms up once per run."""
+    """`--dist loadfile` (./dev test), except that the modules using the Spark Connect server (the fixtures
+    `connect_url` and `spark_connect` below: a JVM of its own per test process) are one unit of work: on one
+    worker, the server starts and warms up once per run."""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
@@ -74,7 +77,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
     connect = {
         str(path.relative_to(config.rootpath))
         for path in TESTS.glob("test_*.py")
-        if "from connect_server import" in path.read_text(encoding="utf-8")
+        if re.search(r"\b(connect_url|spark_connect)\b", path.read_text(encoding="utf-8"))
     }
 
     class WithConnectTogether(LoadFileScheduling):
@@ -154,6 +157,26 @@ def spark():
     session.conf.set("spark.sql.session.timeZone", "UTC")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def connect_url() -> Iterator[str]:
+    """The `sc://` address of the tests' Spark Connect server (tests/connect_server.py): one per test process,
+    started when a test first asks for it. Here rather than imported by each module that uses it: a module's own
+    fixture is cached apart, and each such module started (and warmed up) a server of its own."""
+    from connect_server import running_server
+
+    with running_server() as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def spark_connect(connect_url: str) -> Iterator[object]:
+    """A Spark Connect client session to the tests' server (tests/connect_server.py)."""
+    from connect_server import client_session
+
+    with client_session(connect_url) as session:
+        yield session
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -1,15 +1,15 @@
 """A real Spark Connect server for the tests (the session kind Databricks serverless and shared clusters give).
 
-`spark_connect` (session scope) starts `org.apache.spark.sql.connect.service.SparkConnectServer` from PySpark's
-own jars in a JVM of its own (local[2], two shuffle partitions, UTC) on a free loopback port, and yields a
-Spark Connect client session to it. `connect_url` gives the `sc://` address, e.g. for `SPARK_REMOTE` in a CLI
-subprocess. The server is stopped when the run ends.
+`running_server()` starts `org.apache.spark.sql.connect.service.SparkConnectServer` from PySpark's own jars in a
+JVM of its own (local[2], two shuffle partitions, UTC) on a free loopback port and gives its `sc://` address (e.g.
+for `SPARK_REMOTE` in a CLI subprocess); `client_session(url)` a Spark Connect client session to it. The fixtures
+`connect_url` and `spark_connect` (session scope) are tests/conftest.py's: one server per test process, whichever
+modules use it (a fixture a test module imports is that module's own, and each module started a server of its
+own), stopped when the run ends.
 
 PySpark refuses `SparkSession.builder.remote(...)` in a process that already has a classic session (the shared
 `spark` fixture), so the client is built with the Connect builder itself, which has no such check: both kinds
 of session live side by side in the test process, as a notebook on a Connect cluster never does.
-
-Usage in a test module: `from connect_server import connect_url, spark_connect  # noqa: F401`.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -46,9 +47,9 @@ def _answers(port: int) -> bool:
     return True
 
 
-@pytest.fixture(scope="session")
-def connect_url() -> Iterator[str]:
-    """The `sc://` address of a Spark Connect server started for this test run."""
+@contextmanager
+def running_server() -> Iterator[str]:
+    """The `sc://` address of a Spark Connect server started for this test run, stopped on the way out."""
     import pyspark
 
     home = Path(pyspark.__file__).parent
@@ -88,11 +89,13 @@ def connect_url() -> Iterator[str]:
             server.kill()
 
 
-@pytest.fixture(scope="session")
-def spark_connect(connect_url: str):
-    """A Spark Connect client session (pyspark.sql.connect.session.SparkSession) to the test server."""
+@contextmanager
+def client_session(url: str) -> Iterator[object]:
+    """A Spark Connect client session (pyspark.sql.connect.session.SparkSession) to the server at `url`."""
     from pyspark.sql.connect.session import SparkSession as ConnectSession
 
-    session = ConnectSession.builder.remote(connect_url).getOrCreate()
-    yield session
-    session.stop()
+    session = ConnectSession.builder.remote(url).getOrCreate()
+    try:
+        yield session
+    finally:
+        session.stop()

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from connect_server import connect_url, spark_connect  # noqa: F401 - fixtures
 from reference import reference_frame
 
 import features
@@ -106,7 +105,7 @@ def _assert_reference_values(rows: pd.DataFrame, events: pd.DataFrame) -> None:
 
 
 def test_preview_on_connect_equals_classic_and_reference(
-    spark_connect,  # noqa: F811 - the fixture imported above
+    spark_connect,
     classic_points: pd.DataFrame,
     events: pd.DataFrame,
 ) -> None:
@@ -122,7 +121,7 @@ def test_preview_on_connect_equals_classic_and_reference(
 
 
 def test_backfill_on_connect_writes_both_stores(
-    spark_connect,  # noqa: F811 - the fixture imported above
+    spark_connect,
     feast_repo,
     events: pd.DataFrame,
     classic_points: pd.DataFrame,
@@ -168,7 +167,7 @@ def test_backfill_on_connect_writes_both_stores(
         assert _values(got[name]) == pytest.approx(_values(want[name]), rel=1e-9, nan_ok=True), name
 
 
-def test_cli_backfill_with_spark_remote(connect_url: str, feast_repo, events, classic_points) -> None:  # noqa: F811
+def test_cli_backfill_with_spark_remote(connect_url: str, feast_repo, events, classic_points) -> None:
     root = feast_repo([GROUP], events)
     env = dict(os.environ, SPARK_REMOTE=connect_url)
     done = subprocess.run(
@@ -197,7 +196,7 @@ def test_cli_backfill_with_spark_remote(connect_url: str, feast_repo, events, cl
     _assert_reference_values(offline, events)
 
 
-def test_validation_runs_great_expectations_on_connect(spark_connect, events: pd.DataFrame) -> None:  # noqa: F811
+def test_validation_runs_great_expectations_on_connect(spark_connect, events: pd.DataFrame) -> None:
     """A user expectation always runs in Great Expectations: here on the Connect DataFrame, and it fails."""
     import great_expectations as gx
 
@@ -217,7 +216,7 @@ def test_validation_runs_great_expectations_on_connect(spark_connect, events: pd
 
 def test_great_expectations_checks_rows_on_their_own_session(
     spark,
-    spark_connect,  # noqa: F811
+    spark_connect,
     events: pd.DataFrame,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -239,7 +238,7 @@ def test_great_expectations_checks_rows_on_their_own_session(
     assert report.success, report.summary()
 
 
-def test_stream_on_connect_stops_with_the_limitation(spark_connect, feast_repo, events) -> None:  # noqa: F811
+def test_stream_on_connect_stops_with_the_limitation(spark_connect, feast_repo, events) -> None:
     from features.errors import EnvironmentProblem
     from features.pipelines.stream import stream
 
@@ -249,7 +248,7 @@ def test_stream_on_connect_stops_with_the_limitation(spark_connect, feast_repo, 
     assert not (root / "data" / "checkpoints").exists()
 
 
-def test_notebook_01_runs_on_connect(connect_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+def test_notebook_01_runs_on_connect(connect_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Notebook 01 top to bottom in a kernel whose session is Spark Connect's (`SPARK_REMOTE`, as a job or a
     Databricks notebook gets it)."""
     import shutil

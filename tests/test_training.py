@@ -25,7 +25,6 @@ import mlflow
 import numpy as np
 import pandas as pd
 import pytest
-from connect_server import connect_url, spark_connect  # noqa: F401 - fixtures
 from groups import SOURCE, user_transactions
 from reference import reference_frame
 
@@ -370,7 +369,7 @@ def test_spark_join_mistakes_name_the_field_and_the_fix(spark, repo: Repo, event
         training_set(early, ["user_transactions:failed_count_24h"], repo, timestamp_column="t")
 
 
-def test_spark_join_on_spark_connect(spark_connect, repo: Repo, events: pd.DataFrame):  # noqa: F811
+def test_spark_join_on_spark_connect(spark_connect, repo: Repo, events: pd.DataFrame):
     """Rows of a Spark Connect session are joined in that session (no SparkContext, RDD or JVM there)."""
     rows = random_rows(events, 40, 8)
     want = training_set(rows, GROUPS, repo, timestamp_column="t", full_feature_names=True, log_lineage=False)
