@@ -1,7 +1,8 @@
 """The newcomer's path, from an empty folder: the README's definitions as they are printed (no Feast exports),
 events written with plain pandas (`to_parquet`, nanosecond timestamps), a stray file that is not Parquet, then
 `features apply` and `features backfill` as commands, and the values read back through Feast's own API,
-against the brute-force reference of docs/semantics.md."""
+against the brute-force reference of docs/semantics.md. (The apply runs the command's `main` in this process, its
+check of the `where`s in the tests' session: the backfill is the command in a process of its own.)"""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import pytest
 from reference import reference_frame
 from test_cli import EXAMPLE_REPO, run
 
+from features.cli import main
 from features.repo import Repo
 from features.stores import offline
 
@@ -53,7 +55,8 @@ def pandas_events(n: int = 240, seed: int = 7) -> pd.DataFrame:
 
 
 @pytest.mark.slow
-def test_newcomer_path_from_an_empty_folder(tmp_path: Path):
+@pytest.mark.spark
+def test_newcomer_path_from_an_empty_folder(spark, tmp_path: Path, capsys, monkeypatch):
     root = tmp_path / "my_features"
     root.mkdir()
     shutil.copy(EXAMPLE_REPO / "feature_store.yaml", root / "feature_store.yaml")
@@ -68,9 +71,11 @@ def test_newcomer_path_from_an_empty_folder(tmp_path: Path):
     events.iloc[:0].to_parquet(landing / "part-0-empty.parquet")  # 0 rows: its string columns typed null
     (landing / "notes.parquet").write_text("not parquet: a stray file in the landing folder\n")
 
-    applied = run("apply", "--repo", str(root), cwd=tmp_path)
-    assert applied.returncode == 0, applied.stdout + applied.stderr
-    assert "user_transactions" in applied.stdout
+    monkeypatch.chdir(tmp_path)
+    status = main(["apply", "--repo", str(root)])
+    applied = capsys.readouterr()
+    assert status == 0, applied.out + applied.err
+    assert "user_transactions" in applied.out
 
     done = run(
         "backfill", "--repo", str(root), "--start", "2026-01-01", "--end", "2026-01-02", "--no-tracking", cwd=tmp_path
