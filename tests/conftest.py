@@ -23,6 +23,19 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
+from features.cache import user_cache
+
+# Compiled modules kept for this process and every Python it starts (commands, Spark's Python workers, notebook
+# kernels), in a folder of the user's cache. With PYTHONDONTWRITEBYTECODE set (as on the machine the suite runs
+# on) in a virtualenv installed without bytecode (uv's default), Python compiled every module it imported from
+# source, in every process: pandas took 1.5 s to import against 0.5 s compiled, MLflow 4.6 against 1.8 s, Great
+# Expectations 9.2 against 4.0 s, in each command, each Spark worker and each kernel. Nothing is written beside the
+# sources (PYTHONPYCACHEPREFIX); a prefix set outside the tests stands.
+if sys.dont_write_bytecode and "PYTHONPYCACHEPREFIX" not in os.environ:
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    os.environ["PYTHONPYCACHEPREFIX"] = sys.pycache_prefix = str(user_cache("pycache"))
+    sys.dont_write_bytecode = False
+
 import pandas as pd
 import pytest
 
