@@ -303,6 +303,56 @@ def test_values_equal_the_row_by_row_reference(seed, row) -> None:
     pd.testing.assert_frame_equal(rows, random_rows(seed))  # the input is left as it was
 
 
+def example_rows(seed: int, n: int = 200) -> pd.DataFrame:
+    """The inputs of the example repo's five in the one form: nulls, zeros (no history) and a new card."""
+    rng = np.random.default_rng(seed)
+    rows = random_rows(seed, n)
+    average = pd.Series(np.round(rng.gamma(2.0, 20.0, n), 2))
+    average[rng.random(n) < 0.2] = np.nan
+    average[rng.random(n) < 0.05] = 0.0
+    attempts_30d = rng.integers(0, 900, n)
+    attempts_30d[rng.random(n) < 0.2] = 0
+    return rows.rename(columns={"last_event": "last_txn_at"}).assign(
+        amount_avg_24h=average,
+        attempts_1h=rng.integers(0, 5, n),
+        attempts_30d=attempts_30d,
+        merchants_30d=[m if m is not None else [] for m in rows["merchants_30d"]],
+    )
+
+
+def example_reference(r: dict) -> dict:
+    """The example repo's five for one row, in the words of their descriptions."""
+
+    def ratio(numerator, denominator):
+        missing = pd.isna(numerator) or pd.isna(denominator) or denominator <= 0
+        return None if missing else numerator / denominator
+
+    last = None if pd.isna(r["last_txn_at"]) else r["last_txn_at"]
+    return {
+        "amount_vs_avg_24h": ratio(r["amount"], r["amount_avg_24h"]),
+        "amount_vs_max_24h": ratio(r["amount"], r["amount_max_24h"]),
+        "seconds_since_card_txn": None if last is None else (r["request_time"] - last).total_seconds(),
+        "merchant_new_30d": r["merchant_id"] not in r["merchants_30d"],
+        "attempts_vs_usual_1h": ratio(r["attempts_1h"] + 1, r["attempts_30d"] / 720),
+    }
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_the_example_repos_five_equal_the_row_by_row_reference(seed) -> None:
+    """feature_repo/fraud.py's request-time features (written with numpy for a served request's one row)."""
+    defined = Repo.load(EXAMPLE_YAML.parent).request_features
+    rows = example_rows(seed)
+    got = add_request_features(rows, list(defined.values()))
+    want = pd.DataFrame([example_reference(r) for r in rows.to_dict("records")])
+    assert sorted(defined) == sorted(want.columns)
+    for name in want.columns:
+        for i, (a, b) in enumerate(zip(got[name].tolist(), want[name].tolist(), strict=True)):
+            if b is None or (isinstance(b, float) and math.isnan(b)):
+                assert a is None or a is pd.NA or (isinstance(a, float) and math.isnan(a)), (name, i, a)
+            else:
+                assert a == b, (name, i, a, b)
+
+
 def test_a_timestamp_and_a_list_come_out_in_their_types() -> None:
     rows = pd.DataFrame({"n": [1, 2, None]})
     start = datetime(2026, 1, 1, tzinfo=UTC)
