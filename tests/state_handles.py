@@ -31,6 +31,9 @@ class _Map:
     def iterator(self):
         return iter([((k,), (v,)) for k, v in self.items.items()])
 
+    def getValue(self, key):  # noqa: N802
+        return (self.items[key[0]],) if key[0] in self.items else None
+
     def updateValue(self, key, value) -> None:  # noqa: N802
         self.items[key[0]] = value[0]
 

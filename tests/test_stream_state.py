@@ -83,7 +83,7 @@ def test_compacting_the_key_dictionary_changes_no_value(monkeypatch) -> None:
     assert len(kept) > 1000
     # 160 users came and went (40 per 3 hours); the dictionary holds at most twice the keys the state holds.
     keys = processor._dictionary()
-    chunks = [b for chunk, b in processor.chunks.items.items() if chunk != stream_operator.LAYOUT_CHUNK]
+    chunks = [b for chunk, b in processor.chunks.items.items() if pt.is_pane_chunk(chunk)]
     live = {int(c) for b in chunks for c in pt.read_frame(b)[pt.KEY]}
     assert len(live) <= len(keys) <= 2 * len(live) < 160
     assert live <= set(range(len(keys)))
@@ -107,23 +107,60 @@ def test_state_kept_in_the_worker_gives_what_the_state_store_gives(monkeypatch, 
 
 
 def test_a_worker_keeps_no_state_that_the_store_does_not_hold(monkeypatch) -> None:
-    """A step whose batch Spark then discards (its state store not committed) leaves the worker's copy
-    unusable: the next batch reads the store."""
+    """A step whose batch Spark then discards (its state store not committed) leaves the worker's copy ahead of
+    the store: the batch run again reads back what the discarded step wrote, and gives what a worker reading the
+    whole store gives."""
     processor = stream_operator.PaneProcessor(PLAN, GROUP.name, OUTPUT, delay_us=DELAY_US)
     handle = MemoryHandle()
     processor.init(handle)
     batches = _batches()
-    for events in batches[:3]:
+    for events in batches[:4]:
         committed = (handle.value.value, {n: dict(m.items) for n, m in handle.maps.items()})
         list(processor.handleInputRows((0,), iter([packed(events)]), Timers(int(events[pt.TS].max()))))
-    handle.value.value = committed[0]  # the third batch failed: the store rolls back to the second
-    for name, items in committed[1].items():
-        handle.maps[name].items = items
-    reads = []
-    dictionary = stream_operator.PaneProcessor._dictionary
-    monkeypatch.setattr(stream_operator.PaneProcessor, "_dictionary", lambda self: reads.append(1) or dictionary(self))
-    list(processor.handleInputRows((0,), iter([packed(batches[2])]), Timers(int(batches[2][pt.TS].max()))))
-    assert reads == [1]
+
+    def again(resident: bool) -> pd.DataFrame:
+        handle.value.value = committed[0]  # the fourth batch failed: the store rolls back to the third
+        for name, items in committed[1].items():
+            handle.maps[name].items = dict(items)
+        if not resident:
+            stream_operator._RESIDENT.clear()
+        events = batches[3]
+        return pd.concat(processor.handleInputRows((0,), iter([packed(events)]), Timers(int(events[pt.TS].max()))))
+
+    kept = again(resident=True)
+    pd.testing.assert_frame_equal(kept, again(resident=False))
+
+
+def test_a_worker_behind_the_store_reads_only_the_chunks_that_differ(monkeypatch) -> None:
+    """Spark hands a bucket to whichever Python worker is free: a worker's copy is then some steps behind the
+    store. It reads again only the chunks written since (and the key dictionary when it changed), and every row,
+    eager value and stat equals a run that reads the whole store each batch."""
+    kinds = (stream_rows.ROW, stream_rows.EAGER, stream_rows.STAT)
+    stored, _ = _run(monkeypatch, 0, resident=False, kinds=kinds)
+    workers = [stream_operator.OrderedDict(), stream_operator.OrderedDict()]
+    turns = iter([0, 1, 1, 0, 1, 0, 0, 0, 1, 0, 1, 1])  # which worker runs each batch
+    read, held, whole = [], [], []
+    chunk_map = type(MemoryHandle().getMapState("chunks"))
+
+    def get_value(self, key):
+        read.append(key[0])
+        return (self.items[key[0]],) if key[0] in self.items else None
+
+    monkeypatch.setattr(chunk_map, "getValue", get_value)
+    load, misfiled = stream_operator.PaneProcessor._load, stream_operator.PaneProcessor._misfiled
+
+    def on_worker(self, bucket):
+        monkeypatch.setattr(stream_operator, "_RESIDENT", workers[next(turns)])
+        held.append(sum(pt.is_pane_chunk(c) for c in self.chunks.items))
+        return load(self, bucket)
+
+    monkeypatch.setattr(stream_operator.PaneProcessor, "_load", on_worker)
+    monkeypatch.setattr(stream_operator.PaneProcessor, "_misfiled", lambda *a: whole.append(1) or misfiled(*a))
+    kept, _ = _run(monkeypatch, 0, resident=True, kinds=kinds)
+    pd.testing.assert_frame_equal(kept, stored)
+    assert len(whole) == 2  # each worker's first batch read the whole store
+    chunks = [c for c in read if pt.is_pane_chunk(c)]
+    assert 0 < len(chunks) < sum(held) / 2
 
 
 def test_a_batch_rewrites_the_lifetime_base_chunk_only_when_it_folded_panes() -> None:
@@ -162,7 +199,7 @@ def test_a_batch_rewrites_the_lifetime_base_chunk_only_when_it_folded_panes() ->
             }
         )
         list(processor.handleInputRows((0,), iter([packed(events)]), Timers(10 * H + i * minute - 5 * minute)))
-        stored = [pt.read_frame(b) for c, b in chunks.items.items() if c != stream_operator.LAYOUT_CHUNK]
+        stored = [pt.read_frame(b) for c, b in chunks.items.items() if pt.is_pane_chunk(c)]
         held = stream_operator._RESIDENT[(group.name, 0)].table
         order = [pt.KEY, pt.PANE]
         want = held.sort_values(order, ignore_index=True)
@@ -279,7 +316,7 @@ def test_state_stored_in_chunks_of_another_length_continues_and_is_refiled(monke
     always, _ = run([chunk] * n)
     upgraded, handle = run([H] * (n // 2) + [chunk] * (n - n // 2))
     pd.testing.assert_frame_equal(upgraded, always)
-    stored = {c: pt.read_frame(b) for c, b in handle.maps["chunks"].items.items() if c != stream_operator.LAYOUT_CHUNK}
+    stored = {c: pt.read_frame(b) for c, b in handle.maps["chunks"].items.items() if pt.is_pane_chunk(c)}
     assert len(stored) > 2
     for at, frame in stored.items():
         assert (pt.chunk_of(frame, chunk) == at).all()

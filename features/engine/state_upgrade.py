@@ -26,7 +26,7 @@ from features.engine.query_log import Position
 from features.engine.schema import CORRUPT, FILE, LANDED, MARK, schema_of, source_columns
 from features.engine.source import META, cleaned_columns, read_source, reason_of, uri_spellings
 from features.kernel.migrate import Change, Layout, carry
-from features.kernel.state import LAYOUT_CHUNK
+from features.kernel.state import is_pane_chunk
 from features.spec import DType, FeatureGroup
 
 if TYPE_CHECKING:
@@ -335,7 +335,8 @@ def _regrouped(chunks: pd.DataFrame, packed: pd.DataFrame) -> pd.DataFrame:
     if chunks.empty or packed.empty:
         return pd.DataFrame({BUCKET: np.zeros(0, np.int64), PART: np.zeros(0, np.int32), BLOB: np.zeros(0, object)})
     old = int(chunks[BUCKET].iloc[0])
-    frames = [kernel.read_frame(b) for c, b in zip(chunks["fx_chunk"], chunks[BLOB], strict=True) if c != LAYOUT_CHUNK]
+    stored = zip(chunks["fx_chunk"], chunks[BLOB], strict=True)
+    frames = [kernel.read_frame(b) for c, b in stored if is_pane_chunk(c)]
     table = pd.concat(frames, ignore_index=True)
     keys = kernel.read_frame(packed[BLOB].iloc[0])
     codes = table.pop(kernel.KEY).to_numpy(dtype=np.int64)

@@ -55,7 +55,7 @@ from features.engine.source import cleaned_columns, reason_of
 from features.engine.state_upgrade import PendingUpgrade
 from features.engine.stream_rows import BAD, EAGER, KIND, LATE, LATEST, REASON, RECORD, REPLACED, OutputFrames
 from features.errors import ConfigError
-from features.kernel.state import LAYOUT_CHUNK
+from features.kernel.state import LAYOUT_CHUNK, VERSIONS_CHUNK, Versions
 from features.spec import WINDOW_END, DType, FeatureGroup
 
 BUCKET = "fx_bucket"
@@ -224,10 +224,16 @@ class PaneProcessor(StatefulProcessor):
         (and carried over a definition change, or refiled from chunks of another length)."""
         meta = self.meta.get() if self.meta.exists() else None
         resident = _RESIDENT.pop((self.group_name, bucket), None)  # taken: put back only once the step is stored
-        if resident is not None and meta is not None and (resident.token, resident.layout) == (meta[2], self.layout):
-            return _Loaded(resident.held, resident.keys, resident.sizes, meta, self.layout)
+        if resident is not None and meta is not None and resident.layout == self.layout:
+            if resident.token == meta[2]:
+                return _Loaded(resident.held, resident.keys, resident.sizes, meta, self.layout, resident.versions)
+            caught_up = self._caught_up(resident, meta)
+            if caught_up is not None:
+                return caught_up
         blobs = {int(k[0]): v[0] for k, v in self.chunks.iterator()}
         marker = blobs.pop(LAYOUT_CHUNK, None)
+        versions = blobs.pop(VERSIONS_CHUNK, None)
+        known = Versions.from_bytes(versions) if versions is not None else Versions("", 0, {})
         layout = self.layout
         if marker is not None or self.upgrade is not None:
             layout = marker.decode() if marker is not None else self.upgrade.unmarked(meta is not None)  # type: ignore[union-attr]
@@ -246,14 +252,34 @@ class PaneProcessor(StatefulProcessor):
             table, keys, moved = self.upgrade.apply(self.coded, self.plan.keys, bucket, blobs, keys, self.keys)
             tables, meta = [table], moved or meta
         held = pt.Held.of(self.coded, self.chunk_us, tables)
+        known = Versions(layout, known.keys, {c: known.chunks.get(c, 0) for c in stored})
         # every stored state names its layout, from its first step on
-        return _Loaded(held, keys, stored, meta, layout, marker != self.layout.encode(), misfiled)
+        return _Loaded(held, keys, stored, meta, layout, known, marker != self.layout.encode(), misfiled)
+
+    def _caught_up(self, resident: _Resident, meta: tuple[int | None, int | None, int]) -> _Loaded | None:
+        """The worker's copy of a bucket that another worker (or a step Spark discarded) moved on since: the chunks
+        and key dictionary whose versions differ from the store's read again, the rest kept. None when the store
+        keeps no versions of this layout (a state written before versions were kept, or being carried over)."""
+        entry = self.chunks.getValue((VERSIONS_CHUNK,))
+        if entry is None:
+            return None
+        now = Versions.from_bytes(entry[0])
+        if now.layout != self.layout:
+            return None
+        had = resident.versions.chunks
+        gone = {c: None for c in resident.held.chunks if c not in now.chunks}
+        blobs = {c: self.chunks.getValue((c,))[0] for c, v in now.chunks.items() if had.get(c) != v}
+        resident.held.refreshed({**gone, **{c: pt.from_bytes(self.coded, b) for c, b in blobs.items()}})
+        sizes = {c: len(blobs[c]) if c in blobs else resident.sizes[c] for c in now.chunks}
+        keys = resident.keys if now.keys == resident.versions.keys else self._dictionary()
+        return _Loaded(resident.held, keys, sizes, meta, self.layout, now)
 
     def _step(self, state: _Loaded, events: pd.DataFrame | None, upto: int, stream_newest: int | None) -> _Stepped:
         """The events (None: none, only the batch's event time) merged into the state, and what that emits: the
         change points up to the watermark, eager values, late events."""
         plan, keys, meta = self.coded, state.keys, state.meta
         after = None if meta is None else meta[0]
+        new_keys = False
         if events is None:
             coded = pd.DataFrame({pt.KEY: np.zeros(0, np.int64), pt.TS: np.zeros(0, np.int64)})
         else:
@@ -261,6 +287,7 @@ class PaneProcessor(StatefulProcessor):
             coded = events.drop(columns=list(self.plan.keys)).assign(**{pt.KEY: codes})
             if len(fresh):
                 self.keys.updateValue((len(keys) - len(fresh),), (pt.to_bytes(fresh),))
+                new_keys = True
         if after is not None and upto <= after:
             upto = after  # the watermark never moves back; nothing new to emit
         ts = coded[pt.TS].to_numpy(dtype=np.int64)
@@ -296,7 +323,7 @@ class PaneProcessor(StatefulProcessor):
             output.append(
                 self.frames.side(LATE, np.full(len(late), "late", dtype=object), np.array(record, dtype=object))
             )
-        return _Stepped(step, upto, newest, output)
+        return _Stepped(step, upto, newest, output, new_keys)
 
     def _store(self, bucket: int, state: _Loaded, stepped: _Stepped, n: int, landed: int | None) -> pd.DataFrame:
         """Write what the step changed (the chunks whose rows changed, all of them after a definition change or
@@ -307,11 +334,19 @@ class PaneProcessor(StatefulProcessor):
             touched.update(stored)
         if state.mark:
             self.chunks.updateValue((LAYOUT_CHUNK,), (self.layout.encode(),))
-        self._compact(held, state.keys, stored, touched)
-        sizes = self._write_chunks(held, stored, touched)
+        compacted = self._compact(held, state.keys, stored, touched)
         token = secrets.randbits(63)
+        written = {c for c in held.chunks if c not in stored or c in touched}
+        sizes = self._write_chunks(held, stored, written)
+        renamed = stepped.new_keys or compacted or state.layout != self.layout
+        versions = Versions(
+            self.layout,
+            token if renamed else state.versions.keys,
+            {c: token if c in written else state.versions.chunks.get(c, 0) for c in held.chunks},
+        )
+        self.chunks.updateValue((VERSIONS_CHUNK,), (versions.to_bytes(),))
         self.meta.update((stepped.upto, stepped.newest, token))
-        _keep_resident((self.group_name, bucket), _Resident(token, self.layout, held, sizes, state.keys))
+        _keep_resident((self.group_name, bucket), _Resident(token, self.layout, held, sizes, state.keys, versions))
         if stepped.step.next_change is not None:
             self.handle.registerTimer(stepped.step.next_change // 1000)
         return self.frames.stat(bucket, held.rows, sum(sizes.values()), stepped.upto, n, landed)
@@ -332,27 +367,28 @@ class PaneProcessor(StatefulProcessor):
         frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else (frames[0] if frames else None)
         return pt.KeyDictionary(self.plan.keys, frame)
 
-    def _compact(self, held: pt.Held, keys: pt.KeyDictionary, stored: dict[int, int], touched: set[int]) -> None:
+    def _compact(self, held: pt.Held, keys: pt.KeyDictionary, stored: dict[int, int], touched: set[int]) -> bool:
         """Drop the codes of keys no pane holds any more once they make up most of the dictionary (keys come
-        and go): renumber the rest, and rewrite the dictionary and every chunk."""
+        and go): renumber the rest, and rewrite the dictionary and every chunk. Whether it did."""
         if len(keys) <= 2 * held.most_keys() + COMPACT_SLACK:  # no chunk-by-chunk count needed
-            return
+            return False
         live = held.key_codes()
         if len(keys) <= 2 * len(live) + COMPACT_SLACK:
-            return
+            return False
         held.renumbered(keys.compact(live))
         for (first,), _ in list(self.keys.iterator()):
             self.keys.removeKey((first,))
         if len(keys):
             self.keys.updateValue((0,), (pt.to_bytes(keys.frame),))
         touched.update(stored)
+        return True
 
-    def _write_chunks(self, held: pt.Held, stored: dict[int, int], touched: set[int]) -> dict[int, int]:
-        """Write the chunks whose rows changed; remove the ones pruned. `stored`: the stored chunks' sizes;
-        returns them after the write."""
+    def _write_chunks(self, held: pt.Held, stored: dict[int, int], written: set[int]) -> dict[int, int]:
+        """Write the chunks `written` (new, or their rows changed); remove the ones pruned. `stored`: the stored
+        chunks' sizes; returns them after the write."""
         sizes = {}
         for chunk, s in held.chunks.items():
-            if chunk not in stored or chunk in touched:
+            if chunk in written:
                 blob = pt.to_bytes(s.table)
                 self.chunks.updateValue((chunk,), (blob,))
                 sizes[chunk] = len(blob)
@@ -380,6 +416,7 @@ class _Resident:
     held: pt.Held
     sizes: dict[int, int]  # serialized bytes of each stored chunk
     keys: pt.KeyDictionary
+    versions: Versions  # the step that wrote each chunk and the key dictionary, as stored with the chunks
 
     @property
     def table(self) -> pd.DataFrame:
@@ -396,6 +433,7 @@ class _Loaded:
     stored: dict[int, int]  # the stored chunks' serialized sizes
     meta: tuple[int | None, int | None, int] | None  # (emitted up to, newest event time, token) as stored
     layout: str  # the definition the stored state was built for
+    versions: Versions  # as stored (layout: this definition's)
     mark: bool = False  # the stored state does not name this definition yet
     misfiled: set[int] = field(default_factory=set)  # stored chunks holding other chunks' panes
 
@@ -409,6 +447,7 @@ class _Stepped:
     upto: int
     newest: int | None
     output: list[pd.DataFrame]
+    new_keys: bool  # codes were added to the key dictionary
 
 
 _RESIDENT: OrderedDict[tuple[str, int], _Resident] = OrderedDict()  # (group, bucket), least recently stored first

@@ -10,7 +10,16 @@ from features.kernel.frames import events_frame
 from features.kernel.held import Held
 from features.kernel.microbatch import Step, advance, prune, step
 from features.kernel.plan import BASE, KEY, PANE, TS, Calc, Plan, text_cast, value_column
-from features.kernel.state import chunk_length, chunk_of, from_bytes, read_frame, to_bytes
+from features.kernel.state import (
+    VERSIONS_CHUNK,
+    Versions,
+    chunk_length,
+    chunk_of,
+    from_bytes,
+    is_pane_chunk,
+    read_frame,
+    to_bytes,
+)
 from features.kernel.table import (
     KeyDictionary,
     Sorted,
@@ -30,12 +39,14 @@ __all__ = [
     "KEY",
     "PANE",
     "TS",
+    "VERSIONS_CHUNK",
     "Calc",
     "Held",
     "KeyDictionary",
     "Plan",
     "Sorted",
     "Step",
+    "Versions",
     "advance",
     "beside",
     "chunk_length",
@@ -46,6 +57,7 @@ __all__ = [
     "empty_table",
     "events_frame",
     "from_bytes",
+    "is_pane_chunk",
     "key_lasts",
     "pane_columns",
     "phase1",

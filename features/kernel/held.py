@@ -90,6 +90,15 @@ class Held:
             self.changed(chunk)
         return {chunk for chunk, _, _ in pieces}
 
+    def refreshed(self, tables: dict[int, pd.DataFrame | None]) -> None:
+        """Chunks replaced by the tables given (each of its own chunk's panes; None: the chunk is gone), as
+        another copy of this state stored them."""
+        for chunk, table in tables.items():
+            self.chunks.pop(chunk, None)
+            if table is not None and len(table):
+                self.chunks.update(Held.of(self.plan, self.chunk_us, [table]).chunks)
+            self.changed(chunk)
+
     def changed(self, chunk: int) -> None:
         """Forget what was derived from a chunk whose rows changed (or that came or went)."""
         self.memo.clear()

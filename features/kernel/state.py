@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import pickle
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -15,6 +17,33 @@ from features.kernel.table import column_array, frame_of, pane_columns
 # The chunk under which a bucket's stored state names its layout (features.kernel.migrate.Layout.id): no pane's
 # chunk is this late.
 LAYOUT_CHUNK = np.iinfo(np.int64).max
+# The chunk under which a bucket's stored state keeps its Versions; the entries from here on are not panes.
+VERSIONS_CHUNK = LAYOUT_CHUNK - 1
+
+
+def is_pane_chunk(chunk: int) -> bool:
+    """Whether a stored chunk holds panes (not the layout or the versions)."""
+    return chunk < VERSIONS_CHUNK
+
+
+@dataclass(frozen=True)
+class Versions:
+    """Which step (by the random token it stored in the bucket's meta) last wrote each stored chunk and the key
+    dictionary, and the layout the chunks were built for. Spark hands a bucket to whichever Python worker is free,
+    so a worker's copy of a bucket is often a step or more behind the store: with these it reads only the
+    chunks that differ, not the whole state."""
+
+    layout: str
+    keys: int  # the step that last changed the key dictionary
+    chunks: dict[int, int]  # chunk -> the step that last wrote it (0: before versions were kept)
+
+    def to_bytes(self) -> bytes:
+        return json.dumps([self.layout, self.keys, list(self.chunks.items())]).encode()
+
+    @classmethod
+    def from_bytes(cls, blob: bytes) -> Versions:
+        layout, keys, chunks = json.loads(blob)
+        return cls(layout, int(keys), {int(c): int(v) for c, v in chunks})
 
 
 def to_bytes(table: pd.DataFrame) -> bytes:

@@ -1,0 +1,200 @@
+"""Where a steady micro-batch's time goes: the stream's sink timed stage by stage, Spark's own phases, and the
+Python workers sampled.
+
+    python bench/stream_profile.py [--shape dense|group] [--measured-files 12] [--py-spy]
+
+`--shape dense` is bench/stream_dense.py's full run (3,000 keys, an event per key per second, files of 20 s, count /
+sum / max over `Hop("1h", every="1s")`, an hour taken up first so that the windows are full); `--shape group` is
+bench/stream.py's 5-feature group `user_transactions` (10,000 keys, files of 500,000 events). Both stream one file
+per micro-batch through the product's whole path (validation, statistics, offline table, SQLite online store;
+tracking off). Printed, over the steady batches (those after the first two): Spark's phases of a trigger (the
+query progress's durationMs: addBatch is the sink's foreachBatch, the rest Spark's bookkeeping), the sink's stages
+(its functions timed on the driver; the first Spark job, which computes the stateful operator's output, runs
+inside "screen"), and with `--py-spy` the Python workers' CPU time by part (py-spy's samples of every worker).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import functools
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from features.engine.session import get_spark
+from features.pipelines.stream import sink as sink_module
+from features.pipelines.stream import stream
+from features.pipelines.stream.aside import SetAside
+from features.repo import Repo
+from features.stores import offline
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import stream as stream_bench
+import stream_dense
+
+WORK = Path(__file__).resolve().parent / "work-profile"
+SPENT: dict[str, list[float]] = collections.defaultdict(list)  # stage -> seconds, one per call
+# Python workers' frames -> the part of a batch they belong to (the first match along the stack, innermost first).
+WORKER_PARTS = [
+    ("_pack", "pack: events per bucket into Arrow IPC (mapInArrow)"),
+    ("_unpack", "processor: unpack the events"),
+    ("_load", "processor: state read"),
+    ("_write_chunks", "processor: state write"),
+    ("_compact", "processor: state write"),
+    ("_step", "processor: step (phase 1 + 2, kernel)"),
+    ("handleInputRows", "processor: other"),
+    ("handleExpiredTimer", "processor: other"),
+    ("transformwithstate", "transformWithState: Arrow in/out, state API"),
+    ("stateful_processor", "transformWithState: Arrow in/out, state API"),
+    ("screen", "validation screen (pandas)"),
+    ("profil", "statistics (pandas)"),
+    ("serializers", "Arrow in/out (PySpark serializers)"),
+    ("worker", "worker other"),
+]
+
+
+def timed(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        began = time.perf_counter()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            SPENT[name].append(time.perf_counter() - began)
+
+    return wrapper
+
+
+def instrument() -> None:
+    """The sink's stages timed where the sink calls them (module attributes and methods, wrapped once)."""
+    for name, label in (
+        ("screen_kinds", "screen: the batch computed (stateful operator) and screened"),
+        ("_stats", "the buckets' stats collected"),
+        ("write_online", "online write (SQLite)"),
+        ("record_batch_statistics", "statistics recorded"),
+        ("record_emitted", "watermark noted in the checkpoint"),
+    ):
+        setattr(sink_module, name, timed(label, getattr(sink_module, name)))
+    offline.append_batch = timed("offline append (Delta)", offline.append_batch)
+    for cls, names in (
+        (sink_module.BatchSink, ("_batch", "_eager_valid", "_rows_valid", "_publish", "_report")),
+        (SetAside, ("write", "sweep")),
+    ):
+        for name in names:
+            setattr(cls, name, timed(f"{cls.__name__}.{name}", getattr(cls, name)))
+
+
+def dense_repo(args: argparse.Namespace) -> Repo:
+    stream_dense.WORK = WORK
+    events = WORK / "dense_events"
+    stream_dense.land(events, args.keys, 0, args.fill_minutes * 60, args.file_seconds)
+    repo = stream_dense.make_repo("dense", events)
+    print(f"filled {args.fill_minutes} min in {stream_dense.fill(repo, max(1, 300 // args.file_seconds)):.0f} s")
+    stream_dense.land(events, args.keys, args.fill_minutes * 60, args.measured_files * args.file_seconds, 20)
+    return repo
+
+
+def group_repo(args: argparse.Namespace) -> Repo:
+    stream_bench.WORK = WORK
+    WORK.mkdir(parents=True, exist_ok=True)
+    files = args.measured_files
+    events = stream_bench.land("events", 500_000 * files, 10_000, 2.0 * files / 10, files)
+    return stream_bench.make_repo("group", events, stream_bench.FULL_GROUP.format(name="user_transactions"))
+
+
+def sample_workers(seconds: int, out: Path) -> list[subprocess.Popen[bytes]]:
+    """py-spy over each Python worker daemon (and the workers it forks) for `seconds`, once the first is up."""
+    for _ in range(600):
+        daemons = [p for p in os.listdir("/proc") if p.isdigit() and _is_daemon(p)]
+        if daemons:
+            break
+        time.sleep(0.1)
+    command = ["py-spy", "record", "--subprocesses", "--nonblocking", "-f", "raw", "-r", "50", "-d", str(seconds)]
+    return [subprocess.Popen([*command, "-o", f"{out}.{pid}", "-p", pid], stdout=subprocess.DEVNULL) for pid in daemons]
+
+
+def _is_daemon(pid: str) -> bool:
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        ppid = Path(f"/proc/{pid}/stat").read_text().split()[3]
+        parent = Path(f"/proc/{ppid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"features.engine.worker_daemon" in cmd and b"java" in parent.split(b"\0")[0]
+
+
+def worker_parts(raw: Path) -> dict[str, int]:
+    """py-spy's collapsed stacks summed by part (WORKER_PARTS); samples."""
+    parts: collections.Counter[str] = collections.Counter()
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = stack.split(";")
+        part = next(
+            (label for frame in reversed(frames) for key, label in WORKER_PARTS if key in frame), "worker other"
+        )
+        parts[part] += int(count)
+    return parts
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", choices=("dense", "group"), default="dense")
+    parser.add_argument("--keys", type=int, default=3000)
+    parser.add_argument("--file-seconds", type=int, default=20)
+    parser.add_argument("--fill-minutes", type=int, default=60)
+    parser.add_argument("--measured-files", type=int, default=12)
+    parser.add_argument("--py-spy", action="store_true", help="sample the Python workers over the measured run")
+    args = parser.parse_args()
+    shutil.rmtree(WORK, ignore_errors=True)
+    get_spark()
+    repo = dense_repo(args) if args.shape == "dense" else group_repo(args)
+    instrument()
+    SPENT.clear()
+    raw = WORK / "workers.txt"
+    spies: list[subprocess.Popen[bytes]] = []
+    began = time.perf_counter()
+    run = stream(repo, available_now=True, max_files_per_trigger=1, progress=False, tracking=False)
+    if args.py_spy:
+        spies = sample_workers(600, raw)
+    run.await_termination()
+    wall = time.perf_counter() - began
+    for spy in spies:
+        spy.send_signal(signal.SIGINT)  # py-spy writes what it sampled when interrupted
+        spy.wait()
+    query = next(iter(run.queries.values()))
+    batches = [p for p in query.recentProgress if p["numInputRows"] > 0]
+    steady = batches[2:]
+    n = len(steady)
+    phases: collections.Counter[str] = collections.Counter()
+    for p in steady:
+        phases.update(p["durationMs"])
+    trigger = phases["triggerExecution"] / 1000 / n
+    print(f"{args.shape}: {len(batches)} batches, {wall:.1f} s; steady: {n} batches, {trigger:.3f} s a trigger")
+    print("| Spark phase | s per batch | share |\n|---|---|---|")
+    for name, ms in phases.most_common():
+        print(f"| {name} | {ms / 1000 / n:.3f} | {ms / 1000 / n / trigger:.0%} |")
+    print("| sink stage | s per batch | share of a trigger |\n|---|---|---|")
+    for name, seconds in sorted(SPENT.items(), key=lambda kv: -sum(kv[1][2:])):
+        per = sum(seconds[2:]) / max(1, len(seconds) - 2)  # steady calls (a stage may not run in every batch)
+        print(f"| {name} | {per:.3f} | {per / trigger:.0%} | ({len(seconds)} calls)")
+    if spies:
+        parts: collections.Counter[str] = collections.Counter()
+        for sampled in WORK.glob("workers.txt.*"):
+            parts.update(worker_parts(sampled))
+        total = sum(parts.values())
+        # 50 samples a second per process: samples / 50 = CPU seconds over the whole run, all batches
+        print("| Python workers, whole run | CPU s | share |\n|---|---|---|")
+        for part, count in parts.most_common():
+            print(f"| {part} | {count / 50:.2f} | {count / total:.0%} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
