@@ -25,7 +25,7 @@ from features.kernel.request_time import UTC_MICROS, Columns, request_column, ut
 from features.repo import Repo
 from features.spec.request import REQUEST_TIME, RequestFeature
 from features.spec.types import DType
-from features.stores.feature_refs import FeatureColumn, filled_column, filled_lists
+from features.stores.feature_refs import FeatureColumn, empty_value, filled_column, filled_lists
 
 _ELEMENTS = {DType.INT64_LIST: DType.INT64, DType.FLOAT64_LIST: DType.FLOAT64, DType.STRING_LIST: DType.STRING}
 
@@ -173,8 +173,13 @@ def stored_input_of(values: Sequence[Any], column: FeatureColumn, index: pd.Inde
             return utc_series(micros, index)
     elif column.dtype.name.endswith("_LIST"):  # one column made, not one of the given lists and one of their copies
         return filled_lists(values, column, index)
-    elif column.dtype in _NUMPY_TYPES and (column.dtype is DType.FLOAT64 or None not in values):
+    elif column.dtype in _NUMPY_TYPES:
         try:
+            if column.dtype is DType.INT64 and None in values:  # a key with no row: a count's 0, or pandas' Int64
+                empty = empty_value(column)
+                if empty is None:
+                    return pd.Series(pd.array(values, dtype="Int64"), index=index)
+                values = [empty if v is None else v for v in values]
             return stored_input(pd.Series(np.array(values, dtype=_NUMPY_TYPES[column.dtype]), index=index), column)
         except (TypeError, ValueError, OverflowError):  # not all numbers: the column of objects says what they are
             pass
@@ -211,7 +216,8 @@ def request_times(times: pd.Series | datetime | None, index: pd.Index) -> pd.Ser
     if times is None:
         raise ConfigError(f"request_features: no {REQUEST_TIME} for features that take it")
     if isinstance(times, pd.Series):
-        return utc_micros(times).set_axis(index)  # by position
+        times = utc_micros(times)
+        return times if times.index.equals(index) else times.set_axis(index)  # by position
     moment = pd.Timestamp(times)
     moment = moment.tz_localize("UTC") if moment.tzinfo is None else moment.tz_convert("UTC")
     return utc_series(np.full(len(index), moment.as_unit("us").value, dtype=np.int64), index)
