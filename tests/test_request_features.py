@@ -285,6 +285,16 @@ def reference(rows: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def assert_values_equal(got: pd.DataFrame, want: pd.DataFrame) -> None:
+    """Each of `want`'s columns equal in `got`, value by value (a null as any of pandas' missing values)."""
+    for name in want.columns:
+        for i, (a, b) in enumerate(zip(got[name].tolist(), want[name].tolist(), strict=True)):
+            if b is None or (isinstance(b, float) and math.isnan(b)):
+                assert a is None or a is pd.NA or (isinstance(a, float) and math.isnan(a)), (name, i, a)
+            else:
+                assert a == b, (name, i, a, b)
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3])
 @pytest.mark.parametrize("row", [False, True])
 def test_values_equal_the_row_by_row_reference(seed, row) -> None:
@@ -294,12 +304,7 @@ def test_values_equal_the_row_by_row_reference(seed, row) -> None:
     assert list(got.columns) == [*rows.columns, "ratio", "seconds_since_last", "new_merchant"]
     assert str(got["ratio"].dtype) == "float64" and str(got["seconds_since_last"].dtype) == "Int64"
     assert str(got["new_merchant"].dtype) == "boolean"
-    for name in want.columns:
-        for i, (a, b) in enumerate(zip(got[name].tolist(), want[name].tolist(), strict=True)):
-            if b is None or (isinstance(b, float) and math.isnan(b)):
-                assert a is None or a is pd.NA or (isinstance(a, float) and math.isnan(a)), (name, i, a)
-            else:
-                assert a == b, (name, i, a, b)
+    assert_values_equal(got, want)
     pd.testing.assert_frame_equal(rows, random_rows(seed))  # the input is left as it was
 
 
@@ -345,12 +350,7 @@ def test_the_example_repos_five_equal_the_row_by_row_reference(seed) -> None:
     got = add_request_features(rows, list(defined.values()))
     want = pd.DataFrame([example_reference(r) for r in rows.to_dict("records")])
     assert sorted(defined) == sorted(want.columns)
-    for name in want.columns:
-        for i, (a, b) in enumerate(zip(got[name].tolist(), want[name].tolist(), strict=True)):
-            if b is None or (isinstance(b, float) and math.isnan(b)):
-                assert a is None or a is pd.NA or (isinstance(a, float) and math.isnan(a)), (name, i, a)
-            else:
-                assert a == b, (name, i, a, b)
+    assert_values_equal(got, want)
 
 
 def test_a_timestamp_and_a_list_come_out_in_their_types() -> None:
