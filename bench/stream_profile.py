@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +144,28 @@ def worker_parts(raw: Path) -> dict[str, int]:
     return parts
 
 
+def spark_stages(spark: Any, since_ms: int) -> dict[str, tuple[float, float, int]]:
+    """Spark's stages (from its status store, which runs without the UI) submitted at `since_ms` or later, by
+    call site: (wall seconds from submission to completion, task seconds, stages)."""
+    jvm, context = spark._jvm, spark.sparkContext
+    empty = jvm.java.util.Collections.emptyList()
+    listed = (
+        context._jsc.sc().statusStore().stageList(empty, False, False, context._gateway.new_array(jvm.double, 0), empty)
+    )
+    found: dict[str, tuple[float, float, int]] = {}
+    it = listed.iterator()
+    while it.hasNext():
+        stage = it.next()
+        if stage.submissionTime().isEmpty() or stage.completionTime().isEmpty():
+            continue
+        began, ended = stage.submissionTime().get().getTime(), stage.completionTime().get().getTime()
+        if began < since_ms:
+            continue
+        wall, tasks, n = found.get(stage.name(), (0.0, 0.0, 0))
+        found[stage.name()] = (wall + (ended - began) / 1000, tasks + stage.executorRunTime() / 1000, n + 1)
+    return found
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", choices=("dense", "group"), default="dense")
@@ -153,7 +176,7 @@ def main() -> int:
     parser.add_argument("--py-spy", action="store_true", help="sample the Python workers over the measured run")
     args = parser.parse_args()
     shutil.rmtree(WORK, ignore_errors=True)
-    get_spark()
+    spark = get_spark()
     repo = dense_repo(args) if args.shape == "dense" else group_repo(args)
     instrument()
     SPENT.clear()
@@ -180,6 +203,11 @@ def main() -> int:
     print("| Spark phase | s per batch | share |\n|---|---|---|")
     for name, ms in phases.most_common():
         print(f"| {name} | {ms / 1000 / n:.3f} | {ms / 1000 / n / trigger:.0%} |")
+    since = int(datetime.fromisoformat(steady[0]["timestamp"].replace("Z", "+00:00")).timestamp() * 1000)
+    stages = spark_stages(spark, since)
+    print("| Spark stage (call site) | wall s per batch | task s per batch | stages per batch |\n|---|---|---|---|")
+    for name, (wall, tasks, count) in sorted(stages.items(), key=lambda kv: -kv[1][0]):
+        print(f"| {name} | {wall / n:.3f} | {tasks / n:.3f} | {count / n:.1f} |")
     print("| sink stage | s per batch | share of a trigger |\n|---|---|---|")
     for name, seconds in sorted(SPENT.items(), key=lambda kv: -sum(kv[1][2:])):
         per = sum(seconds[2:]) / max(1, len(seconds) - 2)  # steady calls (a stage may not run in every batch)
