@@ -10,16 +10,7 @@ from features.kernel.frames import events_frame
 from features.kernel.held import Held
 from features.kernel.microbatch import Step, advance, prune, step
 from features.kernel.plan import BASE, KEY, PANE, TS, Calc, Plan, text_cast, value_column
-from features.kernel.state import (
-    VERSIONS_CHUNK,
-    Versions,
-    chunk_length,
-    chunk_of,
-    from_bytes,
-    is_pane_chunk,
-    read_frame,
-    to_bytes,
-)
+from features.kernel.state import chunk_length, chunk_of, from_bytes, is_pane_chunk, read_frame, to_bytes
 from features.kernel.table import (
     KeyDictionary,
     Sorted,
@@ -39,14 +30,12 @@ __all__ = [
     "KEY",
     "PANE",
     "TS",
-    "VERSIONS_CHUNK",
     "Calc",
     "Held",
     "KeyDictionary",
     "Plan",
     "Sorted",
     "Step",
-    "Versions",
     "advance",
     "beside",
     "chunk_length",
