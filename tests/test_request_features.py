@@ -380,6 +380,20 @@ def failing(function, dtype: str = "double", row: bool = False) -> RequestFeatur
     )
 
 
+def test_a_row_function_takes_its_inputs_by_name_or_by_position() -> None:
+    """Called by position where it allows (the fast way), by name where a parameter is keyword-only."""
+
+    def by_name(*, amount_max_24h, amount):
+        return amount - amount_max_24h
+
+    def by_position(amount, amount_max_24h, /):
+        return amount - amount_max_24h
+
+    for function in (by_name, by_position, lambda amount_max_24h, amount: amount - amount_max_24h):
+        assert failing(function, row=True).positional is (function is not by_name)
+        assert request_values(ROWS, failing(function, row=True)).tolist() == [5.0, 20.0, 28.0]
+
+
 def test_a_function_that_raises_is_named_with_its_first_failing_row() -> None:
     def strict(amount, amount_max_24h):
         if (amount_max_24h == 0).any():

@@ -124,6 +124,12 @@ class RequestFeature:
         """The function's parameters, in its own order."""
         return tuple(inspect.signature(self.function).parameters)
 
+    @cached_property
+    def positional(self) -> bool:
+        """Whether every parameter can be given by position (none is keyword-only)."""
+        kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        return all(p.kind in kinds for p in inspect.signature(self.function).parameters.values())
+
     @property
     def wants_request_time(self) -> bool:
         return REQUEST_TIME in self.parameters

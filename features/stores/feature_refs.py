@@ -157,7 +157,10 @@ def filled_column(values: pd.Series, column: FeatureColumn) -> pd.Series:
 def filled_lists(values: Iterable[Any], column: FeatureColumn, index: pd.Index) -> pd.Series:
     """A list feature's values as `fill_empty` gives them (Python lists, the empty value for a null), indexed by
     `index`."""
-    return pd.Series([_as_list(v, column.empty) for v in values], index=index, dtype=object)
+    empty = column.empty
+    # Arrow's lists (a Spark batch's) converted in the comprehension itself: a call per value was most of the cost
+    lists = [v.tolist() if type(v) is np.ndarray else _as_list(v, empty) for v in values]
+    return pd.Series(lists, index=index, dtype=object)
 
 
 def _missing(value: Any) -> bool:
