@@ -31,6 +31,9 @@ class _Map:
     def iterator(self):
         return iter([((k,), (v,)) for k, v in self.items.items()])
 
+    def keys(self):
+        return iter([(k,) for k in self.items])
+
     def getValue(self, key):  # noqa: N802
         return (self.items[key[0]],) if key[0] in self.items else None
 

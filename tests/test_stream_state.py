@@ -210,6 +210,49 @@ def test_a_batch_rewrites_the_lifetime_base_chunk_only_when_it_folded_panes() ->
     assert len(base_writes) == 8
 
 
+def test_each_stored_chunk_holds_its_own_rows_only() -> None:
+    """A chunk's rows are often a slice of the bucket's table, and Arrow pickles a slice with its parent's whole
+    buffers: the sketches and lists of every chunk were stored in each (a 27x larger state, a driver out of
+    memory). Each stored chunk is as large as its rows written afresh."""
+    group = FeatureGroup(
+        "chunk_bytes",
+        GROUP.entity,
+        GROUP.source,
+        [
+            Feature("users_2h", agg.approx_count_distinct("merchant"), Hop("2h", "10m")),
+            Feature("last3_2h", agg.last_k("amount", 3), Hop("2h", "10m")),
+        ],
+    )
+    plan = pt.Plan.of(
+        group, {"user_id": DType.STRING, "ts": DType.INT64, "merchant": DType.STRING, "amount": DType.INT64}
+    )
+    output = {name: t for name, t in OUTPUT.items() if name not in ("n_2h", "total_2h")}
+    output |= {"users_2h": pa.int64(), "last3_2h": pa.list_(pa.int64())}
+    processor = stream_operator.PaneProcessor(plan, group.name, output, delay_us=DELAY_US)
+    handle = MemoryHandle()
+    processor.init(handle)
+    rng = np.random.default_rng(8)
+    for hour in range(6):
+        n = 600
+        events = pd.DataFrame(
+            {
+                "user_id": rng.choice([f"u{k}" for k in range(30)], n),
+                pt.TS: hour * H + rng.integers(0, H, n),
+                "fx_v_raw_merchant": rng.choice([f"m{k}" for k in range(200)], n),
+                "fx_v_raw_amount": rng.integers(1, 100, n),
+                stream_rows.REASON: np.full(n, None, dtype=object),
+                stream_rows.RECORD: np.full(n, None, dtype=object),
+                stream_operator.LANDED: np.full(n, 1, dtype=np.int64),
+            }
+        )
+        list(processor.handleInputRows((0,), iter([packed(events)]), Timers(hour * H)))
+    blobs = [b for c, b in handle.maps["chunks"].items.items() if pt.is_pane_chunk(c)]
+    assert len(blobs) > 4
+    # the chunks' rows stored once, together: what the chunks should take, give or take each one's own overhead
+    once = len(pt.to_bytes(pd.concat([pt.read_frame(b) for b in blobs], ignore_index=True)))
+    assert sum(map(len, blobs)) <= once + 1000 * len(blobs), (sum(map(len, blobs)), once)
+
+
 def _emitted_per_batch(delay_us: int, inputs: list[pd.DataFrame | None], newest: list[int]) -> list[pd.DataFrame]:
     """One bucket's change points after each batch (`inputs`: its events, None for none; `newest`: the batch's
     newest event time, which every bucket is told), handed Spark's watermark (the batches before less the 10
