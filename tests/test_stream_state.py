@@ -36,6 +36,21 @@ OUTPUT = {
 }
 
 
+def _events(users: np.ndarray, ts: np.ndarray, **values: np.ndarray) -> pd.DataFrame:
+    """A bucket's events as the processor receives them: keys, times, the source's values, nothing set aside."""
+    n = len(ts)
+    return pd.DataFrame(
+        {
+            "user_id": users,
+            pt.TS: ts,
+            **values,
+            stream_rows.REASON: np.full(n, None, dtype=object),
+            stream_rows.RECORD: np.full(n, None, dtype=object),
+            stream_operator.LANDED: np.full(n, 1, dtype=np.int64),
+        }
+    )
+
+
 def _batches() -> list[pd.DataFrame]:
     """Hour by hour, 40 users at a time; every 3 hours a new set of users, so old keys leave the state."""
     rng = np.random.default_rng(3)
@@ -43,18 +58,8 @@ def _batches() -> list[pd.DataFrame]:
     for hour in range(12):
         users = [f"u{hour // 3}_{i}" for i in range(40)]
         n = 400
-        out.append(
-            pd.DataFrame(
-                {
-                    "user_id": rng.choice(users, n),
-                    pt.TS: hour * H + rng.integers(0, H, n),
-                    "fx_v_raw_amount": rng.integers(1, 100, n),
-                    stream_rows.REASON: np.full(n, None, dtype=object),
-                    stream_rows.RECORD: np.full(n, None, dtype=object),
-                    stream_operator.LANDED: np.full(n, 1, dtype=np.int64),
-                }
-            )
-        )
+        users, ts = rng.choice(users, n), hour * H + rng.integers(0, H, n)
+        out.append(_events(users, ts, fx_v_raw_amount=rng.integers(1, 100, n)))
     return out
 
 
@@ -189,15 +194,7 @@ def test_a_batch_rewrites_the_lifetime_base_chunk_only_when_it_folded_panes() ->
     minute, batches = 60 * 1_000_000, 150
     for i in range(batches):
         n = 30
-        events = pd.DataFrame(
-            {
-                "user_id": rng.choice([f"u{k}" for k in range(50)], n),
-                pt.TS: 10 * H + i * minute + rng.integers(0, minute, n),
-                stream_rows.REASON: np.full(n, None, dtype=object),
-                stream_rows.RECORD: np.full(n, None, dtype=object),
-                stream_operator.LANDED: np.full(n, 1, dtype=np.int64),
-            }
-        )
+        events = _events(rng.choice([f"u{k}" for k in range(50)], n), 10 * H + i * minute + rng.integers(0, minute, n))
         list(processor.handleInputRows((0,), iter([packed(events)]), Timers(10 * H + i * minute - 5 * minute)))
         stored = [pt.read_frame(b) for c, b in chunks.items.items() if pt.is_pane_chunk(c)]
         held = stream_operator._RESIDENT[(group.name, 0)].table
@@ -212,8 +209,9 @@ def test_a_batch_rewrites_the_lifetime_base_chunk_only_when_it_folded_panes() ->
 
 def test_each_stored_chunk_holds_its_own_rows_only() -> None:
     """A chunk's rows are often a slice of the bucket's table, and Arrow pickles a slice with its parent's whole
-    buffers: the sketches and lists of every chunk were stored in each (a 27x larger state, a driver out of
-    memory). Each stored chunk is as large as its rows written afresh."""
+    buffers: the sketches and lists of every chunk were stored in each (a state some 50x larger, a driver out of
+    memory). The stored chunks together take what their rows take stored once, give or take each chunk's own
+    overhead."""
     group = FeatureGroup(
         "chunk_bytes",
         GROUP.entity,
@@ -234,21 +232,12 @@ def test_each_stored_chunk_holds_its_own_rows_only() -> None:
     rng = np.random.default_rng(8)
     for hour in range(6):
         n = 600
-        events = pd.DataFrame(
-            {
-                "user_id": rng.choice([f"u{k}" for k in range(30)], n),
-                pt.TS: hour * H + rng.integers(0, H, n),
-                "fx_v_raw_merchant": rng.choice([f"m{k}" for k in range(200)], n),
-                "fx_v_raw_amount": rng.integers(1, 100, n),
-                stream_rows.REASON: np.full(n, None, dtype=object),
-                stream_rows.RECORD: np.full(n, None, dtype=object),
-                stream_operator.LANDED: np.full(n, 1, dtype=np.int64),
-            }
-        )
+        users, ts = rng.choice([f"u{k}" for k in range(30)], n), hour * H + rng.integers(0, H, n)
+        merchants, amounts = rng.choice([f"m{k}" for k in range(200)], n), rng.integers(1, 100, n)
+        events = _events(users, ts, fx_v_raw_merchant=merchants, fx_v_raw_amount=amounts)
         list(processor.handleInputRows((0,), iter([packed(events)]), Timers(hour * H)))
     blobs = [b for c, b in handle.maps["chunks"].items.items() if pt.is_pane_chunk(c)]
     assert len(blobs) > 4
-    # the chunks' rows stored once, together: what the chunks should take, give or take each one's own overhead
     once = len(pt.to_bytes(pd.concat([pt.read_frame(b) for b in blobs], ignore_index=True)))
     assert sum(map(len, blobs)) <= once + 1000 * len(blobs), (sum(map(len, blobs)), once)
 
