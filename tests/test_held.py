@@ -15,6 +15,7 @@ from test_kernel import H, check_against_reference, run_stream
 from features import Feature, FeatureGroup, Hop, Lifetime, agg
 from features import kernel as pt
 from features.kernel import summaries
+from features.kernel.table import values_at
 from features.spec import DType
 
 # Every sort of partial a pane keeps, over hops and tumbles and a Lifetime (the BASE chunk).
@@ -99,3 +100,32 @@ def test_a_steady_batch_rewrites_and_merges_only_what_its_events_and_window_ends
         assert all(held.chunks[c] is s for c, s in before.items() if c not in step.changed)
         merged = [run for run, s in held.summaries.items() if kept.get(run) is not s]
         assert 0 < len(merged) <= 7 and len(held.summaries) > 100
+
+
+def test_values_at_any_window_end_are_those_of_the_panes_read_whole() -> None:
+    """Window ends anywhere, asked together: before the oldest chunk held (a window that holds no pane, as an
+    eager value at a stream's start asks), across the chunks, after the newest (a final flush): each value is the
+    one read from the panes whole, whatever else the same call asks."""
+    plan = replace(pt.Plan.of(STEADY, {"user_id": DType.STRING, "amount": DType.FLOAT64}), keys=(pt.KEY,))
+    t0 = 1_800_000_000 * 1_000_000
+    rng = np.random.default_rng(7)
+    for _ in range(20):
+        n, keys = int(rng.integers(1, 300)), int(rng.integers(1, 6))
+        events = pd.DataFrame(
+            {
+                pt.KEY: rng.integers(0, keys, n),
+                pt.TS: t0 + 100 * MINUTE + rng.integers(0, int(rng.integers(1, 200)) * MINUTE, n),
+                "fx_v_raw_amount": rng.random(n),
+            }
+        )
+        held = pt.Held.of(plan, int(rng.choice([1, 3, 7])) * MINUTE, [])
+        pt.advance(held, events, None, t0 + 100 * MINUTE)
+        asked = int(rng.integers(1, 30))
+        key = np.sort(rng.integers(0, keys, asked))
+        ends = t0 + rng.integers(0, 500, asked) * MINUTE // 2
+        order = np.lexsort((ends, key))
+        key, ends = key[order], ends[order]
+        got = summaries.window_values(held, key, ends)
+        want = values_at(plan, held.whole(), key, ends)
+        for name, values in want.items():
+            assert [repr(v) for v in got[name]] == [repr(v) for v in values], name

@@ -122,7 +122,8 @@ def _gathered(
         inner = live[last[live] > first[live] + 1]
         left = np.maximum(first[inner] + 1, numbers[0])
         right = np.minimum(last[inner], numbers[-1] + 1)
-        taken += _middle(held, numbers, key, inner, left, right)
+        some = right > left  # a window whose middle lies before or after every chunk held reads no summary
+        taken += _middle(held, numbers, key, inner[some], left[some], right[some])
     for number in np.unique(last[live][last[live] > first[live]]).tolist():  # the chunk it ends in: up to hi
         s = held.chunks.get(number * chunk_us)
         if s is not None:
