@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from features.errors import ConfigError, RequestFieldError
-from features.kernel.request_time import UTC_MICROS, Columns, request_column, utc_micros
+from features.kernel.request_time import UTC_MICROS, Columns, request_column, series_of, utc_array, utc_micros
 from features.repo import Repo
 from features.spec.request import REQUEST_TIME, RequestFeature
 from features.spec.types import DType
@@ -180,7 +180,7 @@ def stored_input_of(values: Sequence[Any], column: FeatureColumn, index: pd.Inde
                 if empty is None:
                     return pd.Series(pd.array(values, dtype="Int64"), index=index)
                 values = [empty if v is None else v for v in values]
-            return stored_input(pd.Series(np.array(values, dtype=_NUMPY_TYPES[column.dtype]), index=index), column)
+            return stored_input(series_of(np.array(values, dtype=_NUMPY_TYPES[column.dtype]), index), column)
         except (TypeError, ValueError, OverflowError):  # not all numbers: the column of objects says what they are
             pass
     return stored_input(pd.Series(values, index=index, dtype=object), column)
@@ -209,7 +209,7 @@ def _micros_of_seconds(seconds: np.ndarray) -> np.ndarray:
 
 def utc_series(micros: np.ndarray, index: pd.Index) -> pd.Series:
     """Microseconds since the epoch (`_NAT` for none) as a column of UTC times."""
-    return pd.Series(micros.view("M8[us]"), index=index, dtype=UTC_MICROS)
+    return series_of(utc_array(micros), index)
 
 
 def request_times(times: pd.Series | datetime | None, index: pd.Index) -> pd.Series:
@@ -261,9 +261,9 @@ def typed_field_values(given: Sequence[Any], field: str, dtype: DType, index: pd
     """`typed_request_field` of Python values (a list per field, as JSON gives them), indexed by `index`."""
     types = set(map(type, given))  # one look per type where all values of the types fit: converted in one go
     if dtype is DType.FLOAT64 and types <= _NUMBERS:
-        return pd.Series(np.array(given, dtype=np.float64), index=index)
+        return series_of(np.array(given, dtype=np.float64), index)
     if dtype is DType.STRING and types <= _TEXTS:
-        return pd.Series(given, index=index, dtype=object)
+        return series_of(np.array(given, dtype=object), index)
     if dtype is DType.TIMESTAMP and types <= {datetime, _NONE}:
         micros = _micros_of(given)  # Feast's datetimes in one go; text and JSON's seconds value by value below
         if micros is not None:
