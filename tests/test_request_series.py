@@ -1,8 +1,11 @@
-"""`series_of` (features.kernel.request_time): the Series a request-time feature's inputs and outputs are made as,
-without pandas' look at the array it is given, is the one `pd.Series` makes, on this pandas and on the public
-constructor it falls back to."""
+"""The Series request-time features are given and give: `series_of` (features.kernel.request_time), made without
+pandas' look at the array it is given, is the one `pd.Series` makes, on this pandas and on the public constructor
+it falls back to; one moment for all rows (the server's and the logged model's when no row has a time) is that
+moment."""
 
 from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta, timezone
 
 import numpy as np
 import pandas as pd
@@ -10,6 +13,8 @@ import pytest
 
 import features.kernel.request_time as kernel
 from features.kernel.request_time import UTC_MICROS, series_of, utc_array
+from features.spec.request import RequestFeature
+from features.stores.request_inputs import request_columns_of_values, request_times
 
 NAT = np.iinfo(np.int64).min
 
@@ -50,3 +55,23 @@ def test_series_of_makes_what_pd_series_makes(monkeypatch, fast: bool, rows: int
 def test_series_of_an_array_not_of_one_dimension_is_refused_as_pd_series_refuses_it() -> None:
     with pytest.raises(ValueError, match="1-dimensional"):
         series_of(np.zeros((2, 2)), pd.RangeIndex(2))
+
+
+@pytest.mark.parametrize(
+    "moment",
+    [
+        datetime(2026, 1, 2, 3, 4, 5, 678_901, tzinfo=UTC),
+        datetime(2026, 1, 2, 3, 4, 5, 678_901, tzinfo=timezone(timedelta(hours=-5))),
+        datetime(1969, 12, 31, 23, 59, 59, 1, tzinfo=UTC),
+        datetime(2026, 1, 2, 3, 4, 5, 678_901),  # naive: UTC
+        pd.Timestamp("2026-01-02 03:04:05.678901", tz="Europe/Paris"),
+    ],
+)
+def test_one_moment_for_all_rows_is_that_moment(moment: datetime) -> None:
+    """A moment's microseconds were once read from pandas' nanoseconds: the server's "now" was in the year 57973."""
+    want = pd.Timestamp(moment).tz_localize("UTC") if moment.tzinfo is None else pd.Timestamp(moment).tz_convert("UTC")
+    times = request_times(moment, pd.RangeIndex(3))
+    assert times.dtype == UTC_MICROS and times.tolist() == [want] * 3
+    echo = RequestFeature("echo", lambda request_time: request_time, dtype="timestamp")
+    served = request_columns_of_values({}, [echo], {}, moment, 2)["echo"]
+    assert served.tolist() == [want] * 2

@@ -218,9 +218,13 @@ def request_times(times: pd.Series | datetime | None, index: pd.Index) -> pd.Ser
     if isinstance(times, pd.Series):
         times = utc_micros(times)
         return times if times.index.equals(index) else times.set_axis(index)  # by position
-    moment = pd.Timestamp(times)
-    moment = moment.tz_localize("UTC") if moment.tzinfo is None else moment.tz_convert("UTC")
-    return utc_series(np.full(len(index), moment.as_unit("us").value, dtype=np.int64), index)
+    if type(times) is datetime and times.tzinfo is not None:  # the server's and the model's now: a tenth of the
+        micros = (times - _EPOCH) // _MICROSECOND  # time pandas takes below
+    else:
+        moment = pd.Timestamp(times)
+        moment = moment.tz_localize("UTC") if moment.tzinfo is None else moment.tz_convert("UTC")
+        micros = moment.as_unit("us").value // 1_000  # `value` is in nanoseconds, whatever the unit
+    return utc_series(np.full(len(index), micros, dtype=np.int64), index)
 
 
 _FIXES = {
