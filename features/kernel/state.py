@@ -93,15 +93,20 @@ HOUR_US = 3600 * 1_000_000
 # chunk. A 32nd of the window (112.5 s at 1 h) wrote 9.6 MB a batch in a live stream of 100,000 events a second
 # (1 s panes, 10,000 keys), a 256th 1.5 MB, the batch 8% faster (bench/freshness.py --kafka).
 CHUNKS_PER_WINDOW = 256
+# Each chunk costs a pickle, a state read and its summaries' levels however few rows it holds: a chunk of one pane
+# (a 24 h window of 5 min panes) pays them per pane, and a backlog of hours writes and reads hundreds of them.
+MIN_CHUNK_PANES = 8
 
 
 def chunk_length(plan: Plan) -> int:
     """How much pane time one stored chunk holds. A micro-batch rewrites the chunks its events fall in, so a
-    chunk is at most a 256th of the panes the state keeps (the longest window, or a session's gap and `every`),
-    and at most an hour: at 1 s panes and a 1 h window a batch rewrites some 14 s of panes, not the hour.
-    At least one pane; the state's oldest chunks are dropped whole (`prune`'s `align_us`)."""
+    chunk is a 256th of the panes the state keeps (the longest window, or a session's gap and `every`), at most
+    an hour: at 1 s panes and a 1 h window a batch rewrites some 14 s of panes, not the hour. At least 8 panes
+    where that is at most an eighth of what is kept, so that a chunk's fixed costs are shared; the state's oldest
+    chunks are dropped whole (`prune`'s `align_us`), so a longer chunk keeps that much more state."""
     kept = max((c.size_us or c.every_us) + (c.gap_us or 0) for c in plan.calcs)
-    return max(plan.pane_us, min(HOUR_US, kept // CHUNKS_PER_WINDOW))
+    floor = min(MIN_CHUNK_PANES * plan.pane_us, kept // MIN_CHUNK_PANES)
+    return max(plan.pane_us, floor, min(HOUR_US, kept // CHUNKS_PER_WINDOW))
 
 
 def chunk_of(table: pd.DataFrame, chunk_us: int) -> np.ndarray:
