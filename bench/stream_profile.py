@@ -1,16 +1,18 @@
 """Where a steady micro-batch's time goes: the stream's sink timed stage by stage, Spark's own phases, and the
 Python workers sampled.
 
-    python bench/stream_profile.py [--shape dense|group] [--measured-files 12] [--py-spy]
+    python bench/stream_profile.py [--shape dense|group|count] [--measured-files 12] [--py-spy]
 
 `--shape dense` is bench/stream_dense.py's full run (3,000 keys, an event per key per second, files of 20 s, count /
 sum / max over `Hop("1h", every="1s")`, an hour taken up first so that the windows are full); `--shape group` is
-bench/stream.py's 5-feature group `user_transactions` (10,000 keys, files of 500,000 events). Both stream one file
-per micro-batch through the product's whole path (validation, statistics, offline table, SQLite online store;
-tracking off). Printed, over the steady batches (those after the first two): Spark's phases of a trigger (the
-query progress's durationMs: addBatch is the sink's foreachBatch, the rest Spark's bookkeeping), the sink's stages
-(its functions timed on the driver; the first Spark job, which computes the stateful operator's output, runs
-inside "screen"), and with `--py-spy` the Python workers' CPU time by part (py-spy's samples of every worker).
+bench/stream.py's 5-feature group `user_transactions` (10,000 keys, files of 500,000 events), `--shape count` its
+one count over `Hop("24h", every="5m")` on the same files. Each streams one file per micro-batch through the
+product's whole path (validation, statistics, offline table, SQLite online store; tracking off). Printed, over the
+steady batches (those after the first two): Spark's phases of a trigger (the query progress's durationMs: addBatch
+is the sink's foreachBatch, the rest Spark's bookkeeping), the sink's stages (its functions timed on the driver; the
+first Spark job, which computes the stateful operator's output, runs inside "screen"), the stateful operator's
+metrics, each Spark stage of the last batch, and with `--py-spy` the Python workers' CPU time by part (py-spy's
+samples of every worker).
 """
 
 from __future__ import annotations
@@ -86,7 +88,7 @@ def instrument() -> None:
     offline.append_batch = timed("offline append (Delta)", offline.append_batch)
     for cls, names in (
         (sink_module.BatchSink, ("_batch", "_eager_valid", "_rows_valid", "_publish", "_report")),
-        (SetAside, ("write", "sweep")),
+        (SetAside, ("write", "sweep", "_write_late", "_write_bad", "_set_aside_unreadable_files")),
     ):
         for name in names:
             setattr(cls, name, timed(f"{cls.__name__}.{name}", getattr(cls, name)))
@@ -107,6 +109,9 @@ def group_repo(args: argparse.Namespace) -> Repo:
     WORK.mkdir(parents=True, exist_ok=True)
     files = args.measured_files
     events = stream_bench.land("events", 500_000 * files, 10_000, 2.0 * files / 10, files)
+    if args.shape == "count":
+        one = stream_bench.ONE_FEATURE.format(name="count_24h_5m", every="5m")
+        return stream_bench.make_repo("count", events, one)
     return stream_bench.make_repo("group", events, stream_bench.FULL_GROUP.format(name="user_transactions"))
 
 
@@ -166,9 +171,62 @@ def spark_stages(spark: Any, since_ms: int) -> dict[str, tuple[float, float, int
     return found
 
 
+def print_state_operator(steady: list[dict[str, Any]]) -> None:
+    """The stateful operator's own metrics (the query progress's `stateOperators`), averaged over the steady batches."""
+    sums: collections.Counter[str] = collections.Counter()
+    for p in steady:
+        for op in p.get("stateOperators", []):
+            sums.update({k: v for k, v in op.items() if isinstance(v, int | float)})
+            sums.update({f"custom {k}": v for k, v in op.get("customMetrics", {}).items()})
+    print("| state operator metric | per batch |\n|---|---|")
+    for name, total in sorted(sums.items()):
+        print(f"| {name} | {total / len(steady):,.1f} |")
+
+
+def print_last_batch_stages(spark: Any, last: dict[str, Any]) -> None:
+    """Each Spark stage of the last steady batch on its own: tasks, wall and task seconds, CPU, bytes moved."""
+    since = int(datetime.fromisoformat(last["timestamp"].replace("Z", "+00:00")).timestamp() * 1000)
+    jvm, context = spark._jvm, spark.sparkContext
+    empty = jvm.java.util.Collections.emptyList()
+    listed = (
+        context._jsc.sc().statusStore().stageList(empty, False, False, context._gateway.new_array(jvm.double, 0), empty)
+    )
+    rows = []
+    it = listed.iterator()
+    while it.hasNext():
+        stage = it.next()
+        if stage.submissionTime().isEmpty() or stage.completionTime().isEmpty():
+            continue
+        began, ended = stage.submissionTime().get().getTime(), stage.completionTime().get().getTime()
+        if began >= since:
+            rows.append(
+                (
+                    stage.stageId(),
+                    stage.numTasks(),
+                    (ended - began) / 1000,
+                    stage.executorRunTime() / 1000,
+                    stage.executorCpuTime() / 1e9,
+                    stage.inputBytes() / 1e6,
+                    stage.shuffleReadBytes() / 1e6,
+                    stage.shuffleWriteBytes() / 1e6,
+                    stage.outputBytes() / 1e6,
+                    began - since,
+                )
+            )
+    print(
+        "| stage | tasks | starts at s | wall s | task s | CPU s | input MB | shuffle read MB | shuffle write MB | "
+        "output MB |\n|---|---|---|---|---|---|---|---|---|---|"
+    )
+    for sid, tasks, wall, run, cpu, inp, sr, sw, out, at in sorted(rows):
+        print(
+            f"| {sid} | {tasks} | {at / 1000:.2f} | {wall:.3f} | {run:.3f} | {cpu:.3f} | {inp:.1f} | {sr:.1f} | "
+            f"{sw:.1f} | {out:.1f} |"
+        )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shape", choices=("dense", "group"), default="dense")
+    parser.add_argument("--shape", choices=("dense", "group", "count"), default="dense")
     parser.add_argument("--keys", type=int, default=3000)
     parser.add_argument("--file-seconds", type=int, default=20)
     parser.add_argument("--fill-minutes", type=int, default=60)
@@ -212,6 +270,8 @@ def main() -> int:
     for name, seconds in sorted(SPENT.items(), key=lambda kv: -sum(kv[1][2:])):
         per = sum(seconds[2:]) / max(1, len(seconds) - 2)  # steady calls (a stage may not run in every batch)
         print(f"| {name} | {per:.3f} | {per / trigger:.0%} | ({len(seconds)} calls)")
+    print_state_operator(steady)
+    print_last_batch_stages(spark, steady[-1])
     if spies:
         parts: collections.Counter[str] = collections.Counter()
         for sampled in WORK.glob("workers.txt.*"):

@@ -5,22 +5,29 @@ reason; and the hourly sweep of what was set aside longer ago than the retention
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from features import quality
 from features.engine import files, schema, stream_operator, stream_rows
+from features.engine.batch import ARROW_TYPES
 from features.engine.stream_source import StreamSource
 from features.kernel import TS
 from features.pipelines.retention import SWEEP_EVERY_S, held, sweep
 from features.pipelines.rollup import MetricRollup
 from features.repo import Repo
-from features.spec import FeatureGroup
+from features.spec import DType, FeatureGroup
 from features.stores.feast_objects import source_schema
+
+# A batch's late events up to this many are written from the driver, with the batch's stats rows collected in the
+# same job: Spark's write of a few rows is a job of its own, 0.15 s of a 3 s micro-batch (bench/stream_profile.py).
+DRIVER_LATE_ROWS = 10_000
 
 
 class SetAside:
@@ -46,14 +53,25 @@ class SetAside:
         self.keep_s, self.swept = keep_s, None
         self.file_check: files.FileCheck | None = None  # unreadable Parquet files, checked as they land
         self.checked: set[str] = set()
+        self.key_types: dict[str, Any] | None = None  # the join keys' types, read once
         self.sweep(-1)  # before the first batch: what an earlier run left beyond the retention
 
-    def write(self, batch: DataFrame, batch_id: int, counts: dict[str, int]) -> tuple[int, int]:
+    def collects_late(self, late: int) -> bool:
+        """Whether a batch's `late` events (some) are collected to the driver to be written from there."""
+        if not 0 < late <= DRIVER_LATE_ROWS:
+            return False
+        return all(t in (DType.STRING, DType.INT64) for t in self._key_types().values())
+
+    def write(
+        self, batch: DataFrame, batch_id: int, counts: dict[str, int], late_records: list[str] | None = None
+    ) -> tuple[int, int]:
         """Set aside the batch's late events and bad records (their rows counted in `counts` by kind), and the
-        landed files found unreadable since the last batch; returns (late events, bad records)."""
+        landed files found unreadable since the last batch; returns (late events, bad records). `late_records`:
+        the late events' records, when collected (`collects_late`)."""
         late = counts.get(stream_rows.LATE, 0)
         if late:
-            self._write_late(batch, batch_id)
+            folder = Path(self.repo.late_path(self.group)) / f"batch={batch_id}"
+            write_late(self.group, self._key_types(), batch if late_records is None else late_records, folder, batch_id)
         bad = counts.get(stream_rows.BAD, 0)
         if bad:
             self._write_bad(batch, batch_id)
@@ -71,20 +89,6 @@ class SetAside:
             for unit in ("files", "bytes")
         }
         self.rollup.add(kept, max(batch_id, 0), self.group.name)
-
-    def _write_late(self, batch: DataFrame, batch_id: int) -> None:
-
-        late = batch.where(F.col(stream_rows.KIND) == stream_rows.LATE).select(
-            F.from_json(F.col(stream_rows.RECORD), stream_operator.late_schema(self.group, self._key_types())).alias(
-                "r"
-            )
-        )
-        late = late.select(
-            *[F.col(f"r.{k}").alias(k) for k in self.group.join_keys],
-            F.timestamp_micros(F.col(f"r.{TS}")).alias(self.group.source.timestamp),
-            F.lit(batch_id).alias("batch_id"),
-        )
-        stream_operator.write_json_records(late, Path(self.repo.late_path(self.group)) / f"batch={batch_id}", None)
 
     def _write_bad(self, batch: DataFrame, batch_id: int) -> None:
 
@@ -132,6 +136,31 @@ class SetAside:
         return quality.quarantine_root(self.repo.root, self.group.name) / "records" / f"file-{name}"
 
     def _key_types(self) -> dict[str, Any]:
+        if self.key_types is None:
+            types = self.group.output_types(source_schema(self.group, self.repo.root))
+            self.key_types = {k: types[k] for k in self.group.join_keys}
+        return self.key_types
 
-        types = self.group.output_types(source_schema(self.group, self.repo.root))
-        return {k: types[k] for k in self.group.join_keys}
+
+def write_late(
+    group: FeatureGroup, key_types: dict[str, DType], late: DataFrame | list[str], folder: Path, batch_id: int
+) -> None:
+    """A batch's late events into `folder`: its keys, event time and batch id, from the batch's LATE rows (Spark
+    writes them) or from their records collected to the driver (written from there; the same columns)."""
+    if isinstance(late, list):
+        parsed = [json.loads(r) for r in late]
+        columns = {k: pa.array([p[k] for p in parsed], ARROW_TYPES[key_types[k]]) for k in group.join_keys}
+        times = pa.array([p[TS] for p in parsed], pa.int64())
+        columns[group.source.timestamp] = times.cast(pa.timestamp("us", tz="UTC"))
+        # Spark's literal: an int while it fits
+        columns["batch_id"] = pa.array([batch_id] * len(parsed), pa.int32() if batch_id < 2**31 else pa.int64())
+        stream_operator.write_table_records(pa.table(columns), folder)
+        return
+    rows = late.where(F.col(stream_rows.KIND) == stream_rows.LATE)
+    record = F.from_json(F.col(stream_rows.RECORD), stream_operator.late_schema(group, key_types)).alias("r")
+    rows = rows.select(record).select(
+        *[F.col(f"r.{k}").alias(k) for k in group.join_keys],
+        F.timestamp_micros(F.col(f"r.{TS}")).alias(group.source.timestamp),
+        F.lit(batch_id).alias("batch_id"),
+    )
+    stream_operator.write_json_records(rows, folder, None)

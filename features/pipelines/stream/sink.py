@@ -122,7 +122,7 @@ class BatchSink:
         try:
             screens = screen_kinds(self.group, batch, self.validate)
             counts = {k: s.rows for k, s in screens.items()}
-            stats = _stats(batch)
+            stats, late_records = _stats(batch, self.aside.collects_late(counts.get(stream_rows.LATE, 0)))
             # The watermark (µs) the buckets emitted up to; None when no bucket ran (a batch of bad records only).
             upto = max((r["watermark"] for r in stats), default=0) or None
             eager = bool(counts.get(stream_rows.EAGER)) and self._eager_valid(
@@ -132,7 +132,7 @@ class BatchSink:
             final = bool(counts.get(stream_rows.ROW)) and self._rows_valid(rows, batch_id, screens[stream_rows.ROW])
             rows_out = counts[stream_rows.ROW] if final else 0
             appended = self._publish(batch, batch_id, rows if final else None, eager, rows_out, upto)
-            late, bad = self.aside.write(batch, batch_id, counts)
+            late, bad = self.aside.write(batch, batch_id, counts, late_records)
             if self.statistics:
                 events = sum(r["events"] for r in stats)
                 record_batch_statistics(self, rows if appended else None, batch_id, (events, late, bad), upto)
@@ -334,8 +334,12 @@ def feature_columns(group: FeatureGroup) -> list[Any]:
     ]
 
 
-def _stats(batch: DataFrame) -> list[dict[str, Any]]:
-    """Each bucket's stats row of the batch: events read, watermark, state held, oldest landing."""
+def _stats(batch: DataFrame, late: bool) -> tuple[list[dict[str, Any]], list[str] | None]:
+    """Each bucket's stats row of the batch (events read, watermark, state held, oldest landing), and with `late`
+    the late events' records, collected in the same job (else None)."""
 
-    rows = batch.where(F.col(stream_rows.KIND) == stream_rows.STAT).select(stream_rows.RECORD).collect()
-    return [dict(zip(stream_rows.STAT_FIELDS, json.loads(r[0]), strict=True)) for r in rows]
+    kinds = [stream_rows.STAT, stream_rows.LATE] if late else [stream_rows.STAT]
+    rows = batch.where(F.col(stream_rows.KIND).isin(kinds)).select(stream_rows.KIND, stream_rows.RECORD).collect()
+    fields = stream_rows.STAT_FIELDS
+    stats = [dict(zip(fields, json.loads(r[1]), strict=True)) for r in rows if r[0] == stream_rows.STAT]
+    return stats, [r[1] for r in rows if r[0] == stream_rows.LATE] if late else None
