@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from features.engine.session import get_spark
+from features.pipelines.stream import aside, stream
 from features.pipelines.stream import sink as sink_module
-from features.pipelines.stream import stream
 from features.pipelines.stream.aside import SetAside
 from features.repo import Repo
 from features.stores import offline
@@ -86,9 +86,10 @@ def instrument() -> None:
     ):
         setattr(sink_module, name, timed(label, getattr(sink_module, name)))
     offline.append_batch = timed("offline append (Delta)", offline.append_batch)
+    aside.write_late = timed("late events written", aside.write_late)
     for cls, names in (
         (sink_module.BatchSink, ("_batch", "_eager_valid", "_rows_valid", "_publish", "_report")),
-        (SetAside, ("write", "sweep", "_write_late", "_write_bad", "_set_aside_unreadable_files")),
+        (SetAside, ("write", "sweep", "_write_bad", "_set_aside_unreadable_files")),
     ):
         for name in names:
             setattr(cls, name, timed(f"{cls.__name__}.{name}", getattr(cls, name)))
