@@ -26,7 +26,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -153,23 +153,29 @@ def worker_parts(raw: Path) -> dict[str, int]:
 def spark_stages(spark: Any, since_ms: int) -> dict[str, tuple[float, float, int]]:
     """Spark's stages (from its status store, which runs without the UI) submitted at `since_ms` or later, by
     call site: (wall seconds from submission to completion, task seconds, stages)."""
+    found: dict[str, tuple[float, float, int]] = {}
+    for stage, began, ended in completed_stages(spark, since_ms):
+        wall, tasks, n = found.get(stage.name(), (0.0, 0.0, 0))
+        found[stage.name()] = (wall + (ended - began) / 1000, tasks + stage.executorRunTime() / 1000, n + 1)
+    return found
+
+
+def completed_stages(spark: Any, since_ms: int) -> Iterator[tuple[Any, int, int]]:
+    """Spark's completed stages submitted at `since_ms` or later (from its status store, which runs without the
+    UI): (stage, submitted ms, completed ms)."""
     jvm, context = spark._jvm, spark.sparkContext
     empty = jvm.java.util.Collections.emptyList()
     listed = (
         context._jsc.sc().statusStore().stageList(empty, False, False, context._gateway.new_array(jvm.double, 0), empty)
     )
-    found: dict[str, tuple[float, float, int]] = {}
     it = listed.iterator()
     while it.hasNext():
         stage = it.next()
         if stage.submissionTime().isEmpty() or stage.completionTime().isEmpty():
             continue
         began, ended = stage.submissionTime().get().getTime(), stage.completionTime().get().getTime()
-        if began < since_ms:
-            continue
-        wall, tasks, n = found.get(stage.name(), (0.0, 0.0, 0))
-        found[stage.name()] = (wall + (ended - began) / 1000, tasks + stage.executorRunTime() / 1000, n + 1)
-    return found
+        if began >= since_ms:
+            yield stage, began, ended
 
 
 def print_state_operator(steady: list[dict[str, Any]]) -> None:
@@ -187,33 +193,22 @@ def print_state_operator(steady: list[dict[str, Any]]) -> None:
 def print_last_batch_stages(spark: Any, last: dict[str, Any]) -> None:
     """Each Spark stage of the last steady batch on its own: tasks, wall and task seconds, CPU, bytes moved."""
     since = int(datetime.fromisoformat(last["timestamp"].replace("Z", "+00:00")).timestamp() * 1000)
-    jvm, context = spark._jvm, spark.sparkContext
-    empty = jvm.java.util.Collections.emptyList()
-    listed = (
-        context._jsc.sc().statusStore().stageList(empty, False, False, context._gateway.new_array(jvm.double, 0), empty)
-    )
     rows = []
-    it = listed.iterator()
-    while it.hasNext():
-        stage = it.next()
-        if stage.submissionTime().isEmpty() or stage.completionTime().isEmpty():
-            continue
-        began, ended = stage.submissionTime().get().getTime(), stage.completionTime().get().getTime()
-        if began >= since:
-            rows.append(
-                (
-                    stage.stageId(),
-                    stage.numTasks(),
-                    (ended - began) / 1000,
-                    stage.executorRunTime() / 1000,
-                    stage.executorCpuTime() / 1e9,
-                    stage.inputBytes() / 1e6,
-                    stage.shuffleReadBytes() / 1e6,
-                    stage.shuffleWriteBytes() / 1e6,
-                    stage.outputBytes() / 1e6,
-                    began - since,
-                )
+    for stage, began, ended in completed_stages(spark, since):
+        rows.append(
+            (
+                stage.stageId(),
+                stage.numTasks(),
+                (ended - began) / 1000,
+                stage.executorRunTime() / 1000,
+                stage.executorCpuTime() / 1e9,
+                stage.inputBytes() / 1e6,
+                stage.shuffleReadBytes() / 1e6,
+                stage.shuffleWriteBytes() / 1e6,
+                stage.outputBytes() / 1e6,
+                began - since,
             )
+        )
     print(
         "| stage | tasks | starts at s | wall s | task s | CPU s | input MB | shuffle read MB | shuffle write MB | "
         "output MB |\n|---|---|---|---|---|---|---|---|---|---|"
