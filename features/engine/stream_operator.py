@@ -519,24 +519,29 @@ def _unpack(frames: Iterator[pd.DataFrame]) -> tuple[Any, int | None]:
 
 def write_json_records(frame: DataFrame, folder: Path, schema: str | None) -> None:
     """Late events or bad records of one batch into `folder` (replaced whole on a replay)."""
-    staging = folder.parent / f".{folder.name}-{uuid.uuid4().hex[:8]}"
+    staging = _staging(folder)
     if schema is not None:
         frame = frame.select(F.from_json(F.col(RECORD), schema).alias("r")).select("r.*")
     frame.coalesce(1).write.parquet(str(staging))
-    replace_folder(staging, folder)
+    _replace_folder(staging, folder)
 
 
 def write_table_records(table: pa.Table, folder: Path) -> None:
     """A few records written from the driver, as `write_json_records` writes them (one file, replaced whole)."""
     import pyarrow.parquet as pq
 
-    staging = folder.parent / f".{folder.name}-{uuid.uuid4().hex[:8]}"
+    staging = _staging(folder)
     staging.mkdir(parents=True)
     pq.write_table(table, staging / "part-00000.parquet")
-    replace_folder(staging, folder)
+    _replace_folder(staging, folder)
 
 
-def replace_folder(staging: Path, folder: Path) -> None:
+def _staging(folder: Path) -> Path:
+    """A hidden folder beside `folder` to write in before it replaces it (readers skip hidden names)."""
+    return folder.parent / f".{folder.name}-{uuid.uuid4().hex[:8]}"
+
+
+def _replace_folder(staging: Path, folder: Path) -> None:
     if folder.exists():
         shutil.rmtree(folder)
     os.replace(staging, folder)
