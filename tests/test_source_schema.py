@@ -51,9 +51,10 @@ GOOD_A = [
     _events([1, 2, 1], [10.0, 20.0, 30.0], [10, 20, 40]),
     _events([2, 3, 3], [40.0, 50.0, 60.0], [70, 80, 200]),
 ]
-STRAY_A = _events(["7"], [5.0], [30])  # its keys are text: one row
+# The drifted files' events are hours after the good ones: were they read, they would move the watermark.
+STRAY_A = _events(["7"], [5.0], [900])  # its keys are text: one row
 GOOD_B = _events([1, 2, 1, 2], [10.0, 20.0, 30.0, 40.0], [10, 20, 40, 90])
-RENAMED_B = _events([1, 2], [100.0, 200.0], [50, 60], amount="amt")
+RENAMED_B = _events([1, 2], [100.0, 200.0], [500, 600], amount="amt")
 
 
 def _land_a(folder: Path) -> pd.DataFrame:
@@ -454,6 +455,8 @@ def test_the_stream_sets_a_drifted_file_aside_whole(spark, feast_repo_factory, t
     group = repo.groups["user_spend"]
     [progress] = run.progress()
     watermark = pd.Timestamp(progress.watermark)
+    # The newest good event less the source's 10 minutes: the drifted file's events moved nothing.
+    assert watermark == good["event_ts"].max() - pd.Timedelta(minutes=10)
     want = _expected(spark, group, good, watermark.isoformat())
     pd.testing.assert_frame_equal(_offline(repo, group)[want.columns], want, check_dtype=False)
 

@@ -59,24 +59,33 @@ class SetAsideFile:
         return self.reason.split(":", 1)[0]
 
 
-def conforms(expected: Mapping[str, DType], null_read: StructType | None = None) -> Column:
-    """Whether a record's file conforms to `expected` (`nonconformity`), decided once per file in each Python
-    worker, from the file's footer; with `null_read` (the read's schema, when `null_rows` reads the files holding
-    one of its columns as Arrow's null type), also whether the file holds none. A file the worker cannot open (a
-    remote store) is left to Spark's reader."""
-    import pandas as pd
-    from pyspark.sql import functions as F
+@dataclass(frozen=True)
+class Conformity:
+    """Which records of a stream's Parquet read come from files that conform to `expected` (`nonconformity`),
+    decided once per file in each Python worker, from the file's footer, where the stream packs its events
+    (features.engine.stream_operator): a per-record filter of Spark's would hold every record until its file's
+    verdict came back, a sixth of a micro-batch. With `held` (the read's columns, when `null_rows` reads the files
+    holding one of them as Arrow's null type), a file holding one is left out too. A file the worker cannot open
+    (a remote store) is left to Spark's reader."""
 
-    wanted = _columns(expected)
-    held = None if null_read is None else _columns(schema_of(null_read))
+    wanted: Columns
+    held: Columns | None
 
-    def conforms(files: pd.Series) -> pd.Series:
-        verdicts = {file: _file_conforms(file, wanted, held) for file in files.unique()}
-        return files.map(verdicts).astype(bool)
+    @classmethod
+    def of(cls, schema: StructType, null_read: bool) -> Conformity:
+        return cls(_columns(expected_columns(schema)), _columns(schema_of(schema)) if null_read else None)
 
-    # PySpark reads a pandas UDF's kind from its type hints: here objects, not this module's postponed strings.
-    conforms.__annotations__ = {"files": pd.Series, "return": pd.Series}
-    return F.pandas_udf(conforms, "boolean")(F.col(META)["file_path"])  # type: ignore[call-overload]
+    def kept(self, files: pa.Array) -> pa.Array | None:
+        """Whether each record is kept, from the file each one must be checked for (`CHECKED_FILE`: null for a
+        record that needs no check); None when every record is."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        names = pc.unique(files).drop_null().to_pylist()
+        refused = [name for name in names if not _file_conforms(name, self.wanted, self.held)]
+        if not refused:
+            return None
+        return pc.invert(pc.fill_null(pc.is_in(files, value_set=pa.array(refused, pa.string())), False))
 
 
 def _columns(types: Mapping[str, DType]) -> Columns:

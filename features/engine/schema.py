@@ -39,6 +39,9 @@ MARK = "fx_reason"  # a record's reason while it is read (the source may have a 
 META = "fx_meta"  # Spark's `_metadata` of each record (its file), carried through the union of the two reads
 LANDED = "fx_landed"  # when an event's file landed (Kafka: the record's timestamp), µs
 FILE = "fx_file"  # the file an event was read from (Kafka: kafka:<topic>/<partition>/<offset>), kept with a bad record
+# The file whose conformity a stream decides for a record (features.engine.files.Conformity): its path for a record of
+# Spark's Parquet read, null for the others (those of `null_rows`, which checks its files itself)
+CHECKED_FILE = "fx_checked_file"
 # Spark 4.3's nanosecond timestamps (a preview): with it, a Parquet TIMESTAMP(NANOS) column reads as
 # timestamp_ltz(9) / timestamp_ntz(9), and a cast to timestamp truncates it to the microsecond (towards -inf).
 NANOS_CONF = "spark.sql.timestampNanosTypes.enabled"

@@ -41,7 +41,6 @@ if TYPE_CHECKING:
 from features.engine.files import (
     FileCheck,
     SetAsideFile,
-    conforms,
     nanosecond_files,
     null_rows,
     null_typed_files,
@@ -49,6 +48,7 @@ from features.engine.files import (
     unreadable_files,
 )
 from features.engine.schema import (
+    CHECKED_FILE,
     CORRUPT,
     FILE,
     FUTURE_TIMESTAMP,
@@ -415,7 +415,6 @@ def read_parquet(
     schema: StructType,
     path: str,
     nanosecond_files: Sequence[str] | None = None,
-    null_read: bool = False,
 ) -> DataFrame:
     """A Parquet folder (batch or stream) read with `schema`: the union of a read with microsecond timestamps
     and one of the files with nanosecond timestamps (cast to microseconds), each skipping the files it cannot
@@ -430,8 +429,8 @@ def read_parquet(
 
     A stream also leaves out the records of every file that does not conform to the columns `schema` marks as
     read (`nonconformity`), as each file lands: the batch read finds those files before it reads
-    (`read_source`), and a stream learns of its files only as it reads them. With `null_read`, it leaves out the
-    files holding a column as Arrow's null type too, which a read of their own takes (features.engine.files.null_rows).
+    (`read_source`), and a stream learns of its files only as it reads them: its records carry their file as
+    `CHECKED_FILE`, for the stream's pack to check (features.engine.files.Conformity).
     """
     from pyspark.sql import functions as F
 
@@ -453,9 +452,8 @@ def read_parquet(
         else:
             other = _from_nanosecond_files(other, schema, every_file=nanosecond_files is None)
         read = micros.select(*[F.col(f"`{f.name}`") for f in schema.fields], F.col(META)).unionByName(other)
-    expected = expected_columns(schema)
-    if read.isStreaming and expected:
-        read = read.where(conforms(expected, schema if null_read else None))
+    if read.isStreaming and expected_columns(schema):
+        read = read.withColumn(CHECKED_FILE, F.col(META)["file_path"])
     return read
 
 

@@ -4,8 +4,9 @@ change points, eager values, late events, bad records and each bucket's stats (f
 
 Layout of the query (features.engine.stream_query builds it; features.pipelines.stream.sink takes its output):
     source (file landing folder or Kafka: features.engine.stream_source) -> bad records marked with their reason
-    -> event-time watermark on the source timestamp -> projection to what the features read
-    -> mapInArrow: each bucket's events of an Arrow batch packed into one row
+    -> projection to what the features read
+    -> mapInArrow: each bucket's events of an Arrow batch packed into one row (the records of a file that does not
+       conform to the source's schema left out) -> event-time watermark on the newest good event time packed
     -> groupBy(hash bucket of the key) -> transformWithStateInPandas(PaneProcessor)  [RocksDB state]
     -> foreachBatch(sink): validate, then the offline table's commit + online store; late events and bad records
        aside
@@ -20,8 +21,8 @@ batch's newest event time (NEWEST), also one whose keys had no event, and emits 
 it sets, expiry rows of keys without new events included; Spark would apply that watermark a batch later. (An
 event-time timer per bucket is still set: it drops the state of a bucket a rescale left unused.)
 
-Why the timestamp leaves the projection as a number: Spark drops rows behind the watermark before a stateful
-operator when the operator's input carries the watermark column. Here the processor decides lateness itself
+Why the watermark's column is dropped once set: Spark drops rows behind the watermark before a stateful operator
+when the operator's input carries the watermark column. Here the processor decides lateness itself
 (an event is late when its change points were already emitted) and hands late events to the sink, which
 writes them to the late-events folder instead of losing them silently.
 """
@@ -48,8 +49,9 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
 from features import kernel as pt
+from features.engine.files import Conformity
 from features.engine.inputs import bucket_of, ddl, kernel_inputs
-from features.engine.schema import CORRUPT, FILE, LANDED, RAW_RECORD, SOURCE_FILE, schema_of
+from features.engine.schema import CHECKED_FILE, CORRUPT, FILE, LANDED, RAW_RECORD, SOURCE_FILE, schema_of
 from features.engine.schema import source_columns as all_source_columns
 from features.engine.source import cleaned_columns, reason_of
 from features.engine.state_upgrade import PendingUpgrade
@@ -63,6 +65,7 @@ PACK = "fx_pack"  # the processor's input: one bucket's events of one Arrow batc
 # On the processor's input: the newest good event time a task of the batch read (µs), sent to every bucket so that
 # each one knows the stream-wide event time of the batch (eager values are taken there, not at a bucket's own).
 NEWEST = "fx_newest"
+WATERMARKED = "fx_wm"  # NEWEST as a timestamp, the event time of the stream's watermark
 RESIDENT_BUCKETS = 4  # buckets whose state a Python worker keeps between batches (_Resident)
 COMPACT_SLACK = 1024  # codes of departed keys a bucket's key dictionary may hold beyond twice its live keys
 STATE_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -90,16 +93,19 @@ class Projection:
     record_schema: str  # a bad record's columns (DDL), as the backfill's quarantine files have them
 
 
-def project(group: FeatureGroup, events: DataFrame, labels: list[int]) -> tuple[DataFrame, Projection]:
+def project(
+    group: FeatureGroup, events: DataFrame, labels: list[int], conformity: Conformity | None = None
+) -> tuple[DataFrame, Projection]:
     """The processor's input: bucket (`labels[hash of the keys % len(labels)]`), keys, `fx_ts` (µs), one
-    truth column per `where`, the cast value columns,
-    and for bad records their reason and JSON; with the watermark on the source timestamp of good records."""
+    truth column per `where`, the cast value columns, and for bad records their reason and JSON, packed per bucket
+    (`_pack`, which leaves out the records of files `conformity` refuses); with the watermark on the newest source
+    timestamp of the good records packed."""
     types = schema_of(events.schema)
     output = group.output_types(types)
     plan = pt.Plan.of(group, types)
     source = group.source
     reason = reason_of(group, events, F.current_timestamp())
-    source_columns = [c for c in events.columns if c not in (CORRUPT, LANDED, FILE)]
+    source_columns = [c for c in events.columns if c not in (CORRUPT, LANDED, FILE, CHECKED_FILE)]
     # A bad record as the backfill sets it aside (features.engine.source: reason, source_file, raw_record, the
     # source's columns as read), carried as JSON to the sink, which writes it with `record_schema`.
     raw = F.to_json(
@@ -111,21 +117,26 @@ def project(group: FeatureGroup, events: DataFrame, labels: list[int]) -> tuple[
     )
     # NaN is null (docs/semantics.md, Nulls), as in the batch read; the raw record keeps what arrived.
     cleaned = dict(zip(all_source_columns(events), cleaned_columns(events), strict=True))
+    checked = [F.col(CHECKED_FILE)] if conformity is not None else []
     marked = events.select(
         *[cleaned[c] for c in source_columns],
         F.col(LANDED),
         reason.alias(REASON),
         F.when(reason.isNotNull(), raw).alias(RECORD),
-        # Bad records never move the watermark (a timestamp years ahead would make everything late).
-        F.when(reason.isNull(), F.col(source.timestamp).cast("timestamp")).alias("fx_wm"),
-    ).withWatermark("fx_wm", f"{source.watermark_s} seconds")
+        *checked,
+    )
     keys = list(group.join_keys)
     cols = kernel_inputs(group, types, plan)
     cols += [F.col(REASON), F.col(RECORD), F.col(LANDED)]
     bucket = bucket_of(group, labels).alias(BUCKET)
-    projected = marked.select(bucket, *cols).mapInArrow(
-        partial(_pack, labels), f"{BUCKET} bigint, {PACK} binary, {NEWEST} bigint"
+    packed = marked.select(bucket, *cols, *checked).mapInArrow(
+        partial(_pack, labels, conformity), f"{BUCKET} bigint, {PACK} binary, {NEWEST} bigint"
     )
+    # The watermark after the pack, which alone knows which files conform: a refused file's events must not move
+    # it. Bad records never do either (a timestamp years ahead would make everything late).
+    newest = F.timestamp_micros(F.col(NEWEST)).alias(WATERMARKED)
+    projected = packed.select("*", newest).withWatermark(WATERMARKED, f"{source.watermark_s} seconds")
+    projected = projected.drop(WATERMARKED)
     key_types = ddl({k: output[k] for k in keys})
     feature_types = {f.name: output[f.name] for f in group.features}
     features = ddl(feature_types)
@@ -466,12 +477,18 @@ def _keep_resident(bucket: tuple[str, int], state: _Resident) -> None:
         _RESIDENT.popitem(last=False)
 
 
-def _pack(every_label: list[int], batches: Iterator[Any]) -> Iterator[Any]:
-    """mapInArrow: each Arrow batch of projected events (bucket first) as one row per bucket, its events as
-    Arrow IPC bytes; then one row for every bucket, events or not, with the newest good event time the task read
-    (NEWEST), so that a bucket whose keys had no event still learns how far the stream's event time got."""
+def _pack(every_label: list[int], conformity: Conformity | None, batches: Iterator[Any]) -> Iterator[Any]:
+    """mapInArrow: each Arrow batch of projected events (bucket first; with `conformity`, the file to check last)
+    as one row per bucket, its events as Arrow IPC bytes, without the records of files `conformity` refuses; then
+    one row for every bucket, events or not, with the newest good event time the task read (NEWEST), so that a
+    bucket whose keys had no event still learns how far the stream's event time got."""
     newest = None
     for batch in batches:
+        if conformity is not None:
+            kept = conformity.kept(batch.column(batch.num_columns - 1))
+            batch = batch.select(range(batch.num_columns - 1))
+            if kept is not None:
+                batch = batch.filter(kept)
         if batch.num_rows == 0:
             continue
         good = pc.filter(batch.column(pt.TS), pc.is_null(batch.column(REASON)))

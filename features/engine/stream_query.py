@@ -14,6 +14,8 @@ from pyspark.sql.pandas.types import to_arrow_type
 from pyspark.sql.types import StructType
 
 from features.engine import stream_operator, stream_source
+from features.engine.files import Conformity
+from features.engine.schema import CHECKED_FILE
 from features.session_conf import session_setting
 
 if TYPE_CHECKING:
@@ -39,7 +41,9 @@ def stateful_query(
     operator's output (change points, late events, bad records, bucket stats) for the sink. `nanoseconds` and
     `nulls`: the reads its checkpoint started with (features.engine.stream_source.read_stream)."""
     events = stream_source.read_stream(spark, group, source, max_files_per_trigger, nanoseconds, nulls)
-    projected, projection = stream_operator.project(group, events, labels)
+    # The records of Spark's Parquet read carry their file, whose conformity the pack decides.
+    conformity = Conformity.of(source.schema, nulls) if CHECKED_FILE in events.columns else None
+    projected, projection = stream_operator.project(group, events, labels, conformity)
     fields = StructType.fromDDL(projection.output_schema).fields
     output = {f.name: to_arrow_type(f.dataType, timezone="UTC") for f in fields}  # times in UTC, as the kernel's
     processor = stream_operator.PaneProcessor(

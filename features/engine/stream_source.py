@@ -93,12 +93,13 @@ def read_stream(
         events = reader.json(path).withColumn(META, F.col("_metadata"))
     else:
         reader = _landed_files(spark, max_files)
-        events = read_parquet(spark, reader, schema, path, None if nanoseconds else [], null_read=nulls)
+        events = read_parquet(spark, reader, schema, path, None if nanoseconds else [])
         if nulls:
             # Both sources list the folder alike, each file in the same micro-batch (barring a file that lands
             # between their listings, which the later batch then reads); each file's records come from one.
             listing = _landed_files(spark, max_files).format("binaryFile").schema(BINARY_FILE).load(path)
-            events = events.unionByName(null_rows(listing, schema, events.schema[META].dataType))
+            apart = null_rows(listing, schema, events.schema[META].dataType)
+            events = events.unionByName(apart, allowMissingColumns=True)  # `apart`'s files need no CHECKED_FILE
     check_columns(group, events)
     landed = F.unix_micros(F.col(META)["file_modification_time"])
     return events.withColumn(LANDED, landed).withColumn(FILE, F.col(META)["file_path"]).drop(META)
