@@ -1,12 +1,13 @@
 """Where a steady micro-batch's time goes: the stream's sink timed stage by stage, Spark's own phases, and the
 Python workers sampled.
 
-    python bench/stream_profile.py [--shape dense|group|count] [--measured-files 12] [--py-spy]
+    python bench/stream_profile.py [--shape dense|group|count|big] [--measured-files 12] [--py-spy]
 
 `--shape dense` is bench/stream_dense.py's full run (3,000 keys, an event per key per second, files of 20 s, count /
 sum / max over `Hop("1h", every="1s")`, an hour taken up first so that the windows are full); `--shape group` is
 bench/stream.py's 5-feature group `user_transactions` (10,000 keys, files of 500,000 events), `--shape count` its
-one count over `Hop("24h", every="5m")` on the same files. Each streams one file per micro-batch through the
+one count over `Hop("24h", every="5m")` on the same files, `--shape big` that count over 1,000,000 keys (bench/stream.py's
+state-size run). Each streams one file per micro-batch through the
 product's whole path (validation, statistics, offline table, SQLite online store; tracking off). Printed, over the
 steady batches (those after the first two): Spark's phases of a trigger (the query progress's durationMs: addBatch
 is the sink's foreachBatch, the rest Spark's bookkeeping), the sink's stages (its functions timed on the driver; the
@@ -109,8 +110,9 @@ def group_repo(args: argparse.Namespace) -> Repo:
     stream_bench.WORK = WORK
     WORK.mkdir(parents=True, exist_ok=True)
     files = args.measured_files
-    events = stream_bench.land("events", 500_000 * files, 10_000, 2.0 * files / 10, files)
-    if args.shape == "count":
+    users = 1_000_000 if args.shape == "big" else 10_000
+    events = stream_bench.land("events", 500_000 * files, users, 2.0 * files / 10, files)
+    if args.shape in ("count", "big"):
         one = stream_bench.ONE_FEATURE.format(name="count_24h_5m", every="5m")
         return stream_bench.make_repo("count", events, one)
     return stream_bench.make_repo("group", events, stream_bench.FULL_GROUP.format(name="user_transactions"))
@@ -222,7 +224,7 @@ def print_last_batch_stages(spark: Any, last: dict[str, Any]) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shape", choices=("dense", "group", "count"), default="dense")
+    parser.add_argument("--shape", choices=("dense", "group", "count", "big"), default="dense")
     parser.add_argument("--keys", type=int, default=3000)
     parser.add_argument("--file-seconds", type=int, default=20)
     parser.add_argument("--fill-minutes", type=int, default=60)
