@@ -129,6 +129,29 @@ print(used, rss() - before)
     assert (after > used * 0.9) if kept else (after < used * 0.1)
 
 
+def test_a_workers_task_that_imports_freezes_what_lives_then_out_of_the_collectors_sight() -> None:
+    """After a task that imported modules, the objects alive are frozen (the daemon's collection after every task
+    then skips them); a task that imports nothing freezes nothing more."""
+    script = """
+import gc
+from features.engine.worker_daemon import freezing_imports
+def importing(sock, authenticated):
+    import xml.dom.minidom  # not imported before
+    return 0
+def plain(sock, authenticated):
+    return 0
+assert gc.get_freeze_count() == 0
+assert freezing_imports(importing)(None, False) == 0
+frozen = gc.get_freeze_count()
+assert freezing_imports(plain)(None, False) == 0
+print(frozen, gc.get_freeze_count())
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    frozen, after = map(int, done.stdout.split())
+    assert frozen > 10_000  # the modules' objects, and the package's
+    assert after == frozen
+
+
 def test_the_python_worker_daemon_is_ours_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("FEATURES_PYTHON_DAEMON", raising=False)
     settings, _ = _local_settings(None)
@@ -186,6 +209,17 @@ def test_python_workers_import_pyspark_from_the_installed_package(spark) -> None
         yield sys.modules["pyspark"].__file__, any(p.endswith("pyspark.zip") for p in sys.path)
 
     assert spark.sparkContext.parallelize([1], 1).mapPartitions(where).collect() == [(pyspark.__file__, False)]
+
+    def frozen(batches):  # a SQL task's worker; the daemon reuses it for the next one, which sees its freeze
+        import gc
+
+        import pyarrow as pa
+
+        for _ in batches:
+            yield pa.RecordBatch.from_pydict({"frozen": [gc.get_freeze_count()]})
+
+    counts = [spark.range(1).mapInArrow(frozen, "frozen long").collect()[0].frozen for _ in range(2)]
+    assert counts[1] > 10_000, counts
 
 
 @pytest.mark.spark
