@@ -20,3 +20,11 @@ def write_whole(path: Path, text: str) -> None:
         os.replace(temp, path)
     finally:
         temp.unlink(missing_ok=True)
+
+
+def replace_hadoop_file(path: Path, text: str) -> None:
+    """`write_whole` for a file Spark wrote through Hadoop's local file system (a stream's checkpoint), which keeps
+    a `.<name>.crc` beside each file it writes: that no longer matches, and goes (without one, a reader checks
+    nothing; with it, Spark's next read of the file fails its checksum)."""
+    write_whole(path, text)
+    path.with_name(f".{path.name}.crc").unlink(missing_ok=True)

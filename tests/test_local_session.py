@@ -161,6 +161,15 @@ def test_the_python_worker_daemon_is_ours_unless_asked(monkeypatch: pytest.Monke
     assert settings["spark.python.daemon.module"] == "pyspark.daemon"
 
 
+def test_a_local_sessions_streams_rename_their_checkpoint_files_without_forking(spark) -> None:
+    """The checkpoint manager a local session names is one its Spark has (a stream would fail at its first batch
+    otherwise), and the session runs with it."""
+    from features.engine.session import CHECKPOINT_FILES
+
+    assert spark.conf.get("spark.sql.streaming.checkpointFileManagerClass") == CHECKPOINT_FILES
+    assert spark._jvm.java.lang.Class.forName(CHECKPOINT_FILES).getName() == CHECKPOINT_FILES
+
+
 def test_the_workers_python_runs_a_module_as_python_m_does_with_pyspark_from_its_package(tmp_path) -> None:
     """Spark starts its other Python processes (a stream's driver-side `transformWithStateInPandas` check) as
     `<PYSPARK_PYTHON> -m <module> [arguments]`, the zips first on their path: `features-spark-python` runs the module

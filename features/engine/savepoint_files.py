@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import functions as F
 
 from features import kernel
+from features.atomic import replace_hadoop_file
 from features.engine.inputs import bucket_of
 from features.engine.kafka import OffsetRange, offsets_json
 from features.engine.query_log import Position
@@ -145,21 +146,21 @@ def set_position(
     for log in sorted((query_checkpoint / "sources").glob("*/0")):
         version, seed = log.read_text().splitlines()[:2]  # the seed's one file, an entry as Spark writes them
         if kafka is not None:
-            log.write_bytes(b"\x00" + f"{version}\n{offsets_json(kafka.topic, kafka.start)}".encode())
+            replace_hadoop_file(log, "\x00" + f"{version}\n{offsets_json(kafka.topic, kafka.start)}")
             continue
         entry = json.loads(seed)
         entries = [json.dumps({**entry, "path": f, "timestamp": _mtime_ms(f), "batchId": 0}) for f in files]
-        log.write_text("\n".join([version, *entries]))
+        replace_hadoop_file(log, "\n".join([version, *entries]))
     ms = (watermark_us or 0) // 1000
     offsets = query_checkpoint / "offsets" / "0"
     lines = offsets.read_text().splitlines()
     metadata = json.loads(lines[1])
     metadata["batchWatermarkMs"] = ms
     positions = lines[2:] if kafka is None else [offsets_json(kafka.topic, kafka.end)]
-    offsets.write_text("\n".join([lines[0], json.dumps(metadata), *positions]))
+    replace_hadoop_file(offsets, "\n".join([lines[0], json.dumps(metadata), *positions]))
     commit = query_checkpoint / "commits" / "0"
     lines = commit.read_text().splitlines()
-    commit.write_text("\n".join([lines[0], json.dumps({**json.loads(lines[1]), "nextBatchWatermarkMs": ms})]))
+    replace_hadoop_file(commit, "\n".join([lines[0], json.dumps({**json.loads(lines[1]), "nextBatchWatermarkMs": ms})]))
 
 
 def _mtime_ms(uri: str) -> int:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from features.atomic import write_whole
+from features.atomic import replace_hadoop_file
 
 DAY_MS = 86_400_000
 FILE_AGE_MS = 7 * DAY_MS  # the file source's `maxFileAge` (Spark's default, set explicitly so the two agree)
@@ -50,7 +50,7 @@ def record_pruned(query_checkpoint: Path, cutoff_ms: int) -> None:
         return
     record = query_checkpoint / "sources" / PRUNED
     record.parent.mkdir(parents=True, exist_ok=True)
-    _replace(record, json.dumps({"landed_before_ms": cutoff_ms}))
+    replace_hadoop_file(record, json.dumps({"landed_before_ms": cutoff_ms}))
 
 
 def logged_files(query_checkpoint: Path, last: int) -> frozenset[str]:
@@ -102,7 +102,7 @@ def prune(query_checkpoint: Path) -> Pruned | None:
             continue
         # The cutoff is noted first: a prune cut short then leaves a log that still lists the files it names.
         record_pruned(query_checkpoint, cut)
-        _replace(path, "\n".join([lines[0], *keep]))
+        replace_hadoop_file(path, "\n".join([lines[0], *keep]))
         dropped, kept, cutoff = dropped + len(entries) - len(keep), kept + len(keep), cut
     return None if cutoff is None else Pruned(dropped, kept, cutoff)
 
@@ -134,10 +134,3 @@ def _newest_compact(folder: Path) -> tuple[int, Path] | None:
 
 def _deltas_after(folder: Path, batch: int) -> list[Path]:
     return [p for p in folder.iterdir() if p.name.isdigit() and int(p.name) > batch]
-
-
-def _replace(path: Path, text: str) -> None:
-    """Write `path` whole by a rename. Hadoop's local file system keeps a `.<name>.crc` beside each file it
-    writes, which would no longer match: it goes (without one, a reader checks nothing)."""
-    write_whole(path, text)
-    path.with_name(f".{path.name}.crc").unlink(missing_ok=True)
