@@ -6,10 +6,10 @@ Python workers sampled.
 `--shape dense` is bench/stream_dense.py's full run (3,000 keys, an event per key per second, files of 20 s, count /
 sum / max over `Hop("1h", every="1s")`, an hour taken up first so that the windows are full); `--shape group` is
 bench/stream.py's 5-feature group `user_transactions` (10,000 keys, files of 500,000 events), `--shape count` its
-one count over `Hop("24h", every="5m")` on the same files, `--shape big` that count over 1,000,000 keys (bench/stream.py's
-state-size run). Each streams one file per micro-batch through the
-product's whole path (validation, statistics, offline table, SQLite online store; tracking off). Printed, over the
-steady batches (those after the first two): Spark's phases of a trigger (the query progress's durationMs: addBatch
+one count over `Hop("24h", every="5m")` on the same files, `--shape big` that count over 1,000,000 keys
+(bench/stream.py's state-size run). Each streams one file per micro-batch through the product's whole path
+(validation, statistics, offline table, SQLite online store; tracking off). Printed, over the steady batches (those
+after the first two): Spark's phases of a trigger (the query progress's durationMs: addBatch
 is the sink's foreachBatch, the rest Spark's bookkeeping), the sink's stages (its functions timed on the driver; the
 first Spark job, which computes the stateful operator's output, runs inside "screen"), the stateful operator's
 metrics, each Spark stage of the last batch, and with `--py-spy` the Python workers' CPU time by part (py-spy's
