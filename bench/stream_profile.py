@@ -9,11 +9,11 @@ bench/stream.py's 5-feature group `user_transactions` (10,000 keys, files of 500
 one count over `Hop("24h", every="5m")` on the same files, `--shape big` that count over 1,000,000 keys
 (bench/stream.py's state-size run). Each streams one file per micro-batch through the product's whole path
 (validation, statistics, offline table, SQLite online store; tracking off). Printed, over the steady batches (those
-after the first two): Spark's phases of a trigger (the query progress's durationMs: addBatch
-is the sink's foreachBatch, the rest Spark's bookkeeping), the sink's stages (its functions timed on the driver; the
-first Spark job, which computes the stateful operator's output, runs inside "screen"), the stateful operator's
-metrics, each Spark stage of the last batch, and with `--py-spy` the Python workers' CPU time by part (py-spy's
-samples of every worker).
+after the first two): Spark's phases of a trigger (the query progress's durationMs: addBatch is the sink's
+foreachBatch, the rest Spark's bookkeeping), the sink's stages (its functions timed on the driver; the first Spark
+job, which computes the stateful operator's output, runs inside "screen"), the stateful operator's metrics, each
+Spark stage of the last batch, and with `--py-spy` the Python workers' CPU time by part (py-spy's samples of every
+worker).
 """
 
 from __future__ import annotations
@@ -180,6 +180,11 @@ def completed_stages(spark: Any, since_ms: int) -> Iterator[tuple[Any, int, int]
             yield stage, began, ended
 
 
+def started_ms(progress: dict[str, Any]) -> int:
+    """When a micro-batch started (its query progress's `timestamp`), in ms since the epoch."""
+    return int(datetime.fromisoformat(progress["timestamp"].replace("Z", "+00:00")).timestamp() * 1000)
+
+
 def print_state_operator(steady: list[dict[str, Any]]) -> None:
     """The stateful operator's own metrics (the query progress's `stateOperators`), averaged over the steady batches."""
     sums: collections.Counter[str] = collections.Counter()
@@ -194,7 +199,7 @@ def print_state_operator(steady: list[dict[str, Any]]) -> None:
 
 def print_last_batch_stages(spark: Any, last: dict[str, Any]) -> None:
     """Each Spark stage of the last steady batch on its own: tasks, wall and task seconds, CPU, bytes moved."""
-    since = int(datetime.fromisoformat(last["timestamp"].replace("Z", "+00:00")).timestamp() * 1000)
+    since = started_ms(last)
     rows = []
     for stage, began, ended in completed_stages(spark, since):
         rows.append(
@@ -259,7 +264,7 @@ def main() -> int:
     print("| Spark phase | s per batch | share |\n|---|---|---|")
     for name, ms in phases.most_common():
         print(f"| {name} | {ms / 1000 / n:.3f} | {ms / 1000 / n / trigger:.0%} |")
-    since = int(datetime.fromisoformat(steady[0]["timestamp"].replace("Z", "+00:00")).timestamp() * 1000)
+    since = started_ms(steady[0])
     stages = spark_stages(spark, since)
     print("| Spark stage (call site) | wall s per batch | task s per batch | stages per batch |\n|---|---|---|---|")
     for name, (wall, tasks, count) in sorted(stages.items(), key=lambda kv: -kv[1][0]):
