@@ -657,3 +657,22 @@ def test_a_read_stopped_midway_says_nothing_about_the_file(spark, tmp_path: Path
     with pytest.raises(Exception) as broken:
         spark.read.parquet(str(notes)).collect()
     assert not interrupted(broken.value), broken.value
+
+
+@pytest.mark.spark
+def test_the_files_of_a_read_are_listed_in_one_call_as_spark_lists_them(spark, tmp_path) -> None:
+    """features.engine.files.input_files: the names Spark's `inputFiles` gives, however many, and a name holding a
+    line break (which the one call's joined text cannot carry) too."""
+    from features.engine.files import input_files
+
+    folder = tmp_path / "landed"
+    folder.mkdir()
+    for i in range(30):
+        pd.DataFrame({"a": [i]}).to_parquet(folder / f"part-{i:03d}.parquet")
+    read = spark.read.schema("a long").parquet(str(folder))
+    assert len(input_files(read)) == 30
+    assert sorted(input_files(read)) == sorted(read.inputFiles())
+    pd.DataFrame({"a": [99]}).to_parquet(folder / "two\nlines.parquet")
+    read = spark.read.schema("a long").parquet(str(folder))
+    assert sorted(input_files(read)) == sorted(read.inputFiles())
+    assert len(input_files(read)) == 31

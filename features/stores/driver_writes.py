@@ -18,6 +18,8 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
+from features.stores.delta_open import newest
+
 if TYPE_CHECKING:
     import pyarrow as pa
     from deltalake import DeltaTable, Schema
@@ -75,9 +77,9 @@ def append(table: str, rows: DataFrame, user_metadata: str) -> bool:
     Spark jobs that replay the table's log in a JVM that has not read it yet). False, and nothing written,
     otherwise."""
     import pyarrow as pa
-    from deltalake import DeltaTable, write_deltalake
+    from deltalake import write_deltalake
 
-    delta = DeltaTable(table)
+    delta = newest(table)
     schema = delta.schema()
     columns = _table_columns(schema)
     appended = _columns(rows.schema.jsonValue())

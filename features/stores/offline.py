@@ -34,6 +34,7 @@ from features.errors import ConfigError, EnvironmentProblem
 from features.spec import WINDOW_END
 from features.spec.definitions import DATE, LATEST
 from features.stores import driver_writes
+from features.stores.delta_open import newest
 from features.stores.earlier_tables import earlier_files
 
 if TYPE_CHECKING:
@@ -456,11 +457,9 @@ class StreamLog:
     def refresh(self) -> list[Commit]:
         """Read the commits made since the last refresh, oldest first (the first time, all the log holds: every
         backfill's range counts); returns them."""
-        from deltalake import DeltaTable
-
         if not exists(self.table):
             return []
-        table = DeltaTable(self.table)
+        table = newest(self.table)
         unseen = table.version() - self.version
         if unseen <= 0:
             return []

@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 
 from features.kernel.profile import DAY_US, QUANTILES, RECORD_SCHEMA, FeatureProfile, merge_into, to_records
 from features.kernel.profile import from_records as profiles_of_records
+from features.stores.delta_open import newest
 
 STATISTICS_DIR = Path("data") / "statistics"
 GROUP_ROW = ""  # the feature column of a group's rows
@@ -143,8 +144,10 @@ def _write(table: str, rows: pa.Table, predicate: str | None) -> None:
     Path(table).mkdir(parents=True, exist_ok=True)
     for attempt in range(COMMIT_ATTEMPTS):
         try:
-            if predicate is None or not _exists(table):
+            if not _exists(table):
                 write_deltalake(table, rows, mode="append")
+            elif predicate is None:
+                write_deltalake(newest(table), rows, mode="append")
             else:
                 write_deltalake(table, rows, mode="overwrite", predicate=predicate)
             return

@@ -115,7 +115,7 @@ class SetAside:
         if self.file_check is None:
             self.file_check = files.FileCheck(self.spark, self.source.schema, self.nanoseconds, self.nulls)
         reader = self.spark.read.schema(self.file_check.schema).option("recursiveFileLookup", "true")
-        listed = set(reader.parquet(self.source.path).inputFiles())
+        listed = set(files.input_files(reader.parquet(self.source.path)))
         new = sorted(listed - self.checked)
         # Only the names still landed: the set never outgrows the listing Spark's file source makes each batch.
         self.checked = listed
