@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from features import quality
@@ -125,7 +125,8 @@ class BatchSink:
         try:
             screens = self._screen_kinds(batch)
             counts = {k: s.rows for k, s in screens.items()}
-            stats, late_records = _stats(batch, self.aside.collects_late(counts.get(stream_rows.LATE, 0)))
+            collect_late = self.aside.collects_late(counts.get(stream_rows.LATE, 0))
+            stats, late_records = _stats(batch, self.columns.stats[collect_late], collect_late)
             # The watermark (µs) the buckets emitted up to; None when no bucket ran (a batch of bad records only).
             upto = max((r["watermark"] for r in stats), default=0) or None
             eager = bool(counts.get(stream_rows.EAGER)) and self._eager_valid(
@@ -327,6 +328,8 @@ class _Columns:
         ]
         self.final, self.eager = kind == stream_rows.ROW, kind == stream_rows.EAGER
         self.count = F.count(F.lit(1))
+        # The stats rows, and with the late events' records (when they are collected): by whether they are.
+        self.stats = {False: kind == stream_rows.STAT, True: kind.isin([stream_rows.STAT, stream_rows.LATE])}
         latest = self.final & F.col(stream_rows.LATEST)
         # A key's eager value is newer than its last change point: the store needs only that one.
         replaced = F.coalesce(F.col(stream_rows.REPLACED), F.lit(False))
@@ -338,12 +341,10 @@ class _Columns:
         }
 
 
-def _stats(batch: DataFrame, late: bool) -> tuple[list[dict[str, Any]], list[str] | None]:
+def _stats(batch: DataFrame, kinds: Column, late: bool) -> tuple[list[dict[str, Any]], list[str] | None]:
     """Each bucket's stats row of the batch (events read, watermark, state held, oldest landing), and with `late`
-    the late events' records, collected in the same job (else None)."""
-
-    kinds = [stream_rows.STAT, stream_rows.LATE] if late else [stream_rows.STAT]
-    rows = batch.where(F.col(stream_rows.KIND).isin(kinds)).select(stream_rows.KIND, stream_rows.RECORD).collect()
+    the late events' records, collected in the same job (else None). `kinds`: the rows of those kinds."""
+    rows = batch.where(kinds).select(stream_rows.KIND, stream_rows.RECORD).collect()
     fields = stream_rows.STAT_FIELDS
     stats = [dict(zip(fields, json.loads(r[1]), strict=True)) for r in rows if r[0] == stream_rows.STAT]
     return stats, [r[1] for r in rows if r[0] == stream_rows.LATE] if late else None
