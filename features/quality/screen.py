@@ -45,10 +45,12 @@ def _screen_plan(checks: list[DerivedCheck]) -> _ScreenPlan:
 
 
 def _jvm_of_columns() -> int:
-    """Which JVM the Spark Columns made now belong to (0 under Spark Connect, whose Columns are Python's own)."""
+    """Which JVM the Spark Columns made now belong to (0 under Spark Connect, whose Columns are Python's own, also
+    in a process that started a JVM of its own before)."""
     from pyspark import SparkContext
+    from pyspark.sql.utils import is_remote
 
-    return id(SparkContext._gateway) if SparkContext._gateway is not None else 0
+    return 0 if is_remote() or SparkContext._gateway is None else id(SparkContext._gateway)
 
 
 @functools.lru_cache(maxsize=64)
