@@ -132,7 +132,7 @@ class BatchSink:
             eager = bool(counts.get(stream_rows.EAGER)) and self._eager_valid(
                 batch, batch_id, screens[stream_rows.EAGER]
             )
-            rows = batch.where(self.columns.final).select(*self.columns.features)
+            rows = self._rows_of(batch, self.columns.final)
             final = bool(counts.get(stream_rows.ROW)) and self._rows_valid(rows, batch_id, screens[stream_rows.ROW])
             rows_out = counts[stream_rows.ROW] if final else 0
             appended = self._publish(batch, batch_id, rows if final else None, eager, rows_out, upto)
@@ -175,7 +175,12 @@ class BatchSink:
         if self.writer is None or not (final or eager):
             return None
         # Eager values are ahead of the final rows, and newer-or-equal wins: one write takes both.
-        return batch.where(self.columns.online[final, eager]).select(*self.columns.features)
+        return self._rows_of(batch, self.columns.online[final, eager])
+
+    def _rows_of(self, batch: DataFrame, kinds: Column) -> DataFrame:
+        """The batch's feature rows that `kinds` (one of `self.columns`' conditions) selects, as the stores take
+        them."""
+        return batch.where(kinds).select(*self.columns.features)
 
     def _screen_kinds(self, batch: DataFrame) -> dict[str, Screen]:
         """The batch's rows of each kind, screened (final and eager rows; the other kinds are only counted)."""
@@ -222,8 +227,7 @@ class BatchSink:
         pass validation like the change points; they are left out of the store when they fail."""
         if not self.validate or self.writer is None:
             return self.writer is not None
-        eager = batch.where(self.columns.eager).select(*self.columns.features)
-        report = quality.validate_batch(self.group, eager, screened=screened)
+        report = quality.validate_batch(self.group, self._rows_of(batch, self.columns.eager), screened=screened)
         if not report.success:
             self.run.tracker.log_validation(report, step=batch_id, artifact=True)
         return report.success
