@@ -77,15 +77,17 @@ def timed(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def instrument() -> None:
-    """The sink's stages timed where the sink calls them (module attributes and methods, wrapped once)."""
+    """The sink's stages timed where the sink calls them (module attributes and methods, wrapped once; those an
+    earlier version has, too, where it has them)."""
     for name, label in (
-        ("_stats", "the buckets' stats collected"),
+        ("_stats", "the buckets' stats collected (before they came with the screen)"),
         ("write_online", "online write (SQLite)"),
         ("record_batch_statistics", "statistics recorded"),
         ("record_emitted", "watermark noted in the checkpoint"),
     ):
-        setattr(sink_module, name, timed(label, getattr(sink_module, name)))
-    screen = timed("screen: the batch computed (stateful operator) and screened", sink_module.BatchSink._screen_kinds)
+        if hasattr(sink_module, name):
+            setattr(sink_module, name, timed(label, getattr(sink_module, name)))
+    screen = timed("screen: the batch computed (stateful operator), screened", sink_module.BatchSink._screen_kinds)
     sink_module.BatchSink._screen_kinds = screen  # type: ignore[method-assign]
     offline.append_batch = timed("offline append (Delta)", offline.append_batch)
     aside.write_late = timed("late events written", aside.write_late)
@@ -215,17 +217,37 @@ def print_last_batch_stages(spark: Any, last: dict[str, Any]) -> None:
                 stage.shuffleWriteBytes() / 1e6,
                 stage.outputBytes() / 1e6,
                 began - since,
+                stage.executorDeserializeTime() / 1000,
             )
         )
     print(
-        "| stage | tasks | starts at s | wall s | task s | CPU s | input MB | shuffle read MB | shuffle write MB | "
-        "output MB |\n|---|---|---|---|---|---|---|---|---|---|"
+        "| stage | tasks | starts at s | wall s | task s | CPU s | deserialize s | input MB | shuffle read MB | "
+        "shuffle write MB | output MB |\n|---|---|---|---|---|---|---|---|---|---|---|"
     )
-    for sid, tasks, wall, run, cpu, inp, sr, sw, out, at in sorted(rows):
+    for sid, tasks, wall, run, cpu, inp, sr, sw, out, at, des in sorted(rows):
         print(
-            f"| {sid} | {tasks} | {at / 1000:.2f} | {wall:.3f} | {run:.3f} | {cpu:.3f} | {inp:.1f} | {sr:.1f} | "
-            f"{sw:.1f} | {out:.1f} |"
+            f"| {sid} | {tasks} | {at / 1000:.2f} | {wall:.3f} | {run:.3f} | {cpu:.3f} | {des:.3f} | {inp:.1f} | "
+            f"{sr:.1f} | {sw:.1f} | {out:.1f} |"
         )
+    print_last_batch_jobs(spark, since)
+
+
+def print_last_batch_jobs(spark: Any, since: int) -> None:
+    """Each Spark job of the last steady batch: when it was submitted and how long it took to complete, against
+    the time its stages ran (the rest is the job's own cost on the driver: planning aside, scheduling and the
+    result's way back)."""
+    jobs = spark.sparkContext._jsc.sc().statusStore().jobsList(None).iterator()
+    print("| job | stages | submitted at s | wall s |\n|---|---|---|---|")
+    found = []
+    while jobs.hasNext():
+        job = jobs.next()
+        if job.submissionTime().isEmpty() or job.completionTime().isEmpty():
+            continue
+        began, ended = job.submissionTime().get().getTime(), job.completionTime().get().getTime()
+        if began >= since:
+            found.append((job.jobId(), job.stageIds().length(), began - since, ended - began))
+    for jid, stages, at, wall in sorted(found):
+        print(f"| {jid} | {stages} | {at / 1000:.2f} | {wall / 1000:.3f} |")
 
 
 def main() -> int:

@@ -307,7 +307,7 @@ def test_batches_screened_in_one_job_are_each_screened_as_alone(spark) -> None:
     for name, rows in batches.items():
         tagged = rows.withColumn("batch", F.lit(name))
         together = tagged if together is None else together.unionByName(tagged)
-    found = screen_batches(ROWS_GROUP, together, "batch")
+    found = {name: screen for (name,), screen in screen_batches(ROWS_GROUP, together, ["batch"]).items()}
     assert set(found) == set(batches)
     for name, rows in batches.items():
         assert {c for c, n in found[name].rejected.items() if n} == screened(rows), name

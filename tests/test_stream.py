@@ -273,6 +273,27 @@ def test_progress_reports_every_batch(streamed) -> None:
     assert f"batch {last.batch_id}" in last.line()
 
 
+def test_a_stream_without_validation_reports_and_writes_as_one_with_it(spark, streamed, feast_repo_factory, tmp_path):
+    """Without validation the batch's rows are only counted by kind, and the buckets' stats come with that count:
+    the same progress and the same offline rows as the validated stream's."""
+    repo, events, run = streamed
+    root = tmp_path / "repo"
+    land(root, arrival_order(events, pd.Timedelta(minutes=20), seed=1), FILES)
+    feast_repo_factory(root, [USER_GROUP])
+    unvalidated = stream(Repo.load(root), available_now=True, max_files_per_trigger=1, progress=False, validate=False)
+    unvalidated.await_termination()
+    history = unvalidated.status()
+    assert history["events"].sum() == len(events)
+    last = unvalidated.progress()[0]
+    validated = next(p for p in run.progress() if p.group == USER_GROUP.name)
+    assert (last.rows_total, last.state_rows, last.watermark) == (
+        validated.rows_total,
+        validated.state_rows,
+        validated.watermark,
+    )
+    assert offline_rows(spark, Repo.load(root), USER_GROUP).equals(offline_rows(spark, repo, USER_GROUP))
+
+
 def test_late_events_are_kept_aside_and_the_next_backfill_heals_the_table(spark, streamed) -> None:
     from features.pipelines.backfill import backfill
 

@@ -146,11 +146,12 @@ def validate_batch(
     return suite_report(group, suite, result, rows_seen, "great_expectations", began)
 
 
-def screen_batches(group: FeatureGroup, rows: DataFrame, by: str) -> dict[Any, Screen]:
-    """Screen several batches of the group's feature rows in one Spark job: `rows` holds them all, and column
-    `by` tells them apart. Each batch's screen is for `validate_batch(group, its_rows, screened=...)`."""
+def screen_batches(group: FeatureGroup, rows: DataFrame, by: Sequence[str]) -> dict[tuple[Any, ...], Screen]:
+    """Screen several batches of the group's feature rows in one Spark job: `rows` holds them all, and the values
+    of the columns `by` tell them apart (the keys, a tuple of them each). Each batch's screen is for
+    `validate_batch(group, its_rows, screened=...)`."""
     check_user_expectations(group, rows.columns)
-    return {value: found for (value,), found in screen_rows(rows, derived_checks(group), [by]).items()}
+    return screen_rows(rows, derived_checks(group), by)
 
 
 def _element_count(result: ExpectationSuiteValidationResult) -> int | None:

@@ -12,17 +12,19 @@ import json
 import sys
 import threading
 import time
+from concurrent import futures
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pyspark import inheritable_thread_target
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from features import quality
 from features.engine import stream_rows
-from features.engine.online_rows import write_online
+from features.engine.online_rows import driver_rows, write_online
 from features.engine.query_log import handed_watermark, record_emitted
 from features.engine.source_log import Pruning
 from features.ml.runs import validation_metrics, validation_prefix
@@ -46,12 +48,21 @@ STOPPED_IN_BATCH = (
 )
 
 
+# Threads collecting online rows beside the offline commit (BatchSink._collect_early), shared by the process's
+# streams: a few, as each group's query runs its batches one at a time.
+_EARLY = futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="features-online-rows")
+
+# A stats row's record, null on the other kinds' rows: what tells the buckets' stats rows apart in the screen.
+STAT_RECORD = "fx_stat_record"
+
+
 class StoppedInBatch(Exception):
     """The run was stopped during this micro-batch: nothing of it is committed, and it runs again at the next
     start."""
 
 
 if TYPE_CHECKING:
+    import pandas as pd
     from pyspark.sql.streaming import StreamingQuery
 
     from features.stores.online import OnlineWriter
@@ -115,18 +126,20 @@ class BatchSink:
     def _batch(self, batch: DataFrame, batch_id: int) -> None:
         """Screen -> validate -> publish (the offline append, then the online write) or quarantine -> set aside
         late and bad records. Three Spark jobs when all is well: one computes the batch (and caches it), counts
-        its rows of each kind and screens the final and eager rows; one writes the offline table; one the online
-        store. (And a small one reads the buckets' stats from the cache.)"""
+        its rows of each kind, screens the final and eager rows and brings the buckets' stats; one collects the
+        change points for the offline table; one, beside it, the online rows. (And one collects the late events'
+        records, when a batch has a few.)"""
         began = time.perf_counter()
         # The cache lives for this batch only and is read twice: compressing it costs more than it saves. (The
         # batch's session is the query's own, so users' caches keep the setting.)
         batch.sparkSession.conf.set("spark.sql.inMemoryColumnarStorage.compressed", "false")
         batch = batch.persist()
         try:
-            screens = self._screen_kinds(batch)
+            screens, stats = self._screen_kinds(batch)
             counts = {k: s.rows for k, s in screens.items()}
-            collect_late = self.aside.collects_late(counts.get(stream_rows.LATE, 0))
-            stats, late_records = _stats(batch, self.columns.stats[collect_late], collect_late)
+            late_records = None
+            if counts.get(stream_rows.LATE) and self.aside.collects_late(counts[stream_rows.LATE]):
+                late_records = [r[0] for r in batch.where(self.columns.late).select(stream_rows.RECORD).collect()]
             # The watermark (µs) the buckets emitted up to; None when no bucket ran (a batch of bad records only).
             upto = max((r["watermark"] for r in stats), default=0) or None
             eager = bool(counts.get(stream_rows.EAGER)) and self._eager_valid(
@@ -158,11 +171,16 @@ class BatchSink:
         for the commit: a commit that fails leaves the online store as it was (the batch runs again at the next
         start), so that it never serves a value the table cannot reproduce. Whether rows were appended."""
         newest = self._online_rows(batch, rows is not None, eager)
+        early = self._collect_early(newest)
         self.profiling = ProfileSoon(self.group, rows) if self.statistics and rows is not None else None
-        with self.profiling.watching() if self.profiling is not None else contextlib.nullcontext():
-            appended = rows is not None and self._write_offline(rows, batch_id, count, upto)
+        try:
+            with self.profiling.watching() if self.profiling is not None else contextlib.nullcontext():
+                appended = rows is not None and self._write_offline(rows, batch_id, count, upto)
+        finally:
+            if early is not None:  # the batch's cache is dropped next: its job must have read it
+                futures.wait([early])
         if newest is not None and self.writer is not None:
-            write_online(self.writer, newest)
+            write_online(self.writer, newest, early.result() if early is not None else None)
         if appended and self.compaction is not None:
             compacted = self.compaction.after_append(batch.sparkSession)  # the query's own session
             if compacted:
@@ -177,17 +195,40 @@ class BatchSink:
         # Eager values are ahead of the final rows, and newer-or-equal wins: one write takes both.
         return self._rows_of(batch, self.columns.online[final, eager])
 
+    def _collect_early(self, rows: DataFrame | None) -> futures.Future[pd.DataFrame] | None:
+        """The online rows collected to the driver (for a store written from there) in a thread beside the offline
+        commit, which the online write waits for: their Spark job then runs while the commit's does and while
+        deltalake writes. The thread takes the batch's Spark properties, so that a stop cancels its job too."""
+        if rows is None or self.writer is None or self.writer.parallel:
+            return None
+        return _EARLY.submit(inheritable_thread_target(rows.sparkSession)(driver_rows), rows)
+
     def _rows_of(self, batch: DataFrame, kinds: Column) -> DataFrame:
         """The batch's feature rows that `kinds` (one of `self.columns`' conditions) selects, as the stores take
         them."""
         return batch.where(kinds).select(*self.columns.features)
 
-    def _screen_kinds(self, batch: DataFrame) -> dict[str, Screen]:
-        """The batch's rows of each kind, screened (final and eager rows; the other kinds are only counted)."""
+    def _screen_kinds(self, batch: DataFrame) -> tuple[dict[str, Screen], list[dict[str, Any]]]:
+        """The batch's rows of each kind, screened (final and eager rows; the other kinds are only counted), and
+        each bucket's stats row (events read, watermark, state held, oldest landing). In one job: a stats row's
+        record is a group of the screen's of its own (a bucket has one such row; the other kinds' rows have none),
+        where a job of their own cost 0.05 s a batch."""
+        by = [stream_rows.KIND, STAT_RECORD]
         if self.validate:
-            rows = batch.select(stream_rows.KIND, *self.columns.features)
-            return quality.screen_batches(self.group, rows, stream_rows.KIND)
-        return {k: Screen(n, {}, {}) for k, n in batch.groupBy(stream_rows.KIND).agg(self.columns.count).collect()}
+            rows = batch.select(*by[:1], self.columns.stat_record, *self.columns.features)
+            found = quality.screen_batches(self.group, rows, by)
+        else:
+            counted = batch.groupBy(stream_rows.KIND, self.columns.stat_record).agg(self.columns.count).collect()
+            found = {(kind, record): Screen(n, {}, {}) for kind, record, n in counted}
+        screens, stats = {}, []
+        for (kind, record), screen in found.items():
+            if kind == stream_rows.STAT:
+                stats.append(dict(zip(stream_rows.STAT_FIELDS, json.loads(record), strict=True)))
+            else:
+                screens[kind] = screen
+        if stats:
+            screens[stream_rows.STAT] = Screen(len(stats), {}, {})
+        return screens, stats
 
     def _rows_valid(self, rows: DataFrame, batch_id: int, screened: Screen) -> bool:
         """Validate the change points; False when they were quarantined (the policy "fail" raises)."""
@@ -332,8 +373,8 @@ class _Columns:
         ]
         self.final, self.eager = kind == stream_rows.ROW, kind == stream_rows.EAGER
         self.count = F.count(F.lit(1))
-        # The stats rows, and with the late events' records (when they are collected): by whether they are.
-        self.stats = {False: kind == stream_rows.STAT, True: kind.isin([stream_rows.STAT, stream_rows.LATE])}
+        self.stat_record = F.when(kind == stream_rows.STAT, F.col(stream_rows.RECORD)).alias(STAT_RECORD)
+        self.late = kind == stream_rows.LATE
         latest = self.final & F.col(stream_rows.LATEST)
         # A key's eager value is newer than its last change point: the store needs only that one.
         replaced = F.coalesce(F.col(stream_rows.REPLACED), F.lit(False))
@@ -343,12 +384,3 @@ class _Columns:
             (False, True): self.eager,
             (True, True): (latest & ~replaced) | self.eager,
         }
-
-
-def _stats(batch: DataFrame, kinds: Column, late: bool) -> tuple[list[dict[str, Any]], list[str] | None]:
-    """Each bucket's stats row of the batch (events read, watermark, state held, oldest landing), and with `late`
-    the late events' records, collected in the same job (else None). `kinds`: the rows of those kinds."""
-    rows = batch.where(kinds).select(stream_rows.KIND, stream_rows.RECORD).collect()
-    fields = stream_rows.STAT_FIELDS
-    stats = [dict(zip(fields, json.loads(r[1]), strict=True)) for r in rows if r[0] == stream_rows.STAT]
-    return stats, [r[1] for r in rows if r[0] == stream_rows.LATE] if late else None
