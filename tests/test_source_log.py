@@ -89,6 +89,33 @@ def test_the_files_read_are_counted_by_the_sources_own_batches(tmp_path) -> None
     assert source_log.logged_files(query, 0) == set()
 
 
+def test_a_batch_reads_the_files_its_sources_logged_since_the_batch_before(tmp_path) -> None:
+    """The files of a query's batch, from its sources' logs: each source's batches after the one the query's batch
+    before had read up to. Source 0 folded its batch 3 (the fold holds the batches before it too); source 1 lists
+    the folder for the null-typed reads, and a file landing between the two listings comes in its next batch."""
+    query = tmp_path / "query"
+    zero, one = query / "sources" / "0", query / "sources" / "1"
+    _log(zero, "2", [("a", 0, 2), ("b", 0, 2)])
+    _log(zero, "3.compact", [("x", 0, 0), ("a", 0, 2), ("b", 0, 2), ("c", 0, 3)])
+    _log(zero, "4", [("d", 0, 4)])
+    _log(one, "1", [("a", 0, 1), ("b", 0, 1)])
+    _log(one, "2", [("c", 0, 2)])
+    offsets = query / "offsets"
+    offsets.mkdir()
+    (offsets / "6").write_text('v1\n{"batchWatermarkMs":0}\n{"logOffset":1}\n{"logOffset":0}')
+    (offsets / "7").write_text('v1\n{"batchWatermarkMs":0}\n{"logOffset":3}\n{"logOffset":2}')
+    (offsets / "8").write_text('v1\n{"batchWatermarkMs":0}\n{"logOffset":3}\n{"logOffset":2}')  # no new file
+    (offsets / "9").write_text('v1\n{"batchWatermarkMs":0}\n{"logOffset":4}\n{"logOffset":2}')
+
+    assert source_log.batch_files(query, 7) == ["a", "b", "c"]
+    assert source_log.batch_files(query, 8) == []
+    assert source_log.batch_files(query, 9) == ["d"]
+    # Spark has not logged the batch (or the one before it is gone): the logs do not tell.
+    assert source_log.batch_files(query, 10) is None and source_log.batch_files(query, 6) is None
+    (offsets / "5").write_text('v1\n{"batchWatermarkMs":0}\n{"logOffset":0}\n-')
+    assert source_log.batch_files(query, 6) is None  # source 0's batch 1 is gone
+
+
 def test_the_recorded_cutoff_only_moves_forward(tmp_path) -> None:
     query = tmp_path / "query"
     source_log.record_pruned(query, 100)

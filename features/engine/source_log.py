@@ -69,10 +69,32 @@ def logged_files(query_checkpoint: Path, last: int) -> frozenset[str]:
     return frozenset(files)
 
 
-def _source_offset(query_checkpoint: Path, batch: int) -> int:
+def batch_files(query_checkpoint: Path, batch: int) -> list[str] | None:
+    """The files the query's `batch` reads, as its file sources' logs list them (each source's batches after the
+    one the query's previous batch had read up to, up to the one `batch` reads up to), each once, in the log's
+    order; None when the logs do not tell (a batch Spark has not logged, a log file gone)."""
+    offsets = query_checkpoint / "offsets"
+    if not (offsets / str(batch)).exists() or (batch > 0 and not (offsets / str(batch - 1)).exists()):
+        return None
+    found: dict[str, None] = {}
+    for index, folder in enumerate(_source_folders(query_checkpoint)):
+        upto = _source_offset(query_checkpoint, batch, index)
+        after = _source_offset(query_checkpoint, batch - 1, index) if batch > 0 else -1
+        for source_batch in range(after + 1, upto + 1):
+            path = folder / str(source_batch)
+            if not path.exists():
+                path = folder / f"{source_batch}{COMPACT}"  # a fold's batch: its own entries are in the fold
+            if not path.exists():
+                return None
+            entries = (json.loads(line) for line in path.read_text().splitlines()[1:])
+            found.update((e["path"], None) for e in entries if e["batchId"] == source_batch)
+    return list(found)
+
+
+def _source_offset(query_checkpoint: Path, batch: int, source: int = 0) -> int:
     """The file source's batch that the query's `batch` read up to (its offsets: a version line, the batch's
-    metadata, then the one source's offset, `{"logOffset": n}`, or "-" before it had any)."""
-    line = (query_checkpoint / "offsets" / str(batch)).read_text().splitlines()[2]
+    metadata, then each source's offset, `{"logOffset": n}`, or "-" before it had any)."""
+    line = (query_checkpoint / "offsets" / str(batch)).read_text().splitlines()[2 + source]
     return -1 if line.strip() == "-" else int(json.loads(line)["logOffset"])
 
 

@@ -63,11 +63,17 @@ class SetAside:
         return all(t in (DType.STRING, DType.INT64) for t in self._key_types().values())
 
     def write(
-        self, batch: DataFrame, batch_id: int, counts: dict[str, int], late_records: list[str] | None = None
+        self,
+        batch: DataFrame,
+        batch_id: int,
+        counts: dict[str, int],
+        late_records: list[str] | None = None,
+        landed: list[str] | None = None,
     ) -> tuple[int, int]:
         """Set aside the batch's late events and bad records (their rows counted in `counts` by kind), and the
         landed files found unreadable since the last batch; returns (late events, bad records). `late_records`:
-        the late events' records, when collected (`collects_late`)."""
+        the late events' records, when collected (`collects_late`); `landed`: the files the batch read, when its
+        source's log tells (else the folder is listed)."""
         late = counts.get(stream_rows.LATE, 0)
         if late:
             folder = Path(self.repo.late_path(self.group)) / f"batch={batch_id}"
@@ -75,7 +81,7 @@ class SetAside:
         bad = counts.get(stream_rows.BAD, 0)
         if bad:
             self._write_bad(batch, batch_id)
-        return late, bad + self._set_aside_unreadable_files()
+        return late, bad + self._set_aside_unreadable_files(landed)
 
     def sweep(self, batch_id: int) -> None:
         """Remove what was set aside longer ago than the retention (hourly); log what is held."""
@@ -104,21 +110,26 @@ class SetAside:
         folder = quality.quarantine_root(self.repo.root, self.group.name) / "records" / f"stream-b{batch_id}"
         stream_operator.write_json_records(bad, folder, None)
 
-    def _set_aside_unreadable_files(self) -> int:
+    def _set_aside_unreadable_files(self, landed: list[str] | None) -> int:
         """The landed Parquet files set aside whole (the stream's reads skip them): those that do not conform to
         the source's schema (`nonconforming_file: ...`, a column the group reads missing or of a type that does
         not convert without loss) and those Spark cannot read (`unreadable_file: ...`), each set aside once with
-        its reason as a record of its own, like the backfill's; the number set aside. Files on a store the
-        driver cannot open are skipped unreported."""
+        its reason as a record of its own, like the backfill's; the number set aside. The files checked are those
+        of the batch (`landed`, from its source's log), else those the folder lists that the last listing did not:
+        a listing costs a call to the JVM and its walk of the folder each batch, 0.02 s at 200 files and 0.2-0.3 s
+        at 10,000 (a week of a file a minute). Files on a store the driver cannot open are skipped unreported."""
         if self.group.source.format != "parquet" or self.group.source.kafka is not None:
             return 0
         if self.file_check is None:
             self.file_check = files.FileCheck(self.spark, self.source.schema, self.nanoseconds, self.nulls)
-        reader = self.spark.read.schema(self.file_check.schema).option("recursiveFileLookup", "true")
-        listed = set(files.input_files(reader.parquet(self.source.path)))
-        new = sorted(listed - self.checked)
-        # Only the names still landed: the set never outgrows the listing Spark's file source makes each batch.
-        self.checked = listed
+        if landed is not None:
+            new = sorted(landed)
+        else:
+            reader = self.spark.read.schema(self.file_check.schema).option("recursiveFileLookup", "true")
+            listed = set(files.input_files(reader.parquet(self.source.path)))
+            new = sorted(listed - self.checked)
+            # Only the names still landed: the set never outgrows the listing Spark's file source makes each batch.
+            self.checked = listed
         # A file set aside before (by an earlier run, which a restart's first listing finds again) is neither
         # checked, counted nor written again: its record and its retention clock stay as they were.
         bad = self.file_check.unreadable([f for f in new if not self._file_record(f).exists()]) or []

@@ -23,7 +23,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from features import quality
-from features.engine import stream_rows
+from features.engine import source_log, stream_rows
 from features.engine.online_rows import driver_rows, write_online
 from features.engine.query_log import handed_watermark, record_emitted
 from features.engine.source_log import Pruning
@@ -149,7 +149,7 @@ class BatchSink:
             final = bool(counts.get(stream_rows.ROW)) and self._rows_valid(rows, batch_id, screens[stream_rows.ROW])
             rows_out = counts[stream_rows.ROW] if final else 0
             appended = self._publish(batch, batch_id, rows if final else None, eager, rows_out, upto)
-            late, bad = self.aside.write(batch, batch_id, counts, late_records)
+            late, bad = self.aside.write(batch, batch_id, counts, late_records, self._landed(batch_id))
             if self.statistics:
                 events = sum(r["events"] for r in stats)
                 record_batch_statistics(self, rows if appended else None, batch_id, (events, late, bad), upto)
@@ -194,6 +194,12 @@ class BatchSink:
             return None
         # Eager values are ahead of the final rows, and newer-or-equal wins: one write takes both.
         return self._rows_of(batch, self.columns.online[final, eager])
+
+    def _landed(self, batch_id: int) -> list[str] | None:
+        """The files the batch read, from its file sources' logs; None for a Kafka source or when the logs do not
+        tell."""
+        query = self.query_checkpoint
+        return None if self.source_log is None or query is None else source_log.batch_files(query, batch_id)
 
     def _collect_early(self, rows: DataFrame | None) -> futures.Future[pd.DataFrame] | None:
         """The online rows collected to the driver (for a store written from there) in a thread beside the offline
