@@ -12,19 +12,17 @@ import json
 import sys
 import threading
 import time
-from concurrent import futures
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pyspark import inheritable_thread_target
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from features import quality
 from features.engine import source_log, stream_rows
-from features.engine.online_rows import driver_rows, write_online
+from features.engine.online_rows import write_online
 from features.engine.query_log import handed_watermark, record_emitted
 from features.engine.source_log import Pruning
 from features.ml.runs import validation_metrics, validation_prefix
@@ -48,10 +46,6 @@ STOPPED_IN_BATCH = (
 )
 
 
-# Threads collecting online rows beside the offline commit (BatchSink._collect_early), shared by the process's
-# streams: a few, as each group's query runs its batches one at a time.
-_EARLY = futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="features-online-rows")
-
 # A stats row's record, null on the other kinds' rows: what tells the buckets' stats rows apart in the screen.
 STAT_RECORD = "fx_stat_record"
 
@@ -62,7 +56,6 @@ class StoppedInBatch(Exception):
 
 
 if TYPE_CHECKING:
-    import pandas as pd
     from pyspark.sql.streaming import StreamingQuery
 
     from features.stores.online import OnlineWriter
@@ -127,7 +120,7 @@ class BatchSink:
         """Screen -> validate -> publish (the offline append, then the online write) or quarantine -> set aside
         late and bad records. Three Spark jobs when all is well: one computes the batch (and caches it), counts
         its rows of each kind, screens the final and eager rows and brings the buckets' stats; one collects the
-        change points for the offline table; one, beside it, the online rows. (And one collects the late events'
+        change points for the offline table; one the online rows. (And one collects the late events'
         records, when a batch has a few.)"""
         began = time.perf_counter()
         # The cache lives for this batch only and is read twice: compressing it costs more than it saves. (The
@@ -171,16 +164,11 @@ class BatchSink:
         for the commit: a commit that fails leaves the online store as it was (the batch runs again at the next
         start), so that it never serves a value the table cannot reproduce. Whether rows were appended."""
         newest = self._online_rows(batch, rows is not None, eager)
-        early = self._collect_early(newest)
         self.profiling = ProfileSoon(self.group, rows) if self.statistics and rows is not None else None
-        try:
-            with self.profiling.watching() if self.profiling is not None else contextlib.nullcontext():
-                appended = rows is not None and self._write_offline(rows, batch_id, count, upto)
-        finally:
-            if early is not None:  # the batch's cache is dropped next: its job must have read it
-                futures.wait([early])
+        with self.profiling.watching() if self.profiling is not None else contextlib.nullcontext():
+            appended = rows is not None and self._write_offline(rows, batch_id, count, upto)
         if newest is not None and self.writer is not None:
-            write_online(self.writer, newest, early.result() if early is not None else None)
+            write_online(self.writer, newest)
         if appended and self.compaction is not None:
             compacted = self.compaction.after_append(batch.sparkSession)  # the query's own session
             if compacted:
@@ -201,14 +189,6 @@ class BatchSink:
         query = self.query_checkpoint
         return None if self.source_log is None or query is None else source_log.batch_files(query, batch_id)
 
-    def _collect_early(self, rows: DataFrame | None) -> futures.Future[pd.DataFrame] | None:
-        """The online rows collected to the driver (for a store written from there) in a thread beside the offline
-        commit, which the online write waits for: their Spark job then runs while the commit's does and while
-        deltalake writes. The thread takes the batch's Spark properties, so that a stop cancels its job too."""
-        if rows is None or self.writer is None or self.writer.parallel:
-            return None
-        return _EARLY.submit(inheritable_thread_target(rows.sparkSession)(driver_rows), rows)
-
     def _rows_of(self, batch: DataFrame, kinds: Column) -> DataFrame:
         """The batch's feature rows that `kinds` (one of `self.columns`' conditions) selects, as the stores take
         them."""
@@ -221,7 +201,7 @@ class BatchSink:
         where a job of their own cost 0.05 s a batch."""
         by = [stream_rows.KIND, STAT_RECORD]
         if self.validate:
-            rows = batch.select(*by[:1], self.columns.stat_record, *self.columns.features)
+            rows = batch.select(stream_rows.KIND, self.columns.stat_record, *self.columns.features)
             found = quality.screen_batches(self.group, rows, by)
         else:
             counted = batch.groupBy(stream_rows.KIND, self.columns.stat_record).agg(self.columns.count).collect()
