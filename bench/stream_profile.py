@@ -173,14 +173,19 @@ def completed_stages(spark: Any, since_ms: int) -> Iterator[tuple[Any, int, int]
     listed = (
         context._jsc.sc().statusStore().stageList(empty, False, False, context._gateway.new_array(jvm.double, 0), empty)
     )
-    it = listed.iterator()
-    while it.hasNext():
-        stage = it.next()
-        if stage.submissionTime().isEmpty() or stage.completionTime().isEmpty():
+    return completed(listed.iterator(), since_ms)
+
+
+def completed(entries: Any, since_ms: int) -> Iterator[tuple[Any, int, int]]:
+    """The entries (stages or jobs: a Java iterator of Spark's status store) submitted at `since_ms` or later that
+    have completed: (entry, submitted ms, completed ms)."""
+    while entries.hasNext():
+        entry = entries.next()
+        if entry.submissionTime().isEmpty() or entry.completionTime().isEmpty():
             continue
-        began, ended = stage.submissionTime().get().getTime(), stage.completionTime().get().getTime()
+        began, ended = entry.submissionTime().get().getTime(), entry.completionTime().get().getTime()
         if began >= since_ms:
-            yield stage, began, ended
+            yield entry, began, ended
 
 
 def started_ms(progress: dict[str, Any]) -> int:
@@ -236,16 +241,9 @@ def print_last_batch_jobs(spark: Any, since: int) -> None:
     """Each Spark job of the last steady batch: when it was submitted and how long it took to complete, against
     the time its stages ran (the rest is the job's own cost on the driver: planning aside, scheduling and the
     result's way back)."""
-    jobs = spark.sparkContext._jsc.sc().statusStore().jobsList(None).iterator()
+    jobs = completed(spark.sparkContext._jsc.sc().statusStore().jobsList(None).iterator(), since)
+    found = [(job.jobId(), job.stageIds().length(), began - since, ended - began) for job, began, ended in jobs]
     print("| job | stages | submitted at s | wall s |\n|---|---|---|---|")
-    found = []
-    while jobs.hasNext():
-        job = jobs.next()
-        if job.submissionTime().isEmpty() or job.completionTime().isEmpty():
-            continue
-        began, ended = job.submissionTime().get().getTime(), job.completionTime().get().getTime()
-        if began >= since:
-            found.append((job.jobId(), job.stageIds().length(), began - since, ended - began))
     for jid, stages, at, wall in sorted(found):
         print(f"| {jid} | {stages} | {at / 1000:.2f} | {wall / 1000:.3f} |")
 

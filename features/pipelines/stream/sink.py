@@ -131,7 +131,7 @@ class BatchSink:
             screens, stats = self._screen_kinds(batch)
             counts = {k: s.rows for k, s in screens.items()}
             late_records = None
-            if counts.get(stream_rows.LATE) and self.aside.collects_late(counts[stream_rows.LATE]):
+            if self.aside.collects_late(counts.get(stream_rows.LATE, 0)):
                 late_records = [r[0] for r in batch.where(self.columns.late).select(stream_rows.RECORD).collect()]
             # The watermark (µs) the buckets emitted up to; None when no bucket ran (a batch of bad records only).
             upto = max((r["watermark"] for r in stats), default=0) or None
@@ -195,10 +195,10 @@ class BatchSink:
         return batch.where(kinds).select(*self.columns.features)
 
     def _screen_kinds(self, batch: DataFrame) -> tuple[dict[str, Screen], list[dict[str, Any]]]:
-        """The batch's rows of each kind, screened (final and eager rows; the other kinds are only counted), and
-        each bucket's stats row (events read, watermark, state held, oldest landing). In one job: a stats row's
-        record is a group of the screen's of its own (a bucket has one such row; the other kinds' rows have none),
-        where a job of their own cost 0.05 s a batch."""
+        """The batch's rows of each kind but the stats, screened (final and eager rows; the others are only
+        counted), and each bucket's stats row (events read, watermark, state held, oldest landing). In one job: a
+        stats row's record is a group of the screen's of its own (a bucket has one such row; the other kinds' rows
+        have none), where a job of their own cost 0.05 s a batch."""
         by = [stream_rows.KIND, STAT_RECORD]
         if self.validate:
             rows = batch.select(stream_rows.KIND, self.columns.stat_record, *self.columns.features)
@@ -212,8 +212,6 @@ class BatchSink:
                 stats.append(dict(zip(stream_rows.STAT_FIELDS, json.loads(record), strict=True)))
             else:
                 screens[kind] = screen
-        if stats:
-            screens[stream_rows.STAT] = Screen(len(stats), {}, {})
         return screens, stats
 
     def _rows_valid(self, rows: DataFrame, batch_id: int, screened: Screen) -> bool:
