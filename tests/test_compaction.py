@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import threading
+from concurrent import futures
 from datetime import timedelta
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from features.stores.compaction import (
     COMPACT_ABOVE,
     EVERY_APPENDS,
     FULL_FILE_BYTES,
+    WAIT_AFTER,
     StreamCompaction,
     compact,
     vacuum,
@@ -42,6 +44,7 @@ def stream_batches(spark, table: str, batches: int, compaction: StreamCompaction
         offline.append_batch(spark, rows(spark, T0 + 2 * batch * M, 2), log, batch)
         if compaction is not None:
             compaction.after_append(spark)
+            compaction.wait()  # a round runs beside the batches: counted once it has ended
         seen.append(files_per_date(table)[T0.date()])
     return seen
 
@@ -49,7 +52,7 @@ def stream_batches(spark, table: str, batches: int, compaction: StreamCompaction
 def test_a_streams_date_partition_holds_at_most_above_plus_every_files(spark, tmp_path: Path) -> None:
     """Each append adds one file to a date and every `every`-th compacts the dates above `above`: no date ever holds
     more than above + every files. With the stream's settings (8 + 16) that is under the 32-file bound."""
-    assert COMPACT_ABOVE + EVERY_APPENDS <= offline.MAX_FILES == 32
+    assert COMPACT_ABOVE + EVERY_APPENDS + WAIT_AFTER <= offline.MAX_FILES == 32
     table = str(tmp_path / "g")
     clock = [0.0]
     compaction = StreamCompaction(table, every=4, above=2, vacuum_every_s=3600, clock=lambda: clock[0])
@@ -66,6 +69,54 @@ def test_a_streams_date_partition_holds_at_most_above_plus_every_files(spark, tm
     clock[0] = 3600.0  # an hour later: the next round also vacuums (files younger than the retention stay)
     stream_batches(spark, table, 4, compaction, first=9)
     assert compaction.vacuumed == 3600.0
+
+
+def test_a_round_runs_beside_the_streams_appends_and_its_error_reaches_the_stream(
+    spark, tmp_path: Path, monkeypatch
+) -> None:
+    """A batch does not wait for the round it starts: appends go on while it runs (their files stay), it is waited
+    for `every // 2` appends after it started, and a round's failure is raised there; Delta refusing its commit is
+    no failure."""
+    table = str(tmp_path / "g")
+    go, failure = threading.Event(), []
+    real = compaction_module.compact
+
+    def held(*args, **kwargs):
+        assert go.wait(60)
+        if failure:
+            raise failure[0]
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(compaction_module, "compact", held)
+    compaction = StreamCompaction(table, every=4, above=2, vacuum_every_s=math.inf)
+    log = offline.StreamLog(table, "s1")
+
+    def append(batch: int) -> dict:
+        log.refresh()
+        offline.append_batch(spark, rows(spark, T0 + 2 * batch * M, 2), log, batch)
+        return compaction.after_append(spark)
+
+    assert [append(b) for b in range(4)] == [{}] * 4  # the 4th started a round, which waits for `go`
+    assert compaction.running is not None and not compaction.running.done()
+    assert append(4) == {}  # one append after it started: not waited for
+    assert files_per_date(table) == {T0.date(): 5}
+    go.set()
+    assert append(5) == {T0.date(): 5}  # two (every // 2) after: waited for; the 5th append's file was there
+    assert files_per_date(table) == {T0.date(): 2}
+    got = table_rows(table)
+    assert_once(got)
+    assert len(got) == 6 * 2 * 3
+
+    failure.append(OSError("No space left on device"))
+    assert [append(b) for b in range(6, 8)] == [{}, {}]  # the 8th append started a round, which fails
+    futures.wait([compaction.running])
+    with pytest.raises(OSError, match="No space left"):
+        append(8)  # the next batch fails with it (its append made), as the round's own batch failed before
+    failure[0] = RuntimeError("CommitFailedError: a concurrent transaction deleted the same data")
+    assert [append(b) for b in range(9, 13)] == [{}] * 4
+    assert compaction.wait() == {}  # refused by Delta: left for the next round
+    assert files_per_date(table) == {T0.date(): 9}
+    assert compaction.wait() == {}  # nothing runs
 
 
 def active_files(table: str) -> dict[str, int]:
@@ -136,6 +187,7 @@ def test_a_compaction_and_a_backfill_of_the_same_day_at_once_lose_nothing(spark,
             compaction = StreamCompaction(table, every=1, above=1, vacuum_every_s=math.inf)
             for _ in range(3):
                 compaction.after_append(spark)  # a conflict waits for its next round
+            compaction.wait()
         except BaseException as exc:  # reported below
             errors.append(exc)
 

@@ -4,6 +4,7 @@ final watermark), late events, bad records, restarts with a changed definition a
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -24,10 +25,13 @@ from features import Entity, EventSource, Feature, FeatureGroup, Hop, KafkaTopic
 from features.cli import main
 from features.demo import write_events
 from features.errors import ConfigError
+from features.pipelines.stream import sink as sink_module
 from features.pipelines.stream import stream
 from features.repo import Repo
 from features.spec import WINDOW_END, AggKind
 from features.stores import offline
+from features.stores.compaction import StreamCompaction
+from features.stores.offline import files_per_date
 from features.stores.serving import online_features
 
 pytestmark = pytest.mark.spark
@@ -145,8 +149,10 @@ def streamed(spark, feast_repo_factory, tmp_path_factory):
     land(root, arrival_order(events, pd.Timedelta(minutes=20), seed=1), FILES)
     feast_repo_factory(root, STREAMED)
     repo = Repo.load(root)
-    run = stream(repo, available_now=True, max_files_per_trigger=1, progress=False)
-    run.await_termination()
+    with pytest.MonkeyPatch.context() as patch:  # compaction rounds (beside the batches) among so few appends
+        patch.setattr(sink_module, "StreamCompaction", functools.partial(StreamCompaction, every=2, above=1))
+        run = stream(repo, available_now=True, max_files_per_trigger=1, progress=False)
+        run.await_termination()
     return repo, events, run
 
 
@@ -182,6 +188,15 @@ def test_offline_rows_equal_the_batch_engine(spark, streamed) -> None:
         got = offline_rows(spark, repo, group)
         assert_batch_engine_rows(spark, group, got, events, watermark)
         check_sample(group, got, events)
+
+
+def test_the_offline_tables_were_compacted_beside_the_batches(streamed) -> None:
+    """A round every 2 appends, the last one started by the last batch and waited for when the run ended: every
+    date is one file, rows as the batch engine's (above)."""
+    repo, _, run = streamed
+    for group in STREAMED:
+        assert set(files_per_date(repo.offline_path(group)).values()) == {1}
+        assert run.sinks[group.name].compaction.running is None
 
 
 def test_online_values_are_the_reference_at_their_window_end(spark, streamed) -> None:

@@ -9,9 +9,13 @@ files it did not read). A backfill that replaces the same date at the same momen
 fail: a backfill commits again (features.stores.offline), a compaction waits for its next round.
 
 A stream compacts every `EVERY_APPENDS` of its appends, the dates then holding more than `COMPACT_ABOVE` small
-files: as each append adds at most one file per date, no date ever holds more than COMPACT_ABOVE + EVERY_APPENDS
-(24 <= MAX_FILES) small files, however many batches ran, and a day whose windows are final is compacted at the
-next round after its last append. A file of `FULL_FILE_BYTES` or more is full: a stream's rounds leave it as it is.
+files, in a thread of its own: the micro-batches go on while a round runs (a round rewrites the live day's
+not-yet-full file, a second or more, which every sixteenth batch waited for, and the online values with it). A
+round still running `WAIT_AFTER` appends after it started is waited for. As each append adds at most one file per
+date, a date holds at most COMPACT_ABOVE + EVERY_APPENDS small files when a round starts (what the round before
+left, one file or at most COMPACT_ABOVE, and the appends since) and WAIT_AFTER more before it commits (32 <=
+MAX_FILES), however many batches ran, and a day whose windows are final is compacted at the next round after its
+last append. A file of `FULL_FILE_BYTES` or more is full: a stream's rounds leave it as it is.
 Delta's OPTIMIZE rewrites every file under its `optimize.minFileSize` (1 GiB unless set), as deltalake's does
 every file under its target size, so that without this bound each round rewrote the live day's whole compacted
 file with the few new ones, work that grows with the day (a stream of 10,000 events a second wrote 90 MB to its
@@ -30,6 +34,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import date, timedelta
 from typing import TYPE_CHECKING
@@ -45,10 +50,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 EVERY_APPENDS = 16  # a stream's appends between compaction rounds
+WAIT_AFTER = EVERY_APPENDS // 2  # appends after which a round still running is waited for
 COMPACT_ABOVE = 8  # a round compacts the dates holding more small files than this
 FULL_FILE_BYTES = 128 * 1024 * 1024  # a stream's rounds leave files of this size or more (Delta's usual target)
 MIN_FILE_SIZE = "spark.databricks.delta.optimize.minFileSize"  # OPTIMIZE rewrites the files under it
-assert COMPACT_ABOVE + EVERY_APPENDS <= MAX_FILES  # the bound the module docstring derives
+assert COMPACT_ABOVE + EVERY_APPENDS + WAIT_AFTER <= MAX_FILES  # the bound the module docstring derives
 VACUUM_EVERY_S = 3600.0
 
 
@@ -114,7 +120,8 @@ def _sql_path(table: str) -> str:
 @dataclass
 class StreamCompaction:
     """A stream's rounds: after every `every` appends, compact the dates holding more than `above` files smaller
-    than `full_bytes`; vacuum once per `vacuum_every_s` of `clock`."""
+    than `full_bytes`; vacuum once per `vacuum_every_s` of `clock`. A round runs in a thread of its own, waited for
+    when it still runs `every // 2` appends after it started, or by `wait`."""
 
     table: str
     every: int = EVERY_APPENDS
@@ -125,16 +132,44 @@ class StreamCompaction:
     appends: int = 0
     vacuumed: float | None = field(default=None)  # when it last vacuumed (the start counts: a stream's first
     # vacuum comes an hour in, not in its first minutes)
+    running: Future[dict[date, int]] | None = field(default=None, repr=False)
+    started_at: int = 0  # the appends counted when the running round started
+    _pool: ThreadPoolExecutor | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.vacuumed is None:
             self.vacuumed = self.clock()
 
     def after_append(self, spark: SparkSession) -> dict[date, int]:
-        """Count one append; run a round when due. Returns the dates compacted (files each held before)."""
+        """Count one append; start a round when due. Returns the dates a round that has ended since the last call
+        compacted (files each held before); raises the error a round failed with (Delta refusing its commit
+        because another came first is none: the next round compacts those files)."""
         self.appends += 1
-        if self.appends % self.every:
+        # Waited for `every // 2` appends after it started at the latest, so ended before the next is due.
+        done = self._ended(wait=self.appends - self.started_at >= max(1, self.every // 2))
+        if self.appends % self.every == 0:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="features-compaction")
+            self.running, self.started_at = self._pool.submit(self._round, spark), self.appends
+        return done
+
+    def wait(self) -> dict[date, int]:
+        """The running round's dates once it has ended ({} when none runs); its error, raised."""
+        try:
+            return self._ended(wait=True)
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=False)
+                self._pool = None
+
+    def _ended(self, wait: bool) -> dict[date, int]:
+        round_, self.running = self.running, None
+        if round_ is None or (not wait and not round_.done()):
+            self.running = round_
             return {}
+        return round_.result()
+
+    def _round(self, spark: SparkSession) -> dict[date, int]:
         try:
             compacted = compact(spark, self.table, self.above, self.full_bytes)
         except Exception as exc:

@@ -205,6 +205,7 @@ def _swap(
     sink = run.sinks[name]
     _stop_between_batches(run.queries[name], sink)
     try:
+        sink.end_rounds()  # the new query's sink starts its own
         starter.repo = repo
         try:
             return starter.start(group, writer, buckets=buckets)

@@ -66,12 +66,21 @@ class StreamRun:
     swapping: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _finishing: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def _finish(self, error: BaseException | None) -> None:
-        """End the MLflow run once, after the metrics of the last batches: FINISHED, or FAILED with the error."""
+    def _finish(self, error: BaseException | None) -> BaseException | None:
+        """End the MLflow run once, after the metrics of the last batches and the offline tables' compaction rounds
+        under way: FINISHED, or FAILED with the error (the run's, else a round's, which is returned)."""
         with self._finishing:  # stop() and a waiting thread may both get here
             tracking, self._tracking = self._tracking, None
             for change in self.changing:  # the last batch, which stepped every bucket, committed after its sink
                 change.settle()
+            for sink in self.sinks.values():
+                try:
+                    sink.end_rounds()
+                except Exception as exc:
+                    if error is None:
+                        error = exc
+                    else:  # the run's own error is what it failed with; this one is told with it
+                        error.add_note(f"{sink.group.name}: its offline table's compaction round failed too: {exc}")
             reload.release(self)
             if self.watchdog is not None:
                 self.watchdog.stop()
@@ -82,6 +91,7 @@ class StreamRun:
                 tracking.__exit__(None, None, None)
             else:
                 tracking.__exit__(type(error), error, error.__traceback__)
+        return error
 
     def progress(self) -> list[StreamProgress]:
         return [self.latest[name] for name in self.queries]
@@ -121,8 +131,7 @@ class StreamRun:
                     done = query.awaitTermination(None if left is None else left)
                 except Exception as exc:
                     if self.stopping:  # stopped by `stop()`: whatever the stop cut short is not a failure of the run
-                        self._finish(None)
-                        return True
+                        return self._ended()
                     if self._replaced(queries, name, query):
                         continue
                     error = self.errors.get(name, exc)
@@ -135,7 +144,13 @@ class StreamRun:
             if name in self.errors:
                 self._finish(self.errors[name])
                 raise self.errors[name]
-        self._finish(None)
+        return self._ended()
+
+    def _ended(self) -> bool:
+        """`_finish` of a run that did not fail: True, or a compaction round's error raised."""
+        failed = self._finish(None)
+        if failed is not None:
+            raise failed
         return True
 
     def _replaced(self, queries: dict[str, StreamingQuery], name: str, query: StreamingQuery) -> bool:
@@ -148,7 +163,7 @@ class StreamRun:
         with self.swapping:
             for query in [*self.queries.values(), *self.archives.values()]:
                 query.stop()
-        self._finish(None)
+        self._ended()
 
     def await_or_interrupt(self) -> bool:
         """`await_termination` for a command's main thread, where Ctrl-C stops the run (`stop`) and returns True.

@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -89,6 +89,7 @@ class BatchSink:
         self.stream_id = ""  # the checkpoint's, which the stream's offline commits record
         self.offline_log: offline.StreamLog | None = None
         self.compaction: StreamCompaction | None = None
+        self.last_appended = 0  # the last batch appended: a round's files are told with the batch that sees it end
         self.aside, self.rollup = aside, rollup
         self.quarantined = 0  # batches that failed validation
         self.finish_upgrade: Any = None  # an upgrade.Finish while a definition change is pending
@@ -170,10 +171,19 @@ class BatchSink:
         if newest is not None and self.writer is not None:
             write_online(self.writer, newest)
         if appended and self.compaction is not None:
-            compacted = self.compaction.after_append(batch.sparkSession)  # the query's own session
-            if compacted:
-                self.rollup.add({"compacted_files": sum(compacted.values())}, batch_id, self.group.name)
+            self.last_appended = batch_id
+            self._compacted(self.compaction.after_append(batch.sparkSession))  # the query's own session
         return appended
+
+    def _compacted(self, compacted: dict[date, int]) -> None:
+        if compacted:
+            self.rollup.add({"compacted_files": sum(compacted.values())}, self.last_appended, self.group.name)
+
+    def end_rounds(self) -> None:
+        """Once its query has stopped: wait for the offline table's compaction round under way (its error
+        raised)."""
+        if self.compaction is not None:
+            self._compacted(self.compaction.wait())
 
     def _online_rows(self, batch: DataFrame, final: bool, eager: bool) -> DataFrame | None:
         """What the online store gets of the batch: each key's newest final row (when the final rows are valid) and
