@@ -10,7 +10,8 @@ one count over `Hop("24h", every="5m")` on the same files, `--shape big` that co
 (bench/stream.py's state-size run). Each streams one file per micro-batch through the product's whole path
 (validation, statistics, offline table, SQLite online store; tracking off). Printed, over the steady batches (those
 after the first two): Spark's phases of a trigger (the query progress's durationMs: addBatch is the sink's
-foreachBatch, the rest Spark's bookkeeping), the sink's stages (its functions timed on the driver; the first Spark
+foreachBatch, the rest Spark's bookkeeping), the median and slowest trigger, the offline table's compaction rounds
+(each one's seconds, in a batch or beside the batches), the sink's stages (its functions timed on the driver; the first Spark
 job, which computes the stateful operator's output, runs inside "screen"), the stateful operator's metrics, each
 Spark stage of the last batch, and with `--py-spy` the Python workers' CPU time by part (py-spy's samples of every
 worker).
@@ -37,13 +38,14 @@ from features.pipelines.stream import aside, stream
 from features.pipelines.stream import sink as sink_module
 from features.pipelines.stream.aside import SetAside
 from features.repo import Repo
-from features.stores import offline
+from features.stores import compaction, offline
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import stream as stream_bench
 import stream_dense
 
 WORK = Path(__file__).resolve().parent / "work-profile"
+ROUNDS = "compaction round"
 SPENT: dict[str, list[float]] = collections.defaultdict(list)  # stage -> seconds, one per call
 # Python workers' frames -> the part of a batch they belong to (the first match along the stack, innermost first).
 WORKER_PARTS = [
@@ -90,6 +92,7 @@ def instrument() -> None:
     screen = timed("screen: the batch computed (stateful operator), screened", sink_module.BatchSink._screen_kinds)
     sink_module.BatchSink._screen_kinds = screen  # type: ignore[method-assign]
     offline.append_batch = timed("offline append (Delta)", offline.append_batch)
+    compaction.compact = timed(ROUNDS, compaction.compact)  # in a batch, or beside the batches (since 71272c9)
     aside.write_late = timed("late events written", aside.write_late)
     for cls, names in (
         (sink_module.BatchSink, ("_batch", "_eager_valid", "_rows_valid", "_publish", "_report")),
@@ -282,6 +285,9 @@ def main() -> int:
         phases.update(p["durationMs"])
     trigger = phases["triggerExecution"] / 1000 / n
     print(f"{args.shape}: {len(batches)} batches, {wall:.1f} s; steady: {n} batches, {trigger:.3f} s a trigger")
+    triggers = sorted(p["durationMs"]["triggerExecution"] / 1000 for p in steady)
+    rounds = ", ".join(f"{s:.2f} s" for s in SPENT.get(ROUNDS, [])) or "none"
+    print(f"steady triggers: median {triggers[n // 2]:.3f} s, slowest {triggers[-1]:.3f} s; compaction rounds {rounds}")
     print("| Spark phase | s per batch | share |\n|---|---|---|")
     for name, ms in phases.most_common():
         print(f"| {name} | {ms / 1000 / n:.3f} | {ms / 1000 / n / trigger:.0%} |")
@@ -291,7 +297,8 @@ def main() -> int:
     for name, (wall, tasks, count) in sorted(stages.items(), key=lambda kv: -kv[1][0]):
         print(f"| {name} | {wall / n:.3f} | {tasks / n:.3f} | {count / n:.1f} |")
     print("| sink stage | s per batch | share of a trigger |\n|---|---|---|")
-    for name, seconds in sorted(SPENT.items(), key=lambda kv: -sum(kv[1][2:])):
+    stages_timed = {name: seconds for name, seconds in SPENT.items() if name != ROUNDS}  # rounds: above
+    for name, seconds in sorted(stages_timed.items(), key=lambda kv: -sum(kv[1][2:])):
         per = sum(seconds[2:]) / max(1, len(seconds) - 2)  # steady calls (a stage may not run in every batch)
         print(f"| {name} | {per:.3f} | {per / trigger:.0%} | ({len(seconds)} calls)")
     print_state_operator(steady)

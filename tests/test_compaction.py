@@ -1,6 +1,6 @@
-"""Compaction of the offline table (features.stores.compaction): a stream's date partitions never hold more than
-`above + every` small files however many batches ran (24 <= 32 with the stream's settings), its rounds leave full
-files as they are, readers never see a row
+"""Compaction of the offline table (features.stores.compaction): a stream's date partitions hold at most `above +
+every` small files when a round starts however many batches ran (24, and 32 before it commits, with the stream's
+settings), its rounds run beside the stream's appends and leave full files as they are, readers never see a row
 missing or doubled while a compaction commits, a backfill of the same day at the same moment loses nothing, and
 `features compact` compacts and vacuums (docs/table-format.md)."""
 
@@ -50,8 +50,9 @@ def stream_batches(spark, table: str, batches: int, compaction: StreamCompaction
 
 
 def test_a_streams_date_partition_holds_at_most_above_plus_every_files(spark, tmp_path: Path) -> None:
-    """Each append adds one file to a date and every `every`-th compacts the dates above `above`: no date ever holds
-    more than above + every files. With the stream's settings (8 + 16) that is under the 32-file bound."""
+    """Each append adds one file to a date and every `every`-th compacts the dates above `above`: no date holds more
+    than above + every files when a round starts, and every // 2 more until it has committed (a round still running
+    then is waited for). With the stream's settings (8 + 16 + 8) that is the 32-file bound."""
     assert COMPACT_ABOVE + EVERY_APPENDS + WAIT_AFTER <= offline.MAX_FILES == 32
     table = str(tmp_path / "g")
     clock = [0.0]
