@@ -131,7 +131,7 @@ class StreamRun:
                     done = query.awaitTermination(None if left is None else left)
                 except Exception as exc:
                     if self.stopping:  # stopped by `stop()`: whatever the stop cut short is not a failure of the run
-                        return self._ended()
+                        return self._finished_well()
                     if self._replaced(queries, name, query):
                         continue
                     error = self.errors.get(name, exc)
@@ -144,9 +144,9 @@ class StreamRun:
             if name in self.errors:
                 self._finish(self.errors[name])
                 raise self.errors[name]
-        return self._ended()
+        return self._finished_well()
 
-    def _ended(self) -> bool:
+    def _finished_well(self) -> bool:
         """`_finish` of a run that did not fail: True, or a compaction round's error raised."""
         failed = self._finish(None)
         if failed is not None:
@@ -163,7 +163,7 @@ class StreamRun:
         with self.swapping:
             for query in [*self.queries.values(), *self.archives.values()]:
                 query.stop()
-        self._ended()
+        self._finished_well()
 
     def await_or_interrupt(self) -> bool:
         """`await_termination` for a command's main thread, where Ctrl-C stops the run (`stop`) and returns True.
