@@ -8,6 +8,9 @@ A live `features stream --trigger 1s` (its own process, as users run it) on a gr
 run on other machines than the stream (the report says the rate it reached). Every few seconds a probe event for
 a key of its own is landed, stamped now; the benchmark then polls Feast's `get_online_features` until the
 probe's key counts it. The wall time from landing to that read, over all probes, is reported as p50 / p99 / max.
+The probes start once the stream runs as it does from then on: it has appended its first change points to the
+offline table (the watermark has passed; that batch creates the table and takes seconds once) and three batches
+more.
 An eager online value is the window's at the newest pane end that has closed in event time (docs/semantics.md,
 "Online values"), so a probe counts once its pane has closed: each probe lands at a random point of the pane
 grid (not just after the previous one was seen, which would land every probe at the same point), and the report
@@ -166,6 +169,18 @@ def command_line(args: argparse.Namespace, parser: argparse.ArgumentParser) -> s
     return "".join(f" --{k.replace('_', '-')} {v}" for k, v in given.items())
 
 
+def steady(log: Path, timeout_s: float) -> None:
+    """Wait until the stream has appended its first rows to the offline table (the watermark passed its first pane
+    ends: the batch that creates the table and its statistics takes seconds once) and run three batches more."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        totals = [int(t.replace(",", "")) for t in re.findall(r"rows out \(([\d,]+) total\)", log.read_text())]
+        if len([t for t in totals if t > 0]) > 3:
+            return
+        time.sleep(1.0)
+    raise RuntimeError(f"the stream appended no rows within {timeout_s:.0f} s: see {log}")
+
+
 def batch_seconds(log: str) -> list[float]:
     """The seconds of each micro-batch the stream's progress lines report."""
     return [float(m) for m in re.findall(r" batch \d+: [\d,]+ events in ([\d.]+)s", log)]
@@ -219,6 +234,7 @@ def main() -> int:
     phases = np.random.default_rng(7)
     try:
         time.sleep(45)  # the JVM, the first micro-batches and the backlog they find
+        steady(WORK / "stream.log", pd.Timedelta(args.watermark).total_seconds() + 120)
         probing_from = (WORK / "stream.log").stat().st_size
         for i in range(args.probes):
             key = f"probe{i}"
