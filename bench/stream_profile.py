@@ -11,10 +11,10 @@ one count over `Hop("24h", every="5m")` on the same files, `--shape big` that co
 (validation, statistics, offline table, SQLite online store; tracking off). Printed, over the steady batches (those
 after the first two): Spark's phases of a trigger (the query progress's durationMs: addBatch is the sink's
 foreachBatch, the rest Spark's bookkeeping), the median and slowest trigger, the offline table's compaction rounds
-(each one's seconds, in a batch or beside the batches), the sink's stages (its functions timed on the driver; the first Spark
-job, which computes the stateful operator's output, runs inside "screen"), the stateful operator's metrics, each
-Spark stage of the last batch, and with `--py-spy` the Python workers' CPU time by part (py-spy's samples of every
-worker).
+(each one's seconds, in a batch or beside the batches), the sink's stages (its functions timed on the driver; the
+first Spark job, which computes the stateful operator's output, runs inside "screen"), the stateful operator's
+metrics, each Spark stage of the last batch, and with `--py-spy` the Python workers' CPU time by part (py-spy's
+samples of every worker).
 """
 
 from __future__ import annotations
