@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from features.atomic import replace_hadoop_file
 
@@ -64,8 +65,7 @@ def logged_files(query_checkpoint: Path, last: int) -> frozenset[str]:
         compact = _newest_compact(folder)
         start, logs = (compact[0], [compact[1]]) if compact else (-1, [])
         for path in [*logs, *_deltas_after(folder, start)]:
-            entries = (json.loads(line) for line in path.read_text().splitlines()[1:])
-            files.update(e["path"] for e in entries if e["batchId"] <= upto)
+            files.update(e["path"] for e in _entries(path) if e["batchId"] <= upto)
     return frozenset(files)
 
 
@@ -86,9 +86,13 @@ def batch_files(query_checkpoint: Path, batch: int) -> list[str] | None:
                 path = folder / f"{source_batch}{COMPACT}"  # a fold's batch: its own entries are in the fold
             if not path.exists():
                 return None
-            entries = (json.loads(line) for line in path.read_text().splitlines()[1:])
-            found.update((e["path"], None) for e in entries if e["batchId"] == source_batch)
+            found.update((e["path"], None) for e in _entries(path) if e["batchId"] == source_batch)
     return list(found)
+
+
+def _entries(path: Path) -> list[dict[str, Any]]:
+    """A log file's entries (each line after its version line, a JSON object)."""
+    return [json.loads(line) for line in path.read_text().splitlines()[1:]]
 
 
 def _source_offset(query_checkpoint: Path, batch: int, source: int = 0) -> int:
@@ -112,7 +116,7 @@ def prune(query_checkpoint: Path) -> Pruned | None:
         batch, path = compact
         lines = path.read_text().splitlines()
         entries = [json.loads(line) for line in lines[1:]]
-        later = [json.loads(line) for p in _deltas_after(folder, batch) for line in p.read_text().splitlines()[1:]]
+        later = [e for p in _deltas_after(folder, batch) for e in _entries(p)]
         newest = max((e["timestamp"] for e in entries + later), default=None)
         if newest is None:
             continue
