@@ -9,6 +9,7 @@ has null stored values): what it means is the function's to say."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -127,15 +128,19 @@ def _by_rows(feature: RequestFeature, columns: dict[str, pd.Series], count: int)
     """The function called on each row, by position where it allows (`columns` are in its parameters' order): a
     dict of keyword arguments per row was about half of a Spark batch's time for a two-parameter test."""
     names, function = list(columns), feature.function
-    rows = zip(*(plain_values(column) for column in columns.values()), strict=True) if names else [()] * count
+    values = [plain_values(column) for column in columns.values()]
+    rows = (lambda: zip(*values, strict=True)) if names else (lambda: [()] * count)
     call = function if feature.positional else lambda *args: function(**dict(zip(names, args, strict=True)))
-    out = []
-    for i, args in enumerate(rows):
+    try:
+        return list(itertools.starmap(call, rows()))
+    except Exception as exc:  # the rows called again one by one, to name the first that fails
+        failed = exc
+    for i, args in enumerate(rows()):
         try:
-            out.append(call(*args))
+            call(*args)
         except Exception as exc:
             raise _failed(feature, columns, i, f"{type(exc).__name__}: {exc}") from exc
-    return out
+    raise _failed(feature, columns, None, f"{type(failed).__name__}: {failed}") from failed  # none fails alone
 
 
 def plain_values(column: pd.Series) -> list[Any]:
