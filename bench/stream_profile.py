@@ -27,6 +27,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime
@@ -49,9 +50,10 @@ ROUNDS = "compaction round"
 SPENT: dict[str, list[float]] = collections.defaultdict(list)  # stage -> seconds, one per call
 # Python workers' frames -> the part of a batch they belong to (the first match along the stack, innermost first).
 WORKER_PARTS = [
+    ("<frozen importlib", "worker start: imports"),  # a new worker's; before it, counted as a state read ("_load")
     ("_pack", "pack: events per bucket into Arrow IPC (mapInArrow)"),
     ("_unpack", "processor: unpack the events"),
-    ("_load", "processor: state read"),
+    ("._load (", "processor: state read"),
     ("_write_chunks", "processor: state write"),
     ("_compact", "processor: state write"),
     ("_step", "processor: step (phase 1 + 2, kernel)"),
@@ -124,15 +126,27 @@ def group_repo(args: argparse.Namespace) -> Repo:
     return stream_bench.make_repo("group", events, stream_bench.FULL_GROUP.format(name="user_transactions"))
 
 
-def sample_workers(seconds: int, out: Path) -> list[subprocess.Popen[bytes]]:
-    """py-spy over each Python worker daemon (and the workers it forks) for `seconds`, once the first is up."""
-    for _ in range(600):
-        daemons = [p for p in os.listdir("/proc") if p.isdigit() and _is_daemon(p)]
-        if daemons:
-            break
-        time.sleep(0.1)
+def sample_workers(seconds: int, out: Path, spies: list[subprocess.Popen[bytes]]) -> Callable[[], None]:
+    """py-spy over each Python worker daemon (and the workers it forks) for `seconds`, each from when it is up: a
+    thread adds a py-spy to `spies` for every daemon it finds (the stateful operator's may start after the
+    others) until the function returned is called."""
     command = ["py-spy", "record", "--subprocesses", "--nonblocking", "-f", "raw", "-r", "50", "-d", str(seconds)]
-    return [subprocess.Popen([*command, "-o", f"{out}.{pid}", "-p", pid], stdout=subprocess.DEVNULL) for pid in daemons]
+    stop = threading.Event()
+
+    def watch() -> None:
+        seen: set[str] = set()
+        while not stop.wait(0.1):
+            for pid in [p for p in os.listdir("/proc") if p.isdigit() and p not in seen and _is_daemon(p)]:
+                seen.add(pid)
+                spies.append(subprocess.Popen([*command, "-o", f"{out}.{pid}", "-p", pid], stdout=subprocess.DEVNULL))
+
+    def stopped() -> None:
+        stop.set()
+        thread.join()
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return stopped
 
 
 def _is_daemon(pid: str) -> bool:
@@ -269,9 +283,10 @@ def main() -> int:
     spies: list[subprocess.Popen[bytes]] = []
     began = time.perf_counter()
     run = stream(repo, available_now=True, max_files_per_trigger=1, progress=False, tracking=False)
-    if args.py_spy:
-        spies = sample_workers(600, raw)
+    stop_sampling = sample_workers(600, raw, spies) if args.py_spy else None
     run.await_termination()
+    if stop_sampling is not None:
+        stop_sampling()
     wall = time.perf_counter() - began
     for spy in spies:
         spy.send_signal(signal.SIGINT)  # py-spy writes what it sampled when interrupted

@@ -2,8 +2,9 @@
 
 A real Spark Connect server runs in a JVM of its own (tests/connect_server.py) beside the classic test session.
 On it: the preview (pandas and Spark in), a backfill of a mixed group to both stores, validation of feature
-rows, and `features backfill` with `SPARK_REMOTE` set, each compared with the classic session's result or the
-brute-force reference; the stream stops with the one error that names what Spark Connect lacks for it.
+rows, a training set with request-time features, and `features backfill` with `SPARK_REMOTE` set, each compared
+with the classic session's result or the brute-force reference; the stream stops with the one error that names
+what Spark Connect lacks for it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import pytest
 from reference import reference_frame
 
 import features
-from features import Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, Tumble, agg
+from features import Entity, EventSource, Feature, FeatureGroup, Hop, Lifetime, RequestFeature, Tumble, agg
 from features.spec import WINDOW_END
 from features.stores import offline
 
@@ -44,6 +45,23 @@ GROUP = FeatureGroup(
     ],
 )
 EXACT = [f.name for f in GROUP.features if f.name != "last_amounts_1h"]  # lists compare apart
+REQUEST_FEATURES = [
+    RequestFeature(
+        "amount_vs_max_6h",
+        lambda amount, amount_max_6h: amount / amount_max_6h,
+        request={"amount": "double"},
+        features=["user_mixed:amount_max_6h"],
+        dtype="double",
+    ),
+    RequestFeature(  # a row function
+        "over_max_6h",
+        lambda amount, amount_max_6h: amount_max_6h is not None and amount > amount_max_6h,
+        request={"amount": "double"},
+        features=["user_mixed:amount_max_6h"],
+        dtype="bool",
+        row=True,
+    ),
+]
 
 
 @pytest.fixture(autouse=True)
@@ -152,13 +170,18 @@ def test_backfill_on_connect_writes_both_stores(
     for name in EXACT:
         assert _values(online[name]) == pytest.approx(_values(want[name]), rel=1e-9, nan_ok=True), name
     # A training set from Spark rows on the Connect session: a DataFrame of that session, Feast's values.
-    rows = events[["user_id", "event_ts", "is_fraud"]].iloc[::40].rename(columns={"event_ts": "event_timestamp"})
-    expected = features.training_set(rows, [GROUP.name], root)
-    frame = features.training_set(spark_connect.createDataFrame(rows), [GROUP.name], root)
+    # With request-time features (an Arrow UDF on the Connect session): the pandas rows' values.
+    rows = events[["user_id", "event_ts", "amount", "is_fraud"]].iloc[::40]
+    rows = rows.rename(columns={"event_ts": "event_timestamp"})
+    asked = {"request_features": REQUEST_FEATURES}
+    expected = features.training_set(rows, [GROUP.name], root, **asked)
+    frame = features.training_set(spark_connect.createDataFrame(rows), [GROUP.name], root, **asked)
     assert type(frame).__module__.startswith("pyspark.sql.connect")
     got = frame.toPandas()
-    for name in EXACT:
+    for name in [*EXACT, "amount_vs_max_6h"]:
         assert _values(got[name]) == pytest.approx(_values(expected[name]), rel=1e-9, nan_ok=True), name
+    assert got["over_max_6h"].tolist() == expected["over_max_6h"].tolist()
+    assert got["over_max_6h"].notna().all() and expected["amount_vs_max_6h"].notna().sum() > 10
     # Each training row holds the values as of its time (a sample: the reference is slow).
     got = got.sort_values(["user_id", "event_timestamp"]).reset_index(drop=True).iloc[::3]
     lookups = [((k,), pd.Timestamp(t)) for k, t in zip(got["user_id"], got["event_timestamp"], strict=True)]
