@@ -11,6 +11,7 @@ import json
 import math
 import os
 import uuid
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -242,6 +243,62 @@ def test_a_failing_function_is_named_with_its_first_failing_row_in_training_sets
         training_set(labels, ["user_req:count_1h"], repo, **asked)
     with pytest.raises(Exception, match=r"strict_ratio: the request-time feature failed at row \d+ .*no history"):
         training_set(spark.createDataFrame(labels), ["user_req:count_1h"], repo, **asked).collect()
+
+
+def test_every_output_type_is_the_same_from_spark_rows_as_from_pandas_rows(spark, repo: Repo, labels) -> None:
+    """Spark's workers hand the answer back as Arrow: each type a request-time feature may declare, nulls and empty
+    lists included, comes out as the pandas rows give it."""
+    from features import RequestFeature
+
+    amount = {"amount": "double"}
+    merchant = {"merchant_id": "string"}
+    kinds = [
+        RequestFeature("as_int", lambda amount: amount.round().astype("Int64"), request=amount, dtype="int64"),
+        RequestFeature("as_text", lambda merchant_id: merchant_id.str.upper(), request=merchant, dtype="string"),
+        RequestFeature("an_hour_on", lambda request_time: request_time + pd.Timedelta("1h"), dtype="timestamp"),
+        RequestFeature(
+            "ints",
+            lambda amount: None if amount is None else [round(amount), 1],
+            request=amount,
+            dtype="int64_list",
+            row=True,
+        ),
+        RequestFeature(
+            "floats",
+            lambda amount: [] if amount is None else [amount, amount / 2],
+            request=amount,
+            row=True,
+            dtype="float64_list",
+        ),
+        RequestFeature(
+            "texts",
+            lambda merchant_id, merchants: sorted({*(merchants or []), merchant_id}),
+            request=merchant,
+            features={"merchants": "user_req:merchants_1h"},
+            dtype="string_list",
+            row=True,
+        ),
+    ]
+    asked = {"timestamp_column": "event_ts", "request_features": kinds, "log_lineage": False}
+    want = training_set(labels, ["user_req:count_1h"], repo, **asked)
+    got = training_set(spark.createDataFrame(labels), ["user_req:count_1h"], repo, **asked).toPandas()
+    assert list(got.columns) == list(want.columns)
+
+    def plain(value):
+        if value is None or value is pd.NA or value is pd.NaT or (isinstance(value, float) and math.isnan(value)):
+            return None
+        if isinstance(value, pd.Timestamp | datetime):
+            stamp = pd.Timestamp(value)
+            return stamp.tz_localize("UTC") if stamp.tzinfo is None else stamp.tz_convert("UTC")
+        if isinstance(value, list | tuple | np.ndarray):
+            return [plain(v) for v in value]
+        return value.item() if isinstance(value, np.generic) else value
+
+    for kind in kinds:
+        mine, theirs = [plain(v) for v in got[kind.name]], [plain(v) for v in want[kind.name]]
+        assert mine == theirs, kind.name
+        assert any(v is not None for v in mine), kind.name
+    assert None in [plain(v) for v in want["as_int"]] and [] in [plain(v) for v in want["floats"]]
 
 
 # ---------------------------------------------------------------------------------------------------------
