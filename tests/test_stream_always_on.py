@@ -54,6 +54,28 @@ def _wait_for(run, events: int, seconds: float = 120) -> None:
         time.sleep(0.2)
 
 
+def test_max_future_is_a_span_of_seconds_in_any_session_time_zone(spark) -> None:
+    """The stream's check (`now` a column: each micro-batch's time) adds `max_future` as the batch read does, in
+    seconds: a day from noon in New York before the clocks go forward is 24 hours, not the calendar day's 23."""
+    from pyspark.sql import functions as F
+
+    from features.engine.source import FUTURE_TIMESTAMP, reason_of
+
+    group = _group("zoned")  # max_future: 1 day
+    now = pd.Timestamp("2026-03-07 17:00", tz="UTC")  # 12:00 in New York; 2026-03-08 has 23 hours there
+    stamps = [now + pd.Timedelta("23h30m"), now + pd.Timedelta("24h30m")]
+    events = pd.DataFrame({"user_id": ["u1", "u2"], "event_ts": stamps, "amount": [1.0, 2.0]})
+    zone = spark.conf.get("spark.sql.session.timeZone")
+    spark.conf.set("spark.sql.session.timeZone", "America/New_York")
+    try:
+        rows = spark.createDataFrame(events)
+        streamed = [r[0] for r in rows.select(reason_of(group, rows, F.lit(now.to_pydatetime()))).collect()]
+        batch = [r[0] for r in rows.select(reason_of(group, rows, now.to_pydatetime())).collect()]
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", zone)
+    assert streamed == batch == [None, FUTURE_TIMESTAMP]
+
+
 def test_max_future_is_checked_against_each_micro_batch_time(spark, feast_repo_factory, tmp_path) -> None:
     """An event stamped "now" is never from the future, however long the stream has run: the check moves with
     each micro-batch's time. (With the time fixed when the query started, every event landed more than

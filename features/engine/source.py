@@ -308,7 +308,9 @@ def _latest_usable(group: FeatureGroup, now: datetime | Column) -> Column | None
         return None
     if isinstance(now, datetime):
         return F.timestamp_micros(F.lit(_future_us(group, now)))
-    return now + F.make_dt_interval(secs=F.lit(group.source.max_future_s))
+    # In microseconds, as `_future_us` adds it: a day-time interval added to a timestamp is added in the session's
+    # time zone (a day of 23 or 25 hours across a DST change), a zone conversion for every record.
+    return F.timestamp_micros(F.unix_micros(now) + F.lit(group.source.max_future_s * 1_000_000))
 
 
 def _future_us(group: FeatureGroup, now: datetime) -> int | None:
