@@ -50,7 +50,7 @@ ROUNDS = "compaction round"
 SPENT: dict[str, list[float]] = collections.defaultdict(list)  # stage -> seconds, one per call
 # Python workers' frames -> the part of a batch they belong to (the first match along the stack, innermost first).
 WORKER_PARTS = [
-    ("<frozen importlib", "worker start: imports"),  # a new worker's; before it, counted as a state read ("_load")
+    ("<frozen importlib", "worker start: imports"),  # first: importlib's `_load_unlocked` frames contain "_load"
     ("_pack", "pack: events per bucket into Arrow IPC (mapInArrow)"),
     ("_unpack", "processor: unpack the events"),
     ("._load (", "processor: state read"),

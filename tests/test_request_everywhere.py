@@ -11,6 +11,7 @@ import json
 import math
 import os
 import uuid
+import warnings
 from datetime import datetime
 from pathlib import Path
 
@@ -171,9 +172,12 @@ def test_a_pandas_training_set_equals_the_reference(repo: Repo, events, labels) 
 
 def test_a_spark_training_set_equals_the_reference_computed_in_spark(spark, repo: Repo, events, labels) -> None:
     rows = spark.createDataFrame(labels)
-    frame = training_set(
-        rows, ["user_req:count_1h"], repo, timestamp_column="event_ts", request_features=NAMES, log_lineage=False
-    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        frame = training_set(
+            rows, ["user_req:count_1h"], repo, timestamp_column="event_ts", request_features=NAMES, log_lineage=False
+        )
+    assert not [w for w in caught if "UDF" in str(w.message)]  # PySpark's about how its UDF was declared
     assert dict(frame.dtypes)["new_merchant"] == "boolean" and dict(frame.dtypes)["amount_vs_max_1h"] == "double"
     plan = frame._jdf.queryExecution().executedPlan().toString().lower()
     assert plan.count("arrowevalpython") == 1 and "mapinpandas" not in plan  # in the workers, once per row

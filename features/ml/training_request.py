@@ -94,7 +94,7 @@ class RequestPlan:
         columns it reads, in Spark's Python workers (an Arrow UDF, classic and Connect); the other columns stay in
         the JVM."""
         from pyspark.sql import functions as F
-        from pyspark.sql.functions import ArrowUDFType, arrow_udf
+        from pyspark.sql.functions import arrow_udf
 
         from features.engine.inputs import SPARK_TYPES
 
@@ -103,8 +103,7 @@ class RequestPlan:
         read += [self.time_column] if any(f.wants_request_time for f in self.features) else []
         read = [c for c in dict.fromkeys(read) if c in names]
         added = ", ".join(f"`{f.name}` {SPARK_TYPES[f.dtype]}" for f in self.features)
-        udf = arrow_udf(request_batch(self), f"struct<{added}>", ArrowUDFType.SCALAR)
-        computed = udf(F.struct(*[frame[c] for c in read]))
+        computed = arrow_udf(request_batch(self), f"struct<{added}>")(F.struct(*[frame[c] for c in read]))
         out = frame.select("*", computed.alias(COMPUTED))
         kept = [out[c] for c in frame.columns if c not in set(self.extra_columns)]
         return out.select(*kept, *[out[COMPUTED][f.name].alias(f.name) for f in self.features])
@@ -113,14 +112,14 @@ class RequestPlan:
 COMPUTED = "__features_request_time"  # the UDF's struct, a reserved name no feature or row column may take
 
 
-def request_batch(plan: RequestPlan) -> Callable[[pa.StructArray], pa.StructArray]:
+def request_batch(plan: RequestPlan) -> Callable[[pa.Array], pa.Array]:
     """What the Arrow UDF runs on each Arrow batch of the columns the features read (a struct of them): the
     request-time features, by the function `plan.apply` calls (the plan is pickled to the workers with the
     functions, by value). Arrow's columns are made pandas columns here rather than by PySpark's pandas UDF, which
     made the same ones by a slower way and converted the answer back the same (about a third of the workers' time
     in a training set of the example repo's five)."""
 
-    def compute(rows: pa.StructArray) -> pa.StructArray:
+    def compute(rows: pa.Array) -> pa.Array:  # a StructArray in and out; PySpark takes its kind from these hints
         index = pd.RangeIndex(len(rows))
         columns = {field.name: column_of_arrow(rows.field(i)) for i, field in enumerate(rows.type)}
         times = columns.get(plan.time_column)
