@@ -16,8 +16,8 @@ from features.version import DISTRIBUTION
 # The oldest Spark with every API the package uses. Spark 4.0.0 brought transformWithStateInPandas with its
 # StatefulProcessor, MapState and event-time timers (features/engine/stream_operator.py), GroupedData.applyInArrow
 # (features/engine/batch.py) and Spark Connect's registerProgressHandler (features/progress.py); 4.1.0 brought
-# DataFrame.repartitionById (features/stores/offline.py) and the `spark.sql.unionOutputPartitioning` setting that
-# `features.engine.session.REQUIRED_CONF` turns off.
+# DataFrame.repartitionById (features/stores/offline.py), `arrow_udf` (features/ml/training_request.py) and the
+# `spark.sql.unionOutputPartitioning` setting that `features.engine.session.REQUIRED_CONF` turns off.
 MIN_SPARK = (4, 1)
 # Spark removes public APIs only in a major release; the next one is supported once the tests run on it.
 BELOW_SPARK = (5, 0)
