@@ -47,6 +47,7 @@ import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
+from pyspark.sql.types import BinaryType, LongType, StructField, StructType
 
 from features import kernel as pt
 from features.engine.files import Conformity
@@ -184,10 +185,12 @@ class PaneProcessor(StatefulProcessor):
         self.frames = OutputFrames(output)  # `output`: column -> Arrow type, in the order of the output schema
 
     def init(self, handle: StatefulProcessorHandle) -> None:
+        # Types, not DDL strings: PySpark has the JVM parse each string, twice for a map's, a call to the state
+        # server at every bucket's step (the same schemas: DDL fields are nullable).
         self.handle = handle
-        self.meta = handle.getValueState("meta", "emitted_upto long, newest long, token long")
-        self.chunks = handle.getMapState("chunks", "chunk long", "blob binary")
-        self.keys = handle.getMapState("keys", "first_code long", "blob binary")
+        self.meta = handle.getValueState("meta", _longs("emitted_upto", "newest", "token"))
+        self.chunks = handle.getMapState("chunks", _longs("chunk"), _BLOB)
+        self.keys = handle.getMapState("keys", _longs("first_code"), _BLOB)
 
     def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any) -> Iterator[pd.DataFrame]:  # noqa: N802, N803
         table, stream_newest = _unpack(rows)
@@ -469,6 +472,13 @@ class _Stepped:
 
 
 _RESIDENT: OrderedDict[tuple[str, int], _Resident] = OrderedDict()  # (group, bucket), least recently stored first
+
+
+_BLOB = StructType([StructField("blob", BinaryType())])
+
+
+def _longs(*names: str) -> StructType:
+    return StructType([StructField(name, LongType()) for name in names])
 
 
 def _keep_resident(bucket: tuple[str, int], state: _Resident) -> None:
