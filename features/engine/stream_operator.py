@@ -213,7 +213,7 @@ class PaneProcessor(StatefulProcessor):
             self.keys.clear()
             return
         upto = timerValues.getCurrentWatermarkInMs() * 1000
-        meta = self.meta.get() if self.meta.exists() else None
+        meta = self.meta.get()  # None when there is none (one call to the state server, not two)
         if meta is not None and meta[0] is not None and meta[0] >= upto:
             return  # this batch's input already brought the bucket up to the watermark
         yield from self._advance(key[0], None, timerValues, 0, None)
@@ -236,7 +236,7 @@ class PaneProcessor(StatefulProcessor):
     def _load(self, bucket: int) -> _Loaded:
         """The bucket's state: the worker's copy when it is the one the store holds, else read from the store
         (and carried over a definition change, or refiled from chunks of another length)."""
-        meta = self.meta.get() if self.meta.exists() else None
+        meta = self.meta.get()
         resident = _RESIDENT.pop((self.group_name, bucket), None)  # taken: put back only once the step is stored
         if resident is not None and meta is not None and resident.layout == self.layout:
             if resident.token == meta[2]:
