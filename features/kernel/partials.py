@@ -384,6 +384,9 @@ class Coverage:
         return count.astype(np.int64)
 
 
+PACKED_BOUND = 2**62  # CountDistinct.coverage sorts (key, value, rank) packed in one integer below this
+
+
 class CountDistinct(Kind):
     """Exact distinct non-null values (Chronon's unique_count). A pane's partial is the list of its distinct
     values. A value counts at window end E while some pane holding it is in the window, so per (key, value) the
@@ -428,22 +431,29 @@ class CountDistinct(Kind):
         width = None if calc.size_us is None else calc.size_us // pane_us
         if len(items) == 0:
             return Coverage(asked, 2, 0, np.zeros(0, np.int64), None if width is None else np.zeros(0, np.int64))
-        kc, vc, r = key_code[parent], pd.factorize(items)[0], rank[parent]
-        # Rows are sorted by (key, rank), so a stable sort by (key, value) leaves each value's ranks in order.
-        order = np.argsort(kc * (int(vc.max()) + 1) + vc, kind="stable")
-        kc, vc, r = kc[order], vc[order], r[order]
-        same = np.r_[False, (kc[1:] == kc[:-1]) & (vc[1:] == vc[:-1])]
+        values = pd.factorize(items)[0]
+        n_values = int(values.max()) + 1
+        kv, r = key_code[parent] * n_values + values, rank[parent]  # (key, value) as one integer
+        span_r = int(r.max()) + 1
+        if (int(kv.max()) + 1) * span_r < PACKED_BOUND:
+            # One sort of (key, value, rank) packed: each value's ranks in order, at a fraction of an index sort's cost.
+            kv, r = np.divmod(np.sort(kv * span_r + r), span_r)
+        else:  # rows are sorted by (key, rank): a stable sort by (key, value) leaves each value's ranks in order
+            order = np.argsort(kv, kind="stable")
+            kv, r = kv[order], r[order]
+        same = np.r_[False, kv[1:] == kv[:-1]]
         # A pane of rank r is in the windows whose end has rank r+1 .. r+width: a run of a value's panes with
         # gaps of at most `width` covers the ends from its first rank + 1 to its last + width.
         begins = ~same if width is None else ~same | (np.r_[0, np.diff(r)] > width)
         first = np.flatnonzero(begins)
         limit = int(r.max()) + (width or 0) + 1  # every count is settled by this rank
         span = limit + 1
-        starts = np.sort(kc[first] * span + r[first] + 1)
+        keys = kv[first] // n_values
+        starts = np.sort(keys * span + r[first] + 1)
         if width is None:
             return Coverage(asked, span, limit, starts, None)
         last = np.r_[first[1:] - 1, len(r) - 1]
-        return Coverage(asked, span, limit, starts, np.sort(kc[first] * span + r[last] + width + 1))
+        return Coverage(asked, span, limit, starts, np.sort(keys * span + r[last] + width + 1))
 
     def counted(self, calc: Calc, counts: np.ndarray) -> np.ndarray:
         """The feature's value from the number of distinct values at each window end."""
