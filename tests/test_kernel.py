@@ -166,9 +166,9 @@ def test_stream_steps_match_the_reference(group: FeatureGroup) -> None:
 
 
 @pytest.mark.parametrize("group", [GROUP_AGGS, GROUP_NEWER], ids=lambda g: g.name)
-def test_distinct_counts_by_the_index_sort_match_the_reference(group: FeatureGroup, monkeypatch) -> None:
-    """Where a (key, value, rank) would not fit one integer, a distinct count's coverage sorts indices instead:
-    the same values (the packed sort is what the tests above take)."""
+def test_pairs_sorted_by_index_give_the_reference_values(group: FeatureGroup, monkeypatch) -> None:
+    """Where pairs would not fit one integer (a distinct count's (key, value) and rank, a change point's key and
+    window end), they are sorted by index instead: the same values (the packed sort is what the tests above take)."""
     monkeypatch.setattr(partials, "PACKED_BOUND", 0)
     rows, late, _ = run_stream(group, EVENTS, batches=7, lateness=H, seed=1)
     assert late.empty

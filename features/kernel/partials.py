@@ -86,6 +86,21 @@ def flatten(lists: Any) -> tuple[np.ndarray, np.ndarray]:
     return rows.astype(np.int64), items
 
 
+PACKED_BOUND = 2**62  # pairs whose packed integers stay below this are sorted packed (`sorted_pairs`)
+
+
+def sorted_pairs(major: np.ndarray, minor: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The pairs (major, minor) of non-negative integers in lexicographic order: where they fit, both packed in one
+    integer and sorted by value (a fourth of `np.lexsort`'s time on a step's half million pairs), else by index."""
+    if len(major) == 0:
+        return major, minor
+    span = int(minor.max()) + 1
+    if (int(major.max()) + 1) * span < PACKED_BOUND:
+        return np.divmod(np.sort(major * span + minor), span)
+    order = np.lexsort((minor, major))
+    return major[order], minor[order]
+
+
 def time_order(g: np.ndarray, t: np.ndarray, v: np.ndarray) -> np.ndarray:
     """The stable order of items by (group, time, value): text values compare by their rank in sorted order,
     so that one integer sort replaces a sort of Python strings."""
@@ -384,9 +399,6 @@ class Coverage:
         return count.astype(np.int64)
 
 
-PACKED_BOUND = 2**62  # CountDistinct.coverage sorts (key, value, rank) packed in one integer below this
-
-
 class CountDistinct(Kind):
     """Exact distinct non-null values (Chronon's unique_count). A pane's partial is the list of its distinct
     values. A value counts at window end E while some pane holding it is in the window, so per (key, value) the
@@ -433,14 +445,7 @@ class CountDistinct(Kind):
             return Coverage(asked, 2, 0, np.zeros(0, np.int64), None if width is None else np.zeros(0, np.int64))
         values = pd.factorize(items)[0]
         n_values = int(values.max()) + 1
-        kv, r = key_code[parent] * n_values + values, rank[parent]  # (key, value) as one integer
-        span_r = int(r.max()) + 1
-        if (int(kv.max()) + 1) * span_r < PACKED_BOUND:
-            # One sort of (key, value, rank) packed: each value's ranks in order, at a fraction of an index sort's cost.
-            kv, r = np.divmod(np.sort(kv * span_r + r), span_r)
-        else:  # rows are sorted by (key, rank): a stable sort by (key, value) leaves each value's ranks in order
-            order = np.argsort(kv, kind="stable")
-            kv, r = kv[order], r[order]
+        kv, r = sorted_pairs(key_code[parent] * n_values + values, rank[parent])  # kv: (key, value) as one integer
         same = np.r_[False, kv[1:] == kv[:-1]]
         # A pane of rank r is in the windows whose end has rank r+1 .. r+width: a run of a value's panes with
         # gaps of at most `width` covers the ends from its first rank + 1 to its last + width.

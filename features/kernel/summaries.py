@@ -23,6 +23,7 @@ import pyarrow as pa
 from features.kernel import sessions
 from features.kernel.held import Held, arrow_array, stacked
 from features.kernel.kinds import KINDS
+from features.kernel.partials import sorted_pairs
 from features.kernel.plan import BASE, KEY, PANE, Calc, Plan
 from features.kernel.table import (
     Sorted,
@@ -37,10 +38,10 @@ from features.kernel.table import (
 def value_rows(held: Held, key: np.ndarray, ends: np.ndarray) -> pd.DataFrame:
     """Rows (`fx_key`, `window_end`, features): each feature's value at each (key, E), once per pair, sorted by
     key, then E."""
-    order = np.lexsort((ends, key))
-    key, ends = key[order], ends[order]
-    first = np.r_[True, (key[1:] != key[:-1]) | (ends[1:] != ends[:-1])] if len(key) else np.zeros(0, bool)
-    key, ends = key[first], ends[first]
+    earliest = int(ends.min()) if len(ends) else 0
+    key, since = sorted_pairs(key, ends - earliest)
+    first = np.r_[True, (key[1:] != key[:-1]) | (since[1:] != since[:-1])] if len(key) else np.zeros(0, bool)
+    key, ends = key[first], since[first] + earliest
     out: dict[str, Any] = {KEY: key, "window_end": ends}
     out.update(window_values(held, key, ends))
     return frame_of(out)
