@@ -185,8 +185,8 @@ class PaneProcessor(StatefulProcessor):
         self.frames = OutputFrames(output)  # `output`: column -> Arrow type, in the order of the output schema
 
     def init(self, handle: StatefulProcessorHandle) -> None:
-        # Types, not DDL strings: PySpark has the JVM parse each string, twice for a map's, a call to the state
-        # server at every bucket's step (the same schemas: DDL fields are nullable).
+        # Types, not DDL strings: PySpark sends each string to the JVM to be parsed (a map's twice), a call to the
+        # state server each, at every bucket's step. The same schemas: a DDL field is nullable.
         self.handle = handle
         self.meta = handle.getValueState("meta", _longs("emitted_upto", "newest", "token"))
         self.chunks = handle.getMapState("chunks", _longs("chunk"), _BLOB)
