@@ -130,6 +130,16 @@ def land(name: str, events: int, users: int, days: float, files: int) -> Path:
     return folder
 
 
+def shape_repo(shape: str, files: int, users: int = 10_000) -> Repo:
+    """`files` files of 500,000 events over `users` keys landed, and a repo streaming them: `count` one count over
+    `Hop("24h", every="5m")`, `group` the 5-feature group `user_transactions` (bench/stream_profile.py and
+    bench/stream_step.py stream these)."""
+    events = land("events", 500_000 * files, users, 2.0 * files / 10, files)
+    if shape == "count":
+        return make_repo("count", events, ONE_FEATURE.format(name="count_24h_5m", every="5m"))
+    return make_repo("group", events, FULL_GROUP.format(name="user_transactions"))
+
+
 def as_json_lines(events: Path) -> Path:
     """The landed Parquet files again as JSON-lines files of the same names' order (what a JSON producer sends)."""
     import pandas as pd

@@ -117,13 +117,8 @@ def dense_repo(args: argparse.Namespace) -> Repo:
 def group_repo(args: argparse.Namespace) -> Repo:
     stream_bench.WORK = WORK
     WORK.mkdir(parents=True, exist_ok=True)
-    files = args.measured_files
     users = 1_000_000 if args.shape == "big" else 10_000
-    events = stream_bench.land("events", 500_000 * files, users, 2.0 * files / 10, files)
-    if args.shape in ("count", "big"):
-        one = stream_bench.ONE_FEATURE.format(name="count_24h_5m", every="5m")
-        return stream_bench.make_repo("count", events, one)
-    return stream_bench.make_repo("group", events, stream_bench.FULL_GROUP.format(name="user_transactions"))
+    return stream_bench.shape_repo("group" if args.shape == "group" else "count", args.measured_files, users)
 
 
 def sample_workers(seconds: int, out: Path, spies: list[subprocess.Popen[bytes]]) -> Callable[[], None]:

@@ -53,16 +53,10 @@ def capture(shape: str, files: int) -> Path:
     shutil.rmtree(WORK, ignore_errors=True)
     WORK.mkdir(parents=True)
     stream_bench.WORK = WORK
-    events = stream_bench.land("events", 500_000 * files, 10_000, 2.0 * files / 10, files)
-    groups = (
-        stream_bench.ONE_FEATURE.format(name="count_24h_5m", every="5m")
-        if shape == "count"
-        else stream_bench.FULL_GROUP.format(name="user_transactions")
-    )
-    group = next(iter(stream_bench.make_repo(shape, events, groups).groups.values()))
+    group = next(iter(stream_bench.shape_repo(shape, files).groups.values()))
     spark = get_spark()
     batches = []
-    for path in sorted(events.rglob("*.parquet")):
+    for path in sorted(Path(group.source.path).rglob("*.parquet")):
         read = spark.read.parquet(str(path)).withColumn(FILE, F.col("_metadata.file_path"))
         read = read.withColumn(LANDED, F.unix_micros(F.col("_metadata.file_modification_time")))
         projected, projection = stream_operator.project(group, read, LABELS)
