@@ -1,6 +1,7 @@
 """Freshness benchmark: how long until an event's effect is online, with a live stream under load.
 
     python bench/freshness.py [--rate 100000] [--probes 20] [--window 1h] [--every 5s] [--watermark 2m]
+                              [--land-phase 0.2]
 
 A live `features stream --trigger 1s` (its own process, as users run it) on a group counting events over
 `Hop(--window, every=--every)`, with a 2m watermark. A loader lands a Parquet file of `--rate` events every second in
@@ -14,7 +15,10 @@ more.
 An eager online value is the window's at the newest pane end that has closed in event time (docs/semantics.md,
 "Online values"), so a probe counts once its pane has closed: each probe lands at a random point of the pane
 grid (not just after the previous one was seen, which would land every probe at the same point), and the report
-also gives the part after the probe's pane closed, what the stream itself takes.
+also gives the part after the probe's pane closed, what the stream itself takes. The report says where in the
+wall clock's second the background files landed: the trigger fires on the second, and a 1 s pane closes with the
+first file holding a later event, so a file landed in the second after its newest event's costs one trigger more
+(`--land-phase` makes the files at a chosen point of the second instead of wherever the loader started).
 Required: p99 <= 15 s (the 5 s pane, two triggers and the writes), where a stream that waits for the watermark
 would take minutes (the watermark plus a pane).
 
@@ -139,15 +143,18 @@ class KafkaLander:
         return time.time()
 
 
-def background(kafka: tuple[str, str] | None, rate: int, stop: Any, sent: Any) -> None:
+def background(kafka: tuple[str, str] | None, rate: int, stop: Any, sent: Any, phase: float | None) -> None:
     """The load: `rate` events a second, landed as files or produced to `kafka` (bootstrap, topic), in a process
     of its own at a lower priority. Producers run on other machines than the stream: here they share its two
     cores, and a loader in the bench's process would also hold the interpreter the probes are timed by. `sent`
-    counts the events it landed, so that the report says the rate that was reached."""
+    counts the events it landed, so that the report says the rate that was reached. With `phase`, each second's
+    events are made at that fraction of the wall clock's second (the stream's trigger fires on the second)."""
     os.nice(10)
     lander: Lander | KafkaLander = KafkaLander(*kafka) if kafka else Lander("background")
     rng = np.random.default_rng(1)
     while not stop.is_set():
+        if phase is not None:
+            stop.wait((phase - time.time()) % 1.0)
         began = time.time()
         now = pd.Timestamp(began, unit="s", tz="UTC")
         frame = pd.DataFrame(
@@ -160,7 +167,17 @@ def background(kafka: tuple[str, str] | None, rate: int, stop: Any, sent: Any) -
         lander.land(frame)
         with sent.get_lock():
             sent.value += rate
-        stop.wait(max(0.0, 1.0 - (time.time() - began)))
+        if phase is None:
+            stop.wait(max(0.0, 1.0 - (time.time() - began)))
+        else:
+            stop.wait(max(0.0, 0.5 - (time.time() - began)))  # then to the phase of the next second
+
+
+def landing_phases(folder: Path, since: float) -> np.ndarray:
+    """Where in the wall clock's second the background files landed since `since` (their last write; a rename
+    keeps it): the trigger fires on the second, so a file landed at 0.3 waits 0.7 s for the batch that reads it."""
+    times = np.array([f.stat().st_mtime for f in folder.glob("background-*.parquet")])
+    return np.mod(times[times >= since], 1.0)
 
 
 def command_line(args: argparse.Namespace, parser: argparse.ArgumentParser) -> str:
@@ -207,6 +224,13 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=90.0, help="seconds a probe may take before it counts as lost")
     parser.add_argument("--kafka", default="", help="Kafka bootstrap servers: produce there instead of landing files")
     parser.add_argument("--no-save", action="store_true", help="do not update bench/RESULTS.md")
+    parser.add_argument(
+        "--land-phase",
+        type=float,
+        default=None,
+        help="make each second's background events at this fraction of "
+        "the wall clock's second (0-1), instead of a second after the last ones were made",
+    )
     args = parser.parse_args()
     load_before = load()
     shutil.rmtree(WORK, ignore_errors=True)
@@ -218,7 +242,7 @@ def main() -> int:
     context = multiprocessing.get_context("spawn")
     stop, sent = context.Event(), context.Value("q", 0)
     kafka = (args.kafka, lander.topic) if isinstance(lander, KafkaLander) else None
-    loader = context.Process(target=background, args=(kafka, args.rate, stop, sent), daemon=True)
+    loader = context.Process(target=background, args=(kafka, args.rate, stop, sent, args.land_phase), daemon=True)
     loader.start()
     loading_since = time.time()
     log = (WORK / "stream.log").open("w")
@@ -236,6 +260,7 @@ def main() -> int:
         time.sleep(45)  # the JVM, the first micro-batches and the backlog they find
         steady(WORK / "stream.log", pd.Timedelta(args.watermark).total_seconds() + 120)
         probing_from = (WORK / "stream.log").stat().st_size
+        probing_since = time.time()
         for i in range(args.probes):
             key = f"probe{i}"
             phase = phases.random() * every_s
@@ -262,6 +287,7 @@ def main() -> int:
             os.killpg(process.pid, signal.SIGKILL)
         log.close()
     batches = batch_seconds((WORK / "stream.log").read_text()[probing_from:])
+    landed_at = np.array([]) if isinstance(lander, KafkaLander) else landing_phases(REPO / "events", probing_since)
     p50, p99, worst = (np.percentile(latencies, q) for q in (50, 99, 100)) if latencies else (np.nan,) * 3
     stream_p50, stream_p99 = (np.percentile(after_pane, q) for q in (50, 99)) if after_pane else (np.nan,) * 2
     kafka = isinstance(lander, KafkaLander)
@@ -292,6 +318,13 @@ def main() -> int:
             f"{np.percentile(batches, 50):.1f}, p99 {np.percentile(batches, 99):.1f}, max {max(batches):.1f}."
             if batches
             else "none reported."
+        )
+        + (
+            " The background files landed at "
+            + ", ".join(f"{q:.2f}" for q in np.percentile(landed_at, [10, 50, 90]))
+            + " s past the wall clock's second (p10, p50, p90; the trigger fires on the second)."
+            if len(landed_at)
+            else ""
         ),
     ]
     print("\n".join(lines))
