@@ -287,10 +287,10 @@ def main() -> int:
             os.killpg(process.pid, signal.SIGKILL)
         log.close()
     batches = batch_seconds((WORK / "stream.log").read_text()[probing_from:])
-    landed_at = np.array([]) if isinstance(lander, KafkaLander) else landing_phases(REPO / "events", probing_since)
     p50, p99, worst = (np.percentile(latencies, q) for q in (50, 99, 100)) if latencies else (np.nan,) * 3
     stream_p50, stream_p99 = (np.percentile(after_pane, q) for q in (50, 99)) if after_pane else (np.nan,) * 2
     kafka = isinstance(lander, KafkaLander)
+    landed_at = np.array([]) if kafka else landing_phases(REPO / "events", probing_since)
     how = f"produced to a Kafka topic of {PARTITIONS} partitions" if kafka else "landed as a Parquet file"
     limit = 5 if kafka else 15
     lines = [
