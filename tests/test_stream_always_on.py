@@ -14,7 +14,7 @@ from test_stream import land, offline_rows, same_value
 from features import Entity, EventSource, Feature, FeatureGroup, Hop, agg
 from features import kernel as pt
 from features.errors import ConfigError
-from features.pipelines.stream import stream
+from features.pipelines.stream import batch_progress, stream
 from features.repo import Repo
 from features.spec import WINDOW_END, DType
 from features.stores.serving import online_features
@@ -99,6 +99,29 @@ def test_max_future_is_checked_against_each_micro_batch_time(spark, feast_repo_f
     drained = stream(repo, available_now=True, progress=False, tracking=False)
     drained.await_termination()
     assert drained.progress()[0].bad_records_total == 1
+
+
+def test_a_live_file_stream_tells_how_long_finding_new_files_took(
+    spark, feast_repo_factory, tmp_path, monkeypatch, capsys
+) -> None:
+    """A live stream over files watches its file source's listing time (the query progress's `latestOffset`) and
+    says it with the fix; the bounds made nil here so that a listing of two files counts as slow."""
+    monkeypatch.setattr(batch_progress, "LISTING_FLOOR_S", 0.0)
+    monkeypatch.setattr(batch_progress, "LISTING_SHARE", 0.0)
+    monkeypatch.setattr(batch_progress, "LISTING_BATCHES", 2)
+    land(tmp_path, _events("u1", [pd.Timestamp.now(tz="UTC")]), 1)
+    feast_repo_factory(tmp_path, [_group("listed")])
+    run = stream(Repo.load(tmp_path), trigger="1s", progress=False, tracking=False)
+    try:
+        _wait_for(run, 1)
+        land(tmp_path, _events("u1", [pd.Timestamp.now(tz="UTC")]), 1, start_index=1)
+        _wait_for(run, 2)
+    finally:
+        run.stop()
+    told = [line for line in capsys.readouterr().err.splitlines() if "finding new files took" in line]
+    assert len(told) == 1, told
+    assert told[0].startswith("listed: finding new files took") and "(every 1s)" in told[0]
+    assert str(tmp_path / "data" / "transactions") in told[0] and "Running a stream for months" in told[0]
 
 
 def test_lateness_is_measured_from_the_last_emitted_window_end(spark, feast_repo_factory, tmp_path) -> None:

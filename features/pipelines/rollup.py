@@ -41,6 +41,7 @@ REDUCTIONS: dict[str, Reduce] = {
     "compacted_files": Reduce.SUM,
     "batch_seconds": Reduce.MEAN_MAX,
     "freshness_seconds": Reduce.MEAN_MAX,
+    "listing_seconds": Reduce.MEAN_MAX,
     "seconds": Reduce.MEAN_MAX,
     "success": Reduce.MIN,
 }

@@ -71,3 +71,43 @@ def emitted_watermark(query_checkpoint: Path) -> datetime | None:
 def _panes(rows: int | None) -> str:
     # Known only from a bucket that ran: a batch that ran none (its only file set aside) says so, not 0 panes.
     return "not read yet" if rows is None else f"{rows:,} panes"
+
+
+# When finding new files takes this share of the trigger's interval (and at least the floor) in this many batches
+# in a row, the stream says so: one slow listing is the machine's, several in a row are the folder's.
+LISTING_SHARE = 0.3
+LISTING_FLOOR_S = 0.2
+LISTING_BATCHES = 3
+
+
+@dataclass
+class ListingWatch:
+    """Watches how long Spark's file source takes to find new files at each trigger (the query progress's
+    `latestOffset`): it lists every file of the source folder every time, so the time grows with the files the
+    folder keeps (docs/streaming.md, "Running a stream for months"). Says it once that time takes a share of the
+    trigger, and again each time it has doubled since."""
+
+    group: str
+    folder: str
+    trigger_seconds: float
+    slow: int = 0  # batches in a row over the bound
+    said_seconds: float = 0.0
+    seconds: float | None = None  # the latest listing's (None before a batch has a progress), a metric
+
+    def observe(self, spark_progress: dict[str, Any] | None) -> str | None:
+        """What to tell the user after a batch whose query progress is `spark_progress` (None: nothing)."""
+        took = ((spark_progress or {}).get("durationMs") or {}).get("latestOffset")
+        self.seconds = None if took is None else float(took) / 1000
+        listed = self.seconds or 0.0
+        bound = max(LISTING_FLOOR_S, LISTING_SHARE * self.trigger_seconds)
+        self.slow = self.slow + 1 if listed >= bound else 0
+        if self.slow < LISTING_BATCHES or listed < 2 * self.said_seconds:
+            return None
+        self.said_seconds = listed
+        return (
+            f"{self.group}: finding new files took {listed:.1f}s of the last trigger (every {self.trigger_seconds:g}s):"
+            f" Spark's file source lists every file of {self.folder} at each trigger, and the time grows with the "
+            "files the folder keeps. Fix: move files out of the folder once the offline table holds their days (a "
+            'backfill no longer reads them), or land fewer, larger files (docs/streaming.md, "Running a stream for '
+            'months")'
+        )

@@ -28,7 +28,7 @@ from features.engine.source_log import Pruning
 from features.ml.runs import validation_metrics, validation_prefix
 from features.pipelines.rollup import MetricRollup
 from features.pipelines.stream.aside import SetAside
-from features.pipelines.stream.batch_progress import RunState
+from features.pipelines.stream.batch_progress import ListingWatch, RunState
 from features.quality.profiling import ProfileSoon
 from features.quality.screen import Screen
 from features.repo import Repo
@@ -95,6 +95,7 @@ class BatchSink:
         self.finish_upgrade: Any = None  # an upgrade.Finish while a definition change is pending
         self.source_log: Pruning | None = None  # a file source's log, kept to what Spark still needs
         self.checkpoint: Path | None = None  # the group's checkpoint folder
+        self.listing: ListingWatch | None = None  # a live file source's listing time, told when it grows
         self.retiring = (
             False  # its query is being stopped for one on a new definition (features.pipelines.stream.reload)
         )
@@ -288,6 +289,10 @@ class BatchSink:
         freshness = time.time() - min(landed) / 1e6 if landed else None
         before = self.run.latest[self.group.name]
         spark_progress = self.query.lastProgress if self.query is not None else None
+        told = self.listing.observe(spark_progress) if self.listing is not None else None
+        if told is not None:
+            print(told, file=sys.stderr, flush=True)
+        listing = self.listing.seconds if self.listing is not None else None
         input_rate = float((spark_progress or {}).get("inputRowsPerSecond") or 0.0)
         now = replace(
             before,
@@ -321,6 +326,7 @@ class BatchSink:
                     **({"state_rows": now.state_rows} if now.state_rows is not None else {}),
                     "batch_seconds": seconds,
                     **({"freshness_seconds": freshness} if freshness is not None else {}),
+                    **({"listing_seconds": listing} if listing is not None else {}),
                 },
                 batch_id,
                 self.group.name,

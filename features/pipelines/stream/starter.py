@@ -19,7 +19,7 @@ from features.pipelines.options import StreamOptions
 from features.pipelines.rollup import MetricRollup
 from features.pipelines.stream import handoff, savepoint
 from features.pipelines.stream.aside import SetAside
-from features.pipelines.stream.batch_progress import StreamProgress, emitted_watermark
+from features.pipelines.stream.batch_progress import ListingWatch, StreamProgress, emitted_watermark
 from features.pipelines.stream.sink import BatchSink
 from features.pipelines.stream.upgrade import Carried, Finish, resume
 from features.repo import Repo
@@ -107,6 +107,8 @@ class GroupStarter:
         sink.checkpoint = checkpoint
         if group.source.kafka is None:
             sink.source_log = Pruning(checkpoint / "query")
+            if not options.available_now:
+                sink.listing = ListingWatch(group.name, str(path), options.trigger_seconds)
         if resumed.upgrade is not None:
             sink.finish_upgrade = Finish(checkpoint, len(labels))
             run.changing.append(sink.finish_upgrade)
