@@ -2,6 +2,7 @@
 source lists the whole folder at every trigger (its `latestOffset` phase), files read long ago included.
 
     python bench/source_listing.py [--files 1000,10000,50000,100000,200000] [--batches 12] [--no-save]
+                                   [--live-files 40000] [--live-seconds 60]
 
 For each size: a folder of that many small Parquet files (hard links of a few, in hourly subfolders of 3,600 as a
 file-a-second producer would land them) and a plain Structured Streaming query over it as `features stream` reads a
@@ -10,14 +11,23 @@ Spark then lists at every trigger, as it does in a live stream whose batches tak
 into Spark's noop sink, batches back to back. Printed: the medians over the batches after the first two of the
 `latestOffset` phase and of the whole trigger, and the listing's ratio to the first size's (the baseline, in the
 same run).
+
+With `--live-files N`, also a live `features stream --trigger 1s` (its own process, as users run it) on a count over
+`Hop("1h", every="1s")`, a file of one event landed every second for `--live-seconds`: once over a folder holding
+nothing else (the baseline) and once with N files landed 30 days before among them (never read again: Spark's
+`maxFileAge`, but listed at every trigger), put among them once the stream's first batch has run (a new query's
+first listing reads every file). Printed: the median of the stream's own "landing to online" from the third batch
+after, its ratio to the baseline's, and whether the stream told that finding new files took long.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,6 +37,8 @@ import pandas as pd
 from features.engine.session import get_spark
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/repo_yaml.py
+from repo_yaml import write_feature_store_yaml
 from results import load, update_section
 
 WORK = Path(__file__).resolve().parent / "work" / "source_listing"
@@ -73,11 +85,74 @@ def listed(spark, folder: Path, batches: int) -> tuple[float, float]:
     )
 
 
+GROUP = """
+from features import Entity, EventSource, Feature, FeatureGroup, Hop, agg
+
+user = Entity("user", join_keys=["user_id"])
+events = EventSource(
+    "events", path="events", timestamp="event_ts", watermark="1m",
+    schema={"user_id": "string", "amount": "double", "event_ts": "timestamp"},
+)
+live = FeatureGroup("live", user, events, [Feature("n", agg.count(), window=Hop("1h", every="1s"))])
+"""
+DAY_S = 86_400
+
+
+def live_stream(old_files: int, seconds: int) -> tuple[float, bool]:
+    """A live stream fed a file a second, with `old_files` files landed 30 days before put among its files once its
+    first batch has run (Spark's file source reads every file of a new query's first listing): the median (s) of its
+    batches' landing to online from the third batch after, for `seconds`, and whether it told that finding files
+    took long."""
+    root = WORK / f"live-{old_files}"
+    events = root / "events"
+    events.mkdir(parents=True)
+    write_feature_store_yaml(root, "bench_listing")
+    (root / "live_groups.py").write_text(GROUP)
+    apply = [sys.executable, "-m", "features.cli", "apply", "--repo", str(root)]
+    subprocess.run(apply, check=True, capture_output=True)
+    fill(WORK / "seeds", 0, old_files)  # the seeds made, then aged before a link to them is in the folder
+    aged = time.time() - 30 * DAY_S
+    for seed in WORK.glob("seed-*.parquet"):  # hard links share their times
+        os.utime(seed, (aged, aged))
+    shutil.rmtree(WORK / "seeds", ignore_errors=True)  # (a file takes at most 65,000 links)
+    log = root / "stream.log"
+    command = [sys.executable, "-m", "features.cli", "stream", "--repo", str(root), "--trigger", "1s", "--no-tracking"]
+    online: list[float] = []
+    deadline = time.time() + 300
+    with log.open("w") as out:
+        stream = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            since, i = None, 0
+            while since is None or i < since + seconds:
+                began = time.time()
+                frame = pd.DataFrame({"user_id": ["u1"], "amount": [1.0], "event_ts": [pd.Timestamp.now(tz="UTC")]})
+                frame.to_parquet(events / f".new-{i}.parquet", index=False, coerce_timestamps="us")
+                os.replace(events / f".new-{i}.parquet", events / f"new-{i:05d}.parquet")
+                online = [float(x) for x in re.findall(r"landing to online ([\d.]+)s", log.read_text())]
+                if since is None and online:  # the first batch has run: the old files join the folder
+                    fill(events / "old", 0, old_files)
+                    since, first = i, len(online) + 3
+                if since is None and time.time() > deadline:
+                    raise RuntimeError(f"the stream ran no batch in 300 s: see {log}")
+                i += 1
+                time.sleep(max(0.0, 1.0 - (time.time() - began)))
+        finally:
+            stream.terminate()
+            stream.wait(timeout=60)
+    text = log.read_text()
+    online = [float(x) for x in re.findall(r"landing to online ([\d.]+)s", text)][first:]
+    if not online:
+        raise RuntimeError(f"the stream reported too few batches: see {log}")
+    return statistics.median(online), "finding new files took" in text
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--files", default="1000,10000,50000,100000,200000")
     parser.add_argument("--batches", type=int, default=12)
     parser.add_argument("--no-save", action="store_true")
+    parser.add_argument("--live-files", type=int, default=0, help="also a live stream among this many old files")
+    parser.add_argument("--live-seconds", type=int, default=60)
     args = parser.parse_args()
     shutil.rmtree(WORK, ignore_errors=True)
     WORK.mkdir(parents=True)
@@ -88,10 +163,18 @@ def main() -> int:
         have = n
         rows.append((n, *listed(spark, folder, args.batches)))
         print(f"{n:,} files: listing {rows[-1][1]:.3f} s, trigger {rows[-1][2]:.3f} s", flush=True)
+    shutil.rmtree(folder)
+    live = []
+    if args.live_files:
+        for old in (0, args.live_files):
+            live.append((old, *live_stream(old, args.live_seconds)))
+            print(f"live stream among {old:,} old files: landing to online {live[-1][1]:.1f} s", flush=True)
     shutil.rmtree(WORK, ignore_errors=True)
     base = rows[0][1]
     lines = [
-        f"`python bench/source_listing.py --files {args.files} --batches {args.batches}`, {load()}. Seconds a "
+        f"`python bench/source_listing.py --files {args.files} --batches {args.batches}"
+        + (f" --live-files {args.live_files} --live-seconds {args.live_seconds}" if args.live_files else "")
+        + f"`, {load()}. Seconds a "
         "micro-batch (medians); the ratio is the listing's to the first size's (the baseline), in the same run.",
         "",
         "| files in the folder | Spark's `latestOffset` (the listing) | ratio | the whole trigger | days of a file a "
@@ -99,6 +182,21 @@ def main() -> int:
     ]
     for n, listing, trigger in rows:
         lines.append(f"| {n:,} | {listing:.3f} | **{listing / base:.1f}** | {trigger:.3f} | {n / 86_400:.2f} |")
+    if live:
+        lines += [
+            "",
+            f"A live `features stream --trigger 1s`, a file of one event landed a second for {args.live_seconds} s "
+            "(`--live-files`), the old files put among its files once its first batch had run: the median of its "
+            "batches' landing to online from the third batch after, the ratio to the folder without old files (the "
+            "baseline), in the same run.",
+            "",
+            "| files landed 30 days before in the folder | landing to online s | ratio | the stream told |",
+            "|---|---|---|---|",
+        ]
+        lines += [
+            f"| {old:,} | {median:.1f} | **{median / live[0][1]:.2f}** | {'yes' if told else 'no'} |"
+            for old, median, told in live
+        ]
     body = "\n".join(lines)
     print(body)
     if not args.no_save:
