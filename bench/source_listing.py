@@ -44,18 +44,25 @@ from results import load, update_section
 WORK = Path(__file__).resolve().parent / "work" / "source_listing"
 PER_FOLDER = 3_600  # an hour of a file a second
 PER_SEED = 60_000  # under the file system's limit of hard links to one file
+DAY_S = 86_400
+ONLINE = re.compile(r"landing to online ([\d.]+)s")  # in the stream's progress lines
+
+
+def seed(i: int) -> Path:
+    """The small Parquet file that file `i` of a folder is a hard link to (made at its first use)."""
+    path = WORK / f"seed-{i // PER_SEED}.parquet"
+    if not path.exists():
+        pd.DataFrame({"user_id": ["u1"], "amount": [1.0]}).to_parquet(path)
+    return path
 
 
 def fill(folder: Path, have: int, want: int) -> None:
     """Files `have` .. `want` - 1 of the folder, each a hard link to one of a few small Parquet files."""
     for i in range(have, want):
-        seed = WORK / f"seed-{i // PER_SEED}.parquet"
-        if not seed.exists():
-            pd.DataFrame({"user_id": ["u1"], "amount": [1.0]}).to_parquet(seed)
         hour = folder / f"hour={i // PER_FOLDER:05d}"
         if i % PER_FOLDER == 0:
             hour.mkdir(parents=True, exist_ok=True)
-        os.link(seed, hour / f"part-{i:07d}.parquet")
+        os.link(seed(i), hour / f"part-{i:07d}.parquet")
 
 
 def listed(spark, folder: Path, batches: int) -> tuple[float, float]:
@@ -95,7 +102,6 @@ events = EventSource(
 )
 live = FeatureGroup("live", user, events, [Feature("n", agg.count(), window=Hop("1h", every="1s"))])
 """
-DAY_S = 86_400
 
 
 def live_stream(old_files: int, seconds: int) -> tuple[float, bool]:
@@ -110,14 +116,11 @@ def live_stream(old_files: int, seconds: int) -> tuple[float, bool]:
     (root / "live_groups.py").write_text(GROUP)
     apply = [sys.executable, "-m", "features.cli", "apply", "--repo", str(root)]
     subprocess.run(apply, check=True, capture_output=True)
-    fill(WORK / "seeds", 0, old_files)  # the seeds made, then aged before a link to them is in the folder
     aged = time.time() - 30 * DAY_S
-    for seed in WORK.glob("seed-*.parquet"):  # hard links share their times
-        os.utime(seed, (aged, aged))
-    shutil.rmtree(WORK / "seeds", ignore_errors=True)  # (a file takes at most 65,000 links)
+    for i in range(0, old_files, PER_SEED):  # aged before a link to them is in the folder: links share their times
+        os.utime(seed(i), (aged, aged))
     log = root / "stream.log"
     command = [sys.executable, "-m", "features.cli", "stream", "--repo", str(root), "--trigger", "1s", "--no-tracking"]
-    online: list[float] = []
     deadline = time.time() + 300
     with log.open("w") as out:
         stream = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
@@ -128,10 +131,10 @@ def live_stream(old_files: int, seconds: int) -> tuple[float, bool]:
                 frame = pd.DataFrame({"user_id": ["u1"], "amount": [1.0], "event_ts": [pd.Timestamp.now(tz="UTC")]})
                 frame.to_parquet(events / f".new-{i}.parquet", index=False, coerce_timestamps="us")
                 os.replace(events / f".new-{i}.parquet", events / f"new-{i:05d}.parquet")
-                online = [float(x) for x in re.findall(r"landing to online ([\d.]+)s", log.read_text())]
-                if since is None and online:  # the first batch has run: the old files join the folder
+                reported = len(ONLINE.findall(log.read_text()))
+                if since is None and reported:  # the first batch has run: the old files join the folder
                     fill(events / "old", 0, old_files)
-                    since, first = i, len(online) + 3
+                    since, first = i, reported + 3
                 if since is None and time.time() > deadline:
                     raise RuntimeError(f"the stream ran no batch in 300 s: see {log}")
                 i += 1
@@ -140,7 +143,7 @@ def live_stream(old_files: int, seconds: int) -> tuple[float, bool]:
             stream.terminate()
             stream.wait(timeout=60)
     text = log.read_text()
-    online = [float(x) for x in re.findall(r"landing to online ([\d.]+)s", text)][first:]
+    online = [float(x) for x in ONLINE.findall(text)][first:]
     if not online:
         raise RuntimeError(f"the stream reported too few batches: see {log}")
     return statistics.median(online), "finding new files took" in text
@@ -181,7 +184,7 @@ def main() -> int:
         "second |\n|---|---|---|---|---|",
     ]
     for n, listing, trigger in rows:
-        lines.append(f"| {n:,} | {listing:.3f} | **{listing / base:.1f}** | {trigger:.3f} | {n / 86_400:.2f} |")
+        lines.append(f"| {n:,} | {listing:.3f} | **{listing / base:.1f}** | {trigger:.3f} | {n / DAY_S:.2f} |")
     if live:
         lines += [
             "",
